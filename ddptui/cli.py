@@ -1,0 +1,187 @@
+"""Command line: `ddptui` (live UI), `--headless`, and the replay/export/summary/bench verbs."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import sys
+import time
+
+from ranks import spec
+
+from . import __version__
+
+SUBCOMMANDS = ("replay", "export", "summary", "bench")
+
+EPILOG = """\
+commands:
+  ddptui [options]                 live: launch torchrun ranks and open the timeline UI
+  ddptui --headless [options]      live, no UI: progress on stderr, figures on stdout
+  ddptui replay FILE               replay a recording in the same UI (--headless: figures)
+  ddptui export FILE -o trace.json Chrome/Perfetto trace of a recording
+  ddptui summary FILE [--json P]   per-strategy figures of a recording
+  ddptui bench [options]           the seeds' benchmark table with the cost model
+
+examples:
+  ddptui --gpus 2 --model xlarge
+  ddptui --headless --gpus 2 --model small --steps 10 --json out.json
+  ddptui replay demo/cpu-small-naive-vs-ddp.ddptui
+"""
+
+
+class CliError(Exception):
+    """A one-line error for the user (exit status 2)."""
+
+
+def _positive_int(name, lo=1, hi=None):
+    def conv(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number (got {text!r})") from None
+        if v < lo or (hi is not None and v > hi):
+            rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{name} must be {rng} (got {v})")
+        return v
+    return conv
+
+
+def _mb(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--bucket-cap-mb must be a number (got {text!r})") from None
+    if not (0 < v <= 4096):
+        raise argparse.ArgumentTypeError(f"--bucket-cap-mb must be in (0, 4096] MB (got {text})")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise CliError(message)
+
+
+def live_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ddptui", description="See data-parallel training: per-layer compute and "
+                "per-AllReduce timelines of naive data parallelism vs PyTorch DDP, live.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"ddptui {__version__}")
+    p.add_argument("--gpus", type=_positive_int("--gpus", 1, 64), default=2,
+                   help="GPUs to use (default 2); with no GPU, the number of CPU ranks")
+    p.add_argument("--ranks", type=_positive_int("--ranks", 1, 64), default=None,
+                   help="ranks to start (default: one per GPU); more ranks than GPUs runs gloo with CUDA tensors")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where ranks compute (default auto: CUDA when present)")
+    p.add_argument("--model", default="small", metavar="NAME",
+                   help="model: " + ", ".join(spec.MODELS) + " (default small)")
+    p.add_argument("--strategies", default=",".join(spec.DEFAULT_STRATEGIES), metavar="LIST",
+                   help="comma-separated, from " + ", ".join(spec.STRATEGIES) + " (default naive,ddp)")
+    p.add_argument("--steps", type=_positive_int("--steps", 0, 10_000_000), default=None,
+                   help="steps per strategy (default: 10 headless, until you quit in the UI)")
+    p.add_argument("--batch-size", type=_positive_int("--batch-size", 1, 1 << 20), default=1024,
+                   help="global batch, split across ranks (default 1024)")
+    p.add_argument("--bucket-cap-mb", type=_mb, default=None,
+                   help="DDP bucket size in MB (default PyTorch's, 25)")
+    p.add_argument("--headless", action="store_true", help="no UI: progress on stderr, table on stdout")
+    p.add_argument("--json", metavar="PATH", help="(headless) also write the figures as JSON")
+    p.add_argument("--record", metavar="PATH", help="record to PATH (default: a new file in --runs-dir)")
+    p.add_argument("--no-record", action="store_true", help="do not record this run")
+    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
+                   help="where recordings go by default (default ./runs)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--threads", type=_positive_int("--threads", 1, 256), default=1,
+                   help="torch threads per CPU rank (default 1)")
+    p.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
+                   help="process-group timeout in seconds: a hung collective fails after this (default 60)")
+    return p
+
+
+def check_environment(need_torch: bool = True) -> None:
+    if need_torch and importlib.util.find_spec("torch") is None:
+        raise CliError("torch is not installed in this Python; run bin/setup (or pip install torch)")
+    if importlib.util.find_spec("pynvml") is None:
+        raise CliError("nvidia-ml-py (pynvml) is not installed; reinstall ddptui (pip install -e .)")
+
+
+def _check_writable_path(path: str, what: str) -> str:
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise CliError(f"{what} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise CliError(f"{what} {path}: directory {parent} is not writable")
+    if os.path.isdir(path):
+        raise CliError(f"{what} {path}: is a directory")
+    return path
+
+
+def build_live(argv: list[str]):
+    from .launcher import plan as make_plan
+    from .session import RunOptions
+
+    a = live_parser().parse_args(argv)
+    if a.model not in spec.MODELS:
+        raise CliError(f"unknown model {a.model!r}; choose from " + ", ".join(spec.MODELS))
+    try:
+        strategies = spec.parse_strategies(a.strategies)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if a.pg_timeout <= 0:
+        raise CliError(f"--pg-timeout must be positive (got {a.pg_timeout})")
+    check_environment()
+    try:
+        plan = make_plan(a.gpus, a.ranks, a.device)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if a.batch_size % plan.ranks:
+        raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
+    steps = a.steps if a.steps is not None else (10 if a.headless else 0)
+    record = None
+    if not a.no_record:
+        if a.record:
+            record = _check_writable_path(a.record, "--record")
+        else:
+            try:
+                os.makedirs(a.runs_dir, exist_ok=True)
+            except OSError as e:
+                raise CliError(f"--runs-dir {a.runs_dir}: cannot create ({e.strerror})") from None
+            name = time.strftime("%Y%m%d-%H%M%S") + f"-{a.model}-{plan.ranks}r.ddptui"
+            record = _check_writable_path(os.path.join(a.runs_dir, name), "--runs-dir")
+    if a.json:
+        _check_writable_path(a.json, "--json")
+    opts = RunOptions(model=a.model, strategies=strategies, steps=steps, batch_size=a.batch_size,
+                      bucket_cap_mb=a.bucket_cap_mb, seed=a.seed, lr=a.lr, pg_timeout=a.pg_timeout,
+                      threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10))
+    return a, opts, plan
+
+
+def _sigterm_to_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            cmd = argv.pop(0)
+            mod = importlib.import_module(f"ddptui.cmd_{cmd}")
+            return int(mod.main(argv) or 0)
+        a, opts, plan = build_live(argv)
+        if a.headless:
+            from .headless import run_headless
+            signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+            return run_headless(opts, plan, a.json)
+        from .app import run_live_app
+        return run_live_app(opts, plan)
+    except CliError as e:
+        print(f"ddptui: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ddptui: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`ddptui --headless`: run, show progress on stderr, print the figures."""
+from __future__ import annotations
+
+import sys
+import time
+
+from .launcher import Plan
+from .report import json_doc, print_summary, write_json
+from .session import LiveRun, RunOptions
+from .store import Store
+
+
+class Progress:
+    """Progress lines on stderr: each status/log line once, step counts at most 1/s."""
+
+    def __init__(self, store: Store, err=None):
+        self.store = store
+        self.err = err or sys.stderr
+        self.seen_log = 0
+        self.phases: dict[int, str] = {}
+        self.last_steps = 0.0
+        self.last_text = ""
+
+    def say(self, text: str) -> None:
+        print(f"ddptui: {text}", file=self.err, flush=True)
+
+    def update(self, steps_total: int) -> None:
+        st = self.store
+        with st.lock:
+            logs = list(st.log)
+            ranks = {r: i.phase for r, i in st.ranks.items()}
+        for ts, level, text in logs[self.seen_log:] if len(logs) > self.seen_log else []:
+            self.say(("warning: " if level == "warn" else "error: " if level == "error" else "") + text)
+        self.seen_log = len(logs)
+        for r, ph in sorted(ranks.items()):
+            if self.phases.get(r) != ph and ph in ("rendezvous", "building", "training"):
+                if ph != "training" or r == 0:
+                    self.say(f"rank {r}: {ph}" + ("…" if ph != "training" else ""))
+            self.phases[r] = ph
+        now = time.monotonic()
+        if now - self.last_steps >= 1.0:
+            parts = []
+            for s in st.strategies():
+                k = st.latest_complete(s)
+                if k is not None:
+                    parts.append(f"{s} {k + 1}" + (f"/{steps_total}" if steps_total else ""))
+            text = "steps: " + ", ".join(parts) if parts else ""
+            if text and text != self.last_text:
+                self.say(text)
+                self.last_text = text
+            self.last_steps = now
+
+
+def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, err=None) -> int:
+    out = out or sys.stdout
+    store = Store()
+    run = LiveRun(opts, plan, store)
+    prog = Progress(store, err)
+    if opts.record:
+        prog.say(f"recording to {opts.record}")
+    try:
+        run.start()
+        while not run.poll():
+            prog.update(opts.steps)
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        prog.say("interrupted: stopping ranks…")
+        run.stop("interrupted")
+        prog.update(opts.steps)
+        prog.say("stopped; every rank has exited")
+        _report(store, out, json_path, run, opts)
+        return 130
+    prog.update(opts.steps)
+    if run.state == "failed":
+        print(f"ddptui: error: {run.message}", file=err or sys.stderr, flush=True)
+        _report(store, out, json_path, run, opts)
+        return 1
+    _report(store, out, json_path, run, opts)
+    return 0
+
+
+def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions) -> None:
+    rows = store.summaries()
+    meta = dict(store.meta)
+    if store.ranks:
+        first = store.ranks[min(store.ranks)]
+        meta.setdefault("backend", first.backend)
+    if any(r.get("steps") for r in rows):
+        print_summary(rows, meta, file=out,
+                      title=f"{meta.get('model')} · {meta.get('world')} rank(s) · "
+                            f"{meta.get('backend') or ''} · global batch {meta.get('batch')}")
+    dropped = sum(i.dropped_spans for i in store.ranks.values())
+    if dropped:
+        print(f"ddptui: warning: {dropped} spans were dropped (the app could not keep up)",
+              file=sys.stderr)
+    if json_path:
+        write_json(json_path, json_doc(rows, meta, {"state": run.state, "message": run.message,
+                                                    "recording": opts.record,
+                                                    "dropped_spans": dropped}))
+    if opts.record:
+        print(f"ddptui: recorded to {opts.record}", file=sys.stderr)

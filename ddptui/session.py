@@ -1,0 +1,295 @@
+"""A live run: collector + recorder + torchrun, watched until it ends.
+
+The same object serves the headless report and the UI: both call poll() on a timer and
+stop() when they are done. Nothing here blocks for long.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+from ranks import spec
+
+from . import __version__
+from .collector import Collector
+from .launcher import Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd
+from .nvml import CpuSampler, GpuSampler
+from .recording import RecordWriter
+from .store import Store
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class RunOptions:
+    model: str = "small"
+    strategies: list[str] = field(default_factory=lambda: list(spec.DEFAULT_STRATEGIES))
+    steps: int = 0  # per strategy; 0 = until stopped
+    batch_size: int = 256
+    bucket_cap_mb: float | None = None
+    seed: int = 42
+    lr: float = 0.01
+    pg_timeout: float = 60.0
+    threads: int = 1  # torch threads per CPU rank
+    record: str | None = None
+    hang_s: float = 30.0  # no step completed for this long while training -> reported
+    hb_timeout_s: float = 5.0
+    sample_every_s: float = 0.5
+    extra_worker_args: list[str] = field(default_factory=list)
+
+
+class LiveRun:
+    def __init__(self, opts: RunOptions, plan: Plan, store: Store | None = None):
+        self.opts = opts
+        self.plan = plan
+        self.store = store or Store()
+        self.state = "created"  # starting | running | finished | failed | stopped
+        self.message = ""
+        self.exit_code: int | None = None
+        self.recorder: RecordWriter | None = None
+        self.collector: Collector | None = None
+        self.launcher: Launcher | None = None
+        self._pending: list[tuple[bytes, dict]] = []
+        self._rec_lock = threading.Lock()
+        self._stop_ev = threading.Event()
+        self._last_progress = time.monotonic()
+        self._last_spans = 0
+        self._warned: set = set()
+        self._bucket_seq = 0
+        self.started = 0.0
+        self.first_step_s: float | None = None
+
+    # -- metadata ----------------------------------------------------------------------
+    def meta(self) -> dict:
+        o = self.opts
+        m = {
+            "ddptui": __version__, "created": time.time(), "model": o.model,
+            "layers": spec.layer_names(o.model),
+            "params": [list(p) for p in spec.param_table(o.model)],
+            "strategies": list(o.strategies), "world": self.plan.ranks, "batch": o.batch_size,
+            "steps": o.steps, "bucket_cap_mb": o.bucket_cap_mb or spec.DEFAULT_BUCKET_CAP_MB,
+            "seed": o.seed, "lr": o.lr, "device": self.plan.device, "gpus": self.plan.gpus,
+            "note": self.plan.note, "settings": {k: v for k, v in asdict(o).items() if k != "record"},
+        }
+        return m
+
+    def status(self, text: str, level: str = "info") -> None:
+        f = {"t": "status", "text": text, "level": level, "ts": time.time()}
+        self.store.ingest(f)
+        self._record(f)
+
+    # -- start -------------------------------------------------------------------------
+    def start(self) -> None:
+        o = self.opts
+        self.started = time.monotonic()
+        self.state = "starting"
+        self.store.set_meta(self.meta())
+        token = secrets.token_hex(16)
+        self.run_dir = tempfile.mkdtemp(prefix="ddptui-")  # private (0700): socket and log
+        self.collector = Collector(self.store, token, sink=self._sink, on_disconnect=self._on_disconnect,
+                                   run_dir=self.run_dir)
+        env = os.environ.copy()
+        env.pop("TORCH_DISTRIBUTED_DEBUG", None)  # DETAIL crashes DDP construction on some builds
+        env.update({
+            "DDPTUI_SOCKET": self.collector.path, "DDPTUI_TOKEN": token,
+            "PYTHONPATH": PROJECT_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+            "PYTHONUNBUFFERED": "1",
+        })
+        if self.plan.device == "cpu":
+            env["OMP_NUM_THREADS"] = str(o.threads)
+        args = ["--model", o.model, "--strategies", ",".join(o.strategies), "--steps", str(o.steps),
+                "--batch-size", str(o.batch_size), "--seed", str(o.seed), "--lr", str(o.lr),
+                "--pg-timeout", str(o.pg_timeout), "--device", self.plan.device]
+        if o.bucket_cap_mb is not None:
+            args += ["--bucket-cap-mb", str(o.bucket_cap_mb)]
+        args += o.extra_worker_args
+        log_path = os.path.join(self.run_dir, "torchrun.log")
+        self.status(self.plan.note)
+        self.status(f"spawning torchrun: {self.plan.ranks} rank(s), model {o.model}")
+        self.launcher = Launcher(torchrun_cmd(self.plan.ranks, args), env, log_path, cwd=PROJECT_ROOT)
+        self._sampler = threading.Thread(target=self._sample_loop, name="ddptui-sampler", daemon=True)
+        self._sampler.start()
+        self.state = "running"
+
+    # -- recording ---------------------------------------------------------------------
+    def _sink(self, body: bytes, frame: dict) -> None:
+        with self._rec_lock:
+            if self.recorder is None and self.opts.record:
+                self._pending.append((body, frame))
+                hellos = sum(1 for _, f in self._pending if f.get("t") == "hello")
+                if hellos >= self.plan.ranks or frame.get("t") == "spans" or len(self._pending) > 10000:
+                    self._open_recording()
+                return
+            if self.recorder is not None:
+                self.recorder.write_body(body, frame)
+
+    def _record(self, frame: dict) -> None:
+        import msgpack
+        self._sink(msgpack.packb(frame, use_bin_type=True), frame)
+
+    def _open_recording(self) -> None:
+        meta = self.meta()
+        hellos = [f for _, f in self._pending if f.get("t") == "hello"]
+        if hellos:
+            meta["torch"] = hellos[0].get("torch")
+            meta["backend"] = hellos[0].get("backend")
+            meta["devices"] = {str(f["r"]): f.get("device") for f in hellos}
+            meta["host"] = hellos[0].get("host")
+        self.recorder = RecordWriter(self.opts.record, meta)
+        for body, f in self._pending:
+            self.recorder.write_body(body, f)
+        self._pending = []
+        self.recorder.flush()
+
+    # -- watching ----------------------------------------------------------------------
+    def _sample_loop(self) -> None:
+        gpu = GpuSampler() if self.plan.device == "cuda" else None
+        if gpu is not None and not gpu.has_gpus:
+            gpu = None
+        cpu = CpuSampler()
+        while not self._stop_ev.wait(self.opts.sample_every_s):
+            try:
+                if gpu is not None:
+                    f = gpu.sample()
+                else:
+                    pids = {r: i.pid for r, i in self.store.ranks.items() if i.pid}
+                    f = cpu.sample(pids)
+                self.store.ingest(f)
+                self._record(f)
+                if self.recorder is not None:
+                    self.recorder.flush()
+            except Exception as e:  # noqa: BLE001 - sampling must never break the run
+                self.store.add_log(f"sampler: {type(e).__name__}: {e}", "warn")
+
+    def _on_disconnect(self, rank: int, clean: bool) -> None:
+        if not clean and self.state in ("running", "starting"):
+            self.store.add_log(f"rank {rank} closed its connection without saying goodbye", "warn")
+
+    def rank_pids(self) -> list[int]:
+        return [i.pid for i in self.store.ranks.values() if i.pid]
+
+    def poll(self) -> bool:
+        """Check on the run; returns True once it has ended (see state, message)."""
+        if self.state not in ("running", "starting"):
+            return True
+        st = self.store
+        st.update()
+        now = time.monotonic()
+        if self.first_step_s is None and any(st.latest_complete(s) is not None for s in st.strategies()):
+            self.first_step_s = now - self.started
+            self.status(f"first step done after {self.first_step_s:.1f} s")
+        if st.spans != self._last_spans:
+            self._last_spans = st.spans
+            self._last_progress = now
+        rc = self.launcher.poll()
+        if rc is not None:
+            self._finish(rc)
+            return True
+        # a rank process gone while torchrun still runs
+        for r, info in list(st.ranks.items()):
+            if info.pid and not info.finished and info.exit is None and not psutil.pid_exists(info.pid):
+                self._rank_exit(r, "exited")
+        training = any(i.phase == "training" for i in st.ranks.values())
+        if training and now - self._last_progress > self.opts.hang_s:
+            stuck = sorted(st.ranks.items(), key=lambda kv: kv[1].step)
+            r, info = stuck[0]
+            self.fail(f"no step finished for {self.opts.hang_s:.0f} s: rank {r} stuck after step {info.step} "
+                      f"(hung collective?)")
+            return True
+        for r, info in st.ranks.items():
+            if info.connected and info.last_seen and now - info.last_seen > self.opts.hb_timeout_s:
+                if ("hb", r) not in self._warned:
+                    self._warned.add(("hb", r))
+                    st.add_log(f"rank {r} not responding: no heartbeat for {now - info.last_seen:.0f} s", "warn")
+            elif ("hb", r) in self._warned:
+                self._warned.discard(("hb", r))
+                st.add_log(f"rank {r} responding again", "info")
+        return False
+
+    def _rank_exit(self, rank: int, status: str) -> None:
+        f = {"t": "exit", "r": rank, "status": status}
+        self.store.ingest(f)
+        self._record(f)
+
+    def _finish(self, rc: int) -> None:
+        st = self.store
+        codes = rank_exit_codes(self.launcher.log_text()) if rc != 0 else {}
+        for r, code in codes.items():
+            self._rank_exit(r, describe_exit(code))
+        errors = [(r, i.error) for r, i in sorted(st.ranks.items()) if i.error]
+        if rc == 0 and not errors:
+            self.state = "finished"
+            self.message = "run finished"
+        else:
+            self.state = "failed"
+            parts = []
+            killed = [(r, c) for r, c in sorted(codes.items()) if c < 0 or r not in dict(errors)]
+            for r, c in killed:
+                parts.append(f"rank {r} {describe_exit(c)}")
+            for r, e in errors:
+                parts.append(f"rank {r}: {e}")
+            if not parts:
+                tail = [ln for ln in self.launcher.log_tail(2000).splitlines() if ln.strip()]
+                parts.append(f"torchrun {describe_exit(rc)}" + (f": {tail[-1].strip()}" if tail else ""))
+            self.message = "; ".join(parts)
+            st.add_log(self.message, "error")
+        self.exit_code = rc
+        self._close()
+
+    def fail(self, message: str) -> None:
+        self.state = "failed"
+        self.message = message
+        self.store.add_log(message, "error")
+        self._record({"t": "status", "text": message, "level": "error", "ts": time.time()})
+        self._shutdown()
+
+    # -- control -----------------------------------------------------------------------
+    def set_bucket_cap(self, mb: float) -> int:
+        """Ask every rank to re-wrap DDP with this bucket cap at an agreed step."""
+        self._bucket_seq += 1
+        return self.collector.send({"t": "set", "key": "bucket_cap_mb", "value": float(mb),
+                                    "seq": self._bucket_seq})
+
+    def stop(self, why: str = "stopped by user", grace: float = 10.0) -> None:
+        if self.state not in ("running", "starting"):
+            self._close()
+            return
+        self.status(f"stopping: {why}")
+        self.collector.send({"t": "stop"})
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.launcher.poll() is None:
+            time.sleep(0.05)
+        self.state = "stopped"
+        self.message = why
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self.launcher is not None:
+            self.launcher.stop(grace=5.0, workers=self.rank_pids())
+        self._close()
+
+    def _close(self) -> None:
+        self._stop_ev.set()
+        if self.launcher is not None and self.launcher.poll() is None:
+            self.launcher.stop(grace=5.0, workers=self.rank_pids())
+        elif self.launcher is not None:
+            self.launcher._reap(self.rank_pids())
+            if not self.launcher.log.closed:
+                self.launcher.log.close()
+        if self.collector is not None:
+            self.collector.close()
+        with self._rec_lock:
+            if self.recorder is None and self.opts.record and self._pending:
+                self._open_recording()
+            if self.recorder is not None:
+                self.recorder.close()
+        if getattr(self, "run_dir", None):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.store.update()

@@ -1,0 +1,335 @@
+"""The store: every source (live ranks, a replay file) feeds frames in; the UI, the
+recorder's summary and the headless report read figures out.
+
+Ingest is cheap (columns are kept as they arrive); figures are computed by update(),
+called by whoever reads, off the collector thread. Raw spans are kept for the last
+``keep_steps`` steps of each strategy and per-step figures for the last ``keep_figures``,
+so memory stays bounded however long the run.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from ranks import wire
+from ranks.wire import SpanBatch
+
+from . import figures as F
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    pid: int | None = None
+    device: str = ""
+    backend: str = ""
+    note: str = ""
+    phase: str = "connecting"
+    step: int = -1
+    connected: bool = False
+    last_seen: float = 0.0
+    dropped_spans: int = 0
+    error: str | None = None
+    exit: str | None = None
+    finished: bool = False
+
+
+@dataclass
+class Span:
+    kind: int
+    idx: int
+    start_ms: float
+    end_ms: float
+    issued_ms: float | None = None
+
+
+@dataclass
+class StepView:
+    """One strategy step ready to draw: spans per rank relative to the step's origin."""
+    strategy: str
+    step: int
+    spans: dict[int, list[Span]]
+    figures: dict[int, F.RankStep]
+    duration_ms: float
+    bucket_cap_mb: float | None = None
+    n_buckets: int | None = None
+    marks: list[str] = field(default_factory=list)
+
+
+class Store:
+    def __init__(self, keep_steps: int = 400, keep_figures: int = 20000):
+        self.lock = threading.RLock()
+        self.version = 0
+        self.keep_steps = keep_steps
+        self.keep_figures = keep_figures
+        self.meta: dict = {}
+        self.ranks: dict[int, RankInfo] = {}
+        self.raw: dict[str, OrderedDict[int, dict[int, SpanBatch]]] = {}
+        self.step_figs: dict[str, OrderedDict[int, F.StepFigures]] = {}
+        self.rank_figs: dict[tuple[str, int, int], F.RankStep] = {}
+        self.layouts: dict[tuple[str, int], list[tuple[int, dict[int, int], list]]] = {}
+        self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
+        self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
+        self.log: deque[tuple[float, str, str]] = deque(maxlen=500)
+        self.gpu: deque[dict] = deque(maxlen=600)
+        self.cpu: deque[dict] = deque(maxlen=600)
+        self.frames = 0
+        self.spans = 0
+        self.rejected = 0
+        self.status = "starting"
+        self.finished = False
+        self._param_bytes: list[int] = []
+        self._dirty: dict[str, set[int]] = {}
+
+    # -- ingest ------------------------------------------------------------------------
+    def ingest(self, f: dict) -> None:
+        """Take one decoded frame. Raises ValueError for a malformed one."""
+        t = f["t"]
+        with self.lock:
+            if t == "spans":
+                self._spans(f)
+            else:
+                h = getattr(self, "_on_" + t, None)
+                if h is None:
+                    raise ValueError(f"unknown frame type {t!r}")
+                h(f)
+            self.frames += 1
+            self.version += 1
+
+    def _rank(self, f: dict) -> RankInfo:
+        r = f.get("r")
+        if not isinstance(r, int) or r < 0 or r > 4096:
+            raise ValueError("frame names no valid rank")
+        info = self.ranks.get(r)
+        if info is None:
+            info = self.ranks[r] = RankInfo(r)
+        info.last_seen = time.monotonic()
+        return info
+
+    def _on_hello(self, f: dict) -> None:
+        info = self._rank(f)
+        info.pid, info.device, info.backend = f.get("pid"), str(f.get("device", "")), str(f.get("backend", ""))
+        info.note = str(f.get("note", ""))
+        info.connected = True
+        info.phase = "connected"
+        if not self.meta.get("params"):
+            keep = ("world", "model", "layers", "params", "strategies", "batch", "steps",
+                    "bucket_cap_mb", "seed", "lr", "torch", "backend", "note", "threads")
+            self.meta.update({k: f.get(k) for k in keep})
+            self._param_bytes = [int(p[1]) * 4 for p in f.get("params") or []]
+        self.meta.setdefault("devices", {})[f["r"]] = info.device
+        self.add_log(f"rank {f['r']} connected: {info.device}, {info.backend}", "info")
+
+    def set_meta(self, meta: dict) -> None:
+        """Metadata known before any rank speaks (from the CLI or a recording header)."""
+        with self.lock:
+            for k, v in meta.items():
+                self.meta.setdefault(k, v)
+            if not self._param_bytes and meta.get("params"):
+                self._param_bytes = [int(p[1]) * 4 for p in meta["params"]]
+            self.version += 1
+
+    def _on_phase(self, f: dict) -> None:
+        self._rank(f).phase = str(f.get("ph", "?"))
+
+    def _on_hb(self, f: dict) -> None:
+        info = self._rank(f)
+        info.step = int(f.get("k", -1))
+        info.dropped_spans = int(f.get("drop", 0))
+        if info.phase in ("connected", "connecting"):
+            info.phase = str(f.get("ph", info.phase))
+
+    def _on_bye(self, f: dict) -> None:
+        info = self._rank(f)
+        info.finished = True
+        info.phase = "done"
+        info.dropped_spans = int(f.get("drop", info.dropped_spans))
+
+    def _on_error(self, f: dict) -> None:
+        info = self._rank(f)
+        info.error = str(f.get("msg", "error"))[:500]
+        info.phase = "failed"
+        self.add_log(f"rank {info.rank} failed: {info.error}", "error")
+
+    def _on_event(self, f: dict) -> None:
+        self._rank(f)
+        if f.get("r") == 0 and f.get("what") == "bucket_cap_mb":
+            k, cap = int(f.get("k", 0)), float(f.get("value"))
+            self.cap_changes.append((k, cap))
+            self.events.append((k, "ddp", f"bucket_cap_mb → {cap:g} MB"))
+
+    def _on_buckets(self, f: dict) -> None:
+        self._rank(f)
+        layout = f.get("buckets")
+        if not isinstance(layout, list):
+            raise ValueError("buckets frame without a bucket list")
+        sizes = {int(b[0]): int(b[2]) for b in layout}
+        key = (str(f.get("s", "ddp")), f["r"])
+        self.layouts.setdefault(key, []).append((int(f.get("k", 0)), sizes, layout))
+        if f.get("cap_mb") is not None:
+            self.meta["bucket_cap_mb_now"] = f.get("cap_mb")
+
+    def _on_gpu(self, f: dict) -> None:
+        self.gpu.append(f)
+
+    def _on_cpu(self, f: dict) -> None:
+        self.cpu.append(f)
+
+    def _on_status(self, f: dict) -> None:  # launcher progress, recorded too
+        self.status = str(f.get("text", ""))
+        self.add_log(self.status, str(f.get("level", "info")))
+
+    def _on_exit(self, f: dict) -> None:  # a rank process ended (from the launcher)
+        info = self._rank(f)
+        info.exit = str(f.get("status", "exited"))
+        if not info.finished and info.error is None:
+            info.phase = "died"
+
+    def _spans(self, f: dict) -> None:
+        b = wire.decode_spans(f, max_idx=max(len(self._param_bytes), 64))
+        info = self._rank(f)
+        info.step = max(info.step, b.step)
+        per = self.raw.setdefault(b.strategy, OrderedDict())
+        slot = per.get(b.step)
+        if slot is None:
+            slot = per[b.step] = {}
+        slot[b.rank] = b
+        self.spans += len(b)
+        self._dirty.setdefault(b.strategy, set()).add(b.step)
+        if len(per) > self.keep_steps * 4:  # nobody called update(): drop the oldest anyway
+            per.popitem(last=False)
+
+    def add_log(self, text: str, level: str = "info") -> None:
+        with self.lock:
+            self.log.append((time.time(), level, text))
+            self.version += 1
+
+    # -- figures -----------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return int(self.meta.get("world") or max(len(self.ranks), 1))
+
+    def expected_ranks(self, strategy: str) -> int:
+        return 1 if strategy == "single" else self.world
+
+    def comm_bytes_fn(self, strategy: str, rank: int, step: int):
+        layouts = self.layouts.get((strategy, rank))
+        if strategy == "ddp" and layouts:
+            sizes = layouts[0][1]
+            for k, s, _ in layouts:
+                if k <= step:
+                    sizes = s
+            return lambda i: sizes.get(i, 0)
+        pb = self._param_bytes
+        return lambda i: pb[i] if i < len(pb) else 0
+
+    def rank_figures(self, strategy: str, step: int, rank: int) -> F.RankStep | None:
+        with self.lock:
+            key = (strategy, step, rank)
+            got = self.rank_figs.get(key)
+            if got is None:
+                b = self.raw.get(strategy, {}).get(step, {}).get(rank)
+                if b is None:
+                    return None
+                got = self.rank_figs[key] = F.rank_step(b, self.comm_bytes_fn(strategy, rank, step))
+            return got
+
+    def update(self) -> None:
+        """Compute figures of steps complete on every rank; evict what is beyond bounds."""
+        with self.lock:
+            for strategy, dirty in self._dirty.items():
+                per = self.raw.get(strategy, {})
+                want = self.expected_ranks(strategy)
+                figs = self.step_figs.setdefault(strategy, OrderedDict())
+                for k in sorted(dirty):
+                    ranks = per.get(k)
+                    if ranks is None or len(ranks) < want or k in figs:
+                        continue
+                    rs = [self.rank_figures(strategy, k, r) for r in sorted(ranks)]
+                    figs[k] = F.combine(k, rs)
+                    dirty.discard(k)
+                while len(per) > self.keep_steps:
+                    k, ranks = per.popitem(last=False)
+                    for r in ranks:
+                        self.rank_figs.pop((strategy, k, r), None)
+                    dirty.discard(k)
+                while len(figs) > self.keep_figures:
+                    figs.popitem(last=False)
+
+    def strategies(self) -> list[str]:
+        with self.lock:
+            order = list(self.meta.get("strategies") or [])
+            return order + [s for s in self.raw if s not in order]
+
+    def complete_steps(self, strategy: str) -> list[int]:
+        with self.lock:
+            return list(self.step_figs.get(strategy, {}))
+
+    def latest_complete(self, strategy: str) -> int | None:
+        with self.lock:
+            figs = self.step_figs.get(strategy)
+            return next(reversed(figs)) if figs else None
+
+    def summary(self, strategy: str) -> dict:
+        with self.lock:
+            steps = list(self.step_figs.get(strategy, {}).values())
+            return F.summarize(strategy, steps, int(self.meta.get("batch") or 0), self.world)
+
+    def summaries(self) -> list[dict]:
+        self.update()
+        return [self.summary(s) for s in self.strategies()]
+
+    def step_history(self, strategy: str, n: int = 60) -> list[float]:
+        with self.lock:
+            figs = self.step_figs.get(strategy, {})
+            return [f.step_ms for f in list(figs.values())[-n:]]
+
+    def bucket_layout(self, strategy: str = "ddp", step: int | None = None) -> list | None:
+        with self.lock:
+            layouts = self.layouts.get((strategy, 0))
+            if not layouts:
+                return None
+            got = layouts[-1][2]
+            if step is not None:
+                got = None
+                for k, _, lay in layouts:
+                    if k <= step:
+                        got = lay
+                got = got or layouts[0][2]
+            return got
+
+    def view(self, strategy: str, step: int) -> StepView | None:
+        with self.lock:
+            ranks = self.raw.get(strategy, {}).get(step)
+            if not ranks:
+                return None
+            origin = min(b.base_ns for b in ranks.values())
+            spans, figs = {}, {}
+            dur = 0.0
+            for r, b in sorted(ranks.items()):
+                off = (b.base_ns - origin) / 1e6
+                lst = []
+                ci = 0
+                for i in range(len(b.kind)):
+                    k = b.kind[i]
+                    iss = None
+                    if k == wire.COMM:
+                        iss = off + b.iss[ci] / 1e3
+                        ci += 1
+                    s = Span(k, b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3, iss)
+                    lst.append(s)
+                    dur = max(dur, s.end_ms)
+                spans[r] = lst
+                figs[r] = self.rank_figures(strategy, step, r)
+            layout = self.bucket_layout(strategy, step) if strategy == "ddp" else None
+            marks = [text for k, s, text in self.events if s == strategy and k == step]
+            cap = None
+            if strategy == "ddp":
+                cap = self.meta.get("bucket_cap_mb")
+                for k, c in self.cap_changes:
+                    if k <= step:
+                        cap = c
+            return StepView(strategy, step, spans, figs, dur, cap,
+                            len(layout) if layout else None, marks)

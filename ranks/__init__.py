@@ -1,0 +1,1 @@
+"""Code that runs inside each torchrun worker. Never imports Textual."""

@@ -1,0 +1,151 @@
+"""Rank -> ddptui: batched, length-prefixed msgpack frames over a Unix socket.
+
+Training never waits for the app: put() hands a frame to a bounded queue and returns; a
+background thread encodes and sends. When the queue is full the frame is dropped and its
+spans are counted. A second thread reads control messages (stop, set) from the app, and if
+the socket closes the worker exits by itself.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+
+from . import wire
+
+EXIT_APP_GONE = 3
+
+
+class Emitter:
+    def __init__(self, path: str, token: str, rank: int, maxsize: int = 256,
+                 on_control=None, exit_grace_s: float = 3.0):
+        self.rank = rank
+        self.q: queue.Queue = queue.Queue(maxsize=maxsize)
+        self.dropped_spans = 0
+        self.dropped_frames = 0
+        self.sent_frames = 0
+        self.on_control = on_control
+        self.exit_grace_s = exit_grace_s
+        self.closed = threading.Event()
+        self.app_gone = threading.Event()
+        self.step = -1
+        self.phase = "starting"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.sock.sendall(wire.pack({"t": "auth", "token": token, "r": rank, "pid": os.getpid(),
+                                     "v": wire.PROTOCOL_VERSION}))
+        self._tx = threading.Thread(target=self._send_loop, name="ddptui-tx", daemon=True)
+        self._rx = threading.Thread(target=self._recv_loop, name="ddptui-rx", daemon=True)
+        self._hb = threading.Thread(target=self._heartbeat, name="ddptui-hb", daemon=True)
+        self._tx.start(); self._rx.start(); self._hb.start()
+
+    # -- called from the training thread ------------------------------------------
+    def put(self, frame, n_spans: int = 0) -> bool:
+        """Queue a frame (a dict, or a ('spans', ...) tuple encoded off-thread)."""
+        try:
+            self.q.put_nowait(frame)
+            return True
+        except queue.Full:
+            self.dropped_frames += 1
+            self.dropped_spans += n_spans
+            return False
+
+    def send_now(self, frame: dict, timeout: float = 2.0) -> None:
+        """Queue a frame that must not be dropped (hello, errors, bye), waiting if needed."""
+        try:
+            self.q.put(frame, timeout=timeout)
+        except queue.Full:
+            self.dropped_frames += 1
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Flush what is queued (bounded by timeout) and close the socket."""
+        deadline = time.monotonic() + timeout
+        while not self.q.empty() and time.monotonic() < deadline and not self.app_gone.is_set():
+            time.sleep(0.01)
+        self.closed.set()
+        try:
+            self.q.put_nowait(None)
+        except queue.Full:
+            pass
+        self._tx.join(max(0.0, deadline - time.monotonic()))
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    # -- background ----------------------------------------------------------------
+    def _encode(self, item) -> bytes:
+        if isinstance(item, tuple):  # resolved span batch from Recorder.poll
+            strategy, step, base, kinds, idxs, t0, t1, iss = item
+            return wire.pack(wire.encode_spans(self.rank, strategy, step, base, kinds, idxs,
+                                               t0, t1, iss))
+        return wire.pack(item)
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            chunks = [self._encode(item)]
+            while len(chunks) < 64:  # batch whatever else is waiting into one send
+                try:
+                    nxt = self.q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._sendall(chunks)
+                    return
+                chunks.append(self._encode(nxt))
+            if not self._sendall(chunks):
+                return
+
+    def _sendall(self, chunks) -> bool:
+        try:
+            self.sock.sendall(b"".join(chunks))
+            self.sent_frames += len(chunks)
+            return True
+        except OSError:
+            self._gone()
+            return False
+
+    def _heartbeat(self) -> None:
+        while not self.closed.wait(1.0):
+            self.put({"t": "hb", "r": self.rank, "k": self.step, "ph": self.phase,
+                      "drop": self.dropped_spans, "dropf": self.dropped_frames,
+                      "ts": time.monotonic_ns()})
+
+    def _recv_loop(self) -> None:
+        reader = wire.FrameReader(max_frame=1 << 20)
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            try:
+                for body in reader.feed(data):
+                    msg = wire.unpack_body(body)
+                    if self.on_control is not None:
+                        self.on_control(msg)
+            except Exception:
+                break
+        self._gone()
+
+    def _gone(self) -> None:
+        """The app closed the socket: ask the worker to stop, and exit if it cannot."""
+        if self.closed.is_set() or self.app_gone.is_set():
+            return
+        self.app_gone.set()
+        if self.on_control is not None:
+            self.on_control({"t": "stop", "why": "app gone"})
+
+        def _exit_later():
+            time.sleep(self.exit_grace_s)
+            if not self.closed.is_set():
+                os._exit(EXIT_APP_GONE)
+
+        threading.Thread(target=_exit_later, daemon=True).start()

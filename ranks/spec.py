@@ -1,0 +1,49 @@
+"""Model and strategy names shared by the app and the workers (no torch import)."""
+from __future__ import annotations
+
+MODEL_WIDTHS: dict[str, list[int]] = {
+    "small": [784, 1024, 512, 256, 10],
+    "medium": [784, 2048, 2048, 1024, 512, 10],
+    "large": [784, 4096, 4096, 2048, 2048, 1024, 512, 10],
+    "xlarge": [784, 4096, 4096, 4096, 2048, 2048, 1024, 512, 10],
+    # the explainer's deep model: 40 Linear layers, 4096 wide
+    "deep40": [784] + [4096] * 39 + [10],
+}
+MODELS = tuple(MODEL_WIDTHS)
+STRATEGIES = ("naive", "interleaved", "ddp", "single")
+DEFAULT_STRATEGIES = ("naive", "ddp")
+BUCKET_LADDER_MB = (1.0, 5.0, 25.0, 100.0)
+DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch's default
+
+
+def layer_names(model: str) -> list[str]:
+    return [f"fc{i + 1}" for i in range(len(MODEL_WIDTHS[model]) - 1)]
+
+
+def param_table(model: str) -> list[tuple[str, int, int]]:
+    """(name, numel, layer index) for every parameter tensor, in model.parameters() order."""
+    widths = MODEL_WIDTHS[model]
+    out = []
+    for i in range(len(widths) - 1):
+        out.append((f"fc{i + 1}.0.weight", widths[i] * widths[i + 1], i))
+        out.append((f"fc{i + 1}.0.bias", widths[i + 1], i))
+    return out
+
+
+def param_count(model: str) -> int:
+    return sum(n for _, n, _ in param_table(model))
+
+
+def parse_strategies(text: str) -> list[str]:
+    """'naive,ddp' -> ['naive', 'ddp']; raises ValueError with a one-line reason."""
+    names = [s.strip().lower() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ValueError("--strategies is empty; choose from " + ", ".join(STRATEGIES))
+    bad = [n for n in names if n not in STRATEGIES]
+    if bad:
+        raise ValueError(f"unknown strategy {bad[0]!r}; choose from " + ", ".join(STRATEGIES))
+    seen: list[str] = []
+    for n in names:
+        if n not in seen:
+            seen.append(n)
+    return seen

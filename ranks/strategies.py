@@ -1,0 +1,178 @@
+"""The four training modes of the seeds, each instrumented through the same Recorder.
+
+naive        full backward, then a blocking all_reduce per parameter (not from hooks)
+interleaved  async all_reduce per parameter from post-accumulate-grad hooks, all waited
+             on before the optimizer step
+ddp          DistributedDataParallel, bucketed; a comm hook times each bucket
+single       one device, whole batch, no communication (runs on rank 0 only)
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .instrument import Recorder
+
+
+def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
+    """Forward/backward start and end for every block fcN of the model."""
+    for i, block in enumerate(model.children()):
+        block.register_forward_pre_hook(lambda m, a, i=i: rec.fwd_begin(i))
+        block.register_forward_hook(lambda m, a, o, i=i: rec.fwd_end(i))
+        block.register_full_backward_pre_hook(lambda m, g, i=i: rec.bwd_begin(i))
+        block.register_full_backward_hook(lambda m, gi, go, i=i: rec.bwd_end(i))
+        # the first block's input needs no gradient, so its backward hook fires early;
+        # its weight gradients are the true end of its backward
+        for p in block.parameters():
+            p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i))
+
+
+class Strategy:
+    name = "?"
+    communicates = True
+
+    def __init__(self, base: nn.Module, rec: Recorder, device, lr: float, world: int):
+        self.module = copy.deepcopy(base).to(device)
+        self.rec = rec
+        self.world = world
+        self.device = device
+        attach_layer_hooks(self.module, rec)
+        self.params = list(self.module.parameters())
+        self.opt = torch.optim.SGD(self.params, lr=lr)
+
+    @property
+    def model(self) -> nn.Module:
+        return self.module
+
+    def runs_on(self, rank: int) -> bool:
+        return True
+
+    def step(self, x, y) -> None:
+        rec = self.rec
+        self.opt.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.after_backward()
+        rec.opt_begin()
+        self.opt.step()
+        rec.opt_end()
+
+    def after_backward(self) -> None:
+        pass
+
+
+class Single(Strategy):
+    name = "single"
+    communicates = False
+
+    def runs_on(self, rank: int) -> bool:
+        return rank == 0
+
+
+class Naive(Strategy):
+    name = "naive"
+
+    def after_backward(self) -> None:
+        rec = self.rec
+        cur = rec.cur
+        for i, p in enumerate(self.params):
+            p.grad.div_(self.world)
+            slot = rec.comm_issue(i)
+            dist.all_reduce(p.grad)
+            rec.comm_done(cur, slot)
+
+
+class Interleaved(Strategy):
+    name = "interleaved"
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.futs: list = []
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._reduce(i, p))
+
+    def _reduce(self, i: int, p) -> None:
+        rec = self.rec
+        cur = rec.cur
+        p.grad.div_(self.world)
+        slot = rec.comm_issue(i)
+        fut = dist.all_reduce(p.grad, async_op=True).get_future()
+        self.futs.append(fut.then(lambda f: rec.comm_done(cur, slot)))
+
+    def after_backward(self) -> None:
+        torch.futures.wait_all(self.futs)
+        self.futs = []
+
+
+def _ddp_hook(state: "DDPStrategy", bucket):  # DDP requires the name `bucket`
+    rec = state.rec
+    cur = rec.cur
+    buf = bucket.buffer()
+    if state.track_buckets:
+        state.seen.append((bucket.index(), [state.pindex[id(p)] for p in bucket.parameters()],
+                           buf.numel() * buf.element_size()))
+    buf.div_(state.world)
+    slot = rec.comm_issue(bucket.index())
+
+    def done(f):
+        rec.comm_done(cur, slot)
+        return f.value()[0]
+
+    return dist.all_reduce(buf, async_op=True).get_future().then(done)
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+
+    def __init__(self, base, rec, device, lr, world, bucket_cap_mb: float | None = None):
+        super().__init__(base, rec, device, lr, world)
+        self.pindex = {id(p): i for i, p in enumerate(self.params)}
+        self.cap_mb = bucket_cap_mb
+        self.layout: list | None = None  # last reported [(bucket, [param idx], bytes)]
+        self.seen: list = []
+        self.track_buckets = True
+        self.wrap(bucket_cap_mb)
+
+    def wrap(self, cap_mb: float | None) -> None:
+        """(Re)wrap in DDP; every rank must call this at the same step."""
+        old = getattr(self, "ddp", None)
+        self.ddp = None
+        del old
+        kw = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+        if self.device.type == "cuda":
+            kw["device_ids"] = [self.device.index]
+        self.ddp = DDP(self.module, **kw)
+        self.ddp.register_comm_hook(self, _ddp_hook)
+        self.cap_mb = cap_mb
+        self.layout = None
+        self.stable = 0
+        self.track_buckets = True
+
+    @property
+    def model(self) -> nn.Module:
+        return self.ddp
+
+    def step(self, x, y) -> None:
+        self.seen = []
+        super().step(x, y)
+
+    def take_layout_change(self) -> list | None:
+        """The bucket layout of the last step if it differs from the one reported."""
+        seen = sorted(self.seen)
+        if not seen or seen == self.layout:
+            if seen == self.layout:
+                self.stable += 1
+                if self.stable >= 3:  # DDP rebuilds buckets once; stop looking after that
+                    self.track_buckets = False
+            return None
+        self.layout = seen
+        self.stable = 0
+        return seen
+
+
+STRATEGY_CLASSES = {c.name: c for c in (Naive, Interleaved, DDPStrategy, Single)}

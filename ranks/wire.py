@@ -1,0 +1,148 @@
+"""The wire format shared by ranks, collector and recordings.
+
+A frame is a 4-byte big-endian length followed by a msgpack map with a type key ``t``.
+Span frames are columnar: one frame per (rank, strategy, step) with packed little-endian
+arrays, so that the collector decodes them without a Python loop per span.
+
+    {"t": "spans", "r": rank, "s": strategy, "k": step, "b": base_ns,
+     "kind": u8[n], "idx": u16[n], "t0": u32[n], "t1": u32[n], "iss": u32[n_comm]}
+
+t0/t1/iss are microseconds after base_ns (host CLOCK_MONOTONIC, shared by ranks on one host).
+"""
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+
+import msgpack
+
+LEN = struct.Struct(">I")
+MAX_FRAME = 16 * 1024 * 1024  # a frame claiming more than this is rejected unread
+PROTOCOL_VERSION = 1
+
+# span kinds
+FWD, BWD, COMM, OPT, STEP = 0, 1, 2, 3, 4
+KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step")
+N_KINDS = len(KIND_NAMES)
+COMPUTE_KINDS = (FWD, BWD)
+
+_LITTLE = sys.byteorder == "little"
+
+UNPACK_LIMITS = dict(
+    max_str_len=1 << 20,
+    max_bin_len=MAX_FRAME,
+    max_array_len=1 << 20,
+    max_map_len=1 << 12,
+    max_ext_len=0,
+)
+
+
+def pack(obj: dict) -> bytes:
+    """One frame: length prefix + msgpack body."""
+    body = msgpack.packb(obj, use_bin_type=True)
+    return LEN.pack(len(body)) + body
+
+
+def unpack_body(body: bytes) -> dict:
+    obj = msgpack.unpackb(body, raw=False, strict_map_key=True, **UNPACK_LIMITS)
+    if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
+        raise ValueError("frame is not a map with a type")
+    return obj
+
+
+def _le(a: array) -> bytes:
+    if not _LITTLE:
+        a = array(a.typecode, a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _from_le(code: str, data: bytes) -> array:
+    a = array(code)
+    a.frombytes(data)
+    if not _LITTLE:
+        a.byteswap()
+    return a
+
+
+def encode_spans(rank: int, strategy: str, step: int, base_ns: int,
+                 kinds, idxs, t0_ns, t1_ns, iss_ns) -> dict:
+    """Build a spans frame from absolute ns lists (iss_ns: one per COMM span, in order)."""
+    def us(v):
+        return array("I", [max(0, (x - base_ns) // 1000) for x in v])
+    return {
+        "t": "spans", "r": rank, "s": strategy, "k": step, "b": base_ns,
+        "kind": bytes(kinds), "idx": _le(array("H", idxs)),
+        "t0": _le(us(t0_ns)), "t1": _le(us(t1_ns)), "iss": _le(us(iss_ns)),
+    }
+
+
+class SpanBatch:
+    """Decoded, validated columns of one spans frame (times in µs after base_ns)."""
+
+    __slots__ = ("rank", "strategy", "step", "base_ns", "kind", "idx", "t0", "t1", "iss")
+
+    def __init__(self, rank, strategy, step, base_ns, kind, idx, t0, t1, iss):
+        self.rank, self.strategy, self.step, self.base_ns = rank, strategy, step, base_ns
+        self.kind, self.idx, self.t0, self.t1, self.iss = kind, idx, t0, t1, iss
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+def decode_spans(f: dict, max_idx: int = 0xFFFF) -> SpanBatch:
+    """Validate a spans frame; raises ValueError with a short reason."""
+    try:
+        rank, strat, step, base = f["r"], f["s"], f["k"], f["b"]
+        kind, idx, t0, t1, iss = f["kind"], f["idx"], f["t0"], f["t1"], f["iss"]
+    except KeyError as e:
+        raise ValueError(f"spans frame without {e.args[0]!r}") from None
+    if not (isinstance(rank, int) and isinstance(step, int) and isinstance(base, int)
+            and isinstance(strat, str)):
+        raise ValueError("spans frame header has wrong types")
+    if not all(isinstance(c, bytes) for c in (kind, idx, t0, t1, iss)):
+        raise ValueError("spans frame columns are not binary")
+    n = len(kind)
+    if len(idx) != 2 * n or len(t0) != 4 * n or len(t1) != 4 * n:
+        raise ValueError("spans frame columns disagree in length")
+    if n and max(kind) >= N_KINDS:
+        raise ValueError("spans frame has an unknown span kind")
+    n_comm = kind.count(COMM)
+    if len(iss) != 4 * n_comm:
+        raise ValueError("spans frame issue column does not match its allreduce spans")
+    ia = _from_le("H", idx)
+    if n and max(ia) > max_idx:
+        raise ValueError("spans frame names a layer or parameter that does not exist")
+    return SpanBatch(rank, strat, step, base, kind, ia, _from_le("I", t0), _from_le("I", t1),
+                     _from_le("I", iss))
+
+
+class FrameReader:
+    """Incremental splitter of a byte stream into frame bodies. Never allocates what a
+    length prefix claims: a prefix above MAX_FRAME raises ValueError at once."""
+
+    def __init__(self, max_frame: int = MAX_FRAME):
+        self.buf = bytearray()
+        self.max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self.buf += data
+        out = []
+        buf = self.buf
+        pos = 0
+        while len(buf) - pos >= 4:
+            (n,) = LEN.unpack_from(buf, pos)
+            if n > self.max_frame:
+                raise ValueError(f"frame length {n} exceeds the {self.max_frame}-byte limit")
+            if len(buf) - pos - 4 < n:
+                break
+            out.append(bytes(buf[pos + 4:pos + 4 + n]))
+            pos += 4 + n
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self.buf)

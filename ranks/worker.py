@@ -1,0 +1,221 @@
+"""Entry point of each torchrun worker: ``python -m torch.distributed.run ... -m ranks.worker``.
+
+Every selected strategy owns a replica of the same initial model. Strategies alternate step
+by step inside the same processes, so they are compared under identical conditions. Before
+each strategy step all ranks agree on control state (stop, bucket size) with one small
+all_reduce on a CPU gloo group; that also lines the ranks up, outside any measured span.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+from . import spec
+from .emitter import Emitter
+
+SEQ_SHIFT = 1 << 24  # control word = seq * SEQ_SHIFT + bucket_cap_kb
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="ranks.worker")
+    p.add_argument("--model", default="small", choices=spec.MODELS)
+    p.add_argument("--strategies", default=",".join(spec.DEFAULT_STRATEGIES))
+    p.add_argument("--steps", type=int, default=0, help="steps per strategy; 0 = until stopped")
+    p.add_argument("--batch-size", type=int, default=256, help="global batch, split across ranks")
+    p.add_argument("--bucket-cap-mb", type=float, default=None)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--pg-timeout", type=float, default=60.0)
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--save-weights", default=None, help="(tests) save final weights here")
+    return p.parse_args(argv)
+
+
+class Control:
+    """Control messages from the app, applied by all ranks at the same step."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.stop = False
+        self.word = 0  # latest seq * SEQ_SHIFT + cap_kb asked of this rank
+
+    def on_message(self, msg: dict) -> None:
+        t = msg.get("t")
+        with self.lock:
+            if t == "stop":
+                self.stop = True
+            elif t == "set" and msg.get("key") == "bucket_cap_mb":
+                try:
+                    seq = int(msg["seq"])
+                    kb = int(round(float(msg["value"]) * 1024))
+                except (KeyError, TypeError, ValueError):
+                    return
+                if 0 < kb < SEQ_SHIFT and seq > 0:
+                    self.word = max(self.word, seq * SEQ_SHIFT + kb)
+
+
+def choose_device(args, world: int, local_rank: int):
+    import torch
+    if args.device != "cpu" and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        device = torch.device("cuda", local_rank % n)
+        backend = args.backend
+        if backend == "auto":
+            backend = "nccl" if n >= world else "gloo"
+        note = ""
+        if backend == "gloo":
+            note = f"gloo with CUDA tensors: {n} GPU(s) for {world} ranks"
+        return device, backend, note
+    if args.device == "cuda":
+        raise RuntimeError("--device cuda but torch sees no CUDA device")
+    return torch.device("cpu"), "gloo", "gloo on CPU (no CUDA)"
+
+
+def device_name(device) -> str:
+    import torch
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return "cpu"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    sock_path = os.environ.get("DDPTUI_SOCKET")
+    token = os.environ.get("DDPTUI_TOKEN", "")
+    if not sock_path:
+        print("ranks.worker: DDPTUI_SOCKET is not set (start workers through ddptui)", file=sys.stderr)
+        os._exit(2)
+    control = Control()
+    em = Emitter(sock_path, token, rank, on_control=control.on_message)
+    try:
+        code = run(args, rank, world, local_rank, em, control)
+    except BaseException as e:  # report, then leave without interpreter teardown
+        tb = traceback.format_exc(limit=6)
+        em.send_now({"t": "error", "r": rank, "msg": f"{type(e).__name__}: {e}".strip()[:500],
+                     "tb": tb[-4000:]})
+        em.close(timeout=2.0)
+        sys.stderr.write(tb)
+        sys.stderr.flush()
+        os._exit(1)
+    em.close(timeout=3.0)
+    os._exit(code)
+
+
+def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from . import wire
+    from .instrument import CpuClock, CudaClock, Recorder
+    from .models import build_model, make_dataset
+    from .strategies import STRATEGY_CLASSES, DDPStrategy
+
+    names = spec.parse_strategies(args.strategies)
+    if args.batch_size % world:
+        raise ValueError(f"--batch-size {args.batch_size} is not divisible by {world} ranks")
+    device, backend, note = choose_device(args, world, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    em.send_now({
+        "t": "hello", "r": rank, "world": world, "local_rank": local_rank, "pid": os.getpid(),
+        "host": socket.gethostname(), "device": device_name(device), "backend": backend,
+        "note": note, "torch": torch.__version__, "model": args.model,
+        "layers": spec.layer_names(args.model),
+        "params": [list(p) for p in spec.param_table(args.model)],
+        "strategies": names, "batch": args.batch_size, "steps": args.steps,
+        "bucket_cap_mb": args.bucket_cap_mb, "seed": args.seed, "lr": args.lr,
+        "threads": torch.get_num_threads(),
+    })
+    em.phase = "rendezvous"
+    em.send_now({"t": "phase", "r": rank, "ph": "rendezvous"})
+    kw = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.pg_timeout), **kw)
+    ctl_group = dist.new_group(backend="gloo") if backend != "gloo" else None
+    em.phase = "building"
+    em.send_now({"t": "phase", "r": rank, "ph": "building"})
+
+    base = build_model(args.model, seed=args.seed)
+    n_layers = len(spec.MODEL_WIDTHS[args.model]) - 1
+    clock = CudaClock(device) if device.type == "cuda" else CpuClock()
+    rec = Recorder(clock, n_layers)
+    strategies = []
+    for n in names:
+        cls = STRATEGY_CLASSES[n]
+        if n == "ddp":
+            strategies.append(cls(base, rec, device, args.lr, world, bucket_cap_mb=args.bucket_cap_mb))
+        else:
+            strategies.append(cls(base, rec, device, args.lr, world))
+    del base
+    n_batches = 4
+    X, Y = make_dataset(args.batch_size * n_batches, seed=args.seed, device=device)
+    local = args.batch_size // world
+
+    ctl = torch.zeros(2, dtype=torch.int64)
+    applied_word = 0
+    em.phase = "training"
+    em.send_now({"t": "phase", "r": rank, "ph": "training"})
+    steps = itertools.count() if args.steps <= 0 else range(args.steps)
+    stopped = False
+    for k in steps:
+        for strat in strategies:
+            with control.lock:
+                ctl[0] = 1 if control.stop else 0
+                ctl[1] = control.word
+            dist.all_reduce(ctl, op=dist.ReduceOp.MAX, group=ctl_group)
+            if ctl[0].item():
+                stopped = True
+                break
+            word = int(ctl[1].item())
+            if word > applied_word:
+                applied_word = word
+                cap = (word % SEQ_SHIFT) / 1024
+                for s in strategies:
+                    if isinstance(s, DDPStrategy):
+                        s.wrap(cap)
+                em.send_now({"t": "event", "r": rank, "k": k, "what": "bucket_cap_mb", "value": cap})
+            if not strat.runs_on(rank):
+                continue
+            s0 = (k % n_batches) * args.batch_size
+            xb, yb = X[s0:s0 + args.batch_size], Y[s0:s0 + args.batch_size]
+            if strat.communicates:
+                xb, yb = xb[rank * local:(rank + 1) * local], yb[rank * local:(rank + 1) * local]
+            em.step = k
+            rec.begin(strat.name, k)
+            strat.step(xb, yb)
+            rec.end()
+            for item in rec.poll():
+                em.put(item, n_spans=len(item[3]))
+            if isinstance(strat, DDPStrategy):
+                layout = strat.take_layout_change()
+                if layout is not None:
+                    em.send_now({"t": "buckets", "r": rank, "s": strat.name, "k": k,
+                                 "cap_mb": strat.cap_mb,
+                                 "buckets": [[b, ps, nb] for b, ps, nb in layout]}, timeout=0.5)
+        if stopped:
+            break
+    for item in rec.poll(wait=True):
+        em.put(item, n_spans=len(item[3]))
+    if args.save_weights:
+        torch.save({s.name: {k: v.detach().cpu() for k, v in s.module.state_dict().items()}
+                    for s in strategies if s.runs_on(rank)}, f"{args.save_weights}.rank{rank}.pt")
+    em.phase = "done"
+    em.send_now({"t": "bye", "r": rank, "why": "stopped" if stopped else "done",
+                 "drop": em.dropped_spans, "dropf": em.dropped_frames})
+    dist.barrier(group=ctl_group)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    main()
