@@ -160,6 +160,7 @@ class Launcher:
         for p in left:
             try:
                 p.terminate()
+                p.resume()  # a stopped process only acts on SIGTERM once continued
             except psutil.NoSuchProcess:
                 pass
         gone, alive = psutil.wait_procs(left, timeout=3)

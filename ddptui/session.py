@@ -104,6 +104,9 @@ class LiveRun:
         })
         if self.plan.device == "cpu":
             env["OMP_NUM_THREADS"] = str(o.threads)
+        # one host: keep gloo's and NCCL's own sockets on loopback unless the user chose
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
         args = ["--model", o.model, "--strategies", ",".join(o.strategies), "--steps", str(o.steps),
                 "--batch-size", str(o.batch_size), "--seed", str(o.seed), "--lr", str(o.lr),
                 "--pg-timeout", str(o.pg_timeout), "--device", self.plan.device]

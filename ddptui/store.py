@@ -70,6 +70,7 @@ class Store:
         self.step_figs: dict[str, OrderedDict[int, F.StepFigures]] = {}
         self.rank_figs: dict[tuple[str, int, int], F.RankStep] = {}
         self.layouts: dict[tuple[str, int], list[tuple[int, dict[int, int], list]]] = {}
+        self.ddp_reported: dict[tuple[str, int], list[int]] = {}  # bucket sizes DDP itself reports
         self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
         self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
         self.log: deque[tuple[float, str, str]] = deque(maxlen=500)
@@ -167,7 +168,11 @@ class Store:
             raise ValueError("buckets frame without a bucket list")
         sizes = {int(b[0]): int(b[2]) for b in layout}
         key = (str(f.get("s", "ddp")), f["r"])
-        self.layouts.setdefault(key, []).append((int(f.get("k", 0)), sizes, layout))
+        history = self.layouts.setdefault(key, [])
+        if not history or history[-1][2] != layout:
+            history.append((int(f.get("k", 0)), sizes, layout))
+        if isinstance(f.get("ddp_reported"), list):
+            self.ddp_reported[key] = f["ddp_reported"]
         if f.get("cap_mb") is not None:
             self.meta["bucket_cap_mb_now"] = f.get("cap_mb")
 

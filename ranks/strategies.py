@@ -150,6 +150,7 @@ class DDPStrategy(Strategy):
         self.ddp.register_comm_hook(self, _ddp_hook)
         self.cap_mb = cap_mb
         self.layout = None
+        self.reported: list[int] | None = None
         self.stable = 0
         self.track_buckets = True
 
@@ -161,18 +162,26 @@ class DDPStrategy(Strategy):
         self.seen = []
         super().step(x, y)
 
-    def take_layout_change(self) -> list | None:
-        """The bucket layout of the last step if it differs from the one reported."""
-        seen = sorted(self.seen)
-        if not seen or seen == self.layout:
-            if seen == self.layout:
-                self.stable += 1
-                if self.stable >= 3:  # DDP rebuilds buckets once; stop looking after that
-                    self.track_buckets = False
+    def reported_sizes(self) -> list[int]:
+        """Bucket sizes in bytes as DDP itself reports them (rebuilt ones once rebuilt)."""
+        data = self.ddp._get_ddp_logging_data()
+        text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+        return [int(x) for x in str(text).replace(" ", "").split(",") if x]
+
+    def take_layout_change(self) -> tuple[list, list[int]] | None:
+        """(bucket layout seen in the last step, sizes DDP reports) when either changed
+        since last reported. DDP rebuilds buckets once; after a few stable steps stop looking."""
+        if not self.track_buckets:
             return None
-        self.layout = seen
-        self.stable = 0
-        return seen
+        seen = sorted(self.seen)
+        reported = self.reported_sizes()
+        if seen == self.layout and reported == self.reported:
+            self.stable += 1
+            if self.stable >= 3:
+                self.track_buckets = False
+            return None
+        self.layout, self.reported, self.stable = seen, reported, 0
+        return seen, reported
 
 
 STRATEGY_CLASSES = {c.name: c for c in (Naive, Interleaved, DDPStrategy, Single)}

@@ -35,6 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--pg-timeout", type=float, default=60.0)
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
     p.add_argument("--save-weights", default=None, help="(tests) save final weights here")
     return p.parse_args(argv)
 
@@ -97,7 +98,7 @@ def main(argv=None) -> None:
         print("ranks.worker: DDPTUI_SOCKET is not set (start workers through ddptui)", file=sys.stderr)
         os._exit(2)
     control = Control()
-    em = Emitter(sock_path, token, rank, on_control=control.on_message)
+    em = Emitter(sock_path, token, rank, maxsize=args.queue_size, on_control=control.on_message)
     try:
         code = run(args, rank, world, local_rank, em, control)
     except BaseException as e:  # report, then leave without interpreter teardown
@@ -197,10 +198,11 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             for item in rec.poll():
                 em.put(item, n_spans=len(item[3]))
             if isinstance(strat, DDPStrategy):
-                layout = strat.take_layout_change()
-                if layout is not None:
+                change = strat.take_layout_change()
+                if change is not None:
+                    layout, reported = change
                     em.send_now({"t": "buckets", "r": rank, "s": strat.name, "k": k,
-                                 "cap_mb": strat.cap_mb,
+                                 "cap_mb": strat.cap_mb, "ddp_reported": reported,
                                  "buckets": [[b, ps, nb] for b, ps, nb in layout]}, timeout=0.5)
         if stopped:
             break

@@ -1,0 +1,67 @@
+"""Shared test helpers: run real torchrun workers through LiveRun, find leftover processes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def worker_procs() -> list[psutil.Process]:
+    """Every ranks.worker / torchrun process of this test session's user still alive."""
+    out = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        cl = " ".join(p.info["cmdline"] or [])
+        if p.info["pid"] != me and ("ranks.worker" in cl or "torch.distributed.run" in cl):
+            if p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
+def wait_no_workers(timeout: float = 10.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    left = worker_procs()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = worker_procs()
+    return left
+
+
+def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch=256,
+             bucket_cap_mb=None, record=None, extra=(), timeout=120.0, **kw):
+    """Run real torchrun ranks to completion in-process; returns the LiveRun."""
+    from ddptui.launcher import plan
+    from ddptui.session import LiveRun, RunOptions
+
+    opts = RunOptions(model=model, strategies=list(strategies), steps=steps, batch_size=batch,
+                      bucket_cap_mb=bucket_cap_mb, record=record, extra_worker_args=list(extra), **kw)
+    run = LiveRun(opts, plan(ranks, None, "cpu"))
+    run.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not run.poll():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run did not finish in {timeout} s")
+            time.sleep(0.05)
+    finally:
+        if run.state in ("running", "starting"):
+            run.stop("test timeout")
+    return run
+
+
+def ddptui_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "ddptui.cli", *args]
+
+
+def run_cli(*args, timeout=120, env=None, input=None) -> subprocess.CompletedProcess:
+    e = os.environ.copy()
+    e.setdefault("OMP_NUM_THREADS", "1")
+    if env:
+        e.update(env)
+    return subprocess.run(ddptui_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          env=e, cwd=ROOT, input=input)

@@ -1,0 +1,207 @@
+"""The instrumented pipeline with real torchrun and 2 CPU ranks on gloo."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+import torch
+
+from ddptui.figures import overlap_pct
+from ranks import spec
+from ranks.wire import BWD, COMM, FWD, STEP
+
+from .helpers import run_cli, run_live, wait_no_workers
+
+pytestmark = pytest.mark.slow
+
+MODEL = "small"
+N_PARAMS = len(spec.param_table(MODEL))  # 8 tensors
+N_LAYERS = len(spec.layer_names(MODEL))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One real run of all four strategies; small buckets so DDP has several."""
+    weights = tmp_path_factory.mktemp("w") / "weights"
+    r = run_live(steps=4, model=MODEL, strategies=("naive", "interleaved", "ddp", "single"),
+                 batch=256, bucket_cap_mb=1.0, extra=["--save-weights", str(weights)])
+    assert r.state == "finished", r.message
+    r.weights_prefix = str(weights)
+    return r
+
+
+def spans(run, strategy, step, rank):
+    b = run.store.raw[strategy][step][rank]
+    return [(b.kind[i], b.idx[i], b.t0[i], b.t1[i]) for i in range(len(b))]
+
+
+def backward_end(sp):
+    return max(t1 for k, _, _, t1 in sp if k == BWD)
+
+
+def test_every_strategy_reported_every_step(run):
+    st = run.store
+    for s in ("naive", "interleaved", "ddp"):
+        assert st.complete_steps(s) == [0, 1, 2, 3]
+        assert set(st.raw[s][3]) == {0, 1}
+    assert st.complete_steps("single") == [0, 1, 2, 3]
+    assert set(st.raw["single"][0]) == {0}  # single runs on one device only
+    assert wait_no_workers(5) == []
+
+
+def test_layer_spans_forward_then_backward_reversed(run):
+    for s in ("naive", "interleaved", "ddp", "single"):
+        sp = spans(run, s, 2, 0)
+        fwd = sorted((t0, idx) for k, idx, t0, _ in sp if k == FWD)
+        bwd = sorted((t0, idx) for k, idx, t0, _ in sp if k == BWD)
+        assert [i for _, i in fwd] == list(range(N_LAYERS))
+        assert [i for _, i in bwd] == list(reversed(range(N_LAYERS))), s
+        assert max(t for t, _ in fwd) < min(t for t, _ in bwd)
+        step = [(t0, t1) for k, _, t0, t1 in sp if k == STEP][0]
+        assert all(step[0] <= t0 and t1 <= step[1] for k, _, t0, t1 in sp)
+
+
+def test_naive_allreduces_after_backward(run):
+    for step in range(4):
+        for rank in (0, 1):
+            sp = spans(run, "naive", step, rank)
+            comm = [(idx, t0) for k, idx, t0, _ in sp if k == COMM]
+            assert sorted(i for i, _ in comm) == list(range(N_PARAMS))
+            assert all(t0 >= backward_end(sp) for _, t0 in comm)
+    s = run.store.summary("naive")
+    assert s["allreduce_calls_per_step"] == N_PARAMS
+    assert s["overlap_pct"] < 5
+
+
+def test_interleaved_allreduces_during_backward(run):
+    for step in range(4):
+        for rank in (0, 1):
+            sp = spans(run, "interleaved", step, rank)
+            comm = [(idx, t0) for k, idx, t0, _ in sp if k == COMM]
+            assert sorted(i for i, _ in comm) == list(range(N_PARAMS))
+            assert any(t0 < backward_end(sp) for _, t0 in comm)
+    assert run.store.summary("interleaved")["allreduce_calls_per_step"] == N_PARAMS
+
+
+def test_ddp_buckets_match_what_ddp_reports(run):
+    st = run.store
+    layouts = st.layouts[("ddp", 0)]
+    final = layouts[-1]
+    assert final[0] == 1  # DDP rebuilds its buckets at the start of the second step
+    sizes = [b[2] for b in sorted(final[2])]
+    assert len(sizes) >= 2
+    # what DDP itself reports (the worker reads _get_ddp_logging_data) vs what our comm hook saw
+    assert sizes == st.ddp_reported[("ddp", 0)] == st.ddp_reported[("ddp", 1)]
+    covered = sorted(p for b in final[2] for p in b[1])
+    assert covered == list(range(N_PARAMS))  # every parameter exactly once
+    for step in (1, 2, 3):
+        for rank in (0, 1):
+            sp = spans(run, "ddp", step, rank)
+            comm = sorted(idx for k, idx, _, _ in sp if k == COMM)
+            assert comm == list(range(len(sizes)))
+            assert any(t0 < backward_end(sp) for k, _, t0, _ in sp if k == COMM)
+
+
+def test_figures_are_consistent(run):
+    st = run.store
+    for s in ("naive", "interleaved", "ddp"):
+        row = st.summary(s)
+        assert row["steps"] == 4
+        assert 0 <= row["exposed_comm_ms"] <= row["comm_ms"] + 1e-9
+        assert row["bytes_per_step"] == pytest.approx(spec.param_count(MODEL) * 4)
+        assert row["samples_per_s"] == pytest.approx(256 / (row["step_ms_median"] / 1e3))
+        assert row["overlap_pct"] == pytest.approx(overlap_pct(row["comm_ms"], row["exposed_comm_ms"]))
+    assert st.summary("single")["comm_ms"] == 0
+
+
+def test_all_strategies_reach_the_same_weights(run):
+    files = sorted(glob.glob(run.weights_prefix + ".rank*.pt"))
+    assert len(files) == 2
+    w0 = torch.load(files[0])
+    w1 = torch.load(files[1])
+    assert set(w0) == {"naive", "interleaved", "ddp", "single"}
+    ref = w0["single"]
+    for s in ("naive", "interleaved", "ddp"):
+        for name, t in ref.items():
+            assert torch.allclose(w0[s][name], t, rtol=1e-4, atol=1e-5), (s, name)
+            assert torch.allclose(w1[s][name], w0[s][name], rtol=1e-5, atol=1e-6), (s, name)
+    # and training moved them at all
+    from ranks.models import build_model
+    init = build_model(MODEL, seed=42).state_dict()
+    assert not torch.allclose(init["fc1.0.weight"], ref["fc1.0.weight"])
+
+
+def test_headless_cli_prints_table_and_json(tmp_path):
+    out = tmp_path / "o.json"
+    p = run_cli("--headless", "--gpus", "2", "--model", "small", "--steps", "3", "--batch-size", "256",
+                "--no-record", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "CPU rank" in p.stderr  # says --gpus means CPU ranks here
+    assert "spawning torchrun" in p.stderr and "rank 0 connected" in p.stderr
+    assert "DDP vs naive speedup" in p.stdout
+    doc = json.loads(out.read_text())
+    names = [r["strategy"] for r in doc["strategies"]]
+    assert names == ["naive", "ddp"]
+    for r in doc["strategies"]:
+        for key in ("strategy", "steps", "step_ms_median", "compute_ms", "comm_ms", "exposed_comm_ms",
+                    "overlap_pct", "allreduce_calls_per_step", "bytes_per_step", "samples_per_s"):
+            assert key in r
+        assert r["steps"] == 3
+    assert doc["speedup"]["ddp_vs_naive"] > 0
+    assert wait_no_workers(5) == []
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpus", "0"], "--gpus must be 1..64"),
+    (["--gpus", "-3"], "--gpus must be 1..64"),
+    (["--gpus", "100000"], "--gpus must be 1..64"),
+    (["--gpus", "two"], "--gpus must be a whole number"),
+    (["--model", "huge"], "unknown model 'huge'"),
+    (["--strategies", "naive,warp"], "unknown strategy 'warp'"),
+    (["--strategies", ""], "--strategies is empty"),
+    (["--batch-size", "3"], "must divide evenly across 2 ranks"),
+    (["--steps", "-1"], "--steps must be"),
+    (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be in"),
+    (["--pg-timeout", "0"], "--pg-timeout must be positive"),
+    (["--bogus-flag"], "unrecognized arguments"),
+])
+def test_bad_input_one_line_nonzero(args, needle):
+    p = run_cli("--headless", *args, timeout=30)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("ddptui: error:") and needle in lines[0], lines[0]
+    assert "Traceback" not in p.stderr
+
+
+def test_more_gpus_than_exist():
+    p = run_cli("--headless", "--gpus", "4", env={"DDPTUI_GPU_COUNT": "2"}, timeout=30)
+    assert p.returncode == 2
+    assert p.stderr.strip() == ("ddptui: error: --gpus 4 but only 2 GPU(s) present; "
+                                "to run 4 ranks on 2 GPU(s) use --gpus 2 --ranks 4")
+
+
+def test_plan_backends():
+    from ddptui.launcher import plan
+    assert plan(2, None, available=0).device == "cpu"
+    p = plan(1, 2, available=1)
+    assert p.device == "cuda" and p.ranks == 2 and "gloo with CUDA tensors" in p.note
+    assert "nccl" in plan(2, None, available=2).note
+
+
+@pytest.mark.gpu
+def test_cuda_nccl_one_gpu():
+    p = run_cli("--headless", "--gpus", "1", "--model", "small", "--steps", "3", "--no-record",
+                "--strategies", "ddp,single", timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "nccl" in p.stdout
+
+
+@pytest.mark.gpu
+def test_cuda_gloo_two_ranks_one_gpu():
+    p = run_cli("--headless", "--gpus", "1", "--ranks", "2", "--model", "small", "--steps", "3",
+                "--no-record", timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "gloo with CUDA tensors" in p.stderr
