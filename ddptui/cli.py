@@ -93,27 +93,42 @@ def live_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--threads", type=_positive_int("--threads", 1, 256), default=1,
                    help="torch threads per CPU rank (default 1)")
+    p.add_argument("--queue-size", type=_positive_int("--queue-size", 1, 100_000), default=256,
+                   help="frames each rank buffers for a slow app before dropping them (default 256)")
     p.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
                    help="process-group timeout in seconds: a hung collective fails after this (default 60)")
     return p
 
 
+def _missing(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
 def check_environment(need_torch: bool = True) -> None:
-    if need_torch and importlib.util.find_spec("torch") is None:
+    if need_torch and _missing("torch"):
         raise CliError("torch is not installed in this Python; run bin/setup (or pip install torch)")
-    if importlib.util.find_spec("pynvml") is None:
+    if _missing("pynvml"):
         raise CliError("nvidia-ml-py (pynvml) is not installed; reinstall ddptui (pip install -e .)")
 
 
 def _check_writable_path(path: str, what: str) -> str:
+    """A path we can create a file at: checked by creating (and removing) a probe file."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise CliError(f"{what} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise CliError(f"{what} {path}: directory {parent} is not writable")
     if os.path.isdir(path):
         raise CliError(f"{what} {path}: is a directory")
+    probe = os.path.join(parent, f".ddptui-probe-{os.getpid()}")
+    try:
+        with open(probe, "wb"):
+            pass
+        os.unlink(probe)
+    except OSError as e:
+        raise CliError(f"{what} {path}: directory {parent} is not writable ({e.strerror})") from None
     return path
 
 
@@ -153,7 +168,8 @@ def build_live(argv: list[str]):
         _check_writable_path(a.json, "--json")
     opts = RunOptions(model=a.model, strategies=strategies, steps=steps, batch_size=a.batch_size,
                       bucket_cap_mb=a.bucket_cap_mb, seed=a.seed, lr=a.lr, pg_timeout=a.pg_timeout,
-                      threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10))
+                      threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10),
+                      extra_worker_args=["--queue-size", str(a.queue_size)])
     return a, opts, plan
 
 

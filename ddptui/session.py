@@ -62,6 +62,7 @@ class LiveRun:
         self._last_progress = time.monotonic()
         self._last_spans = 0
         self._warned: set = set()
+        self._first_error: float | None = None
         self._bucket_seq = 0
         self.started = 0.0
         self.first_step_s: float | None = None
@@ -199,6 +200,14 @@ class LiveRun:
         for r, info in list(st.ranks.items()):
             if info.pid and not info.finished and info.exit is None and not psutil.pid_exists(info.pid):
                 self._rank_exit(r, "exited")
+        # a rank reported an error (e.g. a collective timed out): torchrun normally ends the
+        # others at once; if it has not within a few seconds, end the run ourselves
+        errors = [(r, i.error) for r, i in sorted(st.ranks.items()) if i.error]
+        if errors:
+            self._first_error = self._first_error or now
+            if now - self._first_error > 3.0:
+                self.fail("; ".join(f"rank {r}: {e}" for r, e in errors))
+                return True
         training = any(i.phase == "training" for i in st.ranks.values())
         if training and now - self._last_progress > self.opts.hang_s:
             stuck = sorted(st.ranks.items(), key=lambda kv: kv[1].step)
@@ -260,14 +269,27 @@ class LiveRun:
         return self.collector.send({"t": "set", "key": "bucket_cap_mb", "value": float(mb),
                                     "seq": self._bucket_seq})
 
-    def stop(self, why: str = "stopped by user", grace: float = 10.0) -> None:
+    def stop(self, why: str = "stopped by user", grace: float = 6.0) -> None:
+        """Stop every rank: ranks in their training loop stop together at the next step
+        and say goodbye; whatever is still running after `grace` s is terminated."""
         if self.state not in ("running", "starting"):
             self._close()
             return
         self.status(f"stopping: {why}")
-        self.collector.send({"t": "stop"})
+        ranks = list(self.store.ranks.values())
+        training = len(ranks) == self.plan.ranks and all(
+            i.phase in ("training", "done") and i.connected for i in ranks)
+        if training:
+            self.collector.send({"t": "stop"})
+        else:  # ranks still starting cannot act on a message: torchrun is told at once
+            grace = 0.0
         deadline = time.monotonic() + grace
+        all_done_at = None
         while time.monotonic() < deadline and self.launcher.poll() is None:
+            if all_done_at is None and all(i.finished for i in self.store.ranks.values()):
+                all_done_at = time.monotonic()
+            if all_done_at is not None and time.monotonic() - all_done_at > 2.0:
+                break
             time.sleep(0.05)
         self.state = "stopped"
         self.message = why
@@ -275,7 +297,7 @@ class LiveRun:
 
     def _shutdown(self) -> None:
         if self.launcher is not None:
-            self.launcher.stop(grace=5.0, workers=self.rank_pids())
+            self.launcher.stop(grace=3.0, workers=self.rank_pids())
         self._close()
 
     def _close(self) -> None:

@@ -1,0 +1,386 @@
+"""Faults with real processes: ranks killed or hung, ddptui interrupted, stalled or killed,
+hostile clients, bad environments, NVML failing, long runs. Nothing may be left running."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from ddptui.recording import Reader
+from ddptui.store import Store
+
+from .helpers import ROOT, ddptui_cmd, run_cli, run_live, wait_no_workers, worker_procs
+
+pytestmark = pytest.mark.slow
+
+SHUTDOWN_WINDOW_S = 10.0
+
+
+class Headless:
+    """A real `ddptui --headless` process whose stderr is read line by line."""
+
+    def __init__(self, *args, record=None):
+        cmd = ddptui_cmd("--headless", "--gpus", "2", "--model", "small", "--batch-size", "256", *args)
+        if record:
+            cmd += ["--record", str(record)]
+        else:
+            cmd += ["--no-record"]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env, cwd=ROOT)
+        self.lines: list[str] = []
+        self.out = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, needle: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for ln in self.lines:
+                if needle in ln:
+                    return ln
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"never saw {needle!r}; stderr so far:\n" + "\n".join(self.lines))
+
+    def finish(self, timeout: float = 60.0) -> int:
+        self.p.wait(timeout)
+        self._reader.join(5)
+        self.out = self.p.stdout.read()
+        return self.p.returncode
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.lines)
+
+
+def rank_pid(rank: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in worker_procs():
+            try:
+                if "torch.distributed.run" not in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank):
+                    return p.pid
+            except psutil.Error:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"no worker process for rank {rank}")
+
+
+def replay_steps(path) -> tuple[dict, str | None]:
+    r = Reader(str(path))
+    st = Store()
+    st.set_meta(r.meta)
+    for _, f in r:
+        st.ingest(f)
+    st.update()
+    return {s: st.complete_steps(s) for s in st.strategies()}, r.damage
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    yield
+    left = wait_no_workers(SHUTDOWN_WINDOW_S)
+    for p in left:
+        p.kill()
+    assert not left, f"processes left behind: {[p.pid for p in left]}"
+
+
+def test_rank_killed_mid_run(tmp_path):
+    rec = tmp_path / "killed.ddptui"
+    h = Headless("--steps", "0", record=rec)
+    h.wait_for("steps:")
+    time.sleep(1.0)
+    os.kill(rank_pid(1), signal.SIGKILL)
+    rc = h.finish()
+    assert rc == 1
+    err = [ln for ln in h.lines if ln.startswith("ddptui: error:")]
+    assert err and "rank 1 killed by SIGKILL" in err[-1], h.stderr
+    assert "Traceback" not in h.stderr
+    assert wait_no_workers(SHUTDOWN_WINDOW_S) == []
+    steps, damage = replay_steps(rec)
+    assert damage is None  # ddptui itself closed the recording properly
+    assert len(steps["naive"]) >= 2 and len(steps["ddp"]) >= 2
+
+
+def test_hung_rank_detected(tmp_path):
+    h = Headless("--steps", "0", "--pg-timeout", "5")
+    h.wait_for("steps:")
+    pid = rank_pid(1)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        rc = h.finish(timeout=60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    elapsed = time.monotonic() - t0
+    assert rc == 1
+    assert elapsed < 40, f"hang took {elapsed:.0f} s to report"
+    assert "rank 1 not responding" in h.stderr or "rank 1" in h.stderr
+    err = [ln for ln in h.lines if ln.startswith("ddptui: error:")]
+    assert err, h.stderr
+    assert "Traceback" not in h.stderr
+
+
+@pytest.mark.parametrize("sig,when", [
+    (signal.SIGINT, "spawning torchrun"),
+    (signal.SIGINT, "steps:"),
+    (signal.SIGTERM, "rank 0 connected"),
+    (signal.SIGTERM, "steps:"),
+])
+def test_interrupt_start_up_and_training(tmp_path, sig, when):
+    rec = tmp_path / "int.ddptui"
+    h = Headless("--steps", "0", record=rec)
+    h.wait_for(when)
+    t0 = time.monotonic()
+    h.p.send_signal(sig)
+    rc = h.finish(timeout=30)
+    assert rc == 130, h.stderr
+    left = wait_no_workers(max(0.0, SHUTDOWN_WINDOW_S - (time.monotonic() - t0)))
+    assert left == [], f"left after {time.monotonic() - t0:.1f} s: {left}\n{h.stderr}"
+    assert "Traceback" not in h.stderr
+    if rec.exists():  # finalised: reads to the end without damage
+        _, damage = replay_steps(rec)
+        assert damage is None
+    if when == "steps:":
+        steps, _ = replay_steps(rec)
+        assert steps["naive"]
+
+
+def test_app_sigkilled_workers_exit_by_themselves():
+    h = Headless("--steps", "0")
+    h.wait_for("steps:")
+    workers = [p for p in worker_procs() if "torch.distributed.run" not in " ".join(p.cmdline())]
+    assert len(workers) == 2
+    h.p.kill()
+    h.p.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=8)
+    assert not alive, "workers outlived the app by more than 8 s"
+
+
+def test_app_stalled_training_goes_on_and_drops_are_counted(tmp_path):
+    rec = tmp_path / "stall.ddptui"
+    out = tmp_path / "stall.json"
+    h = Headless("--steps", "0", "--batch-size", "32", "--queue-size", "8", "--json", str(out), record=rec)
+    h.wait_for("steps:")
+    time.sleep(2.0)
+    h.p.send_signal(signal.SIGSTOP)
+    time.sleep(5.0)
+    h.p.send_signal(signal.SIGCONT)
+    time.sleep(3.0)
+    h.p.send_signal(signal.SIGINT)
+    rc = h.finish(timeout=30)
+    assert rc == 130, h.stderr
+    doc = json.loads(out.read_text())
+    assert doc["dropped_spans"] > 0
+    assert "spans were dropped" in h.stderr
+    # the ranks kept training while the app was stopped: step numbers kept advancing at
+    # about the same rate across the stall (gaps are the dropped steps)
+    r = Reader(str(rec))
+    bases = {}
+    for _, f in r:
+        if f["t"] == "spans" and f["r"] == 0 and f["s"] == "naive":
+            bases[f["k"]] = f["b"]
+    ks = sorted(bases)
+    gaps = [(ks[i], ks[i + 1]) for i in range(len(ks) - 1) if ks[i + 1] - ks[i] > 1]
+    assert gaps, "no steps were dropped from the recording"
+    k0, k1 = max(gaps, key=lambda g: bases[g[1]] - bases[g[0]])
+    stall_rate = (k1 - k0) / ((bases[k1] - bases[k0]) / 1e9)
+    before = [k for k in ks if k < k0][-20:]
+    normal_rate = (before[-1] - before[0]) / ((bases[before[-1]] - bases[before[0]]) / 1e9)
+    assert stall_rate > 0.5 * normal_rate, (stall_rate, normal_rate)
+
+
+def test_hostile_clients_rejected_run_unaffected():
+    from ddptui.launcher import plan
+    from ddptui.session import LiveRun, RunOptions
+    from ranks import wire
+
+    run = LiveRun(RunOptions(model="small", steps=25, batch_size=256), plan(2, None, "cpu"))
+    run.start()
+    run.collector.auth_timeout = 1.0
+    path = run.collector.path
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    clients = []
+
+    def client(payload: bytes):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        if payload:
+            s.sendall(payload)
+        clients.append(s)
+
+    client(b"")  # says nothing
+    client(wire.pack({"t": "auth", "token": "0" * 32, "r": 0}))  # wrong token
+    client(b"\x00\x00\x00\x05garbage!")  # not msgpack
+    client(b"\x7f\xff\xff\xff" + b"x" * 100)  # claims 2 GB
+    client(wire.pack({"t": "hello", "r": 0}))  # no auth first
+    client(wire.pack({"t": "auth", "token": run.collector.token, "r": 1}) +
+           wire.pack({"t": "hb", "r": 0, "k": 999}))  # right token, speaks for another rank
+    deadline = time.monotonic() + 120
+    while not run.poll():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for s in clients:
+        s.close()
+    assert run.state == "finished", run.message
+    st = run.store
+    assert st.rejected == 6
+    text = "\n".join(t for _, _, t in st.log)
+    for why in ("no token", "wrong token", "undecodable frame", "exceeds", "not an auth frame",
+                "rank 1 sent a frame for rank 0"):
+        assert why in text, why
+    assert st.complete_steps("naive") == list(range(25))
+    assert st.complete_steps("ddp") == list(range(25))
+    me = psutil.Process()
+    assert not [c for c in me.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--record", "/nonexistent-dir/run.ddptui"], "does not exist"),
+    (["--record", "/proc/run.ddptui"], "is not writable"),
+    (["--json", "/nonexistent-dir/out.json"], "does not exist"),
+    (["--runs-dir", "/proc/ddptui-runs"], "--runs-dir"),
+])
+def test_bad_paths(args, needle):
+    p = run_cli("--headless", *args, timeout=30)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddptui: error:") and needle in lines[0], p.stderr
+
+
+@pytest.mark.parametrize("module,needle", [("torch", "torch is not installed in this Python"),
+                                           ("pynvml", "nvidia-ml-py (pynvml) is not installed")])
+def test_missing_dependency(module, needle):
+    code = (f"import sys; sys.modules[{module!r}] = None; from ddptui.cli import main; "
+            "sys.exit(main(['--headless', '--no-record']))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert p.returncode == 2
+    assert p.stderr.strip() == f"ddptui: error: {needle}" + (
+        "; run bin/setup (or pip install torch)" if module == "torch" else "; reinstall ddptui (pip install -e .)")
+
+
+class FlakyNvml:
+    """A stand-in for the pynvml module: one GPU whose utilisation call starts failing
+    after `ok_calls` samples; power is unsupported from the start."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    NVML_CLOCK_SM = 1
+    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+
+    def __init__(self, ok_calls):
+        self.ok_calls = ok_calls
+        self.util_calls = 0
+        self.power_calls = 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return b"Flaky GPU"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        self.util_calls += 1
+        if self.util_calls > self.ok_calls:
+            raise self.NVMLError("GPU is lost")
+        return type("U", (), {"gpu": 42})()
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return type("M", (), {"used": 2**30, "total": 2**34})()
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        self.power_calls += 1
+        raise self.NVMLError_NotSupported()
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return 1500
+
+    def nvmlDeviceGetPcieThroughput(self, h, which):
+        return 2048
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        raise self.NVMLError_NotSupported()
+
+
+def test_nvml_failing_mid_run_shows_na_and_stops_polling():
+    from ddptui.nvml import GpuSampler
+    lib = FlakyNvml(ok_calls=2)
+    s = GpuSampler(lib=lib)
+    samples = [s.sample()["gpus"][0] for _ in range(8)]
+    assert [g["util"] for g in samples[:2]] == [42.0, 42.0]
+    assert all(g["util"] is None for g in samples[2:])
+    assert lib.util_calls == 2 + GpuSampler.MAX_FAILS  # dropped after repeated failures
+    assert lib.power_calls == 1  # unsupported: asked once, never again
+    assert all(g["power_w"] is None and g["nvlink_tx_mbs"] is None for g in samples)
+    assert all(g["sm_clock_mhz"] == 1500 and g["mem_total_mb"] == 16384 for g in samples)
+    assert samples[-1]["pcie_tx_mbs"] == 2.0
+
+
+def test_long_run_memory_bounded():
+    """10,000 steps of synthetic frames through the real socket, collector and store."""
+    from ddptui.collector import Collector
+    from ddptui.synthetic import SyntheticRun
+    from ranks import wire
+
+    st = Store()
+    col = Collector(st, "tok")
+    run = SyntheticRun("small", world=2, strategies=("naive", "ddp"))
+    socks = {}
+    for f in run.header_frames():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(col.path)
+        s.sendall(wire.pack({"t": "auth", "token": "tok", "r": f["r"]}) + wire.pack(f))
+        socks[f["r"]] = s
+    proc = psutil.Process()
+    rss = {}
+    try:
+        for k in range(10_000):
+            for f in run.step_frames(k):
+                socks[f["r"]].sendall(wire.pack(f))
+            if k % 500 == 499:
+                deadline = time.monotonic() + 30
+                while st.latest_complete("ddp") != k and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    st.update()
+                if k + 1 in (1000, 10_000):
+                    rss[k + 1] = proc.memory_info().rss
+    finally:
+        for s in socks.values():
+            s.close()
+        col.close()
+    assert st.latest_complete("naive") == 9999
+    assert len(st.raw["naive"]) <= st.keep_steps
+    assert len(st.rank_figs) <= st.keep_steps * 2 * 2
+    growth_mb = (rss[10_000] - rss[1000]) / 2**20
+    print(f"RSS after 1,000 steps {rss[1000] / 2**20:.1f} MB, after 10,000 {rss[10_000] / 2**20:.1f} MB")
+    assert growth_mb < 15, f"memory grew {growth_mb:.1f} MB over 9,000 steps"
