@@ -1,0 +1,98 @@
+"""Pure figure functions and the span wire format."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from ddptui import figures as F
+from ddptui.store import Store
+from ddptui.synthetic import SyntheticRun, fill_store
+from ranks import wire
+from ranks.wire import BWD, COMM, FWD, OPT, STEP
+
+intervals = hs.lists(hs.tuples(hs.integers(0, 1000), hs.integers(0, 1000)).map(sorted).map(tuple),
+                     max_size=20)
+
+
+def covered(ivs):
+    return {t for a, b in ivs for t in range(a, b)}
+
+
+@given(intervals, intervals)
+@settings(max_examples=200, deadline=None)
+def test_union_and_intersection_match_point_sets(xs, ys):
+    ux, uy = F.union(xs), F.union(ys)
+    assert F.length(ux) == len(covered(xs))
+    assert all(a < b for a, b in ux) and all(ux[i][1] < ux[i + 1][0] for i in range(len(ux) - 1))
+    assert F.intersection_length(ux, uy) == len(covered(xs) & covered(ys))
+
+
+def batch(spans, iss=None):
+    kinds, idxs, t0, t1 = zip(*spans)
+    base = 10**9
+    f = wire.encode_spans(0, "ddp", 3, base, list(kinds), list(idxs),
+                          [base + t * 1000 for t in t0], [base + t * 1000 for t in t1],
+                          [base + t * 1000 for t in (iss or [])])
+    return wire.decode_spans(wire.unpack_body(wire.pack(f)[4:]))
+
+
+def test_exposed_communication_is_what_compute_does_not_cover():
+    # compute 0-100 (fwd) and 100-300 (bwd); comm 250-400 -> 50 covered, 100 exposed
+    b = batch([(STEP, 0, 0, 420), (FWD, 0, 0, 100), (BWD, 0, 100, 300), (COMM, 0, 250, 400),
+               (OPT, 0, 400, 420)], iss=[240])
+    r = F.rank_step(b, lambda i: 1000)
+    assert (r.step_ms, r.compute_ms, r.comm_ms, r.exposed_ms) == (0.42, 0.3, 0.15, 0.1)
+    assert r.calls == 1 and r.bytes == 1000
+    assert F.overlap_pct(r.comm_ms, r.exposed_ms) == pytest.approx(100 / 3)
+
+
+def test_bus_bandwidth_like_nccl_tests():
+    # 1 GB across 4 ranks in 1 s -> 1.5 GB/s bus bandwidth
+    assert F.bus_bandwidth_gbps(1e9, 1000.0, 4) == pytest.approx(1.5)
+    assert F.bus_bandwidth_gbps(1e9, 1000.0, 1) is None
+
+
+def test_decode_rejects_inconsistent_frames():
+    f = wire.encode_spans(0, "naive", 0, 0, [STEP, COMM], [0, 1], [0, 0], [5, 5], [0])
+    wire.decode_spans(f)
+    for key, value, why in [("kind", bytes([9, 9]), "unknown span kind"),
+                            ("t0", b"\0" * 4, "disagree"),
+                            ("iss", b"", "issue column"),
+                            ("idx", b"\xff\xff\0\0", "does not exist")]:
+        bad = dict(f, **{key: value})
+        with pytest.raises(ValueError, match=why):
+            wire.decode_spans(bad, max_idx=100)
+    with pytest.raises(ValueError, match="without 'b'"):
+        wire.decode_spans({k: v for k, v in f.items() if k != "b"})
+
+
+def test_frame_reader_splits_any_chunking_and_refuses_huge_lengths():
+    frames = [wire.pack({"t": "hb", "r": i, "pad": "x" * i}) for i in range(50)]
+    stream = b"".join(frames)
+    rnd = random.Random(1)
+    r = wire.FrameReader()
+    got, pos = [], 0
+    while pos < len(stream):
+        n = rnd.randint(1, 40)
+        got += r.feed(stream[pos:pos + n])
+        pos += n
+    assert [wire.unpack_body(b)["r"] for b in got] == list(range(50))
+    with pytest.raises(ValueError, match="exceeds"):
+        wire.FrameReader().feed(b"\xff\xff\xff\xff")
+
+
+def test_store_summary_and_eviction_from_synthetic_run():
+    st = Store(keep_steps=10)
+    fill_store(st, SyntheticRun("small", 2, ("naive", "interleaved", "ddp", "single")), 30)
+    rows = {r["strategy"]: r for r in st.summaries()}
+    assert rows["naive"]["steps"] == 30 and rows["single"]["ranks"] == 1
+    assert rows["naive"]["overlap_pct"] == 0
+    assert rows["interleaved"]["overlap_pct"] > 0
+    assert rows["ddp"]["allreduce_calls_per_step"] == len(st.bucket_layout("ddp"))
+    assert len(st.raw["naive"]) == 10 and st.view("naive", 5) is None
+    v = st.view("ddp", 29)
+    assert set(v.spans) == {0, 1} and v.n_buckets == len(st.bucket_layout("ddp"))
+    assert F.speedups(list(rows.values()))["ddp_vs_naive"] > 1
