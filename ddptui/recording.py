@@ -11,7 +11,9 @@ MAX_HEADER, and decompression is bounded per chunk.
 """
 from __future__ import annotations
 
+import copy
 import os
+import stat
 import struct
 import threading
 import time
@@ -26,6 +28,7 @@ FORMAT_VERSION = 1
 MAX_HEADER = 4 * 1024 * 1024
 _HDR = struct.Struct(">HI")
 FLUSH_EVERY_S = 0.25
+PIECE = 16 * 1024  # compressed bytes inflated at a time (bounds memory and salvage work)
 
 
 class RecordingError(Exception):
@@ -114,7 +117,40 @@ def read_header(f, name: str) -> dict:
         raise RecordingError(f"{name}: corrupt header ({type(e).__name__})") from None
     if not isinstance(meta, dict):
         raise RecordingError(f"{name}: corrupt header (not a map)")
+    bad = check_meta(meta)
+    if bad:
+        raise RecordingError(f"{name}: corrupt header ({bad})")
     return meta
+
+
+def _is_int(v, lo=0, hi=None) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+
+
+def check_meta(meta: dict) -> str | None:
+    """The header fields readers rely on, checked for type and range; returns what is
+    wrong (one short phrase) or None. Fields may be absent; present ones must be sane."""
+    def strs(v):
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    checks = (
+        ("model", lambda v: isinstance(v, str)),
+        ("world", lambda v: _is_int(v, 1, 4096)),
+        ("batch", lambda v: _is_int(v, 0)),
+        ("steps", lambda v: _is_int(v, 0)),
+        ("strategies", strs),
+        ("layers", strs),
+        ("params", lambda v: isinstance(v, list) and len(v) <= 0xFFFF and all(
+            isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and _is_int(p[1])
+            and _is_int(p[2]) for p in v)),
+        ("bucket_cap_mb", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+        ("devices", lambda v: isinstance(v, dict)),
+        ("settings", lambda v: isinstance(v, dict)),
+    )
+    for key, ok in checks:
+        v = meta.get(key)
+        if v is not None and not ok(v):
+            return f"field {key!r} has a wrong type or value"
+    return None
 
 
 class Reader:
@@ -132,6 +168,8 @@ class Reader:
         self.damage: str | None = None
         self.frames = 0
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+                raise RecordingError(f"{path}: not a regular file")  # a FIFO would block
             self.f = open(path, "rb")
         except FileNotFoundError:
             raise RecordingError(f"{path}: no such file") from None
@@ -147,34 +185,167 @@ class Reader:
 
     def __iter__(self):
         z = zlib.decompressobj()
-        reader = wire.FrameReader()
+        reader = _Frames()
+        corrupt = False
         try:
-            while True:
+            while not z.eof and not corrupt:
                 data = self.f.read(self.chunk)
                 if not data:
                     break
-                out = z.decompress(data, self.chunk * 8)
-                while True:
-                    for body in reader.feed(out):
-                        try:
-                            frame = wire.unpack_body(body)
-                        except Exception as e:  # noqa: BLE001
-                            self.damage = f"corrupt frame after {self.frames} frames ({type(e).__name__})"
-                            return
-                        self.frames += 1
-                        yield body, frame
-                    if not z.unconsumed_tail:
+                for i in range(0, len(data), PIECE):
+                    outs, z, corrupt = _inflate(z, data[i:i + PIECE])
+                    for out in outs:
+                        for body in reader.feed(out):
+                            try:
+                                frame = wire.unpack_body(body)
+                            except Exception as e:  # noqa: BLE001
+                                self.damage = f"corrupt frame {_at(self.frames)} ({_why(e)})"
+                                return
+                            self.frames += 1
+                            yield body, frame
+                    if corrupt or z.eof:
                         break
-                    out = z.decompress(z.unconsumed_tail, self.chunk * 8)
-                if z.eof:
-                    break
-            if not z.eof:
-                self.damage = f"file ends early after {self.frames} frames (not finalised: the run was cut short or the file truncated)"
+            if corrupt:
+                self.damage = f"corrupted bytes {_at(self.frames)} (compressed data is invalid)"
+            elif not z.eof:
+                where = "mid-frame " if reader.pending else ""
+                self.damage = (f"file ends {where}{_at(self.frames, 'before the first frame')} "
+                               f"(not finalised: the run was cut short or the file truncated)")
             elif reader.pending:
-                self.damage = "trailing bytes after the last frame"
-        except zlib.error:
-            self.damage = f"corrupted bytes after {self.frames} frames"
-        except ValueError as e:
-            self.damage = f"{e} after {self.frames} frames"
+                self.damage = f"stream ends mid-frame {_at(self.frames, 'before the first complete frame')}"
+            elif z.unused_data or self.f.read(1):
+                self.damage = f"unexpected bytes after the end of the recording ({self.frames} frames read)"
+        except ValueError as e:  # a length prefix over the limit
+            self.damage = f"corrupt frame {_at(self.frames)} ({e})"
         finally:
             self.f.close()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _Frames:
+    """Splits the inflated stream into frame bodies, yielding each good frame before
+    raising ValueError at a length prefix over wire.MAX_FRAME (which is never allocated)."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def feed(self, data: bytes):
+        buf = self.buf
+        buf += data
+        pos = 0
+        try:
+            while len(buf) - pos >= 4:
+                (n,) = wire.LEN.unpack_from(buf, pos)
+                if n > wire.MAX_FRAME:
+                    raise ValueError(f"a length prefix claims {n} bytes (limit {wire.MAX_FRAME})")
+                if len(buf) - pos - 4 < n:
+                    break
+                body = bytes(buf[pos + 4:pos + 4 + n])
+                pos += 4 + n
+                yield body
+        finally:
+            del buf[:pos]
+
+    @property
+    def pending(self) -> int:
+        return len(self.buf)
+
+
+def _inflate(z, piece: bytes):
+    """Decompress one piece; on corrupt data, salvage the output of the bytes before the
+    damage (byte by byte, from a copy of the state before the piece). The output of one
+    piece is bounded by deflate's ratio (~1032:1), hence small pieces.
+    Returns (outputs, decompressor to go on with, corrupt?)."""
+    saved = z.copy()
+    try:
+        return [z.decompress(piece)], z, False
+    except zlib.error:
+        pass
+    outs = []
+    for j in range(len(piece)):
+        try:
+            out = saved.decompress(piece[j:j + 1])
+        except zlib.error:
+            break
+        if out:
+            outs.append(out)
+        if saved.eof:
+            break
+    return outs, saved, True
+
+
+def _at(frames: int, first: str = "at the first frame") -> str:
+    return first if frames == 0 else f"after {frames} frames"
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, msgpack.exceptions.StackError):
+        return "msgpack nested too deeply"
+    text = str(e).strip() or type(e).__name__
+    return text[:120]
+
+
+class Loaded:
+    """What load() read: the store (figures computed), header metadata, counts, damage."""
+
+    def __init__(self, path: str, store, meta: dict):
+        self.path = path
+        self.store = store
+        self.meta = meta
+        self.frames = 0
+        self.span_frames = 0
+        self.spans = 0
+        self.damage: str | None = None
+
+    def steps_read(self) -> dict[str, list[int]]:
+        """Complete steps (every rank reported) per strategy, in order."""
+        return {s: self.store.complete_steps(s) for s in self.store.strategies()
+                if self.store.complete_steps(s)}
+
+    def steps_text(self) -> str:
+        parts = []
+        for s, ks in self.steps_read().items():
+            contiguous = ks == list(range(ks[0], ks[-1] + 1))
+            rng = f"{ks[0]}–{ks[-1]}" if len(ks) > 1 else f"{ks[0]}"
+            parts.append(f"{s} steps {rng}" + ("" if contiguous else f" ({len(ks)} steps)"))
+        return ", ".join(parts) if parts else "no complete step"
+
+
+def load(path: str, store=None, on_frame=None, update_every: int = 256) -> Loaded:
+    """Read a recording into a Store (ddptui.store), frame by frame, as a live run would.
+
+    on_frame(frame) is called for every frame the store accepted. Reading stops at the first
+    damage (undecodable bytes or a frame the store rejects): `damage` says what and where,
+    and everything before it is in the store. Raises RecordingError when the header is bad,
+    or when the file is damaged before a single span could be read (nothing to show).
+    """
+    from .store import Store
+
+    r = Reader(path)
+    st = store if store is not None else Store()
+    st.set_meta(copy.deepcopy(r.meta))  # the store adds to its meta; keep the header as read
+    got = Loaded(path, st, r.meta)
+    try:
+        for _body, frame in r:
+            try:
+                st.ingest(frame)
+            except Exception as e:  # noqa: BLE001 - any frame the store rejects is damage
+                got.damage = f"invalid {str(frame.get('t'))[:20]!r} frame {_at(r.frames - 1)} ({_why(e)})"
+                break
+            got.frames += 1
+            if frame.get("t") == "spans":
+                got.span_frames += 1
+                got.spans += len(frame["kind"])
+            if on_frame is not None:
+                on_frame(frame)
+            if got.frames % update_every == 0:
+                st.update()
+    finally:
+        r.close()
+    got.damage = got.damage or r.damage
+    st.update()
+    if got.damage and not got.spans:
+        raise RecordingError(f"{path}: {got.damage}; nothing before the damage to show")
+    return got

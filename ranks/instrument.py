@@ -148,7 +148,9 @@ class Recorder:
         clock = self.clock
         while self.pending:
             rec = self.pending[0]
-            if not wait and not clock.done(rec.step_end):
+            # comm ends are recorded on the backends' callback streams: wait for them too
+            if not wait and not (clock.done(rec.step_end) and
+                                 all(t is None or clock.done(t) for t in rec.comm_end)):
                 break
             if wait and clock.cuda:
                 torch.cuda.synchronize(clock.device)
