@@ -26,7 +26,7 @@ commands:
 examples:
   ddptui --gpus 2 --model xlarge
   ddptui --headless --gpus 2 --model small --steps 10 --json out.json
-  ddptui replay demo/cpu-small-naive-vs-ddp.ddptui
+  ddptui replay demo/cpu-medium-2ranks.ddptui
 """
 
 
@@ -199,5 +199,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m ddptui.cli`: run the package's module, not a copy
+    from ddptui.cli import main as _main
+    sys.exit(_main())

@@ -164,6 +164,11 @@ class Collector:
                 c.bye = True
             if self.sink is not None:
                 self.sink(body, f)
+        if c.reader.pending >= 4:
+            try:
+                c.reader.feed(b"")  # a bad length prefix behind good frames
+            except ValueError as e:
+                self._reject(c, str(e))
 
     def _auth(self, c: _Conn, f: dict) -> bool:
         tok = f.get("token")

@@ -4,10 +4,13 @@
     u16    format version (big-endian)
     u32    header length, then a msgpack map: run metadata
     ...    zlib stream of length-prefixed msgpack frames (see ranks.wire), sync-flushed
-           at least once per step, so a file cut at any byte replays to its last flush
+           when a step is complete (the last rank's spans of a strategy step are written)
+           and at least every FLUSH_EVERY_S when frames come, so a file cut at any byte
+           (a run killed at any instant) replays to its last complete step
 
 Reading never trusts a length: frame lengths are capped at wire.MAX_FRAME, the header at
-MAX_HEADER, and decompression is bounded per chunk.
+MAX_HEADER, and the stream is inflated 16 KiB at a time (deflate bounds the output of each
+piece); corrupt data keeps every frame before it.
 """
 from __future__ import annotations
 
@@ -49,6 +52,21 @@ class RecordWriter:
         self.raw_bytes = 0
         self.last_flush = time.monotonic()
         self.closed = False
+        w = meta.get("world")
+        self.world = w if isinstance(w, int) and w > 0 else 1
+        self._ranks_in: dict[tuple, int] = {}  # (strategy, step) -> span frames written
+
+    def _completes_step(self, frame: dict) -> bool:
+        """True when this spans frame is the last rank's of its (strategy, step)."""
+        key = (frame.get("s"), frame.get("k"))
+        n = self._ranks_in.get(key, 0) + 1
+        if n >= (1 if key[0] == "single" else self.world):
+            self._ranks_in.pop(key, None)
+            return True
+        self._ranks_in[key] = n
+        if len(self._ranks_in) > 4096:  # steps that never complete (dropped frames)
+            self._ranks_in.pop(next(iter(self._ranks_in)))
+        return False
 
     def write_body(self, body: bytes, frame: dict | None = None) -> None:
         with self.lock:
@@ -58,9 +76,11 @@ class RecordWriter:
             self.f.write(self.z.compress(data))
             self.frames += 1
             self.raw_bytes += len(data)
+            step_done = False
             if frame is not None and frame.get("t") == "spans":
                 self.spans += len(frame["kind"])
-            if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
+                step_done = self._completes_step(frame)
+            if step_done or time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
                 self._flush()
 
     def write(self, frame: dict) -> None:

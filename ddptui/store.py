@@ -8,8 +8,10 @@ so memory stays bounded however long the run.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
+from time import monotonic as _monotonic
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -120,11 +122,15 @@ class Store:
                     "bucket_cap_mb", "seed", "lr", "torch", "backend", "note", "threads")
             self.meta.update({k: f.get(k) for k in keep})
             self._param_bytes = [int(p[1]) * 4 for p in f.get("params") or []]
-        self.meta.setdefault("devices", {})[f["r"]] = info.device
+        for k in ("torch", "backend", "host"):
+            if self.meta.get(k) is None and f.get(k) is not None:
+                self.meta[k] = f[k]
+        self.meta.setdefault("devices", {})[str(f["r"])] = info.device
         self.add_log(f"rank {f['r']} connected: {info.device}, {info.backend}", "info")
 
     def set_meta(self, meta: dict) -> None:
         """Metadata known before any rank speaks (from the CLI or a recording header)."""
+        meta = copy.deepcopy(meta)
         with self.lock:
             for k, v in meta.items():
                 self.meta.setdefault(k, v)
@@ -193,16 +199,28 @@ class Store:
             info.phase = "died"
 
     def _spans(self, f: dict) -> None:
-        b = wire.decode_spans(f, max_idx=max(len(self._param_bytes), 64))
-        info = self._rank(f)
-        info.step = max(info.step, b.step)
-        per = self.raw.setdefault(b.strategy, OrderedDict())
-        slot = per.get(b.step)
+        n_params = len(self._param_bytes)
+        b = wire.decode_spans(f, n_params if n_params > 64 else 64)
+        strategy, step, r = b.strategy, b.step, b.rank
+        info = self.ranks.get(r)
+        if info is None or r > 4096:  # new or invalid rank: the full check (same as _rank)
+            info = self._rank(f)
+        else:
+            info.last_seen = _monotonic()
+        if step > info.step:
+            info.step = step
+        per = self.raw.get(strategy)
+        if per is None:
+            per = self.raw[strategy] = OrderedDict()
+        slot = per.get(step)
         if slot is None:
-            slot = per[b.step] = {}
-        slot[b.rank] = b
-        self.spans += len(b)
-        self._dirty.setdefault(b.strategy, set()).add(b.step)
+            slot = per[step] = {}
+        slot[r] = b
+        self.spans += len(b.kind)
+        dirty = self._dirty.get(strategy)
+        if dirty is None:
+            dirty = self._dirty[strategy] = set()
+        dirty.add(step)
         if len(per) > self.keep_steps * 4:  # nobody called update(): drop the oldest anyway
             per.popitem(last=False)
 

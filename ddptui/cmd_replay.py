@@ -1,0 +1,102 @@
+"""`ddptui replay FILE [--headless] [--json PATH] [--speed X] [--loop] [--title TEXT]`.
+
+Without --headless: the recording plays in the same timeline UI as a live run (no torch,
+no GPU needed). With --headless: the per-strategy figures, exactly as `ddptui summary`
+and the live headless run print them (--speed and --loop do not apply; --title replaces
+the table's title).
+
+Exit status: 0 with figures; 2 for a bad command line or a bad file (one line on stderr).
+A damaged or truncated file that still had frames before the damage replays what came
+before it: a `ddptui: warning:` line names the damage and the steps read, exit status 0.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+
+from . import cmd_summary
+from .cli import CliError, _check_writable_path, _Parser
+from .recording import RecordingError, Reader
+
+SPEED_MIN, SPEED_MAX = 0.25, 8.0
+
+
+def _speed(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--speed must be a number (got {text!r})") from None
+    if not (SPEED_MIN <= v <= SPEED_MAX):
+        raise argparse.ArgumentTypeError(f"--speed must be in {SPEED_MIN:g}..{SPEED_MAX:g} (got {text})")
+    return v
+
+
+def parser() -> _Parser:
+    p = _Parser(prog="ddptui replay",
+                description="Replay a recording in the timeline UI, or print its figures (--headless).")
+    p.add_argument("file", metavar="FILE", help="a .ddptui recording")
+    p.add_argument("--headless", action="store_true",
+                   help="no UI: print the per-strategy figures of the recording")
+    p.add_argument("--json", metavar="PATH", help="(headless) also write the figures as JSON")
+    p.add_argument("--speed", type=_speed, default=1.0,
+                   help=f"playback speed, {SPEED_MIN:g}..{SPEED_MAX:g} (default 1)")
+    p.add_argument("--loop", action="store_true", help="start over at the end (for talks)")
+    p.add_argument("--title", metavar="TEXT", help="a title to show (UI header, or the table title)")
+    return p
+
+
+def check_file(path: str) -> None:
+    """Check the header and read up to the first step's spans the way every verb reads
+    (into a Store), so that a bad file, one with nothing to show, is one line on stderr
+    rather than a UI. Damage later in the file is the UI's to show."""
+    from .store import Store
+
+    try:
+        r = Reader(path)
+    except RecordingError as e:
+        raise CliError(str(e)) from None
+    st = Store()
+    st.set_meta(copy.deepcopy(r.meta))
+    try:
+        for _body, frame in r:
+            try:
+                st.ingest(frame)
+            except Exception as e:  # noqa: BLE001 - what load() calls damage
+                raise CliError(f"{path}: invalid {str(frame.get('t'))[:20]!r} frame before the first "
+                               f"step ({str(e)[:120] or type(e).__name__}); nothing to show") from None
+            if frame.get("t") == "spans":
+                return
+    finally:
+        r.close()
+    if r.damage:
+        raise CliError(f"{path}: {r.damage}; nothing before the damage to show")
+
+
+def _main(argv: list[str]) -> int:
+    a = parser().parse_args(argv)
+    if a.title is not None and ("\n" in a.title or len(a.title) > 200):
+        raise CliError("--title must be one line of at most 200 characters")
+    if a.headless:
+        if a.json:
+            _check_writable_path(a.json, "--json")
+        return cmd_summary.report(cmd_summary.read(a.file), a.json, title=a.title)
+    if a.json:
+        raise CliError("--json needs --headless (the UI writes no figures file)")
+    check_file(a.file)
+    try:
+        from .app import run_replay_app
+    except ImportError as e:
+        raise CliError(f"the replay UI cannot start ({e}); `ddptui replay FILE --headless` "
+                       f"prints the figures") from None
+    return run_replay_app(a.file, speed=a.speed, loop=a.loop, title=a.title)
+
+
+def main(argv: list[str]) -> int:
+    # Errors are printed here too, not only by cli.main: under `python -m ddptui.cli` that
+    # module is __main__ and its CliError is not the ddptui.cli.CliError raised here.
+    try:
+        return _main(argv)
+    except CliError as e:
+        print(f"ddptui: error: {e}", file=sys.stderr, flush=True)
+        return 2

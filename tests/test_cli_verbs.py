@@ -1,0 +1,243 @@
+"""The recording verbs end to end: a real 2-rank CPU run (torchrun, gloo) recorded by
+`ddptui --headless --record`, then `replay --headless`, `summary` and `export` on it; a run
+killed with SIGKILL mid-step; and the verbs' argument checks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from ddptui import recording as R
+
+from .test_export import recording_counts, trace_counts, validate_trace
+from .test_recording import synthetic_frames, write_recording
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIVE = ["--headless", "--gpus", "2", "--model", "small", "--batch-size", "256"]
+RUN_FIELDS = ("model", "world_size", "batch", "backend", "device")
+
+
+def env(**extra) -> dict:
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, DDPTUI_GPU_COUNT="0")
+    e.update(extra)
+    return e
+
+
+def ddptui(*args, timeout=120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddptui.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=env(), **kw)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """A real recorded headless run: its stdout, JSON and recording."""
+    d = tmp_path_factory.mktemp("live")
+    rec, js = d / "run.ddptui", d / "live.json"
+    res = ddptui(*LIVE, "--steps", "4", "--record", str(rec), "--json", str(js), timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert f"recorded to {rec}" in res.stderr  # the path is shown
+    return {"dir": d, "rec": rec, "stdout": res.stdout, "json": json.loads(js.read_text())}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verb", [["replay", "--headless"], ["summary"]])
+def test_recorded_run_replays_to_the_same_summary(live, verb):
+    out = live["dir"] / f"{verb[0]}.json"
+    args = [verb[0], str(live["rec"]), *verb[1:], "--json", str(out)]
+    res = ddptui(*args)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # a complete recording: no warning
+    assert res.stdout == live["stdout"]  # the very same table, title and speedup line
+    got, want = json.loads(out.read_text()), live["json"]
+    assert [r["strategy"] for r in want["strategies"]] == ["naive", "ddp"]
+    assert all(r["steps"] == 4 for r in want["strategies"])
+    assert len(got["strategies"]) == len(want["strategies"])
+    for g, w in zip(got["strategies"], want["strategies"]):
+        assert set(g) == set(w)
+        for field in w:
+            assert g[field] == w[field], (g["strategy"], field)
+    assert got["speedup"] == want["speedup"]
+    for field in RUN_FIELDS:
+        assert got[field] == want[field], field
+    # the live run's JSON has no torch version (the store keeps the CLI's metadata); the
+    # recording's header does
+    assert want["torch"] in (None, got["torch"]) and got["torch"]
+    assert got["state"] == want["state"] == "finished"
+    assert got["recording"] == want["recording"] == str(live["rec"])
+    assert got["dropped_spans"] == want["dropped_spans"]
+    assert got["damage"] is None
+
+
+@pytest.mark.slow
+def test_export_of_the_live_recording(live):
+    out = live["dir"] / "trace.json"
+    res = ddptui("export", str(live["rec"]), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    names = validate_trace(doc)
+    counts = recording_counts(live["rec"])
+    assert trace_counts(doc, names) == counts
+    assert {r for r, _ in counts} == {0, 1}
+    assert {(r, lane) for r, lane in counts} >= {(0, "compute"), (1, "communication")}
+    assert sorted(names["procs"].values()) == ["rank 0 (cpu)", "rank 1 (cpu)"]
+
+
+@pytest.mark.slow
+def test_recording_header_describes_the_run(live):
+    meta = R.Reader(str(live["rec"])).meta
+    assert meta["model"] == "small" and meta["world"] == 2 and meta["batch"] == 256
+    assert meta["strategies"] == ["naive", "ddp"]
+    assert meta["layers"] == ["fc1", "fc2", "fc3", "fc4"] and len(meta["params"]) == 8
+    assert meta["backend"] == "gloo" and meta["torch"] and meta["devices"] == {"0": "cpu", "1": "cpu"}
+    assert meta["settings"]["steps"] == 4
+
+
+def _our_workers(mark: str) -> list[psutil.Process]:
+    """ranks.worker / torchrun processes started by this test (they carry its mark)."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if "ranks.worker" not in " ".join(p.info["cmdline"] or []):
+                continue
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get("DDPTUI_TEST_MARK") == mark:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+@pytest.mark.slow
+def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
+    rec = tmp_path / "killed.ddptui"
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "ddptui.cli", *LIVE, "--steps", "0",
+                             "--record", str(rec)], cwd=ROOT, env=env(DDPTUI_TEST_MARK=mark),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen = 0
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+            if not rec.exists():
+                continue
+            try:
+                got = R.load(str(rec))  # the file as it is being written
+            except R.RecordingError:
+                continue
+            seen = min((len(ks) for ks in got.steps_read().values()), default=0)
+            if seen >= 3 and len(got.steps_read()) == 2:
+                break
+        assert seen >= 3, "the run recorded no steps in time"
+        assert _our_workers(mark), "no workers were running"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the workers notice the app is gone and exit by themselves
+    deadline = time.monotonic() + 15
+    left = _our_workers(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _our_workers(mark)
+    for p in left:  # clean up before failing
+        p.kill()
+    assert not left, f"workers left behind: {[p.pid for p in left]}"
+
+    out = tmp_path / "r.json"
+    res = ddptui("replay", str(rec), "--headless", "--json", str(out))
+    assert res.returncode == 0, res.stderr  # documented: damage is a warning, exit 0
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ddptui: warning: {rec}: file ends")
+    doc = json.loads(out.read_text())
+    assert doc["state"] == "incomplete" and "file ends" in doc["damage"]
+    got = R.load(str(rec))
+    for s, ks in got.steps_read().items():
+        assert ks == list(range(len(ks))) and len(ks) >= seen  # every step up to the last
+        assert f"{s} steps 0–{ks[-1]}" in lines[0]
+    assert {r["strategy"]: r["steps"] for r in doc["strategies"]} == \
+        {s: len(ks) for s, ks in got.steps_read().items()}
+    for row in doc["strategies"]:
+        assert row["step_ms_median"] > 0 and row["allreduce_calls_per_step"] > 0
+        assert row["strategy"] in res.stdout
+    # summary and export read it the same way
+    res2 = ddptui("summary", str(rec))
+    assert res2.returncode == 0 and res2.stdout == res.stdout and res2.stderr == res.stderr
+    res3 = ddptui("export", str(rec), "-o", str(tmp_path / "t.json"))
+    assert res3.returncode == 0 and "file ends" in res3.stderr
+    validate_trace(json.loads((tmp_path / "t.json").read_text()))
+
+
+# -- arguments -------------------------------------------------------------------------------
+@pytest.fixture
+def small_rec(tmp_path):
+    p = tmp_path / "s.ddptui"
+    write_recording(p, synthetic_frames(steps=3))
+    return p
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["replay", "{f}", "--speed", "0.1"], "--speed must be in 0.25..8"),
+    (["replay", "{f}", "--speed", "9"], "--speed must be in 0.25..8"),
+    (["replay", "{f}", "--speed", "fast"], "--speed must be a number"),
+    (["replay", "{f}", "--json", "x.json"], "--json needs --headless"),
+    (["replay"], "FILE"),
+    (["summary"], "FILE"),
+    (["export"], "FILE"),
+    (["summary", "{f}", "--json", "/no/such/dir/x.json"], "--json"),
+    (["summary", "{f}", "--bogus"], "--bogus"),
+])
+def test_bad_arguments_are_one_line(small_rec, args, expect):
+    res = ddptui(*[a.replace("{f}", str(small_rec)) for a in args])
+    assert res.returncode == 2
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddptui: error: ") and expect in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("speed", ["0.25", "1", "8"])
+def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
+    """`ddptui replay FILE` hands the file and options to the UI (app.run_replay_app)."""
+    import types
+
+    from ddptui import cmd_replay
+    calls = []
+
+    def fake(path, speed=1.0, loop=False, title=None):
+        calls.append((path, speed, loop, title))
+        return 0
+    try:
+        import ddptui.app as app
+        monkeypatch.setattr(app, "run_replay_app", fake)
+    except ImportError:
+        monkeypatch.setitem(sys.modules, "ddptui.app", types.SimpleNamespace(run_replay_app=fake))
+    assert cmd_replay.main([str(small_rec), "--speed", speed, "--loop", "--title", "My talk"]) == 0
+    assert calls == [(str(small_rec), float(speed), True, "My talk")]
+
+
+def test_replay_headless_title(small_rec):
+    res = ddptui("replay", str(small_rec), "--headless", "--title", "Naive vs DDP, recorded")
+    assert res.returncode == 0 and "Naive vs DDP, recorded" in res.stdout
+
+
+def test_talk_script():
+    path = os.path.join(ROOT, "demo", "talk.sh")
+    assert os.access(path, os.X_OK)
+    assert subprocess.run(["bash", "-n", path]).returncode == 0
+    text = open(path).read()
+    assert "replay" in text and "--loop" in text and "--title" in text
+    # a recording that does not exist is one error line, before any UI starts
+    res = subprocess.run(["bash", path, "/no/such/run.ddptui"], capture_output=True, text=True,
+                         timeout=60, env=env())
+    assert res.returncode != 0 and "ddptui: error:" in res.stderr and "Traceback" not in res.stderr
