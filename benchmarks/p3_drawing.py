@@ -1,0 +1,131 @@
+#!/usr/bin/env python
+"""P3 — drawing cost of the UI.
+
+(a) One full frame at 200×50 of 2 strategies × 8 ranks (xlarge, synthetic): the app's
+    redraw from the store (views, scale, figures, GPU panel) plus every line of every
+    timeline pane with the strip cache cleared first, so each render really draws.
+    Median CPU time of this thread over many renders (wall time printed too).
+    Goal: <= 4 ms.
+(b) CPU share of one core used by the whole app (Textual included) drawing 64 ranks of
+    synthetic data at 30 fps while new steps keep arriving, headless via run_test:
+    process CPU time / wall time over the run. Frames are made beforehand, so the share
+    is what the app spends ingesting, computing figures (the store's work grows with the
+    ranks) and drawing. Steps arrive at 5 per second by default: 64 ranks on one host
+    share its GPUs over gloo and do not step faster (--steps-per-s to try others).
+    Goal: <= 20 %.
+
+    python benchmarks/p3_drawing.py            # 300 frames; 5 s at 30 fps
+    python benchmarks/p3_drawing.py --quick    # 60 frames; 2 s
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+from _common import result_line
+
+from ddptui.app import DdpApp  # noqa: E402
+from ddptui.store import Store  # noqa: E402
+from ddptui.synthetic import SyntheticRun, fill_store  # noqa: E402
+from ddptui.widgets import TimelinePane  # noqa: E402
+
+GOAL_FRAME_MS = 4.0
+GOAL_CPU_PCT = 20.0
+
+
+class FeedSource:
+    """Synthetic steps made in advance, handed to the store as the wall clock reaches them."""
+
+    def __init__(self, world: int, steps_ahead: int, steps_per_s: float, model: str = "xlarge"):
+        run = SyntheticRun(model, world, ("naive", "ddp"), seed=5)
+        self.store = Store()
+        fill_store(self.store, run, 2, gpu=True)
+        self.pending = [run.step_frames(k) + [run.gpu_frame(k)] for k in range(2, 2 + steps_ahead)]
+        self.every = 1.0 / steps_per_s if steps_per_s else float("inf")
+        self.next_at = 0.0
+        self.state, self.message = "running", ""
+
+    def start(self) -> None:
+        self.next_at = time.monotonic() + self.every
+
+    def poll(self) -> bool:
+        now = time.monotonic()
+        while self.pending and now >= self.next_at:
+            for f in self.pending.pop(0):
+                self.store.ingest(f)
+            self.next_at += self.every
+        self.store.update()
+        return False
+
+    def set_bucket_cap(self, mb: float) -> int:
+        return 0
+
+    def stop(self, why: str = "") -> None:
+        self.state = "stopped"
+
+
+async def frame_times(renders: int) -> tuple[list[float], list[float]]:
+    """CPU time (this thread's: robust on a busy machine) and wall time per frame, ms."""
+    app = DdpApp(FeedSource(world=8, steps_ahead=0, steps_per_s=0))
+    cpu, wall = [], []
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        app._changed()
+        await pilot.pause()
+        panes = list(app.query(TimelinePane))
+        shown = sum(len(p.fit()[0]) for p in panes)
+        assert shown == 16, f"expected 2 x 8 ranks on screen, got {shown}"
+        for _ in range(renders):
+            t, c = time.perf_counter(), time.thread_time()
+            app._views.clear()  # views and strips made afresh: a new step's frame
+            app._changed()
+            for p in panes:
+                p.clear_cache()
+                for y in range(p.size.height):
+                    p.render_line(y)
+            cpu.append((time.thread_time() - c) * 1e3)
+            wall.append((time.perf_counter() - t) * 1e3)
+    return cpu, wall
+
+
+async def cpu_share(seconds: float, steps_per_s: float) -> tuple[float, int, int]:
+    steps = int(seconds * steps_per_s) + 5
+    src = FeedSource(world=64, steps_ahead=steps, steps_per_s=steps_per_s)
+    app = DdpApp(src, fps=30)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        first = src.store.latest_complete("ddp")
+        c0, w0 = time.process_time(), time.monotonic()
+        await asyncio.sleep(seconds)
+        cpu, wall = time.process_time() - c0, time.monotonic() - w0
+        last = src.store.latest_complete("ddp")
+    return 100.0 * cpu / wall, last - first, app._ticks
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="P3: UI drawing cost")
+    p.add_argument("--quick", action="store_true", help="short run for CI")
+    p.add_argument("--steps-per-s", type=float, default=5.0, help="(b) new steps per second (default 5)")
+    a = p.parse_args()
+    renders = 60 if a.quick else 300
+    seconds = 2.0 if a.quick else 5.0
+
+    cpu, wall = asyncio.run(frame_times(renders))
+    med = statistics.median(cpu)
+    print(f"P3a full frame, 200x50, naive + ddp x 8 ranks, uncached, {renders} renders: "
+          f"median {med:.2f} ms CPU (p90 {sorted(cpu)[int(len(cpu) * 0.9)]:.2f}), "
+          f"median {statistics.median(wall):.2f} ms wall")
+    print(result_line("P3a", "frame_ms", "median", med, "<=", GOAL_FRAME_MS, "{:.2f}"))
+
+    pct, steps, ticks = asyncio.run(cpu_share(seconds, a.steps_per_s))
+    print(f"P3b app at 30 fps, 64 ranks, {a.steps_per_s:g} new steps/s: {pct:.1f} % of one core "
+          f"over {seconds:g} s ({steps} steps shown, {ticks} ticks)")
+    print(result_line("P3b", "cpu_pct", "share", pct, "<=", GOAL_CPU_PCT, "{:.1f}"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,570 @@
+"""The Textual UI: a timeline pane per strategy, figures, a GPU panel; live or replay.
+
+Drawing follows the store at a fixed frame rate (a timer polls the source and redraws
+only when the store or the UI state changed). Anything that can take long — starting
+the ranks, stopping them, seeking in a large recording — runs in a worker thread.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections import deque
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Container, Grid
+from textual.widgets import Footer, Static
+
+from ranks import spec
+
+from .store import Store
+from .widgets import (
+    GUTTER,
+    FiguresPanel,
+    GotoScreen,
+    GpuPanel,
+    HelpScreen,
+    PaneState,
+    PartsView,
+    StartupScreen,
+    TimelinePane,
+    figures_panel,
+    gpu_panel,
+    screens,
+)
+from .widgets import theme as T
+from .widgets.timeline import span_ceil
+
+FPS = 15
+ZOOMS = (1, 2, 4, 8, 16, 32)
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+PANE_MIN_WIDTH = 80  # panes go side by side when each can have this many columns
+WIDE = 150  # figures and GPU panel side by side from this width
+LOOKBACK = 500  # steps searched back for a complete one
+FOLLOW_EVERY_S = 0.2  # live: the newest step is taken up at most this often
+
+
+def _last_complete(store: Store, strategy: str, upto: int | None) -> int | None:
+    """The newest complete step of a strategy at or before `upto` (None: the newest)."""
+    with store.lock:
+        figs = store.step_figs.get(strategy)
+        if not figs:
+            return None
+        if upto is None:
+            return next(reversed(figs))
+        if upto in figs:
+            return upto
+        for i, k in enumerate(reversed(figs)):
+            if k <= upto or i > LOOKBACK:
+                return k if k <= upto else None
+    return None
+
+
+def pane_rows(ranks: list[int], avail: int) -> list[int]:
+    """Heights of the grid rows of panes: each gets room for one rank, the rest is shared
+    by the ranks still to show (rows with as many ranks get the same height); when even
+    that does not fit, the rows share the height evenly."""
+    base = [5 if r > 1 else 4 for r in ranks]
+    if avail < sum(base):  # too small for one rank each: share what there is (each says so)
+        even = max(2, avail // len(ranks))
+        return [even + (1 if i < avail - even * len(ranks) else 0) for i in range(len(ranks))]
+    want = [2 + 7 * r - b for r, b in zip(ranks, base)]  # up to 3-row lanes and a gap
+    spare = avail - sum(base)
+    total = sum(want) or 1
+    return [b + min(wt, spare * wt // total) for b, wt in zip(base, want)]
+
+
+class DdpApp(App):
+    TITLE = "ddptui"
+    ENABLE_COMMAND_PALETTE = False
+    CSS = """
+    #title, #legend, #status { height: 1; }
+    #banner { height: auto; background: #7a0000; color: #ffffff; text-style: bold; padding: 0 1;
+              display: none; }
+    #panes { height: 1fr; grid-size: 1; grid-gutter: 0 2; grid-rows: 1fr; }
+    #bottom { height: 6; layout: vertical; }
+    #bottom.wide { layout: horizontal; }
+    #bottom.wide #figures { width: 92; }
+    #bottom #figures { height: auto; }
+    #bottom.wide #figures { height: 100%; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("space", "pause", "pause/play"),
+        Binding("left", "step(-1)", "step"),
+        Binding("right", "step(1)", "step"),
+        Binding("plus,equals_sign", "zoom(1)", "zoom+"),
+        Binding("minus", "zoom(-1)", "zoom−"),
+        Binding("b", "bucket(-1)", "bucket−"),
+        Binding("B", "bucket(1)", "bucket+"),
+        Binding("left_square_bracket", "speed(-1)", "slower"),
+        Binding("right_square_bracket", "speed(1)", "faster"),
+        Binding("g", "goto", "go to"),
+        Binding("s", "screenshot", "screenshot"),
+    ]
+    ALWAYS = ("quit", "help", "screenshot")
+
+    def __init__(self, source, *, title: str | None = None, fps: float = FPS, screenshot_dir: str = "."):
+        super().__init__()
+        self.source = source
+        self.talk_title = title
+        self.fps = fps
+        self.screenshot_dir = screenshot_dir
+        self.replay = hasattr(source, "seek")
+        self.panes: dict[str, TimelinePane] = {}
+        self._views: dict[tuple, object] = {}
+        self._follow: dict[str, int | None] | None = None
+        self._follow_t = 0.0
+        self.paused = False
+        self.pinned: int | None = None
+        self.zoom_i = 0
+        self.base_span_ms: float | None = None
+        self.asked_cap: float | None = None
+        self.error: str | None = None
+        self._started = False
+        self._stopping = False
+        self._busy = False  # a transport job (seek, play, speed) runs in a worker
+        self._jobs: deque = deque()
+        self._ui_gen = 0
+        self._drawn: tuple | None = None
+        self._layout_key: tuple | None = None
+        self._caps_seen = 0
+        self._banner_text = ""
+        self._banner_rows = 0
+        self._ticks = 0
+        self._t0 = time.monotonic()
+
+    # -- composition -----------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield PartsView(id="title")
+        yield Static(id="banner")
+        yield Grid(id="panes")
+        yield PartsView(id="legend")
+        with Container(id="bottom"):
+            yield FiguresPanel(id="figures")
+            yield GpuPanel(id="gpu")
+        yield PartsView(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.main = m = self.screen
+        m.styles.background, m.styles.color = T.BG, T.TEXT
+        self.grid, self.bottom = m.query_one("#panes", Grid), m.query_one("#bottom")
+        self.figures, self.gpu = m.query_one(FiguresPanel), m.query_one(GpuPanel)
+        self.title_bar, self.legend = m.query_one("#title", PartsView), m.query_one("#legend", PartsView)
+        self.status_bar, self.banner = m.query_one("#status", PartsView), m.query_one("#banner", Static)
+        self._caps_seen = len(self.source.store.cap_changes)
+        if not self.replay and not self._has_step():
+            self.push_screen(StartupScreen())
+        self.run_worker(self._start_source, thread=True, name="start", exit_on_error=False)
+        self.set_interval(1 / self.fps, self._tick)
+        self._redraw()
+
+    def _start_source(self) -> None:
+        try:
+            self.source.start()
+        except Exception as e:  # noqa: BLE001 - shown to the user, the app stays usable
+            self.error = f"could not start: {type(e).__name__}: {e}"
+        self._started = True
+
+    # -- the frame clock -------------------------------------------------------------------
+    def _tick(self) -> None:
+        if not self.is_running or not self.main.is_running:
+            return  # shutting down
+        self._ticks += 1
+        src = self.source
+        if self._started and not self._stopping and not self._busy and not self.error:  # (poll is cheap)
+            try:
+                src.poll()
+            except Exception as e:  # noqa: BLE001
+                self.error = f"{type(e).__name__}: {e}"
+        if isinstance(self.screen, StartupScreen):
+            self._draw_startup()
+        if self._draw_key() != self._drawn:
+            self._redraw()
+
+    def _draw_key(self) -> tuple:
+        """Everything a frame depends on: unchanged key, nothing to draw."""
+        src, store = self.source, self.source.store
+        sizes = tuple(w.size for w in (*self.panes.values(), self.gpu))
+        return id(store), store.version, self._ui_gen, src.state, self._busy, self.size, sizes
+
+    def _has_step(self) -> bool:
+        store = self.source.store
+        return any(store.latest_complete(s) is not None for s in store.strategies())
+
+    def _draw_startup(self) -> None:
+        src = self.source
+        if self._has_step():
+            self.pop_screen()
+            return
+        failed = src.state == "failed" or self.error is not None
+        lines = screens.startup_lines(src.store, "failed" if failed else src.state,
+                                      self.error or src.message, getattr(src, "first_step_s", None),
+                                      time.monotonic() - self._t0, self._ticks, self.size.width)
+        self.screen.show(lines)
+
+    # -- drawing -----------------------------------------------------------------------------
+    def _redraw(self) -> None:
+        store = self.source.store
+        self._drawn = self._draw_key()
+        strategies = store.strategies()
+        self._sync_panes(store, strategies)
+        self._draw_banner()
+        self._sync_layout(store, strategies)
+        shown = self.shown_steps()
+        views = {s: self._view(store, s, k) for s, k in shown.items()}
+        mpc = self._ms_per_cell(views)
+        cap_since = max((k for k, _ in store.cap_changes if k <= (shown.get("ddp") or 0)), default=None)
+        for s, pane in self.panes.items():
+            ddp = s == "ddp"
+            pane.show(PaneState(views.get(s), mpc, self._cap_note() if ddp else "", cap_since if ddp else None))
+        self.figures.show(figures_panel.build(store, shown))
+        gpu = self.gpu
+        gpu.show(gpu_panel.build(store, gpu.size.width or self.size.width, gpu.size.height or 3))
+        self.title_bar.show([self._title_parts(store, strategies)])
+        self.legend.show([self._legend_parts(mpc)])
+        self.status_bar.show([self._status_parts(store)])
+        self._notify_caps(store)
+
+    def _view(self, store: Store, strategy: str, step: int | None):
+        """store.view, kept while nothing that shapes it (layouts, events) changed."""
+        if step is None:
+            return None
+        key = (id(store), strategy, step, len(store.layouts.get((strategy, 0), ())), len(store.events))
+        got = self._views.get(key)
+        if got is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            got = self._views[key] = store.view(strategy, step)
+        return got
+
+    def _sync_panes(self, store: Store, strategies: list[str]) -> None:
+        layers = list(store.meta.get("layers") or [])
+        params = [str(p[0]) for p in store.meta.get("params") or []]
+        for s in strategies:
+            if s not in self.panes:
+                self.panes[s] = TimelinePane(s, layers, params, id=f"pane-{s}")
+                self.grid.mount(self.panes[s])
+
+    def _sync_layout(self, store: Store, strategies: list[str]) -> None:
+        w, h = self.size
+        n = max(1, len(strategies))
+        gpu_rows = gpu_panel.wanted_rows(store)
+        key = (w, h, tuple(strategies), store.world, gpu_rows, self._banner_rows)
+        if key == self._layout_key:
+            return
+        self._layout_key = key
+        cols = max(1, min(n, w // PANE_MIN_WIDTH))
+        grid = self.grid
+        grid.styles.grid_size_columns = cols
+        grid.styles.grid_size_rows = math.ceil(n / cols)
+        bottom = self.bottom
+        fig_rows = n + 2
+        wide = w >= WIDE
+        bottom.set_class(wide, "wide")
+        room = max(4, (h - 4) // 3)  # the panes keep two thirds
+        if wide:
+            height = min(room, max(fig_rows, gpu_rows))
+            gpu_h = height
+        else:
+            gpu_h = max(2, min(gpu_rows, room - fig_rows))
+            height = fig_rows + gpu_h
+        self.gpu.styles.height = gpu_h
+        bottom.styles.height = height
+        ranks = [store.expected_ranks(s) for s in strategies] or [1]
+        rows = [max(ranks[i:i + cols]) for i in range(0, len(ranks), cols)]
+        avail = h - 4 - self._banner_rows - height  # title, legend, status and footer: 4
+        grid.styles.grid_rows = " ".join(str(x) for x in pane_rows(rows, avail))
+
+    def shown_steps(self) -> dict[str, int | None]:
+        """The step each strategy pane shows."""
+        store = self.source.store
+        if self.replay:
+            target = self.source.position_step
+            target = target if target >= 0 else None
+            if target is None:
+                return {s: None for s in store.strategies()}
+        elif self.paused:
+            target = self.pinned
+        else:
+            return self._following(store)
+        return {s: _last_complete(store, s, target) for s in store.strategies()}
+
+    def _following(self, store: Store) -> dict[str, int | None]:
+        """The newest complete steps, taken at most every FOLLOW_EVERY_S: a step stays on
+        screen long enough to be read, and fast runs cost fewer new views."""
+        now = time.monotonic()
+        stale = self._follow is None or set(self._follow) != set(store.strategies())
+        if stale or now - self._follow_t >= FOLLOW_EVERY_S:
+            self._follow = {s: _last_complete(store, s, None) for s in store.strategies()}
+            self._follow_t = now
+        return dict(self._follow)
+
+    def _ms_per_cell(self, views: dict) -> float:
+        durs = [v.duration_ms for v in views.values() if v is not None]
+        if durs:
+            want = max(durs)
+            base = self.base_span_ms
+            if base is None or want > base or want < 0.4 * base:
+                self.base_span_ms = span_ceil(want * 1.05)
+        lanes = [p.lane_width for p in self.panes.values() if p.lane_width > 0]
+        lane_w = min(lanes) if lanes else max(10, self.size.width - GUTTER)
+        return (self.base_span_ms or 100.0) / ZOOMS[self.zoom_i] / lane_w
+
+    def _cap_note(self) -> str:
+        return f"→ {self.asked_cap:g} MB asked…" if self.asked_cap is not None else ""
+
+    def _title_parts(self, store: Store, strategies: list[str]) -> list:
+        m = store.meta
+        first = store.ranks.get(min(store.ranks)) if store.ranks else None
+        device = m.get("device") or (first.device if first else "")
+        backend = m.get("backend") or (first.backend if first else "")
+        ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
+        bits = [str(m.get("model") or "?"), ranks, device, backend,
+                f"global batch {m.get('batch')}" if m.get("batch") else "", " vs ".join(strategies)]
+        parts = [(" ddptui ", T.style("#000000", T.TEXT, bold=True))]
+        if self.talk_title:
+            parts.append((f" {self.talk_title} ", T.style(T.WARN, bold=True)))
+        parts.append((" " + " · ".join(b for b in bits if b), T.style(T.TEXT)))
+        return parts
+
+    def _legend_parts(self, mpc: float) -> list:
+        parts = []
+        for name, c in (("forward", T.FWD_A), ("backward", T.BWD_A), ("AllReduce", T.COMM_A),
+                        ("waiting", T.QUEUED), ("optimizer", T.OPT)):
+            parts += [(" ██", T.style(T.LANE_COLOURS[c])), (f" {name} ", T.style(T.TEXT))]
+        zoom = ZOOMS[self.zoom_i]
+        parts.append((f"│ 1 cell = {mpc:.3g} ms · zoom {zoom}× · one scale for all panes", T.style(T.DIM)))
+        return parts
+
+    def _status_parts(self, store: Store) -> list:
+        parts = self._replay_status() if self.replay else self._live_status(store)
+        with store.lock:
+            dropped = [(r, i.dropped_spans) for r, i in sorted(store.ranks.items()) if i.dropped_spans]
+        if dropped:
+            text = ", ".join(f"r{r} {n}" for r, n in dropped)
+            parts.append((f" · dropped spans: {text}", T.style(T.ERROR, bold=True)))
+        if store.rejected:
+            parts.append((f" · rejected connections: {store.rejected}", T.style(T.ERROR, bold=True)))
+        return parts
+
+    def _live_status(self, store: Store) -> list:
+        src = self.source
+        latest = max((k for k in (store.latest_complete(s) for s in store.strategies()) if k is not None),
+                     default=None)
+        if self._stopping:
+            return [(" ⏹ stopping ranks… ", T.style("#000000", T.WARN, bold=True))]
+        if self.paused:
+            parts = [(" ⏸ PAUSED ", T.style("#000000", T.WARN, bold=True)),
+                     (f" step {self.pinned} · training continues (latest {latest}) · ←/→ step, space resumes",
+                      T.style(T.TEXT))]
+        elif src.state == "failed" or self.error:
+            parts = [(" ✗ RUN FAILED ", T.style("#ffffff", T.ERROR, bold=True)),
+                     (" press q to quit", T.style(T.TEXT))]
+        elif src.state == "finished":
+            parts = [(" ■ FINISHED ", T.style("#000000", T.TEXT, bold=True)),
+                     (f" {src.message} · press q to quit", T.style(T.TEXT))]
+        else:
+            parts = [(" ● LIVE ", T.style("#000000", T.GOOD, bold=True)),
+                     (f" {src.state} · step {latest if latest is not None else '–'}", T.style(T.TEXT))]
+        record = getattr(getattr(src, "opts", None), "record", None)
+        if record:
+            parts.append((f" · recording → {record}", T.style(T.DIM)))
+        return parts
+
+    def _replay_status(self) -> list:
+        src = self.source
+        badge = {"playing": " ▶ REPLAY ", "paused": " ⏸ REPLAY ", "finished": " ■ REPLAY "}.get(
+            src.state, " REPLAY ")
+        text = f" {src.speed:g}× · step {max(src.position_step, 0)}/{max(src.steps_total - 1, 0)}"
+        text += f" · {src.name}" + (" · loop" if src.loop else "")
+        if self._busy:
+            text += " · seeking…"
+        parts = [(badge, T.style("#000000", T.GOOD if src.playing else T.WARN, bold=True)),
+                 (text, T.style(T.TEXT))]
+        if src.skipped:
+            parts.append((f" · {src.skipped} invalid frames skipped", T.style(T.ERROR, bold=True)))
+        if src.message:
+            parts.append((f" · {src.message}", T.style(T.WARN)))
+        return parts
+
+    def _draw_banner(self) -> None:
+        src = self.source
+        msg = self.error or (src.message if src.state == "failed" else None)
+        text = f"✗ RUN FAILED — {msg}" if msg else ""
+        banner = self.banner
+        banner.display = bool(msg)
+        self._banner_rows = 1 + len(text) // max(1, self.size.width - 2) if msg else 0
+        if text != self._banner_text:
+            self._banner_text = text
+            banner.update(text)
+
+    def _notify_caps(self, store: Store) -> None:
+        changes = store.cap_changes
+        for k, cap in changes[self._caps_seen:]:
+            self.notify(f"DDP re-wrapped: bucket_cap_mb = {cap:g} MB from step {k}",
+                        title="bucket cap applied")
+            if self.asked_cap == cap:
+                self.asked_cap = None
+        self._caps_seen = len(changes)
+
+    def _changed(self) -> None:
+        """The UI state changed (a key, a finished job): draw now, with the newest data."""
+        self._ui_gen += 1
+        self._follow = None
+        self._redraw()
+
+    # -- actions -----------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if isinstance(self.screen, StartupScreen):
+            return action in self.ALWAYS
+        if action == "bucket":
+            return not self.replay and hasattr(self.source, "set_bucket_cap")
+        if action in ("speed", "goto"):
+            return self.replay
+        return True
+
+    def action_pause(self) -> None:
+        if self.replay:
+            self._transport(self.source.toggle_play)
+            return
+        self.paused = not self.paused
+        if self.paused:
+            shown = [k for k in self.shown_steps().values() if k is not None]
+            self.pinned = min(shown) if shown else None
+        self._changed()
+
+    def action_step(self, delta: int) -> None:
+        if self.replay:
+            self._transport(lambda: self.source.step_by(delta))
+            return
+        store = self.source.store
+        latest = [k for k in (store.latest_complete(s) for s in store.strategies()) if k is not None]
+        if not latest:
+            return
+        if not self.paused:
+            self.paused, self.pinned = True, min(latest)
+        with store.lock:
+            oldest = max(min(per) for per in store.raw.values() if per) if store.raw else 0
+        self.pinned = min(max(oldest, (self.pinned or 0) + delta), min(latest))
+        self._changed()
+
+    def action_zoom(self, d: int) -> None:
+        self.zoom_i = min(len(ZOOMS) - 1, max(0, self.zoom_i + d))
+        self._changed()
+
+    def action_bucket(self, direction: int) -> None:
+        store = self.source.store
+        current = self.asked_cap
+        if current is None:
+            current = store.cap_changes[-1][1] if store.cap_changes else float(
+                store.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB)
+        ladder = spec.BUCKET_LADDER_MB
+        nxt = (max((x for x in ladder if x < current), default=None) if direction < 0
+               else min((x for x in ladder if x > current), default=None))
+        if nxt is None:
+            self.notify(f"bucket_cap_mb is at the {'bottom' if direction < 0 else 'top'} of the ladder "
+                        f"({' / '.join(f'{x:g}' for x in ladder)} MB)", severity="warning")
+            return
+        if not self._started or self.source.set_bucket_cap(nxt) == 0:
+            self.notify("no rank is connected yet: try again in a moment", severity="warning")
+            return
+        self.asked_cap = nxt
+        self.notify(f"asked every rank for bucket_cap_mb = {nxt:g} MB (all re-wrap DDP at the same step)",
+                    title="bucket cap")
+        self._changed()
+
+    def action_speed(self, d: int) -> None:
+        i = min(range(len(SPEEDS)), key=lambda j: abs(SPEEDS[j] - self.source.speed))
+        nxt = SPEEDS[min(len(SPEEDS) - 1, max(0, i + d))]
+        self._transport(lambda: self.source.set_speed(nxt))
+
+    def action_goto(self) -> None:
+        def go(step: int | None) -> None:
+            if step is not None:
+                self._transport(lambda: self.source.seek(step))
+        self.push_screen(GotoScreen(self.source.steps_total), go)
+
+    def action_screenshot(self) -> None:
+        name = f"ddptui-{time.strftime('%Y%m%d-%H%M%S')}.svg"
+        try:
+            path = self.save_screenshot(filename=name, path=self.screenshot_dir)
+        except OSError as e:
+            self.notify(f"screenshot failed: {e}", severity="error")
+            return
+        self.notify(f"screenshot saved: {os.path.abspath(path)}", title="screenshot")
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(spec.BUCKET_LADDER_MB))
+
+    async def action_quit(self) -> None:
+        if self._stopping:
+            self.notify("still stopping the ranks…")
+            return
+        self._stopping = True
+        self.notify("stopping ranks…", title="quit")
+        self._changed()
+        self.run_worker(self._stop_source, thread=True, name="stop", exit_on_error=False)
+
+    def _stop_source(self) -> None:
+        code = self.exit_code()  # a failure seen before stopping still counts
+        try:
+            self.source.stop("stopped by user")
+        finally:
+            self.call_from_thread(self.exit, max(code, self.exit_code()))
+
+    def exit_code(self) -> int:
+        return 1 if self.source.state == "failed" or self.error else 0
+
+    # -- transport jobs (replay): one at a time, off the event loop ----------------------------
+    def _transport(self, job) -> None:
+        self._jobs.append(job)
+        if not self._busy:
+            self._busy = True
+            self.run_worker(self._run_jobs, thread=True, name="transport", exit_on_error=False)
+        self._ui_gen += 1
+
+    def _run_jobs(self) -> None:
+        try:
+            while self._jobs:
+                self._jobs.popleft()()
+        finally:
+            self.call_from_thread(self._jobs_done)
+
+    def _jobs_done(self) -> None:
+        if self._jobs:  # queued while the worker was finishing
+            self.run_worker(self._run_jobs, thread=True, name="transport", exit_on_error=False)
+        else:
+            self._busy = False
+        self._changed()
+
+
+def run_live_app(opts, plan) -> int:
+    """Launch the ranks and show them; 0 after a normal quit, 1 if the run failed."""
+    from .session import LiveRun
+    run = LiveRun(opts, plan)
+    app = DdpApp(run)
+    try:
+        app.run()
+    finally:
+        if run.state in ("running", "starting"):
+            run.stop("the UI closed")
+    return app.exit_code()
+
+
+def run_replay_app(path: str, *, speed: float = 1.0, loop: bool = False, title: str | None = None) -> int:
+    """Replay a recording in the UI; 2 (with a message) if the file cannot be read."""
+    from .recording import RecordingError
+    from .replay import ReplaySource
+    try:
+        src = ReplaySource(path, speed=speed, loop=loop)
+    except RecordingError as e:
+        print(f"ddptui: error: {e}", file=sys.stderr)
+        return 2
+    DdpApp(src, title=title).run()
+    return 0

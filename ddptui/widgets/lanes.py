@@ -1,0 +1,137 @@
+"""Lane drawing: spans on a time axis -> segments, with eighth-of-a-cell precision.
+
+A lane is rasterised into eighths of a cell (one byte per eighth: a colour id), then
+turned into segments run by run, so the cost follows the number of spans, not the width.
+A cell holding a boundary is drawn as a left eighth-block: left colour as foreground,
+right colour as background. Labels go on bars wide enough to hold them.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from rich.segment import Segment
+
+from ranks.wire import BWD, COMM, FWD, OPT
+
+from . import theme as T
+
+Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
+
+
+def compute_bars(spans, layer_names: list[str]) -> list[Bar]:
+    """Forward and backward per layer (alternating shades, layer labels) and the optimizer."""
+    out = []
+    for s in spans:
+        k = s.kind
+        if k == FWD or k == BWD:
+            base = T.FWD_A if k == FWD else T.BWD_A
+            name = layer_names[s.idx] if s.idx < len(layer_names) else f"L{s.idx}"
+            out.append((s.start_ms, s.end_ms, base + (s.idx & 1), name))
+        elif k == OPT:
+            out.append((s.start_ms, s.end_ms, T.OPT, "opt"))
+    return out
+
+
+def comm_bars(spans, label_of) -> list[Bar]:
+    """Each AllReduce (alternating shades, in time order), after its queued stretch."""
+    comms = sorted((s for s in spans if s.kind == COMM), key=lambda s: s.start_ms)
+    out: list[Bar] = [(s.issued_ms, s.start_ms, T.QUEUED, "") for s in comms
+                      if s.issued_ms is not None and s.issued_ms < s.start_ms]
+    for i, s in enumerate(comms):
+        out.append((s.start_ms, s.end_ms, T.COMM_A + (i & 1), label_of(s.idx)))
+    return out
+
+
+_FILL = [bytes((c,)) for c in range(len(T.LANE_COLOURS))]
+_BLOCK = [("█" if c else " ") for c in range(len(T.LANE_COLOURS))]
+_FULL = [T.full_style(c) for c in range(len(T.LANE_COLOURS))]
+
+
+def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, set[int], list]:
+    """Paint bars (later ones on top) into eighths; every bar gets at least one eighth.
+    Returns the eighths, the boundaries and [(first full cell, end cell, colour, label)]."""
+    n = width * 8
+    sub = bytearray(n)
+    k = 8.0 / ms_per_cell
+    bounds = {0}
+    add = bounds.add
+    spans = []
+    fill = _FILL
+    for a_ms, z_ms, c, label in bars:
+        a = int(a_ms * k)
+        if a >= n:
+            continue
+        z = int(z_ms * k + 0.5)
+        if z <= a:
+            z = a + 1
+        if z <= 0:
+            continue
+        if a < 0:
+            a = 0
+        if z > n:
+            z = n
+        sub[a:z] = fill[c] * (z - a)
+        add(a)
+        add(z)
+        if label:
+            spans.append(((a + 7) >> 3, z >> 3, c, label))
+    return sub, bounds, spans
+
+
+def _labels(sub: bytearray, spans: list) -> dict[int, tuple[str, int]]:
+    """cell -> (text, colour) for labels that fit inside their (still visible) bar."""
+    out = {}
+    for ca, cz, c, text in spans:
+        if cz - ca < len(text) + 2:
+            continue
+        at = ca + 1
+        if sub[at * 8:(at + len(text)) * 8].count(c) == len(text) * 8:
+            out[at] = (text, c)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _mixed(chunk: bytes) -> Segment:
+    left = chunk[0]
+    j = 1
+    while chunk[j] == left:
+        j += 1
+    rest = chunk[j:]
+    right = max(set(rest), key=rest.count)
+    return Segment(T.LEFT_EIGHTHS[j], T.mixed_style(left, right))
+
+
+def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool = True) -> list[Segment]:
+    """Exactly `width` cells of segments for one lane (with labels, or bars only)."""
+    if width <= 0:
+        return []
+    sub, bounds, spans = raster(bars, width, ms_per_cell)
+    labs = _labels(sub, spans) if labels else {}
+    mixed = {b >> 3 for b in bounds if b & 7}
+    cuts = {b >> 3 for b in bounds}
+    cuts.discard(width)
+    for at, (text, _) in labs.items():
+        cuts.difference_update(range(at + 1, at + len(text)))
+        cuts.add(at)
+        cuts.add(at + len(text))
+    cuts = sorted(cuts)
+    if cuts[-1] < width:
+        cuts.append(width)
+    segs = []
+    append = segs.append
+    block, full, lab_get = _BLOCK, _FULL, labs.get
+    for c, e in zip(cuts, cuts[1:]):
+        if c in mixed:
+            chunk = bytes(sub[c * 8:c * 8 + 8])
+            if chunk.count(chunk[0]) != 8:  # (a later bar may have covered the boundary)
+                append(_mixed(chunk))
+                c += 1
+                if c >= e:
+                    continue
+        lab = lab_get(c)
+        if lab is not None:
+            append(Segment(lab[0], T.label_style(lab[1])))
+            continue
+        colour = sub[c * 8]
+        append(Segment(block[colour] * (e - c), full[colour]))
+    return segs

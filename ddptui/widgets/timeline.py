@@ -1,0 +1,234 @@
+"""One strategy's pane: a header, a time axis, and per rank a compute and a comm lane.
+
+A Line-API widget: every lane line is a cached Strip keyed by everything that shapes it
+(strategy, step, width, scale, rank, lane), so a redraw of an unchanged step is lookups.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.segment import Segment
+from textual.cache import LRUCache
+from textual.strip import Strip
+from textual.widget import Widget
+
+from ..store import StepView
+from . import theme as T
+from .lanes import comm_bars, compute_bars, lane_segments
+
+GUTTER = 9  # "r12 comp "
+LANE_SHAPES = ((3, 1), (2, 1), (1, 1), (1, 0))  # (rows per lane, rows between ranks), best first
+
+
+def nice_ceil(x: float, steps=(1, 2, 5, 10)) -> float:
+    """The smallest of steps x 10^k that is >= x (ticks: 1, 2, 5)."""
+    if x <= 0:
+        return 1.0
+    e = 10 ** math.floor(math.log10(x))
+    return next(m * e for m in steps if m * e >= x * (1 - 1e-9))
+
+
+def span_ceil(x: float) -> float:
+    """A round axis length >= x, finer than the tick steps so that little width is wasted."""
+    return nice_ceil(x, (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10))
+
+
+def short_param(name: str) -> str:
+    """'fc3.0.weight' -> 'fc3.w'."""
+    parts = name.split(".")
+    return f"{parts[0]}.{parts[-1][:1]}" if len(parts) > 1 else name
+
+
+@dataclass
+class PaneState:
+    """What a pane shows; the app builds one per strategy per frame."""
+    view: StepView | None
+    ms_per_cell: float
+    cap_note: str = ""  # DDP: a bucket cap asked for but not applied yet
+    cap_since: int | None = None  # DDP: step where the current cap took effect
+
+    def key(self) -> tuple:
+        v = self.view
+        shown = (v.step, v.n_buckets, v.bucket_cap_mb, tuple(v.marks)) if v else None
+        return shown, self.ms_per_cell, self.cap_note, self.cap_since
+
+
+class TimelinePane(Widget):
+    DEFAULT_CSS = """
+    TimelinePane { height: 1fr; min-height: 2; background: #000000; }
+    """
+
+    def __init__(self, strategy: str, layers: list[str], params: list[str], **kw):
+        super().__init__(**kw)
+        self.strategy = strategy
+        self.layer_names = layers
+        self.params = [short_param(p) for p in params]
+        self.state = PaneState(None, 1.0)
+        self._ranks: list[int] = []
+        self.geom = (0, 0)  # (width, height) as of this render: cheaper than self.size per line
+        self._cache: LRUCache[tuple, Strip] = LRUCache(2048)
+        self._fit: tuple[tuple, tuple] = ((), ([], [], 1, 0))
+
+    def render_lines(self, crop):
+        self.geom = (self.size.width, self.size.height)
+        return super().render_lines(crop)
+
+    # -- state ---------------------------------------------------------------------------
+    def show(self, state: PaneState) -> None:
+        if state.key() != self.state.key():
+            self.refresh()
+        if state.view is not self.state.view:
+            self._ranks = sorted(state.view.spans) if state.view else []
+        self.state = state
+
+    def ranks(self) -> list[int]:
+        return self._ranks
+
+    def fit(self) -> tuple[list[int], list[int], int, int]:
+        """(ranks shown, ranks hidden, rows per lane, blank rows between ranks) for the height:
+        thicker lanes when there is room, fewer ranks (and a note) when there is not."""
+        ranks = self.ranks()
+        key = (self.geom[1], tuple(ranks))
+        if key != self._fit[0]:
+            self._fit = key, fit_ranks(ranks, self.geom[1] - 2)
+        return self._fit[1]
+
+    @property
+    def lane_width(self) -> int:
+        return max(0, self.size.width - GUTTER)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    # -- lines ---------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        width = self.geom[0]
+        if y == 0:
+            return self._strip(self._header(), width)
+        v = self.state.view
+        if v is None:
+            text = [("waiting for the first complete step…", T.style(T.DIM))] if y == 1 else []
+            return self._strip(text, width)
+        shown, hidden, lane_h, gap = self.fit()
+        if y == 1:
+            if not shown and hidden:  # no room for a single rank: say so where the axis goes
+                return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
+            return self._axis(width)
+        block = 2 * lane_h + gap
+        i, r = divmod(y - 2, block)
+        if i < len(shown) and r < 2 * lane_h:
+            lane, row = divmod(r, lane_h)
+            return self._lane(shown[i], lane, width, row == 0)
+        if hidden and shown and y == 2 + block * len(shown):
+            return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
+        return Strip.blank(width, T.style())
+
+    def _strip(self, parts: list[tuple[str, object]], width: int) -> Strip:
+        segs = [Segment(t, s) for t, s in parts]
+        return Strip(segs).adjust_cell_length(width, T.style())
+
+    def _header(self) -> list[tuple[str, object]]:
+        st, v = self.state, self.state.view
+        colour = T.strategy_colour(self.strategy)
+        out = [(f" {self.strategy.upper()} ", T.style("#000000", colour, bold=True))]
+        if v is None:
+            return out
+        figs = [f for f in v.figures.values() if f is not None]
+        step_ms = max((f.step_ms for f in figs), default=v.duration_ms)
+        calls = figs[0].calls if figs else 0
+        exposed = sum(f.exposed_ms for f in figs) / len(figs) if figs else 0.0
+        if v.marks:  # a bucket cap took effect at this step
+            out.append((" ⚑ NEW CAP ", T.style("#000000", T.WARN, bold=True)))
+        text = f" step {v.step} · {step_ms:.1f} ms"
+        if self.strategy == "ddp":
+            text += self._buckets(v)
+        out.append((text, T.style(T.TEXT, bold=True)))
+        if st.cap_note:
+            out.append((f" {st.cap_note}", T.style(T.WARN, bold=True)))
+        out.append((f" · {calls} AllReduce · exposed {exposed:.1f} ms", T.style(T.TEXT, bold=True)))
+        return out
+
+    def _buckets(self, v: StepView) -> str:
+        text = ""
+        if v.n_buckets is not None:
+            text += f" · {v.n_buckets} bucket{'s' if v.n_buckets != 1 else ''}"
+        if v.bucket_cap_mb is not None:
+            text += f" · cap {v.bucket_cap_mb:g} MB"
+            if self.state.cap_since and not v.marks:
+                text += f" (since step {self.state.cap_since})"
+        return text
+
+    def _axis(self, width: int) -> Strip:
+        lane_w = width - GUTTER
+        mpc = self.state.ms_per_cell
+        segs = [Segment("      ms ", T.style(T.DIM))]
+        if lane_w <= 0:
+            return Strip(segs).adjust_cell_length(width)
+        tick = nice_ceil(mpc * 9)
+        cells = ["─"] * lane_w
+        marks = []
+        t = 0.0
+        last_end = -1
+        while True:
+            x = round(t / mpc)
+            if x >= lane_w:
+                break
+            label = f"{t:g}"
+            if x > last_end and x + len(label) <= lane_w:
+                marks.append((x, label))
+                last_end = x + len(label)
+            t += tick
+        pos = 0
+        dim, bright = T.style(T.DIM), T.style(T.TEXT, bold=True)
+        for x, label in marks:
+            if x > pos:
+                segs.append(Segment("".join(cells[pos:x]), dim))
+            segs.append(Segment(label, bright))
+            pos = x + len(label)
+        if pos < lane_w:
+            segs.append(Segment("─" * (lane_w - pos), dim))
+        return Strip(segs, width)
+
+    def _lane(self, rank: int, lane: int, width: int, first: bool) -> Strip:
+        v, mpc = self.state.view, self.state.ms_per_cell
+        key = (self.strategy, v.step, width, mpc, rank, lane, first)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = self._draw_lane(v, rank, lane, width, mpc, first)
+        return got
+
+    def _draw_lane(self, v: StepView, rank: int, lane: int, width: int, mpc: float, first: bool) -> Strip:
+        spans = v.spans.get(rank, [])
+        if lane == 0:
+            gutter = Segment(f"r{rank:<3}comp " if first else " " * GUTTER, T.style(T.TEXT, bold=True))
+            bars = compute_bars(spans, self.layer_names)
+        else:
+            gutter = Segment("    comm " if first else " " * GUTTER, T.style(T.DIM))
+            bars = comm_bars(spans, self._comm_label)
+        lane_w = width - GUTTER
+        if lane_w <= 0:
+            return Strip([gutter]).crop(0, width)
+        return Strip([gutter, *lane_segments(bars, lane_w, mpc, labels=first)], width)
+
+    def _comm_label(self, idx: int) -> str:
+        if self.strategy == "ddp":
+            return f"b{idx}"
+        return self.params[idx] if idx < len(self.params) else f"p{idx}"
+
+
+def fit_ranks(ranks: list[int], rows: int) -> tuple[list[int], list[int], int, int]:
+    n = len(ranks)
+    for lane_h, gap in LANE_SHAPES:
+        if n * (2 * lane_h + gap) <= rows:
+            return ranks, [], lane_h, gap
+    fit = max(0, (rows - 1) // 2)
+    return ranks[:fit], ranks[fit:], 1, 0
+
+
+def hidden_note(hidden: list[int]) -> str:
+    if len(hidden) == 1:
+        who = f"rank {hidden[0]}"
+    else:
+        who = f"ranks {hidden[0]}–{hidden[-1]}"
+    return f"⚠ {who} hidden — enlarge the terminal"

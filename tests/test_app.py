@@ -1,0 +1,487 @@
+"""Pilot tests of the Textual UI, fed by deterministic synthetic runs (no ranks).
+
+The app, the store and the widgets are real; the source is a small stand-in that wraps
+a Store filled by ddptui.synthetic and records what the app asks of it.
+"""
+from __future__ import annotations
+
+import re
+import types
+
+import pytest
+from textual.geometry import Region
+from textual.widgets._footer import FooterKey
+
+from ddptui import nvml
+from ddptui.app import DdpApp
+from ddptui.replay import ReplaySource
+from ddptui.store import Store
+from ddptui.synthetic import SyntheticRun, ddp_buckets, fill_store
+from ddptui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane
+from ddptui.widgets.lanes import lane_segments
+from ddptui.widgets.theme import COMM_A, FWD_A
+
+DEMO = "demo/cpu-medium-2ranks.ddptui"
+
+
+class SyntheticSource:
+    """A source over a store filled with synthetic steps; records the app's calls."""
+
+    def __init__(self, steps: int = 6, world: int = 2, model: str = "medium",
+                 strategies=("naive", "ddp"), gpu: bool = False, fill: bool = True):
+        self.run = SyntheticRun(model, world, strategies, seed=3)
+        self.store = Store()
+        self.steps = 0
+        if fill:
+            self.add_steps(steps, gpu)
+        self.state, self.message = "running", ""
+        self.calls: list[tuple] = []
+        self.polls = 0
+
+    def add_steps(self, n: int, gpu: bool = False) -> None:
+        if self.steps == 0:
+            fill_store(self.store, self.run, n, gpu=gpu)
+        else:
+            for k in range(self.steps, self.steps + n):
+                for f in self.run.step_frames(k):
+                    self.store.ingest(f)
+            self.store.update()
+        self.steps += n
+
+    def start(self) -> None:
+        self.calls.append(("start",))
+
+    def poll(self) -> bool:
+        self.polls += 1
+        self.store.update()
+        return self.state != "running"
+
+    def set_bucket_cap(self, mb: float) -> int:
+        self.calls.append(("set_bucket_cap", mb))
+        return 2
+
+    def stop(self, why: str = "") -> None:
+        self.calls.append(("stop", why))
+        if self.state == "running":
+            self.state = "stopped"
+
+
+class NotingApp(DdpApp):
+    """The real app, keeping the notifications it shows."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.notes: list[str] = []
+
+    def notify(self, message, **kw):
+        self.notes.append(str(message))
+        return super().notify(message, **kw)
+
+
+def drawn(widget) -> list[str]:
+    """What a widget draws, line by line, as plain text."""
+    return [strip.text for strip in widget.render_lines(Region(0, 0, *widget.size))]
+
+
+def lanes(pane: TimelinePane, rank: int) -> tuple[str, str]:
+    """The first row of the compute and the comm lane of a rank, gutter removed."""
+    lines = drawn(pane)
+    i = next(i for i, ln in enumerate(lines) if ln.startswith(f"r{rank} "))
+    comm = next(ln for ln in lines[i + 1:] if ln.startswith("    comm"))
+    return lines[i][9:], comm[9:]
+
+
+def last_filled(lane: str) -> int:
+    return len(lane.rstrip())
+
+
+async def settle(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+    pilot.app._changed()
+    await pilot.pause()
+
+
+# -- lanes (pure drawing) ---------------------------------------------------------------------
+def test_lane_has_eighth_block_precision_and_labels():
+    # a bar from 2.5 to 12.25 cells, then another from 12.25 on: partial cells at both edges
+    segs = lane_segments([(2.5, 12.25, FWD_A, "fc1"), (12.25, 20.0, COMM_A, "")], 24, 1.0)
+    text = "".join(s.text for s in segs)
+    assert len(text) == 24
+    assert text[:2] == "  " and text[2] == "▌"  # half a cell of track, then the bar
+    assert "fc1" in text[3:12]
+    assert text[12] == "▎"  # a quarter of bar 1, then bar 2
+    assert text[13:20] == "█" * 7 and text[20:] == "    "
+
+
+def test_every_bar_stays_visible_however_short():
+    segs = lane_segments([(5.0, 5.001, COMM_A, "")], 10, 1.0)
+    assert "".join(s.text for s in segs).strip() == "▏"
+
+
+# -- the main screen --------------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_panes_draw_bars_for_every_rank_on_one_scale():
+    src = SyntheticSource()
+    app = DdpApp(src)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot)
+        naive, ddp = app.query_one("#pane-naive", TimelinePane), app.query_one("#pane-ddp", TimelinePane)
+        assert naive.region.y == ddp.region.y  # side by side when wide
+        assert naive.state.ms_per_cell == ddp.state.ms_per_cell
+        for pane in (naive, ddp):
+            header = drawn(pane)[0]
+            assert pane.strategy.upper() in header and "step 5" in header
+            for r in (0, 1):
+                compute, comm = lanes(pane, r)
+                assert "█" in compute and "█" in comm
+            compute, comm = lanes(pane, 0)
+            assert "fc2" in compute  # layer labels where they fit
+            # bars end where the step ends, on the shared scale
+            view = pane.state.view
+            assert abs(last_filled(compute) - view.duration_ms / pane.state.ms_per_cell) <= 2
+        assert "b1" in lanes(ddp, 0)[1]  # DDP: one bar per bucket
+        assert "2 buckets" in drawn(ddp)[0] and "cap 25 MB" in drawn(ddp)[0]
+
+
+@pytest.mark.asyncio
+async def test_panes_stack_when_narrow_and_hide_ranks_that_do_not_fit():
+    app = DdpApp(SyntheticSource(world=4))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        naive, ddp = app.query_one("#pane-naive", TimelinePane), app.query_one("#pane-ddp", TimelinePane)
+        assert ddp.region.y > naive.region.y
+        text = "\n".join(drawn(naive))
+        assert "r0  comp" in text
+        assert re.search(r"ranks? \d(–\d)? hidden — enlarge the terminal", text)
+
+
+@pytest.mark.asyncio
+async def test_figures_and_speedup():
+    src = SyntheticSource(steps=8)
+    app = DdpApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        text = "\n".join(drawn(app.query_one(FiguresPanel)))
+        want = src.store.step_figs["ddp"][7].step_ms
+        assert re.search(rf"ddp\s+{want:.1f}\s", text)
+        assert "DDP vs naive:" in text and "×" in text
+        for column in ("median", "exposed", "overlap", "AR/step", "samples/s"):
+            assert column in text
+
+
+@pytest.mark.asyncio
+async def test_redraws_only_when_the_store_changes():
+    src = SyntheticSource()
+    app = DdpApp(src, fps=30)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        drawn_at = app._drawn
+        polls = src.polls
+        await pilot.pause(0.3)
+        assert src.polls > polls  # the timer polls the source
+        assert app._drawn == drawn_at  # but nothing changed: no redraw
+        src.add_steps(1)
+        await pilot.pause(0.3)
+        assert app._drawn != drawn_at
+        assert "step 6" in drawn(app.query_one("#pane-naive", TimelinePane))[0]
+
+
+# -- keys ---------------------------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_b_and_shift_b_walk_the_bucket_ladder():
+    src = SyntheticSource()
+    app = NotingApp(src)
+    async with app.run_test(size=(160, 45), notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("b")
+        assert src.calls[-1] == ("set_bucket_cap", 5.0)
+        assert any("5 MB" in n for n in app.notes)
+        await settle(pilot)
+        assert "5 MB asked" in drawn(app.query_one("#pane-ddp", TimelinePane))[0]
+        await pilot.press("b")
+        assert src.calls[-1] == ("set_bucket_cap", 1.0)
+        await pilot.press("b")  # bottom of the ladder: nothing sent
+        assert src.calls[-1] == ("set_bucket_cap", 1.0)
+        await pilot.press("B", "B")
+        assert src.calls[-2:] == [("set_bucket_cap", 5.0), ("set_bucket_cap", 25.0)]
+
+
+@pytest.mark.asyncio
+async def test_an_applied_bucket_change_is_marked_and_notified():
+    src = SyntheticSource(steps=3)
+    app = NotingApp(src)
+    async with app.run_test(size=(160, 45), notifications=True) as pilot:
+        await settle(pilot)
+        st, run = src.store, src.run
+        st.ingest({"t": "event", "r": 0, "k": 3, "what": "bucket_cap_mb", "value": 1.0})
+        run.buckets = ddp_buckets(run.model, 1.0)
+        for r in range(2):
+            st.ingest({"t": "buckets", "r": r, "s": "ddp", "k": 3, "cap_mb": 1.0, "buckets": run.buckets})
+        src.add_steps(1)
+        await settle(pilot)
+        header = drawn(app.query_one("#pane-ddp", TimelinePane))[0]
+        assert f"{len(run.buckets)} buckets" in header and len(run.buckets) != 2
+        assert "cap 1 MB" in header and "⚑" in header
+        assert any("applied" in n or "re-wrapped" in n for n in app.notes)
+        src.add_steps(1)
+        await settle(pilot)
+        header = drawn(app.query_one("#pane-ddp", TimelinePane))[0]
+        assert "⚑" not in header and "since step 3" in header
+
+
+@pytest.mark.asyncio
+async def test_pause_and_arrows_move_through_steps_while_data_keeps_coming():
+    src = SyntheticSource(steps=6)
+    app = DdpApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        pane = app.query_one("#pane-naive", TimelinePane)
+        await pilot.press("space")
+        assert app.paused and app.pinned == 5
+        src.add_steps(2)  # training goes on
+        await pilot.press("left", "left")
+        await settle(pilot)
+        assert "step 3" in drawn(pane)[0]
+        assert "PAUSED" in drawn(app.query_one("#status"))[0]
+        await pilot.press("right")
+        await settle(pilot)
+        assert "step 4" in drawn(pane)[0]
+        await pilot.press("space")
+        await settle(pilot)
+        assert not app.paused and "step 7" in drawn(pane)[0]
+        await pilot.press("left")  # ← while following pauses first
+        assert app.paused and app.pinned == 6
+
+
+@pytest.mark.asyncio
+async def test_zoom_changes_the_scale_of_every_pane():
+    app = DdpApp(SyntheticSource())
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot)
+        panes = list(app.query(TimelinePane))
+        before = panes[0].state.ms_per_cell
+        before_bar = last_filled(lanes(panes[0], 0)[0])
+        await pilot.press("plus")
+        await settle(pilot)
+        assert all(p.state.ms_per_cell == pytest.approx(before / 2) for p in panes)
+        assert last_filled(lanes(panes[0], 0)[0]) > before_bar
+        await pilot.press("minus", "minus")
+        await settle(pilot)
+        assert panes[0].state.ms_per_cell == pytest.approx(before)  # 1× is the widest
+
+
+@pytest.mark.asyncio
+async def test_s_saves_an_svg_screenshot(tmp_path):
+    app = NotingApp(SyntheticSource(), screenshot_dir=str(tmp_path))
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await settle(pilot)
+        await pilot.press("s")
+    files = list(tmp_path.glob("*.svg"))
+    assert len(files) == 1 and "<svg" in files[0].read_text()[:2000]
+    assert any(str(files[0]) in n for n in app.notes)
+
+
+@pytest.mark.asyncio
+async def test_q_stops_the_source_and_exits():
+    src = SyntheticSource()
+    app = DdpApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("q")
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+    assert src.calls[-1] == ("stop", "stopped by user")
+    assert app.return_value == 0
+
+
+@pytest.mark.asyncio
+async def test_help_screen_and_footer_keys():
+    app = DdpApp(SyntheticSource())
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot)
+        footer = {k.action for k in app.screen.query(FooterKey)}
+        assert {"quit", "help", "pause", "bucket(-1)", "screenshot"} <= footer
+        assert "speed(1)" not in footer and "goto" not in footer  # replay only
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = app.screen.query_one("Static").render()
+        assert "bucket_cap_mb" in str(text) and "zoom" in str(text)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+# -- start-up and failures ---------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_startup_screen_shows_progress_then_gives_way():
+    src = SyntheticSource(fill=False)
+    src.store.set_meta({"model": "medium", "world": 2, "strategies": ["naive", "ddp"]})
+    app = DdpApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, StartupScreen)
+        body = app.screen.query_one("#startup-body")
+        assert "rank 0: waiting to connect" in "\n".join(drawn(body))
+        for f in src.run.header_frames()[:1]:
+            src.store.ingest(f)
+        src.store.ingest({"t": "phase", "r": 0, "ph": "rendezvous"})
+        await pilot.pause(0.2)
+        text = "\n".join(drawn(body))
+        assert "rank 0 connected — cpu · gloo" in text and "rank 1: waiting" in text
+        footer = {k.action for k in app.screen.query(FooterKey)}
+        assert footer == {"quit", "help", "screenshot"}
+        src.add_steps(1)
+        await pilot.pause(0.3)
+        assert not isinstance(app.screen, StartupScreen)
+
+
+@pytest.mark.asyncio
+async def test_startup_failure_names_the_rank_and_lets_the_user_quit():
+    src = SyntheticSource(fill=False)
+    src.store.set_meta({"model": "medium", "world": 2, "strategies": ["naive", "ddp"]})
+    for f in src.run.header_frames():
+        src.store.ingest(f)
+    src.store.ingest({"t": "error", "r": 1, "msg": "RuntimeError: Gloo connectFullMesh failed"})
+    src.state, src.message = "failed", "rank 1: RuntimeError: Gloo connectFullMesh failed"
+    app = DdpApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        text = "\n".join(drawn(app.screen.query_one("#startup-body")))
+        assert "start-up failed" in text and "rank 1" in text and "connectFullMesh" in text
+        await pilot.press("q")
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+    assert app.return_value == 1
+
+
+@pytest.mark.asyncio
+async def test_failure_after_start_is_shown_and_the_app_stays_open():
+    src = SyntheticSource()
+    app = DdpApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        src.state, src.message = "failed", "rank 0 killed by SIGKILL"
+        src.store.ranks[0].dropped_spans = 12
+        src.store.rejected = 3
+        await pilot.pause(0.3)
+        banner = app.query_one("#banner")
+        assert banner.display and "rank 0 killed by SIGKILL" in str(banner.render())
+        status = drawn(app.query_one("#status"))[0]
+        assert "RUN FAILED" in status and "dropped spans: r0 12" in status
+        assert "rejected connections: 3" in status
+        assert app.is_running
+
+
+# -- GPU panel ----------------------------------------------------------------------------------
+class FakeNvml(types.SimpleNamespace):
+    """A stand-in for the pynvml module: two GPUs; memory info raises NVMLError."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    NVML_CLOCK_SM = 1
+    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return b"Fake GPU"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=40 + h)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        raise self.NVMLError("unknown error")
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 123000
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return 1410
+
+    def nvmlDeviceGetPcieThroughput(self, h, which):
+        raise self.NVMLError_NotSupported()
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        raise self.NVMLError_NotSupported()
+
+
+@pytest.mark.asyncio
+async def test_gpu_panel_shows_na_for_a_metric_that_raises():
+    src = SyntheticSource()
+    sampler = nvml.GpuSampler(lib=FakeNvml())
+    assert sampler.has_gpus
+    for _ in range(3):
+        src.store.ingest(sampler.sample())
+    app = DdpApp(src)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await settle(pilot)
+        text = "\n".join(drawn(app.query_one(GpuPanel)))
+        assert "Fake GPU" in text and "GPU0" in text and "GPU1" in text
+        assert "util  40%" in text and "util  41%" in text
+        assert "N/A/N/A GB" in text  # memory raised: N/A, nothing else broke
+        assert "123 W" in text and "1410 MHz" in text and "PCIe ↑N/A" in text
+
+
+@pytest.mark.asyncio
+async def test_without_nvml_the_panel_says_so_and_shows_cpu_per_rank():
+    class NoNvml(FakeNvml):
+        def nvmlInit(self):
+            raise self.NVMLError("driver not loaded")
+
+    assert not nvml.GpuSampler(lib=NoNvml()).has_gpus
+    src = SyntheticSource()
+    for pct in (None, 87.0, 93.0):
+        src.store.ingest({"t": "cpu", "ts": 1, "ranks": {"0": pct, "1": 55.0}})
+    app = DdpApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        text = "\n".join(drawn(app.query_one(GpuPanel)))
+        assert "no NVML" in text and "CPU" in text
+        assert re.search(r"rank 0\s+CPU\s+93%", text) and re.search(r"rank 1\s+CPU\s+55%", text)
+
+
+# -- replay ---------------------------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_replay_keys_drive_the_replay_source():
+    src = ReplaySource(DEMO, speed=1.0)
+    app = DdpApp(src, title="Talk demo")
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot)
+        assert not isinstance(app.screen, StartupScreen)
+        assert "Talk demo" in drawn(app.query_one("#title"))[0]
+        footer = {k.action for k in app.screen.query(FooterKey)}
+        assert {"speed(1)", "speed(-1)", "goto"} <= footer and "bucket(-1)" not in footer
+        await pilot.press("space")
+        await settle(pilot)
+        assert src.state == "paused"
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        await settle(pilot)
+        assert src.speed == 4.0
+        await pilot.press(*"]]]]")
+        await settle(pilot)
+        assert src.speed == 8.0
+        await pilot.press("g")
+        await pilot.press(*"12", "enter")
+        await settle(pilot)
+        assert src.position_step == 12
+        assert "step 12" in drawn(app.query_one("#pane-ddp", TimelinePane))[0]
+        await pilot.press("left", "left")
+        await settle(pilot)
+        assert src.position_step == 10
+        assert "step 10" in drawn(app.query_one("#pane-naive", TimelinePane))[0]
+        assert "step 10/29" in drawn(app.query_one("#status"))[0]
+        await pilot.press("q")
+        await pilot.app.workers.wait_for_complete()
+    assert src.state == "stopped"
