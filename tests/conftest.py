@@ -1,5 +1,6 @@
 import os
 import sys
+import uuid
 
 import pytest
 
@@ -7,6 +8,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# every process this test session starts inherits this tag: leftover checks look only at ours
+os.environ.setdefault("DDPTUI_TEST_SESSION", uuid.uuid4().hex)
 
 
 def cuda_available() -> bool:

@@ -12,14 +12,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def worker_procs() -> list[psutil.Process]:
-    """Every ranks.worker / torchrun process of this test session's user still alive."""
+    """Every ranks.worker / torchrun process started by this test session still alive
+    (tagged through the DDPTUI_TEST_SESSION environment variable they inherit)."""
     out = []
     me = os.getpid()
+    tag = os.environ.get("DDPTUI_TEST_SESSION")
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cl = " ".join(p.info["cmdline"] or [])
         if p.info["pid"] != me and ("ranks.worker" in cl or "torch.distributed.run" in cl):
-            if p.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append(p)
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            try:
+                if tag and p.environ().get("DDPTUI_TEST_SESSION") != tag:
+                    continue
+            except psutil.Error:
+                continue
+            out.append(p)
     return out
 
 
