@@ -20,14 +20,27 @@ from .instrument import Recorder
 
 
 def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
-    """Forward/backward start and end for every block fcN of the model."""
+    """Forward/backward start and end for every block fcN of the model.
+
+    Backward uses tensor hooks (cheap) rather than full module backward hooks (which wrap
+    every block's inputs and outputs in an extra autograd Function each step): a block's
+    backward starts when the gradient of its output is ready and ends when the gradient of
+    its input is (or, for the first block, whose input needs no gradient, when its last
+    parameter gradient is accumulated)."""
     for i, block in enumerate(model.children()):
-        block.register_forward_pre_hook(lambda m, a, i=i: rec.fwd_begin(i))
-        block.register_forward_hook(lambda m, a, o, i=i: rec.fwd_end(i))
-        block.register_full_backward_pre_hook(lambda m, g, i=i: rec.bwd_begin(i))
-        block.register_full_backward_hook(lambda m, gi, go, i=i: rec.bwd_end(i))
-        # the first block's input needs no gradient, so its backward hook fires early;
-        # its weight gradients are the true end of its backward
+        def pre(m, args, i=i):
+            rec.fwd_begin(i)
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(lambda g, i=i: rec.bwd_end(i))
+
+        def post(m, args, out, i=i):
+            rec.fwd_end(i)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(lambda g, i=i: rec.bwd_begin(i))
+
+        block.register_forward_pre_hook(pre)
+        block.register_forward_hook(post)
         for p in block.parameters():
             p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i))
 
@@ -116,7 +129,7 @@ def _ddp_hook(state: "DDPStrategy", bucket):  # DDP requires the name `bucket`
     if state.track_buckets:
         state.seen.append((bucket.index(), [state.pindex[id(p)] for p in bucket.parameters()],
                            buf.numel() * buf.element_size()))
-    buf.div_(state.world)
+    # no division here: DDPStrategy.step scales the loss by 1/world, so the SUM is the mean
     slot = rec.comm_issue(bucket.index())
 
     def done(f):
@@ -160,7 +173,13 @@ class DDPStrategy(Strategy):
 
     def step(self, x, y) -> None:
         self.seen = []
-        super().step(x, y)
+        rec = self.rec
+        self.opt.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(self.model(x), y)
+        (loss / self.world).backward()
+        rec.opt_begin()
+        self.opt.step()
+        rec.opt_end()
 
     def reported_sizes(self) -> list[int]:
         """Bucket sizes in bytes as DDP itself reports them (rebuilt ones once rebuilt)."""

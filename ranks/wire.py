@@ -97,21 +97,40 @@ class SpanBatch:
 
 
 _KNOWN_KINDS = bytes(range(N_KINDS))  # bytes.translate deletes these; anything left is unknown
-_IDX_OK: dict[int, bytes] = {}  # max_idx (< 256) -> the low bytes allowed
+# (kind, idx, max_idx) -> allreduce spans in it, for column pairs that passed the checks:
+# a rank sends the same kind/idx columns for a strategy every step, so most frames hit
+_CHECKED: dict = {}
+_CHECKED_MAX = 4096
 
 
-def _idx_ok(max_idx: int) -> bytes:
-    got = _IDX_OK.get(max_idx)
-    if got is None:
-        got = _IDX_OK[max_idx] = bytes(range(max_idx + 1))
-    return got
+def _check_kind_idx(kind: bytes, idx: bytes, max_idx: int, iss_len: int) -> int:
+    """Validate the kind, iss and idx columns (lengths of kind/idx/t0/t1 already agree), in
+    the order decode_spans always did; returns the number of COMM spans."""
+    n = len(kind)
+    if kind.translate(None, _KNOWN_KINDS):  # same as max(kind) >= N_KINDS
+        raise ValueError("spans frame has an unknown span kind")
+    n_comm = kind.count(COMM)
+    if iss_len != 4 * n_comm:
+        raise ValueError("spans frame issue column does not match its allreduce spans")
+    if n:
+        if 0 <= max_idx < 256:  # u16 little-endian: every high byte 0, every low byte <= max_idx
+            bad = idx[1::2].count(0) != n or idx[0::2].translate(None, bytes(range(max_idx + 1)))
+        else:
+            bad = max(_from_le("H", idx)) > max_idx
+        if bad:
+            raise ValueError("spans frame names a layer or parameter that does not exist")
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED[(kind, idx, max_idx)] = n_comm
+    return n_comm
 
 
 def decode_spans(f: dict, max_idx: int = 0xFFFF) -> SpanBatch:
     """Validate a spans frame; raises ValueError with a short reason.
 
     Columnar: no Python loop per span. The checks run on the raw little-endian bytes
-    (bytes.translate / count in C) before the columns become arrays."""
+    (bytes.translate / count in C) before the columns become arrays, and a kind/idx column
+    pair already found good is not checked again."""
     try:
         rank, strat, step, base = f["r"], f["s"], f["k"], f["b"]
         kind, idx, t0, t1, iss = f["kind"], f["idx"], f["t0"], f["t1"], f["iss"]
@@ -128,18 +147,11 @@ def decode_spans(f: dict, max_idx: int = 0xFFFF) -> SpanBatch:
     n = len(kind)
     if len(idx) != 2 * n or len(t0) != 4 * n or len(t1) != 4 * n:
         raise ValueError("spans frame columns disagree in length")
-    if kind.translate(None, _KNOWN_KINDS):  # same as max(kind) >= N_KINDS
-        raise ValueError("spans frame has an unknown span kind")
-    if len(iss) != 4 * kind.count(COMM):
+    n_comm = _CHECKED.get((kind, idx, max_idx))
+    if n_comm is None:
+        _check_kind_idx(kind, idx, max_idx, len(iss))
+    elif len(iss) != 4 * n_comm:
         raise ValueError("spans frame issue column does not match its allreduce spans")
-    if n:
-        if 0 <= max_idx < 256:
-            # u16 little-endian: every high byte 0 and every low byte <= max_idx
-            bad = idx[1::2].count(0) != n or idx[0::2].translate(None, _idx_ok(max_idx))
-        else:
-            bad = max(_from_le("H", idx)) > max_idx
-        if bad:
-            raise ValueError("spans frame names a layer or parameter that does not exist")
     if _LITTLE:
         ia = array("H"); ia.frombytes(idx)
         a0 = array("I"); a0.frombytes(t0)

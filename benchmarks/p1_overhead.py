@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""P1 — instrumentation overhead: instrumented vs uninstrumented step time.
+
+Real torchrun, real strategies and Recorder (ranks/bench_overhead.py): an instrumented
+replica (layer hooks + comm hook + Recorder + span encoding) and a plain replica (no hooks)
+of the same model train on the same batches in the same processes, alternating step by step.
+Figure: the median over steps of instrumented / plain step time, each instrumented step
+paired with the plain step next to it in time (a step lasting as long as its slowest rank);
+per-rank figures and the ratio of medians are printed too. Goal: <= 1.03 on CPU (medium, global batch 1024, 2 ranks), <= 1.01 on GPU
+(xlarge).
+
+    python benchmarks/p1_overhead.py            # 60 steps of each side
+    python benchmarks/p1_overhead.py --quick    # 16 steps (CI)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import ROOT, env_for_ranks, median, result_line
+
+
+def paired(a: list[float], b: list[float]) -> tuple[float, tuple[float, float]]:
+    """Median and quartiles of a[k] / b[k]."""
+    r = sorted(x / y for x, y in zip(a, b))
+    return median(r), (r[len(r) // 4], r[(3 * len(r)) // 4])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short run for CI")
+    p.add_argument("--model", default=None, help="default: medium on CPU, xlarge on GPU")
+    p.add_argument("--strategy", default="ddp", choices=("ddp", "naive", "interleaved"))
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=None, help="timed steps of each side")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    a = p.parse_args(argv)
+    steps = a.steps or (16 if a.quick else 60)
+    try:
+        import torch
+        cuda = a.device != "cpu" and torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    model = a.model or ("xlarge" if cuda else "medium")
+    goal = 1.01 if cuda else 1.03
+    with tempfile.TemporaryDirectory(prefix="ddptui-p1-") as tmp:
+        out = os.path.join(tmp, "times.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(a.ranks), "-m", "ranks.bench_overhead",
+               "--model", model, "--strategy", a.strategy, "--batch-size", str(a.batch_size),
+               "--steps", str(steps), "--warmup", "2" if a.quick else "4", "--out", out,
+               "--device", "cuda" if cuda else "cpu"]
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env_for_ranks(1), capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            print("P1: torchrun failed:\n  " + "\n  ".join(tail), file=sys.stderr)
+            print(f"P1 overhead median_ratio=nan goal<={goal:g} MISS")
+            return 1
+        with open(out) as f:
+            doc = json.load(f)
+    print(f"P1 instrumentation overhead: {doc['strategy']} on {model}, {doc['world']} ranks, "
+          f"{doc['backend']} on {doc['device']}, global batch {doc['batch']}, torch {doc['torch']}, "
+          f"{steps} timed steps of each side after {doc['warmup']} warm-up, alternating ({wall:.1f} s)")
+    for r in doc["ranks"]:
+        mi, mp = median(r["instrumented_s"]), median(r["plain_s"])
+        pr, _ = paired(r["instrumented_s"], r["plain_s"])
+        print(f"  rank {r['rank']}: instrumented median {mi * 1e3:8.2f} ms   plain median "
+              f"{mp * 1e3:8.2f} ms   ratio of medians {mi / mp:.4f}   median of paired ratios "
+              f"{pr:.4f}   ({r['spans'] // max(1, len(r['instrumented_s']) + doc['warmup'])} spans/step)")
+    # a step lasts as long as its slowest rank; each instrumented step is paired with the
+    # plain step next to it in time, so load that comes and goes cancels out
+    inst = [max(ts) for ts in zip(*(r["instrumented_s"] for r in doc["ranks"]))]
+    plain = [max(ts) for ts in zip(*(r["plain_s"] for r in doc["ranks"]))]
+    wall, wq = paired(inst, plain)
+    print(f"  wall clock, slowest rank: instrumented median {median(inst) * 1e3:.2f} ms, plain median "
+          f"{median(plain) * 1e3:.2f} ms; ratio of medians {median(inst) / median(plain):.4f}; "
+          f"median of {len(inst)} paired ratios {wall:.4f} (quartiles {wq[0]:.4f} .. {wq[1]:.4f})")
+    # CPU time of a step, all ranks and threads together: what instrumentation adds, without
+    # the time a rank spends descheduled by other processes or waiting for the other rank
+    ci = [sum(ts) for ts in zip(*(r["instrumented_cpu_s"] for r in doc["ranks"]))]
+    cp = [sum(ts) for ts in zip(*(r["plain_cpu_s"] for r in doc["ranks"]))]
+    cpu, cq = paired(ci, cp)
+    print(f"  CPU time, all ranks: instrumented median {median(ci) * 1e3:.2f} ms, plain median "
+          f"{median(cp) * 1e3:.2f} ms; ratio of medians {median(ci) / median(cp):.4f}; "
+          f"median of paired ratios {cpu:.4f} (quartiles {cq[0]:.4f} .. {cq[1]:.4f})")
+    fig = wall
+    print(result_line("P1", "overhead", "median_ratio", fig, "<=", goal))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""`ddptui bench` (real torchrun, CPU ranks) and the benchmark scripts' quick runs.
+
+No speed goal is asserted here: the benchmarks print their figures; these tests check that
+the command and the scripts run and produce well-formed, arithmetically consistent output.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ranks import spec
+
+from .helpers import ROOT, run_cli, wait_no_workers
+
+TABLE_COLUMNS = ("model", "strategy", "ranks", "params", "step ms (median)", "comm ms",
+                 "samples/s", "speedup vs single")
+ROW_FIELDS = ("model", "strategy", "ranks", "params", "steps", "step_ms_median", "comm_ms",
+              "samples_per_s", "speedup_vs_single", "ring_bytes_per_rank_per_step",
+              "bus_bw_gbps", "model_bus_bw_gbps", "predicted_comm_ms", "amdahl_f",
+              "amdahl_ceiling")
+
+
+@pytest.mark.slow
+def test_bench_table_json_csv_and_cost_model(tmp_path):
+    js, cs = tmp_path / "b.json", tmp_path / "b.csv"
+    p = run_cli("bench", "--models", "small", "--steps", "2", "--batch-size", "256", "--gpus", "2",
+                "--json", str(js), "--csv", str(cs), timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    # progress on stderr: the model, ranks starting, steps done; CPU ranks said as such
+    assert "model small" in p.stderr and "starting 2 CPU rank(s)" in p.stderr
+    assert "no GPU" in p.stderr
+    assert re.search(r"steps: .*single 2/2", p.stderr)
+    out = p.stdout
+    for col in TABLE_COLUMNS:
+        assert col in out, col
+    assert "cost model" in out and "Amdahl" in out
+
+    doc = json.loads(js.read_text())
+    assert doc["state"] == "finished"
+    assert doc["settings"]["ranks"] == 2 and doc["settings"]["device"] == "cpu"
+    rows = doc["rows"]
+    assert [r["strategy"] for r in rows] == ["single", "naive", "interleaved", "ddp"]
+    params = spec.param_count("small")
+    n = 2
+    for r in rows:
+        for k in ROW_FIELDS:
+            assert k in r, k
+        assert r["model"] == "small" and r["params"] == params and r["steps"] == 2
+        assert r["step_ms_median"] > 0 and r["samples_per_s"] > 0
+        assert r["samples_per_s"] == pytest.approx(256 / (r["step_ms_median"] / 1e3))
+        if r["strategy"] == "single":
+            assert r["ranks"] == 1 and r["speedup_vs_single"] == 1.0
+            assert r["ring_bytes_per_rank_per_step"] == 0
+            continue
+        assert r["ranks"] == n
+        # seed 001: bytes per rank per step = 2(N-1)/N x params x 4 (fp32 gradients)
+        assert r["ring_bytes_per_rank_per_step"] == pytest.approx(2 * (n - 1) / n * params * 4)
+        # every gradient byte went through an AllReduce
+        assert r["allreduce_bytes_per_step"] == pytest.approx(params * 4)
+        # bus bandwidth: ring bytes over measured comm time; prediction: bytes / best bandwidth
+        assert r["bus_bw_gbps"] == pytest.approx(r["ring_bytes_per_rank_per_step"] / (r["comm_ms"] / 1e3) / 1e9)
+        assert r["predicted_comm_ms"] == pytest.approx(
+            r["ring_bytes_per_rank_per_step"] / (r["model_bus_bw_gbps"] * 1e9) * 1e3)
+        assert r["predicted_comm_ms"] <= r["comm_ms"] * (1 + 1e-9)
+        assert r["speedup_vs_single"] == pytest.approx(rows[0]["step_ms_median"] / r["step_ms_median"])
+    # seed 002: f = T_single / (T_single + T_comm naive), ceiling = 1 / ((1 - f) + f / N)
+    m = doc["models"][0]
+    naive = next(r for r in rows if r["strategy"] == "naive")
+    f = rows[0]["step_ms_median"] / (rows[0]["step_ms_median"] + naive["comm_ms"])
+    assert m["amdahl_f"] == pytest.approx(f)
+    assert m["amdahl_ceiling"] == pytest.approx(1 / ((1 - f) + f / n))
+    assert 1 <= m["amdahl_ceiling"] <= n
+
+    with open(cs, newline="") as fh:
+        got = list(csv.DictReader(fh))
+    assert [g["strategy"] for g in got] == ["single", "naive", "interleaved", "ddp"]
+    assert float(got[1]["ring_bytes_per_rank_per_step"]) == pytest.approx(params * 4)  # N = 2
+    assert wait_no_workers(5) == []
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--models", "huge"], "unknown model 'huge'"),
+    (["--models", ""], "--models is empty"),
+    (["--strategies", "single"], "needs at least one of"),
+    (["--strategies", "naive,warp"], "unknown strategy 'warp'"),
+    (["--steps", "1"], "--steps must be"),
+    (["--gpus", "0"], "--gpus must be"),
+    (["--batch-size", "3"], "must divide evenly across 2 ranks"),
+    (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+    (["--record-dir", "/nonexistent-dir"], "no such directory"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_bench_bad_input_one_line_exit_2(args, needle):
+    p = run_cli("bench", *args, timeout=30)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddptui: error:") and needle in lines[0], p.stderr
+
+
+@pytest.mark.slow
+def test_benchmarks_quick_print_their_figures():
+    env = os.environ.copy()
+    env.setdefault("OMP_NUM_THREADS", "1")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run_all.py"), "--quick"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    out = p.stdout
+    figure = r"=\S+ goal(<=|>=)\S+ (OK|MISS)$"
+    for pattern in (r"^P1 overhead median_ratio", r"^P2 ingest events_per_s",
+                    r"^P4 replay bytes_per_span", r"^P4 replay open_index_s",
+                    r"^P5 startup first_step_s"):
+        assert re.search(pattern + figure, out, re.M), pattern
+    if os.path.exists(os.path.join(ROOT, "benchmarks", "p3_drawing.py")):
+        assert re.search(r"^P3\w* \S+ \S+" + figure, out, re.M)
+    # the summary table names every benchmark
+    table = out[out.rindex("benchmark"):]
+    for tag in ("P1", "P2", "P4", "P5"):
+        assert tag in table
+    assert "FAILED" not in table
+    assert _left_behind(("ranks.bench_overhead", "trivial_worker.py")) == []
+
+
+def _left_behind(needles) -> list:
+    import psutil
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cl = " ".join(proc.info["cmdline"] or [])
+        if any(n in cl for n in needles) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(proc)
+    return out
