@@ -12,6 +12,7 @@ import sys
 import time
 from collections import deque
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Grid
@@ -92,6 +93,7 @@ class DdpApp(App):
     """
     BINDINGS = [
         Binding("q", "quit", "quit"),
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),
         Binding("question_mark", "help", "help"),
         Binding("space", "pause", "pause/play"),
         Binding("left", "step(-1)", "step"),
@@ -401,12 +403,12 @@ class DdpApp(App):
         self._banner_rows = 1 + len(text) // max(1, self.size.width - 2) if msg else 0
         if text != self._banner_text:
             self._banner_text = text
-            banner.update(text)
+            banner.update(Text(text))  # error text is plain: never parse it as markup
 
     def _notify_caps(self, store: Store) -> None:
         changes = store.cap_changes
         for k, cap in changes[self._caps_seen:]:
-            self.notify(f"DDP re-wrapped: bucket_cap_mb = {cap:g} MB from step {k}",
+            self.notify(f"DDP re-wrapped: bucket_cap_mb = {cap:g} MB from step {k}", timeout=2.5,
                         title="bucket cap applied")
             if self.asked_cap == cap:
                 self.asked_cap = None
@@ -474,7 +476,7 @@ class DdpApp(App):
             self.notify("no rank is connected yet: try again in a moment", severity="warning")
             return
         self.asked_cap = nxt
-        self.notify(f"asked every rank for bucket_cap_mb = {nxt:g} MB (all re-wrap DDP at the same step)",
+        self.notify(f"asked every rank for bucket_cap_mb = {nxt:g} MB (all re-wrap DDP at the same step)", timeout=2.5,
                     title="bucket cap")
         self._changed()
 

@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             from .headless import run_headless
             signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
             return run_headless(opts, plan, a.json)
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise CliError("the live UI needs a terminal; use --headless to run without one")
         from .app import run_live_app
         return run_live_app(opts, plan)
     except CliError as e:

@@ -84,6 +84,8 @@ def _main(argv: list[str]) -> int:
     if a.json:
         raise CliError("--json needs --headless (the UI writes no figures file)")
     check_file(a.file)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise CliError("the replay UI needs a terminal; use --headless to print the figures")
     try:
         from .app import run_replay_app
     except ImportError as e:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from rich.console import Console
 from rich.table import Table
@@ -41,7 +42,8 @@ def speedup_lines(sp: dict) -> list[str]:
 
 
 def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> None:
-    console = Console(file=file, width=160)
+    out = file or sys.stdout
+    console = Console(file=file, width=None if out.isatty() else 160)
     console.print(summary_table(rows, title))
     for line in speedup_lines(F.speedups(rows)):
         console.print(line)

@@ -251,14 +251,12 @@ class LiveRun:
                 tail = [ln for ln in self.launcher.log_tail(2000).splitlines() if ln.strip()]
                 parts.append(f"torchrun {describe_exit(rc)}" + (f": {tail[-1].strip()}" if tail else ""))
             self.message = "; ".join(parts)
-            st.add_log(self.message, "error")
         self.exit_code = rc
         self._close()
 
     def fail(self, message: str) -> None:
         self.state = "failed"
         self.message = message
-        self.store.add_log(message, "error")
         self._record({"t": "status", "text": message, "level": "error", "ts": time.time()})
         self._shutdown()
 

@@ -156,7 +156,8 @@ class Store:
 
     def _on_error(self, f: dict) -> None:
         info = self._rank(f)
-        info.error = str(f.get("msg", "error"))[:500]
+        msg = " ".join(str(f.get("msg", "error")).split())  # one line, whatever the backend said
+        info.error = msg if len(msg) <= 300 else msg[:297] + "…"
         info.phase = "failed"
         self.add_log(f"rank {info.rank} failed: {info.error}", "error")
 

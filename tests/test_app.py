@@ -283,12 +283,13 @@ async def test_s_saves_an_svg_screenshot(tmp_path):
 
 
 @pytest.mark.asyncio
-async def test_q_stops_the_source_and_exits():
+@pytest.mark.parametrize("key", ["q", "ctrl+c"])
+async def test_q_stops_the_source_and_exits(key):
     src = SyntheticSource()
     app = DdpApp(src)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        await pilot.press("q")
+        await pilot.press(key)
         await pilot.app.workers.wait_for_complete()
         await pilot.pause()
     assert src.calls[-1] == ("stop", "stopped by user")
@@ -360,12 +361,15 @@ async def test_failure_after_start_is_shown_and_the_app_stays_open():
     app = DdpApp(src)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        src.state, src.message = "failed", "rank 0 killed by SIGKILL"
+        # backend errors carry brackets that must not be read as markup
+        src.state, src.message = "failed", ("rank 0 killed by SIGKILL; rank 1: RuntimeError: "
+                                            "[/pytorch/third_party/gloo/pair.cc:553] Connection closed")
         src.store.ranks[0].dropped_spans = 12
         src.store.rejected = 3
         await pilot.pause(0.3)
         banner = app.query_one("#banner")
         assert banner.display and "rank 0 killed by SIGKILL" in str(banner.render())
+        assert "[/pytorch/third_party/gloo/pair.cc:553]" in str(banner.render())
         status = drawn(app.query_one("#status"))[0]
         assert "RUN FAILED" in status and "dropped spans: r0 12" in status
         assert "rejected connections: 3" in status

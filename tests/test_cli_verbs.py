@@ -222,6 +222,8 @@ def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
         monkeypatch.setattr(app, "run_replay_app", fake)
     except ImportError:
         monkeypatch.setitem(sys.modules, "ddptui.app", types.SimpleNamespace(run_replay_app=fake))
+    tty = types.SimpleNamespace(isatty=lambda: True)
+    monkeypatch.setattr(cmd_replay, "sys", types.SimpleNamespace(stdin=tty, stdout=tty))
     assert cmd_replay.main([str(small_rec), "--speed", speed, "--loop", "--title", "My talk"]) == 0
     assert calls == [(str(small_rec), float(speed), True, "My talk")]
 
@@ -241,3 +243,10 @@ def test_talk_script():
     res = subprocess.run(["bash", path, "/no/such/run.ddptui"], capture_output=True, text=True,
                          timeout=60, env=env())
     assert res.returncode != 0 and "ddptui: error:" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_ui_without_a_terminal_is_a_clear_error(small_rec):
+    for args in (["replay", str(small_rec)], ["--gpus", "2", "--no-record"]):
+        res = ddptui(*args)
+        assert res.returncode == 2
+        assert res.stderr.strip().startswith("ddptui: error: the") and "use --headless" in res.stderr

@@ -72,7 +72,7 @@ def validate_trace(doc) -> dict:
             dur = ev.get("dur")
             assert isinstance(dur, (int, float)) and not isinstance(dur, bool) and dur >= 0, ev
             stack = open_ends.setdefault(key, [])
-            while stack and stack[-1] <= ts:
+            while stack and stack[-1] <= ts + 1e-6:
                 stack.pop()
             assert not stack or ts + dur <= stack[-1] + 1e-6, f"slice overlaps its parent: {ev}"
             stack.append(ts + dur)

@@ -69,10 +69,11 @@ def _speedup_line(sp: dict) -> Parts:
     else:
         colour = T.GOOD if v >= 1 else T.ERROR
         parts.append(("DDP vs naive: ", T.style(T.TEXT, bold=True)))
-        parts.append((f"{v:.2f}× {'faster' if v >= 1 else 'slower'}", T.style(colour, bold=True)))
+        word = "(same)" if abs(v - 1) < 0.005 else "faster" if v > 1 else "slower"
+        parts.append((f"{v:.2f}× {word}", T.style(colour, bold=True)))
     for k, v in sp.items():
         if k.endswith("_vs_single"):
-            parts.append((f"  {k[:-10]} vs single {v:.2f}×", T.style(T.DIM)))
+            parts.append((f"  {k[:-10]} {v:.2f}× vs single", T.style(T.DIM)))
     parts.append((f"   times in ms · medians of the last {WINDOW} steps", T.style(T.DIM)))
     return parts
 
