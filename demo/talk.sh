@@ -8,7 +8,7 @@
 # Defaults: the CPU recording shipped in demo/, at normal speed (0.25..8).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-rec="${1:-$here/cpu-medium-2ranks.ddptui}"
+rec="${1:-$here/cpu-small-2ranks.ddptui}"
 title="${2:-Naive data parallelism vs PyTorch DDP}"
 speed="${DDPTUI_TALK_SPEED:-1}"
 
