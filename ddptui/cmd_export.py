@@ -326,7 +326,7 @@ def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
     return w, got
 
 
-def _main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     out = a.output
     if out is None:
@@ -350,12 +350,3 @@ def _main(argv: list[str]) -> int:
               f"event(s); open it in Perfetto (ui.perfetto.dev) or chrome://tracing")
     return 0
 
-
-def main(argv: list[str]) -> int:
-    # Errors are printed here too, not only by cli.main: under `python -m ddptui.cli` that
-    # module is __main__ and its CliError is not the ddptui.cli.CliError raised here.
-    try:
-        return _main(argv)
-    except CliError as e:
-        print(f"ddptui: error: {e}", file=sys.stderr, flush=True)
-        return 2

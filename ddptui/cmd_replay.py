@@ -73,7 +73,7 @@ def check_file(path: str) -> None:
         raise CliError(f"{path}: {r.damage}; nothing before the damage to show")
 
 
-def _main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     if a.title is not None and ("\n" in a.title or len(a.title) > 200):
         raise CliError("--title must be one line of at most 200 characters")
@@ -93,12 +93,3 @@ def _main(argv: list[str]) -> int:
                        f"prints the figures") from None
     return run_replay_app(a.file, speed=a.speed, loop=a.loop, title=a.title)
 
-
-def main(argv: list[str]) -> int:
-    # Errors are printed here too, not only by cli.main: under `python -m ddptui.cli` that
-    # module is __main__ and its CliError is not the ddptui.cli.CliError raised here.
-    try:
-        return _main(argv)
-    except CliError as e:
-        print(f"ddptui: error: {e}", file=sys.stderr, flush=True)
-        return 2

@@ -94,18 +94,9 @@ def report(got: Loaded, json_path: str | None, title: str | None = None,
     return 0
 
 
-def _main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     if a.json:
         _check_writable_path(a.json, "--json")
     return report(read(a.file), a.json)
 
-
-def main(argv: list[str]) -> int:
-    # Errors are printed here too, not only by cli.main: under `python -m ddptui.cli` that
-    # module is __main__ and its CliError is not the ddptui.cli.CliError raised here.
-    try:
-        return _main(argv)
-    except CliError as e:
-        print(f"ddptui: error: {e}", file=sys.stderr, flush=True)
-        return 2
