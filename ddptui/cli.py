@@ -192,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise CliError("the live UI needs a terminal; use --headless to run without one")
         from .app import run_live_app
-        return run_live_app(opts, plan)
+        code = run_live_app(opts, plan)
+        if opts.record and os.path.exists(opts.record):
+            print(f"ddptui: recorded to {opts.record} (ddptui replay {opts.record})", file=sys.stderr)
+        return code
     except CliError as e:
         print(f"ddptui: error: {e}", file=sys.stderr)
         return 2

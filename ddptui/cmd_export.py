@@ -312,6 +312,9 @@ def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
                   "frames": got.frames, "spans": got.spans})
         if tmp is not None:
             fobj.close()
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a trace is an ordinary file
             os.replace(tmp, out_path)
             tmp = None
         else:

@@ -225,3 +225,12 @@ def test_unwritable_output_is_one_error_line(tmp_path, synthetic):
     res = ddptui("export", str(p), "-o", str(tmp_path / "no" / "such" / "dir" / "t.json"))
     assert res.returncode == 2
     assert res.stderr.startswith("ddptui: error: -o ") and len(res.stderr.splitlines()) == 1
+
+
+def test_exported_file_has_ordinary_permissions(tmp_path, synthetic):
+    out = tmp_path / "perm.json"
+    res = ddptui("export", str(synthetic), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
