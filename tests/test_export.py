@@ -229,7 +229,7 @@ def test_unwritable_output_is_one_error_line(tmp_path, synthetic):
 
 def test_exported_file_has_ordinary_permissions(tmp_path, synthetic):
     out = tmp_path / "perm.json"
-    res = ddptui("export", str(synthetic), "-o", str(out))
+    res = ddptui("export", str(synthetic[0]), "-o", str(out))
     assert res.returncode == 0, res.stderr
     umask = os.umask(0)
     os.umask(umask)
