@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import os
 import signal
@@ -89,8 +90,8 @@ def live_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-record", action="store_true", help="do not record this run")
     p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
                    help="where recordings go by default (default ./runs)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=42, help="seed of the initial weights and the data (default 42)")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
     p.add_argument("--threads", type=_positive_int("--threads", 1, 256), default=1,
                    help="torch threads per CPU rank (default 1)")
     p.add_argument("--queue-size", type=_positive_int("--queue-size", 1, 100_000), default=256,
@@ -184,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd = argv.pop(0)
             mod = importlib.import_module(f"ddptui.cmd_{cmd}")
             return int(mod.main(argv) or 0)
+        if argv and not argv[0].startswith("-"):
+            near = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise CliError(f"unknown command {argv[0]!r}{hint}; commands: " + ", ".join(SUBCOMMANDS))
         a, opts, plan = build_live(argv)
         if a.headless:
             from .headless import run_headless

@@ -166,6 +166,7 @@ def test_headless_cli_prints_table_and_json(tmp_path):
     (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be in"),
     (["--pg-timeout", "0"], "--pg-timeout must be positive"),
     (["--bogus-flag"], "unrecognized arguments"),
+    (["summry", "x.ddptui"], "unknown command 'summry' (did you mean summary?)"),
 ])
 def test_bad_input_one_line_nonzero(args, needle):
     p = run_cli("--headless", *args, timeout=30)
