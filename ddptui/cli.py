@@ -137,7 +137,14 @@ def build_live(argv: list[str]):
     from .launcher import plan as make_plan
     from .session import RunOptions
 
-    a = live_parser().parse_args(argv)
+    a, extra = live_parser().parse_known_args(argv)
+    words = [x for x in extra if not x.startswith("-")]
+    if words and len(words) == len(extra):
+        near = difflib.get_close_matches(words[0], SUBCOMMANDS, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise CliError(f"unknown command {words[0]!r}{hint}; commands: " + ", ".join(SUBCOMMANDS))
+    if extra:
+        raise CliError("unrecognized arguments: " + " ".join(extra))
     if a.model not in spec.MODELS:
         raise CliError(f"unknown model {a.model!r}; choose from " + ", ".join(spec.MODELS))
     try:
@@ -185,10 +192,6 @@ def main(argv: list[str] | None = None) -> int:
             cmd = argv.pop(0)
             mod = importlib.import_module(f"ddptui.cmd_{cmd}")
             return int(mod.main(argv) or 0)
-        if argv and not argv[0].startswith("-"):
-            near = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1)
-            hint = f" (did you mean {near[0]}?)" if near else ""
-            raise CliError(f"unknown command {argv[0]!r}{hint}; commands: " + ", ".join(SUBCOMMANDS))
         a, opts, plan = build_live(argv)
         if a.headless:
             from .headless import run_headless
