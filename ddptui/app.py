@@ -45,6 +45,41 @@ PANE_MIN_WIDTH = 80  # panes go side by side when each can have this many column
 WIDE = 150  # figures and GPU panel side by side from this width
 LOOKBACK = 500  # steps searched back for a complete one
 FOLLOW_EVERY_S = 0.2  # live: the newest step is taken up at most this often
+SPAN_HEADROOM = 1.05  # the axis is a round length at least this much longer than the longest step
+SHRINK_BELOW = 0.7  # the axis shrinks once the longest recent step stays below this share of it…
+SHRINK_STEPS = 8  # …for this many newly shown steps…
+SHRINK_AFTER_S = 3.0  # …and this many seconds
+SHRINK_HEADROOM = 1.15  # a shrunk axis leaves more room: jitter should not make it grow back
+
+
+class SpanScale:
+    """The shared axis length (ms), kept steady while steps jitter: it grows at once when a
+    step does not fit, and shrinks only after every step shown for SHRINK_STEPS new steps and
+    SHRINK_AFTER_S seconds stayed below SHRINK_BELOW of it. Lengths are round (span_ceil)."""
+
+    def __init__(self):
+        self.span_ms: float | None = None
+        self._key: tuple | None = None
+        self._recent: deque = deque()  # (time, longest step) per newly shown set of steps
+
+    def update(self, want: float, key: tuple, now: float) -> float:
+        if self.span_ms is None or want > self.span_ms:
+            self.span_ms = span_ceil(want * SPAN_HEADROOM)
+            self._recent.clear()
+            self._key = key
+            return self.span_ms
+        if key != self._key:  # paused or unchanged: no new evidence, the scale stays
+            self._key = key
+            recent = self._recent
+            recent.append((now, want))
+            while len(recent) > SHRINK_STEPS and recent[1][0] <= now - SHRINK_AFTER_S:
+                recent.popleft()
+            longest = max(w for _, w in recent)
+            if (len(recent) >= SHRINK_STEPS and now - recent[0][0] >= SHRINK_AFTER_S
+                    and longest < SHRINK_BELOW * self.span_ms):
+                self.span_ms = min(self.span_ms, span_ceil(longest * SHRINK_HEADROOM))
+                recent.clear()
+        return self.span_ms
 
 
 def _last_complete(store: Store, strategy: str, upto: int | None) -> int | None:
@@ -123,7 +158,8 @@ class DdpApp(App):
         self.paused = False
         self.pinned: int | None = None
         self.zoom_i = 0
-        self.base_span_ms: float | None = None
+        self.scale = SpanScale()
+        self.clock = time.monotonic  # (tests drive the scale's clock)
         self.asked_cap: float | None = None
         self.error: str | None = None
         self._started = False
@@ -309,13 +345,11 @@ class DdpApp(App):
     def _ms_per_cell(self, views: dict) -> float:
         durs = [v.duration_ms for v in views.values() if v is not None]
         if durs:
-            want = max(durs)
-            base = self.base_span_ms
-            if base is None or want > base or want < 0.4 * base:
-                self.base_span_ms = span_ceil(want * 1.05)
+            key = (id(self.source.store), *((s, v.step) for s, v in sorted(views.items()) if v is not None))
+            self.scale.update(max(durs), key, self.clock())
         lanes = [p.lane_width for p in self.panes.values() if p.lane_width > 0]
         lane_w = min(lanes) if lanes else max(10, self.size.width - GUTTER)
-        return (self.base_span_ms or 100.0) / ZOOMS[self.zoom_i] / lane_w
+        return (self.scale.span_ms or 100.0) / ZOOMS[self.zoom_i] / lane_w
 
     def _cap_note(self) -> str:
         return f"→ {self.asked_cap:g} MB asked…" if self.asked_cap is not None else ""

@@ -489,3 +489,98 @@ async def test_replay_keys_drive_the_replay_source():
         await pilot.press("q")
         await pilot.app.workers.wait_for_complete()
     assert src.state == "stopped"
+
+
+@pytest.mark.asyncio
+async def test_four_panes_at_80x24_fall_back_to_compact_lanes_for_rank_0():
+    strategies = ("naive", "interleaved", "ddp", "single")
+    app = DdpApp(SyntheticSource(strategies=strategies))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        for s in strategies:
+            pane = app.query_one(f"#pane-{s}", TimelinePane)
+            lines = drawn(pane)
+            assert pane.compact and f" {s.upper()} " in lines[0]
+            compute, comm = lanes(pane, 0)
+            assert "█" in compute  # rank 0's bars are drawn in every pane
+            if s != "single":
+                assert "█" in comm
+                assert "rank 1 hidden" in lines[0]  # and the header says what is left out
+            assert not any("enlarge the terminal" in ln for ln in lines)
+
+
+@pytest.mark.asyncio
+async def test_full_layout_keeps_its_axis_when_there_is_room():
+    app = DdpApp(SyntheticSource(strategies=("naive", "interleaved", "ddp", "single")))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        for pane in app.panes.values():
+            assert not pane.compact
+            assert drawn(pane)[1].startswith("      ms 0")
+
+
+class ScaledApp(DdpApp):
+    """The real app, with the step lengths it sees scaled by `factor` and a clock tests drive."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.factor = 1.0
+        self.now = 0.0
+        self.clock = lambda: self.now
+
+    def _view(self, store, strategy, step):
+        import dataclasses
+        v = super()._view(store, strategy, step)
+        return v and dataclasses.replace(v, duration_ms=v.duration_ms * self.factor)
+
+
+@pytest.mark.asyncio
+async def test_time_scale_holds_through_jitter_and_shrinks_after_steps_get_shorter():
+    src = SyntheticSource(steps=2)
+    app = ScaledApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        pane = app.query_one("#pane-naive", TimelinePane)
+
+        async def new_step(factor: float) -> tuple[float, str]:
+            app.factor = factor
+            app.now += 0.5
+            src.add_steps(1)
+            app._changed()
+            await pilot.pause()
+            return pane.state.ms_per_cell, drawn(pane)[1]
+
+        first = await new_step(1.0)
+        for f in (1.1, 0.9, 1.05, 0.92, 1.08, 0.95, 1.1, 0.9, 1.0, 0.93, 1.07, 0.9):
+            assert await new_step(f) == first  # ±10 %: same scale, same axis drawn
+        assert "cell = " in drawn(app.legend)[0]
+        # much shorter steps: the axis stays a few seconds, then shrinks to fit them
+        seen = [await new_step(0.3) for _ in range(12)]
+        assert seen[0] == first and seen[-1][0] < first[0] * 0.6
+        longest = max(p.state.view.duration_ms for p in app.panes.values())
+        span = seen[-1][0] * pane.lane_width
+        assert longest <= span <= 1.5 * longest  # a round length close above the longest step
+        # zoom still divides the (steady) scale
+        await pilot.press("plus")
+        assert pane.state.ms_per_cell == pytest.approx(seen[-1][0] / 2)
+        # longer steps again: the axis grows at once
+        mpc, _ = await new_step(1.0)
+        assert mpc * 2 * pane.lane_width >= pane.state.view.duration_ms
+
+
+@pytest.mark.asyncio
+async def test_paused_scale_does_not_shrink_while_new_steps_arrive():
+    src = SyntheticSource(steps=2)
+    app = ScaledApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        pane = app.query_one("#pane-naive", TimelinePane)
+        await pilot.press("space")
+        before = pane.state.ms_per_cell
+        app.factor = 0.3  # (a paused pane keeps its step; shorter steps arrive meanwhile)
+        for _ in range(12):
+            app.now += 1.0
+            src.add_steps(1)
+            app._changed()
+            await pilot.pause()
+        assert pane.state.ms_per_cell == before and "PAUSED" in drawn(app.status_bar)[0]

@@ -68,7 +68,7 @@ class TimelinePane(Widget):
         self._ranks: list[int] = []
         self.geom = (0, 0)  # (width, height) as of this render: cheaper than self.size per line
         self._cache: LRUCache[tuple, Strip] = LRUCache(2048)
-        self._fit: tuple[tuple, tuple] = ((), ([], [], 1, 0))
+        self._fit: tuple[tuple, tuple] = ((), ([], [], 1, 0, 2))
 
     def render_lines(self, crop):
         self.geom = (self.size.width, self.size.height)
@@ -85,14 +85,25 @@ class TimelinePane(Widget):
     def ranks(self) -> list[int]:
         return self._ranks
 
-    def fit(self) -> tuple[list[int], list[int], int, int]:
-        """(ranks shown, ranks hidden, rows per lane, blank rows between ranks) for the height:
-        thicker lanes when there is room, fewer ranks (and a note) when there is not."""
+    def fit(self) -> tuple[list[int], list[int], int, int, int]:
+        """(ranks shown, ranks hidden, rows per lane, blank rows between ranks, first lane row)
+        for the height: thicker lanes when there is room, fewer ranks (and a note) when there
+        is not; when not even one rank fits under the axis, the lanes go without it (compact:
+        the legend still gives the scale, the header says what is hidden)."""
         ranks = self.ranks()
-        key = (self.geom[1], tuple(ranks))
+        h = self.geom[1]
+        key = (h, tuple(ranks))
         if key != self._fit[0]:
-            self._fit = key, fit_ranks(ranks, self.geom[1] - 2)
+            got = (*fit_ranks(ranks, h - 2), 2)
+            if not got[0] and ranks and h >= 3:
+                n = (h - 1) // 2
+                got = (ranks[:n], ranks[n:], 1, 0, 1)
+            self._fit = key, got
         return self._fit[1]
+
+    @property
+    def compact(self) -> bool:
+        return self.state.view is not None and self.fit()[4] == 1
 
     @property
     def lane_width(self) -> int:
@@ -104,23 +115,25 @@ class TimelinePane(Widget):
     # -- lines ---------------------------------------------------------------------------
     def render_line(self, y: int) -> Strip:
         width = self.geom[0]
-        if y == 0:
-            return self._strip(self._header(), width)
         v = self.state.view
+        if y == 0:
+            if v is not None and self.fit()[4] == 1:  # compact: no axis; the note goes up here
+                return self._compact_header(self.fit()[1], width)
+            return self._strip(self._header(), width)
         if v is None:
             text = [("waiting for the first complete step…", T.style(T.DIM))] if y == 1 else []
             return self._strip(text, width)
-        shown, hidden, lane_h, gap = self.fit()
-        if y == 1:
+        shown, hidden, lane_h, gap, top = self.fit()
+        if y == 1 and top == 2:
             if not shown and hidden:  # no room for a single rank: say so where the axis goes
                 return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
             return self._axis(width)
         block = 2 * lane_h + gap
-        i, r = divmod(y - 2, block)
+        i, r = divmod(y - top, block)
         if i < len(shown) and r < 2 * lane_h:
             lane, row = divmod(r, lane_h)
             return self._lane(shown[i], lane, width, row == 0)
-        if hidden and shown and y == 2 + block * len(shown):
+        if hidden and shown and top == 2 and y == top + block * len(shown):
             return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
         return Strip.blank(width, T.style())
 
@@ -148,6 +161,17 @@ class TimelinePane(Widget):
             out.append((f" {st.cap_note}", T.style(T.WARN, bold=True)))
         out.append((f" · {calls} AllReduce · exposed {exposed:.1f} ms", T.style(T.TEXT, bold=True)))
         return out
+
+    def _compact_header(self, hidden: list[int], width: int) -> Strip:
+        """The header with, at its right end, what the compact layout leaves out."""
+        note = f" ⚠ {hidden_who(hidden)} hidden · no axis " if hidden else " no axis "
+        style = T.style("#000000", T.WARN, bold=True) if hidden else T.style(T.DIM)
+        room = max(0, width - len(note))
+        parts = self._header()
+        while len(parts) > 1 and sum(len(t) for t, _ in parts) > room:
+            parts.pop()  # whole parts go, from the right: no number is cut in half
+        head = self._strip(parts, width).crop(0, room).adjust_cell_length(room, T.style())
+        return Strip([*head, Segment(note, style)]).crop(0, width)
 
     def _buckets(self, v: StepView) -> str:
         text = ""
@@ -226,9 +250,9 @@ def fit_ranks(ranks: list[int], rows: int) -> tuple[list[int], list[int], int, i
     return ranks[:fit], ranks[fit:], 1, 0
 
 
+def hidden_who(hidden: list[int]) -> str:
+    return f"rank {hidden[0]}" if len(hidden) == 1 else f"ranks {hidden[0]}–{hidden[-1]}"
+
+
 def hidden_note(hidden: list[int]) -> str:
-    if len(hidden) == 1:
-        who = f"rank {hidden[0]}"
-    else:
-        who = f"ranks {hidden[0]}–{hidden[-1]}"
-    return f"⚠ {who} hidden — enlarge the terminal"
+    return f"⚠ {hidden_who(hidden)} hidden — enlarge the terminal"
