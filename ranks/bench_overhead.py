@@ -47,8 +47,9 @@ class Plain:
     """The uninstrumented side: same model, same optimizer, no hooks anywhere."""
 
     def __init__(self, strategy: str, base, device, lr: float, world: int):
-        import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from .strategies import PlainSGD
 
         self.strategy = strategy
         self.world = world
@@ -56,7 +57,7 @@ class Plain:
         self.params = list(self.module.parameters())
         kw = {"device_ids": [device.index]} if device.type == "cuda" else {}
         self.model = DDP(self.module, **kw) if strategy == "ddp" else self.module
-        self.opt = torch.optim.SGD(self.params, lr=lr)
+        self.opt = PlainSGD(self.params, lr=lr)  # the same optimizer as the strategies
         self.futs: list = []
         if strategy == "interleaved":
             for p in self.params:
@@ -119,6 +120,7 @@ def main(argv=None) -> None:
     clock = CudaClock(device) if use_cuda else CpuClock()
     rec = Recorder(clock, n_layers)
     instr = STRATEGY_CLASSES[args.strategy](base, rec, device, lr, world)
+    instr.prepare()
     plain = Plain(args.strategy, base, device, lr, world)
     del base
     n_batches = 4

@@ -191,6 +191,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             xb, yb = X[s0:s0 + args.batch_size], Y[s0:s0 + args.batch_size]
             if strat.communicates:
                 xb, yb = xb[rank * local:(rank + 1) * local], yb[rank * local:(rank + 1) * local]
+            strat.prepare()
             em.step = k
             rec.begin(strat.name, k)
             strat.step(xb, yb)
