@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -57,6 +58,20 @@ class Headless:
             time.sleep(0.05)
         raise AssertionError(f"never saw {needle!r}; stderr so far:\n" + "\n".join(self.lines))
 
+    def wait_steps(self, strategy: str, n: int, timeout: float = 90.0) -> None:
+        """Until the progress line says `strategy` has completed at least n steps."""
+        pat = re.compile(rf"\b{strategy} (\d+)")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for ln in reversed(self.lines):
+                m = pat.search(ln) if ln.startswith("ddptui: steps:") else None
+                if m and int(m.group(1)) >= n:
+                    return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{strategy} never reached {n} steps; stderr:\n" + "\n".join(self.lines))
+
     def finish(self, timeout: float = 60.0) -> int:
         self.p.wait(timeout)
         self._reader.join(5)
@@ -103,8 +118,7 @@ def no_leftovers():
 def test_rank_killed_mid_run(tmp_path):
     rec = tmp_path / "killed.ddptui"
     h = Headless("--steps", "0", record=rec)
-    h.wait_for("steps:")
-    time.sleep(1.0)
+    h.wait_steps("ddp", 3)
     os.kill(rank_pid(1), signal.SIGKILL)
     rc = h.finish()
     assert rc == 1
