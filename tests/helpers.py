@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import psutil
 
@@ -73,3 +74,50 @@ def run_cli(*args, timeout=120, env=None, input=None) -> subprocess.CompletedPro
         e.update(env)
     return subprocess.run(ddptui_cmd(*args), capture_output=True, text=True, timeout=timeout,
                           env=e, cwd=ROOT, input=input)
+
+
+class StubNvml:
+    """A stand-in for the pynvml module (the real one needs a GPU and its driver): healthy
+    GPUs by default; tests subclass it and override the calls that should fail."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    NVML_CLOCK_SM = 1
+    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+    count = 1
+    name = b"Stub GPU"
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return self.name
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=50)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(used=2**30, total=2**34)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 100_000
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return 1500
+
+    def nvmlDeviceGetPcieThroughput(self, h, which):
+        return 2048
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        raise self.NVMLError_NotSupported()

@@ -21,6 +21,8 @@ from ddptui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, Ti
 from ddptui.widgets.lanes import lane_segments
 from ddptui.widgets.theme import COMM_A, FWD_A
 
+from .helpers import StubNvml
+
 DEMO = "demo/cpu-medium-2ranks.ddptui"
 
 
@@ -377,30 +379,11 @@ async def test_failure_after_start_is_shown_and_the_app_stays_open():
 
 
 # -- GPU panel ----------------------------------------------------------------------------------
-class FakeNvml(types.SimpleNamespace):
-    """A stand-in for the pynvml module: two GPUs; memory info raises NVMLError."""
+class FakeNvml(StubNvml):
+    """Two GPUs; memory info raises NVMLError, PCIe is unsupported."""
 
-    class NVMLError(Exception):
-        pass
-
-    class NVMLError_NotSupported(NVMLError):
-        pass
-
-    NVML_CLOCK_SM = 1
-    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
-    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetName(self, h):
-        return b"Fake GPU"
+    count = 2
+    name = b"Fake GPU"
 
     def nvmlDeviceGetUtilizationRates(self, h):
         return types.SimpleNamespace(gpu=40 + h)
@@ -415,9 +398,6 @@ class FakeNvml(types.SimpleNamespace):
         return 1410
 
     def nvmlDeviceGetPcieThroughput(self, h, which):
-        raise self.NVMLError_NotSupported()
-
-    def nvmlDeviceGetFieldValues(self, h, ids):
         raise self.NVMLError_NotSupported()
 
 

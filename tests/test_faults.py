@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import psutil
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from ddptui.recording import Reader
 from ddptui.store import Store
 
-from .helpers import ROOT, ddptui_cmd, run_cli, run_live, wait_no_workers, worker_procs
+from .helpers import ROOT, StubNvml, ddptui_cmd, run_cli, run_live, wait_no_workers, worker_procs
 
 pytestmark = pytest.mark.slow
 
@@ -292,57 +293,25 @@ def test_missing_dependency(module, needle):
         "; run bin/setup (or pip install torch)" if module == "torch" else "; reinstall ddptui (pip install -e .)")
 
 
-class FlakyNvml:
-    """A stand-in for the pynvml module: one GPU whose utilisation call starts failing
-    after `ok_calls` samples; power is unsupported from the start."""
+class FlakyNvml(StubNvml):
+    """One GPU whose utilisation call starts failing after `ok_calls` samples; power is
+    unsupported from the start."""
 
-    class NVMLError(Exception):
-        pass
-
-    class NVMLError_NotSupported(NVMLError):
-        pass
-
-    NVML_CLOCK_SM = 1
-    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
-    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+    name = b"Flaky GPU"
 
     def __init__(self, ok_calls):
         self.ok_calls = ok_calls
         self.util_calls = 0
         self.power_calls = 0
 
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetName(self, h):
-        return b"Flaky GPU"
-
     def nvmlDeviceGetUtilizationRates(self, h):
         self.util_calls += 1
         if self.util_calls > self.ok_calls:
             raise self.NVMLError("GPU is lost")
-        return type("U", (), {"gpu": 42})()
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return type("M", (), {"used": 2**30, "total": 2**34})()
+        return types.SimpleNamespace(gpu=42)
 
     def nvmlDeviceGetPowerUsage(self, h):
         self.power_calls += 1
-        raise self.NVMLError_NotSupported()
-
-    def nvmlDeviceGetClockInfo(self, h, which):
-        return 1500
-
-    def nvmlDeviceGetPcieThroughput(self, h, which):
-        return 2048
-
-    def nvmlDeviceGetFieldValues(self, h, ids):
         raise self.NVMLError_NotSupported()
 
 
