@@ -371,7 +371,7 @@ class DdpApp(App):
     def _legend_parts(self, mpc: float) -> list:
         parts = []
         for name, c in (("forward", T.FWD_A), ("backward", T.BWD_A), ("AllReduce", T.COMM_A),
-                        ("waiting", T.QUEUED), ("optimizer", T.OPT)):
+                        ("2+ at once", T.COMM_MULTI), ("waiting", T.QUEUED), ("optimizer", T.OPT)):
             parts += [(" ██", T.style(T.LANE_COLOURS[c])), (f" {name} ", T.style(T.TEXT))]
         zoom = ZOOMS[self.zoom_i]
         parts.append((f"│ 1 cell = {mpc:.3g} ms · zoom {zoom}× · one scale for all panes", T.style(T.DIM)))

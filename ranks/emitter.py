@@ -32,6 +32,7 @@ class Emitter:
         self.app_gone = threading.Event()
         self.step = -1
         self.phase = "starting"
+        self.clock_residual_ns = None  # CUDA: GPU-timer mapping error at the last calibration
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
         self.sock.sendall(wire.pack({"t": "auth", "token": token, "r": rank, "pid": os.getpid(),
@@ -115,7 +116,8 @@ class Emitter:
         while not self.closed.wait(1.0):
             self.put({"t": "hb", "r": self.rank, "k": self.step, "ph": self.phase,
                       "drop": self.dropped_spans, "dropf": self.dropped_frames,
-                      "ts": time.monotonic_ns()})
+                      "ts": time.monotonic_ns(),
+                      **({} if self.clock_residual_ns is None else {"res": self.clock_residual_ns})})
 
     def _recv_loop(self) -> None:
         reader = wire.FrameReader(max_frame=1 << 20)

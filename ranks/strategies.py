@@ -124,6 +124,15 @@ class Naive(Strategy):
             rec.comm_done(cur, slot)
 
 
+def _done(rec: Recorder, cur, slot: int, f):
+    """Completion callback of an interleaved AllReduce. It returns the reduced tensors so
+    that the child future carries their CUDA events (NCCL): waiting on it then makes the
+    optimizer's stream wait for the AllReduce. Returning None would let the optimizer race
+    the NCCL kernel."""
+    rec.comm_done(cur, slot)
+    return f.value()
+
+
 class Interleaved(Strategy):
     name = "interleaved"
 
@@ -139,7 +148,7 @@ class Interleaved(Strategy):
         p.grad.div_(self.world)
         slot = rec.comm_issue(i)
         fut = dist.all_reduce(p.grad, async_op=True).get_future()
-        self.futs.append(fut.then(lambda f: rec.comm_done(cur, slot)))
+        self.futs.append(fut.then(lambda f: _done(rec, cur, slot, f)))
 
     def after_backward(self) -> None:
         torch.futures.wait_all(self.futs)
@@ -161,6 +170,27 @@ def _ddp_hook(state: "DDPStrategy", bucket):  # DDP requires the name `bucket`
         return f.value()[0]
 
     return dist.all_reduce(buf, async_op=True).get_future().then(done)
+
+
+class _NoRuntimeStats:
+    """DDP's logger, less `set_runtime_stats_and_log`: DDP calls it from its forward on its
+    first 10 iterations and periodically after, and on CUDA it synchronizes the reducer's
+    timing events there — a hidden sync inside measured steps (again after every re-wrap).
+    Everything else (the logging data ddptui reads bucket sizes from) is the real logger's."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def set_runtime_stats_and_log(self) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def quiet_runtime_stats(ddp) -> None:
+    ddp.logger = _NoRuntimeStats(ddp.logger)
+    ddp._set_ddp_runtime_logging_sample_rate(1 << 30)  # the reducer's own periodic timing
 
 
 class DDPStrategy(Strategy):
@@ -189,6 +219,7 @@ class DDPStrategy(Strategy):
         if self.device.type == "cuda":
             kw["device_ids"] = [self.device.index]
         self.ddp = DDP(self.module, **kw)
+        quiet_runtime_stats(self.ddp)
         self.ddp.register_comm_hook(self, _ddp_hook)
         self.cap_mb = cap_mb
         self.layout = None
@@ -211,7 +242,11 @@ class DDPStrategy(Strategy):
         rec.opt_end()
 
     def reported_sizes(self) -> list[int]:
-        """Bucket sizes in bytes as DDP itself reports them (rebuilt ones once rebuilt)."""
+        """Bucket sizes in bytes as DDP itself reports them (rebuilt ones once rebuilt).
+        DDP fills them in where its forward logs runtime stats, which ddptui keeps out of
+        measured steps (see _NoRuntimeStats): done here instead, between steps, only while
+        the layout is tracked (the first steps after a wrap)."""
+        self.ddp.logger._real.set_runtime_stats_and_log()
         data = self.ddp._get_ddp_logging_data()
         text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
         return [int(x) for x in str(text).replace(" ", "").split(",") if x]

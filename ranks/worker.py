@@ -148,7 +148,9 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
 
     base = build_model(args.model, seed=args.seed)
     n_layers = len(spec.MODEL_WIDTHS[args.model]) - 1
-    clock = CudaClock(device) if device.type == "cuda" else CpuClock()
+    # gloo with CUDA tensors completes collectives on its own threads: their ends are
+    # host readings (see CudaClock)
+    clock = CudaClock(device, comm_on_host=backend == "gloo") if device.type == "cuda" else CpuClock()
     rec = Recorder(clock, n_layers)
     strategies = []
     for n in names:
@@ -192,6 +194,8 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             if strat.communicates:
                 xb, yb = xb[rank * local:(rank + 1) * local], yb[rank * local:(rank + 1) * local]
             strat.prepare()
+            clock.maybe_calibrate()  # GPU timer -> host clock, outside any measured span
+            em.clock_residual_ns = clock.residual_ns
             em.step = k
             rec.begin(strat.name, k)
             strat.step(xb, yb)

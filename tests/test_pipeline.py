@@ -85,6 +85,30 @@ def test_interleaved_allreduces_during_backward(run):
     assert run.store.summary("interleaved")["allreduce_calls_per_step"] == N_PARAMS
 
 
+def test_interleaved_allreduces_run_concurrently_and_the_lane_shows_it(run):
+    """gloo runs async collectives on two threads at once: the comm spans overlap (their
+    true intervals, not one-at-a-time), exposed communication is computed on them, and the
+    comm lane gives them sub-rows (or, one row tall, marks the overlap)."""
+    from ddptui.widgets.lanes import comm_bars
+    from ddptui.widgets.theme import COMM_A, COMM_B, COMM_MULTI
+
+    found = None
+    for step in range(1, 4):
+        for rank in (0, 1):
+            comm = sorted((t0, t1) for k, _, t0, t1 in spans(run, "interleaved", step, rank) if k == COMM)
+            if any(b0 < a1 for (_, a1), (b0, _) in zip(comm, comm[1:])):
+                found = (step, rank)
+    assert found, "no two interleaved AllReduces overlap in any step"
+    step, rank = found
+    view = run.store.view("interleaved", step)
+    one_row = comm_bars(view.spans[rank], str, 0, 1)
+    assert any(c == COMM_MULTI and z > a for a, z, c, _ in one_row)
+    two_rows = [comm_bars(view.spans[rank], str, r, 2) for r in (0, 1)]
+    assert all(any(c in (COMM_A, COMM_B) for _, _, c, _ in bars) for bars in two_rows)
+    n_comm = sum(1 for s in view.spans[rank] if s.kind == COMM)
+    assert sum(1 for bars in two_rows for _, _, c, _ in bars if c in (COMM_A, COMM_B)) == n_comm
+
+
 def test_ddp_buckets_match_what_ddp_reports(run):
     st = run.store
     layouts = st.layouts[("ddp", 0)]

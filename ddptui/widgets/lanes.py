@@ -32,13 +32,51 @@ def compute_bars(spans, layer_names: list[str]) -> list[Bar]:
     return out
 
 
-def comm_bars(spans, label_of) -> list[Bar]:
-    """Each AllReduce (alternating shades, in time order), after its queued stretch."""
+def comm_rows(comms) -> list[int]:
+    """A sub-row per AllReduce (given in start order): the first row free when it starts.
+    Backends run several at once (gloo: one per worker thread), so rows = the most in flight."""
+    ends: list[float] = []
+    rows = []
+    for s in comms:
+        for r, e in enumerate(ends):
+            if e <= s.start_ms:
+                ends[r] = s.end_ms
+                rows.append(r)
+                break
+        else:
+            ends.append(s.end_ms)
+            rows.append(len(ends) - 1)
+    return rows
+
+
+def overlaps(comms) -> list[tuple[float, float]]:
+    """Stretches where two or more of the AllReduces run at once."""
+    edges = sorted([(s.start_ms, 1) for s in comms] + [(s.end_ms, -1) for s in comms])
+    out, depth, since = [], 0, 0.0
+    for t, d in edges:
+        depth += d
+        if d > 0 and depth == 2:
+            since = t
+        elif d < 0 and depth == 1 and t > since:
+            out.append((since, t))
+    return out
+
+
+def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
+    """Each AllReduce (alternating shades, in time order), after its queued stretch.
+
+    A lane `rows` tall gives concurrent AllReduces sub-rows (this is row `row`); what does
+    not fit (and, in a one-row lane, every stretch where several run at once) is marked."""
     comms = sorted((s for s in spans if s.kind == COMM), key=lambda s: s.start_ms)
-    out: list[Bar] = [(s.issued_ms, s.start_ms, T.QUEUED, "") for s in comms
+    sub = comm_rows(comms)
+    last = rows - 1
+    mine = [(i, s) for i, (s, r) in enumerate(zip(comms, sub)) if min(r, last) == row]
+    out: list[Bar] = [(s.issued_ms, s.start_ms, T.QUEUED, "") for _, s in mine
                       if s.issued_ms is not None and s.issued_ms < s.start_ms]
-    for i, s in enumerate(comms):
+    for i, s in mine:
         out.append((s.start_ms, s.end_ms, T.COMM_A + (i & 1), label_of(s.idx)))
+    if row == last and (sub and max(sub) > last):
+        out += [(a, z, T.COMM_MULTI, "") for a, z in overlaps([s for _, s in mine])]
     return out
 
 

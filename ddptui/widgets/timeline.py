@@ -132,7 +132,7 @@ class TimelinePane(Widget):
         i, r = divmod(y - top, block)
         if i < len(shown) and r < 2 * lane_h:
             lane, row = divmod(r, lane_h)
-            return self._lane(shown[i], lane, width, row == 0)
+            return self._lane(shown[i], lane, width, row, lane_h)
         if hidden and shown and top == 2 and y == top + block * len(shown):
             return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
         return Strip.blank(width, T.style())
@@ -214,26 +214,31 @@ class TimelinePane(Widget):
             segs.append(Segment("─" * (lane_w - pos), dim))
         return Strip(segs, width)
 
-    def _lane(self, rank: int, lane: int, width: int, first: bool) -> Strip:
+    def _lane(self, rank: int, lane: int, width: int, row: int, rows: int) -> Strip:
         v, mpc = self.state.view, self.state.ms_per_cell
-        key = (self.strategy, v.step, width, mpc, rank, lane, first)
+        key = (self.strategy, v.step, width, mpc, rank, lane, row, rows)
         got = self._cache.get(key)
         if got is None:
-            got = self._cache[key] = self._draw_lane(v, rank, lane, width, mpc, first)
+            got = self._cache[key] = self._draw_lane(v, rank, lane, width, mpc, row, rows)
         return got
 
-    def _draw_lane(self, v: StepView, rank: int, lane: int, width: int, mpc: float, first: bool) -> Strip:
+    def _draw_lane(self, v: StepView, rank: int, lane: int, width: int, mpc: float,
+                   row: int, rows: int) -> Strip:
         spans = v.spans.get(rank, [])
+        first = row == 0
         if lane == 0:
             gutter = Segment(f"r{rank:<3}comp " if first else " " * GUTTER, T.style(T.TEXT, bold=True))
             bars = compute_bars(spans, self.layer_names)
+            labels = first
         else:
+            # concurrent AllReduces get the lane's rows (each row labels its own bars)
             gutter = Segment("    comm " if first else " " * GUTTER, T.style(T.DIM))
-            bars = comm_bars(spans, self._comm_label)
+            bars = comm_bars(spans, self._comm_label, row, rows)
+            labels = True
         lane_w = width - GUTTER
         if lane_w <= 0:
             return Strip([gutter]).crop(0, width)
-        return Strip([gutter, *lane_segments(bars, lane_w, mpc, labels=first)], width)
+        return Strip([gutter, *lane_segments(bars, lane_w, mpc, labels=labels)], width)
 
     def _comm_label(self, idx: int) -> str:
         if self.strategy == "ddp":
