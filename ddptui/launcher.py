@@ -64,6 +64,16 @@ def plan(gpus: int, ranks: int | None, device: str = "auto", available: int | No
     return Plan(want_ranks, gpus, "cuda", note)
 
 
+def visible_devices(gpus: int, current: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a run on `gpus` GPUs: the first `gpus` of what is visible now
+    (indices, UUIDs or MIG ids as the user gave them), else of all devices. Without it the
+    ranks would see every GPU and `--gpus 1 --ranks 2` would put NCCL on two of them."""
+    if current is not None and current.strip() not in ("", "-1"):
+        ids = [v.strip() for v in current.split(",") if v.strip()]
+        return ",".join(ids[:gpus])
+    return ",".join(str(i) for i in range(gpus))
+
+
 def torchrun_cmd(ranks: int, worker_args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", str(ranks), "-m", "ranks.worker", *worker_args]

@@ -19,7 +19,7 @@ from ranks import spec
 
 from . import __version__
 from .collector import Collector
-from .launcher import Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd
+from .launcher import Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd, visible_devices
 from .nvml import CpuSampler, GpuSampler
 from .recording import RecordWriter
 from .store import Store
@@ -105,6 +105,9 @@ class LiveRun:
         })
         if self.plan.device == "cpu":
             env["OMP_NUM_THREADS"] = str(o.threads)
+        else:  # the ranks see exactly the GPUs of the plan, numbered as NVML numbers them
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(self.plan.gpus, env.get("CUDA_VISIBLE_DEVICES"))
         # one host: keep gloo's and NCCL's own sockets on loopback unless the user chose
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -158,8 +161,14 @@ class LiveRun:
         if gpu is not None and not gpu.has_gpus:
             gpu = None
         cpu = CpuSampler()
+        selected = False
         while not self._stop_ev.wait(self.opts.sample_every_s):
             try:
+                if gpu is not None and not selected:  # the run's GPUs, once every rank said
+                    uuids = [i.uuid for i in self.store.ranks.values()]
+                    if len(uuids) == self.plan.ranks and all(uuids):
+                        gpu.select(uuids)
+                        selected = True
                 if gpu is not None:
                     f = gpu.sample()
                 else:

@@ -36,6 +36,8 @@ class RankInfo:
     error: str | None = None
     exit: str | None = None
     finished: bool = False
+    uuid: str | None = None  # the GPU's UUID (CUDA ranks)
+    clock_res_ns: int | None = None  # CUDA: GPU-timer mapping residual at the last calibration
 
 
 @dataclass
@@ -115,6 +117,7 @@ class Store:
         info = self._rank(f)
         info.pid, info.device, info.backend = f.get("pid"), str(f.get("device", "")), str(f.get("backend", ""))
         info.note = str(f.get("note", ""))
+        info.uuid = f.get("uuid") if isinstance(f.get("uuid"), str) else None
         info.connected = True
         info.phase = "connected"
         if not self.meta.get("params"):
@@ -145,6 +148,8 @@ class Store:
         info = self._rank(f)
         info.step = int(f.get("k", -1))
         info.dropped_spans = int(f.get("drop", 0))
+        if isinstance(f.get("res"), int):
+            info.clock_res_ns = f["res"]
         if info.phase in ("connected", "connecting"):
             info.phase = str(f.get("ph", info.phase))
 

@@ -80,6 +80,18 @@ def choose_device(args, world: int, local_rank: int):
     return torch.device("cpu"), "gloo", "gloo on CPU (no CUDA)"
 
 
+def device_uuid(device) -> str | None:
+    """The GPU's UUID as NVML writes it ("GPU-..."): how the app finds this rank's GPU."""
+    import torch
+    if device.type != "cuda":
+        return None
+    try:
+        u = str(torch.cuda.get_device_properties(device).uuid)
+    except (AttributeError, RuntimeError):
+        return None
+    return u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}"
+
+
 def device_name(device) -> str:
     import torch
     if device.type == "cuda":
@@ -131,6 +143,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     em.send_now({
         "t": "hello", "r": rank, "world": world, "local_rank": local_rank, "pid": os.getpid(),
         "host": socket.gethostname(), "device": device_name(device), "backend": backend,
+        **({"uuid": device_uuid(device)} if device.type == "cuda" else {}),
         "note": note, "torch": torch.__version__, "model": args.model,
         "layers": spec.layer_names(args.model),
         "params": [list(p) for p in spec.param_table(args.model)],

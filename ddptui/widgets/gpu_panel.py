@@ -24,10 +24,17 @@ def _mem_pct(g: dict):
     return 100.0 * used / total if used is not None and total else None
 
 
-def gpu_lines(samples: list[dict], width: int, rows: int) -> list[Parts]:
+def gpu_lines(samples: list[dict], width: int, rows: int, ranks_of: dict | None = None,
+              clock_res_ns: int | None = None) -> list[Parts]:
+    """`ranks_of`: GPU UUID -> the ranks on it; `clock_res_ns`: the worst GPU-timer mapping
+    residual the ranks reported (how far a span's time may be off, beyond the timer's own)."""
     latest = samples[-1].get("gpus") or []
     names = sorted({str(g.get("name", "")) for g in latest})
-    lines: list[Parts] = [[(f"GPU · NVML · {', '.join(names)}", T.style(T.TEXT, bold=True))]]
+    title = [(f"GPU · NVML · {', '.join(names)}", T.style(T.TEXT, bold=True))]
+    if clock_res_ns is not None:
+        title.append((f" · clock residual {abs(clock_res_ns) / 1000:.1f} µs", T.style(T.DIM)))
+    lines: list[Parts] = [title]
+    ranks_of = ranks_of or {}
     per_gpu = 2 if rows - 1 >= 2 * len(latest) else 1
     hist_w = max(4, min(30, (width - 44) // 2))
     for g in latest:
@@ -38,11 +45,15 @@ def gpu_lines(samples: list[dict], width: int, rows: int) -> list[Parts]:
         used, total = g.get("mem_used_mb"), g.get("mem_total_mb")
         mem = (f"{_num(None if used is None else used / 1024, '.1f')}/"
                f"{_num(None if total is None else total / 1024, '.0f')} GB")
-        first = [(f"GPU{i} ", T.style(T.TEXT, bold=True)), ("util ", T.style(T.DIM)),
+        on = ranks_of.get(g.get("uuid"))
+        first = [(f"GPU{i} ", T.style(T.TEXT, bold=True)),
+                 *([(f"r{','.join(map(str, on))} ", T.style(T.DIM))] if on else []), ("util ", T.style(T.DIM)),
                  (f"{_num(g.get('util'), '>3.0f', '%'):>4} ", T.style(T.TEXT, bold=True)),
                  (f"{util_h:<{hist_w}}", T.style(T.GOOD)), (" mem ", T.style(T.DIM)),
                  (f"{mem:>13} ", T.style(T.TEXT)), (f"{mem_h:<{hist_w}}", T.style("#5aa9ff"))]
         second = [("     ", T.style()), (f"{_num(g.get('power_w'), '.0f', ' W')}  ", T.style(T.TEXT)),
+                  *([(f"SM active {g['sm_active']:.0f}%  ", T.style(T.TEXT))]
+                    if g.get("sm_active") is not None else []),
                   (f"SM {_num(g.get('sm_clock_mhz'), '.0f', ' MHz')}  ", T.style(T.TEXT)),
                   (f"PCIe ↑{_rate(g.get('pcie_tx_mbs'))} ↓{_rate(g.get('pcie_rx_mbs'))}  ", T.style(T.TEXT)),
                   (f"NVLink ↑{_rate(g.get('nvlink_tx_mbs'))} ↓{_rate(g.get('nvlink_rx_mbs'))}", T.style(T.TEXT))]
@@ -80,8 +91,13 @@ def wanted_rows(store: Store) -> int:
 def build(store: Store, width: int, rows: int) -> list[Parts]:
     with store.lock:
         gpu, cpu = list(store.gpu), list(store.cpu)
+        ranks_of: dict = {}
+        res = [i.clock_res_ns for i in store.ranks.values() if i.clock_res_ns is not None]
+        for r, i in sorted(store.ranks.items()):
+            if i.uuid:
+                ranks_of.setdefault(i.uuid, []).append(r)
     if gpu:
-        return gpu_lines(gpu, width, rows)
+        return gpu_lines(gpu, width, rows, ranks_of, max(res, key=abs) if res else None)
     if cpu:
         return cpu_lines(cpu, width)
     return [[("GPU / CPU: waiting for samples…", T.style(T.DIM))]]
