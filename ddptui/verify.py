@@ -45,12 +45,19 @@ KINDS = KIND_NAMES  # forward, backward, allreduce, optimizer, step
 
 # tolerances in µs: (start, end); None = that edge is reported but not held to a tolerance
 GPU_TOL = {FWD: (5, 5), BWD: (5, 5), OPT: (5, 5), STEP: (5, 5), COMM: (None, 10)}
-# CPU: from measurement (see README "Verify"): what separates a Python hook's clock read from
-# the first/last op the profiler records for the same work (interpreter + dispatcher), and for
-# an allreduce what separates the training thread handing it to gloo from a gloo worker thread
-# taking it (thread wake-up) and gloo finishing it from its completion callback running.
-CPU_TOL = {FWD: (50, 50), BWD: (50, 50), OPT: (50, 50), STEP: (50, 50), COMM: (200, 200)}
-PASS_PCT = 90.0  # a kind passes when at least this share of its spans is within tolerance
+# CPU: from measurement on a 2-core VM, 2 ranks on gloo (README, "Verify"). A hook reads the
+# clock in Python; the profiler records the first/last op at the dispatcher: forward/backward
+# differ by the module call path (p95 <= 70 µs measured), optimizer/step starts by the Python
+# prologue of zero_grad / the update (median ~90 µs, p95 up to ~210 µs); an allreduce starts on
+# a gloo worker thread some time after the training thread hands it over (thread wake-up on
+# busy cores: median ~100 µs, p95 ~250 µs for naive, whose spans are otherwise exact).
+CPU_TOL = {FWD: (100, 100), BWD: (100, 100), OPT: (250, 250), STEP: (250, 250), COMM: (400, 400)}
+# a kind passes when at least this share of its spans is within tolerance: most of them, not
+# all, because on a busy host the scheduler now and then takes a core away from a rank for a
+# few ms between a hook's clock read and the op it times (seen: 1 to 4 ms, in a few % of the
+# spans, at a load average of 2 to 4 on 2 cores). A systematic error moves most spans: a 3 ms
+# shift leaves 0 % within; gloo collectives drawn one at a time leave 40 to 60 %.
+PASS_PCT = 75.0
 
 EVAL = "autograd::engine::evaluate_function: "
 
