@@ -11,18 +11,18 @@ Exit status: 0 when every kind is within tolerance; 1 when one is not (or the ru
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
-import time
 
 from ranks import spec
 
 from . import verify as V
-from .cli import CliError, _check_writable_path, _Parser, _positive_int, check_environment
+from .cli import _check_writable_path, _Parser, _positive_int
 
 
 def parser() -> _Parser:
@@ -51,69 +51,39 @@ def parser() -> _Parser:
 
 
 def main(argv: list[str]) -> int:
-    from .launcher import plan as make_plan
-    from .session import RunOptions
+    from .cli import build_live
 
     a = parser().parse_args(argv)
-    if a.model not in spec.MODELS:
-        raise CliError(f"unknown model {a.model!r}; choose from " + ", ".join(spec.MODELS))
-    try:
-        strategies = spec.parse_strategies(a.strategies)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    if a.pg_timeout <= 0:
-        raise CliError(f"--pg-timeout must be positive (got {a.pg_timeout})")
-    check_environment()
-    try:
-        plan = make_plan(a.gpus, a.ranks, a.device)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    if a.batch_size % plan.ranks:
-        raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
+    # the same options, checks and session as `ddptui --headless`, plus the profiler window
+    live = ["--headless", "--no-record", "--gpus", str(a.gpus), "--device", a.device,
+            "--model", a.model, "--strategies", a.strategies, "--steps", str(a.steps),
+            "--batch-size", str(a.batch_size), "--threads", str(a.threads),
+            "--pg-timeout", str(a.pg_timeout)] + (["--ranks", str(a.ranks)] if a.ranks else [])
+    _, opts, plan = build_live(live)
     json_path = _check_writable_path(a.json, "--json") if a.json else None
     prof_dir = tempfile.mkdtemp(prefix="ddptui-verify-")  # private (0700)
     try:
-        opts = RunOptions(model=a.model, strategies=strategies, steps=a.steps,
-                          batch_size=a.batch_size, seed=42, lr=0.01, pg_timeout=a.pg_timeout,
-                          threads=a.threads, record=None, hang_s=max(30.0, a.pg_timeout + 10),
-                          extra_worker_args=["--profile-steps", f"1:{a.steps}",
-                                             "--profile-dir", prof_dir])
-        signal.signal(signal.SIGTERM, _sigterm)
+        opts.extra_worker_args += ["--profile-steps", f"1:{a.steps}", "--profile-dir", prof_dir]
         return _run(opts, plan, prof_dir, json_path)
     finally:
         shutil.rmtree(prof_dir, ignore_errors=True)
 
 
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt
-
-
 def _run(opts, plan, prof_dir: str, json_path: str | None, out=None, err=None) -> int:
-    from .headless import Progress
-    from .session import LiveRun
+    from .cli import _sigterm_to_interrupt
+    from .headless import run_headless
     from .store import Store
 
     out = out or sys.stdout
     err = err or sys.stderr
     store = Store()
-    run = LiveRun(opts, plan, store)
-    prog = Progress(store, err)
-    prog.say(f"verify: {plan.ranks} rank(s), model {opts.model}, torch.profiler on steps "
-             f"1..{opts.steps - 1} of every strategy")
-    try:
-        run.start()
-        while not run.poll():
-            prog.update(opts.steps)
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        prog.say("interrupted: stopping ranks…")
-        run.stop("interrupted")
-        return 130
-    prog.update(opts.steps)
-    if run.state == "failed":
-        print(f"ddptui: error: {run.message}", file=err, flush=True)
-        return 1
-    prog.say("comparing spans with the profiles…")
+    print(f"ddptui: verify: {plan.ranks} rank(s), model {opts.model}, torch.profiler on steps "
+          f"1..{opts.steps - 1} of every strategy", file=err, flush=True)
+    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    code = run_headless(opts, plan, None, out=io.StringIO(), err=err, store=store)
+    if code != 0:
+        return code
+    print("ddptui: comparing spans with the profiles…", file=err, flush=True)
     doc, table, notes = compare(store, prof_dir, opts.model, opts.strategies, plan.device)
     for n in notes:
         print(f"ddptui: note: {n}", file=err)
