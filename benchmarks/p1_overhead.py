@@ -2,8 +2,9 @@
 """P1 — instrumentation overhead: instrumented vs uninstrumented step time.
 
 Real torchrun, real strategies and Recorder (ranks/bench_overhead.py): an instrumented
-replica (layer hooks + comm hook + Recorder + span encoding) and a plain replica (no hooks)
-of the same model train on the same batches in the same processes, alternating step by step.
+replica (layer hooks + comm hook + Recorder + span encoding), a plain replica (no hooks) and
+a plain replica stepped under torch.profiler (for comparison) of the same model train on the
+same batches in the same processes, taking turns step by step.
 Figure: the median over steps of instrumented / plain step time, each instrumented step
 paired with the plain step next to it in time (a step lasting as long as its slowest rank);
 per-rank figures and the ratio of medians are printed too. Goal: <= 1.03 on CPU (medium, global batch 1024, 2 ranks), <= 1.01 on GPU
@@ -91,6 +92,16 @@ def main(argv=None) -> int:
     print(f"  CPU time, all ranks: instrumented median {median(ci) * 1e3:.2f} ms, plain median "
           f"{median(cp) * 1e3:.2f} ms; ratio of medians {median(ci) / median(cp):.4f}; "
           f"median of paired ratios {cpu:.4f} (quartiles {cq[0]:.4f} .. {cq[1]:.4f})")
+    # the third side: the plain step under torch.profiler, for comparison with the figure
+    prof = [max(ts) for ts in zip(*(r["profiled_s"] for r in doc["ranks"]))]
+    pw, pq = paired(prof, plain)
+    cq_ = [sum(ts) for ts in zip(*(r["profiled_cpu_s"] for r in doc["ranks"]))]
+    pc, _ = paired(cq_, cp)
+    acts = "CPU+CUDA" if cuda else "CPU"
+    print(f"  torch.profiler ({acts} activity, shapes) on the plain step: median "
+          f"{median(prof) * 1e3:.2f} ms; median of paired ratios to plain {pw:.4f} "
+          f"(quartiles {pq[0]:.4f} .. {pq[1]:.4f}); CPU time ratio {pc:.4f}")
+    print(f"  overhead side by side: ddptui {wall:.4f}x   torch.profiler {pw:.4f}x")
     fig = wall
     print(result_line("P1", "overhead", "median_ratio", fig, "<=", goal))
     return 0

@@ -13,7 +13,7 @@ from ranks import spec
 
 from . import __version__
 
-SUBCOMMANDS = ("replay", "export", "summary", "bench")
+SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify")
 
 EPILOG = """\
 commands:
@@ -23,6 +23,7 @@ commands:
   ddptui export FILE -o trace.json Chrome/Perfetto trace of a recording
   ddptui summary FILE [--json P]   per-strategy figures of a recording
   ddptui bench [options]           the seeds' benchmark table with the cost model
+  ddptui verify [options]          check every span against torch.profiler on this machine
 
 examples:
   ddptui --gpus 2 --model xlarge

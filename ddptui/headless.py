@@ -51,9 +51,10 @@ class Progress:
             self.last_steps = now
 
 
-def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, err=None) -> int:
+def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, err=None,
+                 store: Store | None = None) -> int:
     out = out or sys.stdout
-    store = Store()
+    store = store if store is not None else Store()
     run = LiveRun(opts, plan, store)
     prog = Progress(store, err)
     if opts.record:

@@ -13,6 +13,14 @@ same batches, alternating step by step (ABBA order, so neither always goes first
                 here on the training thread, so the figure is an upper bound)
   plain         the same computation with no hook at all: DDP with its built-in AllReduce
                 (or, for naive/interleaved, the same all_reduce calls without timing)
+  profiled      a third replica of the plain side, each of its steps run under torch.profiler
+                (CPU activity; on CUDA CPU + CUDA, with input shapes, as `ddptui verify` runs
+                it): the profiler is started before the ranks line up and stopped after the
+                timed step, so its start-up and post-processing are not in the figure, only
+                what recording costs while the step runs
+
+The three sides take turns in every order (all six permutations in rotation), so none is
+always first or always follows the same side.
 
 Each step is timed on the host by the wall clock (CUDA: synchronised at the step's end, on
 both sides) and by the CPU time of the rank process (all threads: training, autograd, gloo). Before
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import time
@@ -122,6 +131,7 @@ def main(argv=None) -> None:
     instr = STRATEGY_CLASSES[args.strategy](base, rec, device, lr, world)
     instr.prepare()
     plain = Plain(args.strategy, base, device, lr, world)
+    profiled = Plain(args.strategy, base, device, lr, world)
     del base
     n_batches = 4
     X, Y = make_dataset(args.batch_size * n_batches, seed=42, device=device)
@@ -162,23 +172,35 @@ def main(argv=None) -> None:
             torch.cuda.synchronize(device)
         return time.perf_counter() - t0, time.process_time() - c0
 
-    t_instr: list[float] = []
-    t_plain: list[float] = []
-    c_instr: list[float] = []  # CPU time of the whole rank process (all its threads)
-    c_plain: list[float] = []
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+
+    def run_profiled(k, xb, yb) -> tuple[float, float]:
+        prof = profile(activities=acts, record_shapes=True)
+        prof.start()
+        sync()
+        c0, t0 = time.process_time(), time.perf_counter()
+        profiled.step(xb, yb)
+        if use_cuda:
+            torch.cuda.synchronize(device)
+        out = time.perf_counter() - t0, time.process_time() - c0
+        prof.stop()
+        return out
+
+    sides = {"i": run_instr, "p": run_plain, "q": run_profiled}
+    orders = list(itertools.permutations("ipq"))
+    times: dict[str, list] = {s: [] for s in sides}
+    cpus: dict[str, list] = {s: [] for s in sides}  # CPU time of the rank process (all threads)
     for k in range(args.warmup + args.steps):
         xb, yb = batch(k)
-        if k % 2 == 0:
-            a, b = run_instr(k, xb, yb), run_plain(k, xb, yb)
-        else:
-            b, a = run_plain(k, xb, yb), run_instr(k, xb, yb)
+        got = {s: sides[s](k, xb, yb) for s in orders[k % len(orders)]}
         if k >= args.warmup:
-            t_instr.append(a[0])
-            t_plain.append(b[0])
-            c_instr.append(a[1])
-            c_plain.append(b[1])
-    mine = {"rank": rank, "instrumented_s": t_instr, "plain_s": t_plain,
-            "instrumented_cpu_s": c_instr, "plain_cpu_s": c_plain,
+            for s, (t, c) in got.items():
+                times[s].append(t)
+                cpus[s].append(c)
+    mine = {"rank": rank, "instrumented_s": times["i"], "plain_s": times["p"],
+            "instrumented_cpu_s": cpus["i"], "plain_cpu_s": cpus["p"],
+            "profiled_s": times["q"], "profiled_cpu_s": cpus["q"],
             "spans": spans, "threads": torch.get_num_threads()}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine, group=ctl_group)

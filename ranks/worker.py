@@ -37,6 +37,10 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
     p.add_argument("--save-weights", default=None, help="(tests) save final weights here")
+    # --- ddptui verify (ranks/profwin.py) ---
+    p.add_argument("--profile-steps", default=None, metavar="A:B",
+                   help="(verify) run torch.profiler over loop iterations A..B-1")
+    p.add_argument("--profile-dir", default=None, help="(verify) where each rank writes its profile")
     return p.parse_args(argv)
 
 
@@ -177,6 +181,23 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     X, Y = make_dataset(args.batch_size * n_batches, seed=args.seed, device=device)
     local = args.batch_size // world
 
+    # --- ddptui verify: profiler window and the span-shift test seam (off: nothing runs) ---
+    pw = shift = None
+    if args.profile_steps:
+        from .profwin import ProfileWindow, parse_window
+        pw = ProfileWindow(parse_window(args.profile_steps), args.profile_dir or ".", rank,
+                           device.type == "cuda")
+    if os.environ.get("DDPTUI_VERIFY_SHIFT"):
+        from .profwin import parse_shift, shift_item
+        shift = parse_shift(os.environ["DDPTUI_VERIFY_SHIFT"])
+
+    def emit(items):
+        for item in items:
+            if shift:
+                item = shift_item(item, shift)
+            em.put(item, n_spans=len(item[3]))
+    # --- end verify ---
+
     ctl = torch.zeros(2, dtype=torch.int64)
     applied_word = 0
     em.phase = "training"
@@ -184,6 +205,8 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     steps = itertools.count() if args.steps <= 0 else range(args.steps)
     stopped = False
     for k in steps:
+        if pw is not None:
+            pw.iteration_start(k)
         for strat in strategies:
             with control.lock:
                 ctl[0] = 1 if control.stop else 0
@@ -213,8 +236,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             rec.begin(strat.name, k)
             strat.step(xb, yb)
             rec.end()
-            for item in rec.poll():
-                em.put(item, n_spans=len(item[3]))
+            emit(rec.poll())
             if isinstance(strat, DDPStrategy):
                 change = strat.take_layout_change()
                 if change is not None:
@@ -222,10 +244,11 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                     em.send_now({"t": "buckets", "r": rank, "s": strat.name, "k": k,
                                  "cap_mb": strat.cap_mb, "ddp_reported": reported,
                                  "buckets": [[b, ps, nb] for b, ps, nb in layout]}, timeout=0.5)
+        if pw is not None:
+            pw.iteration_end(k, force=stopped)
         if stopped:
             break
-    for item in rec.poll(wait=True):
-        em.put(item, n_spans=len(item[3]))
+    emit(rec.poll(wait=True))
     if args.save_weights:
         torch.save({s.name: {k: v.detach().cpu() for k, v in s.module.state_dict().items()}
                     for s in strategies if s.runs_on(rank)}, f"{args.save_weights}.rank{rank}.pt")

@@ -1,0 +1,425 @@
+"""`ddptui verify`: every ddptui span matched to torch.profiler's own record of the same work.
+
+Pure functions (no torch, no processes): the rank side (ranks/profwin.py) wrote, per rank, the
+events torch.profiler collected over a window of loop iterations, on the host
+CLOCK_MONOTONIC axis; the app has ddptui's spans of the same steps in its Store. Here each
+span is paired with profiler records STRUCTURALLY, never by looking for the nearest event in
+time (a span shifted by milliseconds would still find some op near it), and never with a
+range ddptui opened itself (ddptui adds none to the profile):
+
+- steps: a measured step is ``zero_grad`` (``aten::_foreach_zero_``) ... forward ... backward
+  ... optimizer (``aten::_foreach_add_``) on the training thread (PlainSGD in
+  ranks/strategies.py). The i-th such pair of a rank's window is the i-th ddptui STEP span of
+  that rank in time order (all strategies together); different counts leave the rank's
+  spans unmatched.
+- forward layer j: the j-th ``aten::linear`` of the step on the training thread, through the
+  first ``aten::relu`` after it (fc1..fcN are Linear+ReLU blocks, the last has no ReLU).
+- backward layer j: the autograd engine's ``autograd::engine::evaluate_function: X`` records
+  whose sequence number is that of one of layer j's forward ops (the profiler links a
+  backward node to the forward op that created it by that number); ``AccumulateGrad`` nodes,
+  which have none, belong to the layer of the linked node before them.
+- allreduce: the ``gloo:all_reduce`` records (gloo worker threads, two of them) that start
+  inside the step, in start order (= the order the worker threads took them off gloo's
+  queue = issue order), paired with ddptui's COMM spans in issue order; the tensor size the
+  profiler recorded must equal the parameter's (naive, interleaved) or the bucket's (ddp),
+  else the pair counts as unmatched. The per-step control all_reduce runs before the step's
+  ``zero_grad`` and is therefore never inside a step.
+- optimizer: ``aten::_foreach_add_``.
+
+On CUDA (written against PyTorch's profiler data model; NOT run where this was written, no
+GPU): the times are those of the device work: kernels (and memcpys) linked to their launching
+CPU op by the profiler's correlation ids; layer j's kernels are those launched by layer j's
+ops above; an allreduce is the NCCL kernel launched inside its ``c10d::allreduce_`` (NCCL) or
+the device copies made inside its ``gloo:all_reduce`` record (gloo with CUDA tensors).
+"""
+from __future__ import annotations
+
+import json
+import math
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+from ranks.wire import BWD, COMM, FWD, KIND_NAMES, OPT, STEP
+
+KINDS = KIND_NAMES  # forward, backward, allreduce, optimizer, step
+
+# tolerances in µs: (start, end); None = that edge is reported but not held to a tolerance
+GPU_TOL = {FWD: (5, 5), BWD: (5, 5), OPT: (5, 5), STEP: (5, 5), COMM: (None, 10)}
+# CPU: from measurement on a 2-core VM, 2 ranks on gloo (README, "Verify"). A hook reads the
+# clock in Python; the profiler records the first/last op at the dispatcher: forward/backward
+# differ by the module call path (p95 <= 70 µs measured), optimizer/step starts by the Python
+# prologue of zero_grad / the update (median ~90 µs, p95 up to ~210 µs); an allreduce starts on
+# a gloo worker thread some time after the training thread hands it over (thread wake-up on
+# busy cores: median ~100 µs, p95 ~250 µs for naive, whose spans are otherwise exact).
+CPU_TOL = {FWD: (100, 100), BWD: (100, 100), OPT: (250, 250), STEP: (250, 250), COMM: (400, 400)}
+# a kind passes when at least this share of its spans is within tolerance: most of them, not
+# all, because on a busy host the scheduler now and then takes a core away from a rank for a
+# few ms between a hook's clock read and the op it times (seen: 1 to 4 ms, in a few % of the
+# spans, at a load average of 2 to 4 on 2 cores). A systematic error moves most spans: a 3 ms
+# shift leaves 0 % within; gloo collectives drawn one at a time leave 40 to 60 %.
+PASS_PCT = 75.0
+
+EVAL = "autograd::engine::evaluate_function: "
+
+
+class VerifyError(Exception):
+    """A profile that cannot be read or does not belong to this run."""
+
+
+@dataclass
+class Ev:
+    name: str
+    tid: int
+    t0: int
+    t1: int
+    seq: int
+    dev: int
+    corr: int
+    linked: int
+    shapes: list | None
+
+
+@dataclass
+class Profile:
+    rank: int
+    window: tuple[int, int]
+    cuda: bool
+    drift_ns: int
+    events: list[Ev]
+
+
+def load_profile(path: str) -> Profile:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        names = d["names"]
+        evs = [Ev(names[r[0]], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in d["events"]]
+        return Profile(int(d["rank"]), tuple(d["window"]), bool(d.get("cuda")),
+                       int(d.get("offset_drift_ns", 0)), sorted(evs, key=lambda e: (e.t0, -e.t1)))
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise VerifyError(f"{path}: not a readable profile ({type(e).__name__}: {e})") from None
+
+
+# -- ddptui's side ---------------------------------------------------------------------------
+@dataclass
+class DStep:
+    """ddptui's spans of one (strategy, step) on one rank, absolute ns (µs resolution)."""
+    strategy: str
+    step: int
+    t0: int
+    t1: int
+    fwd: dict = field(default_factory=dict)   # layer -> (t0, t1)
+    bwd: dict = field(default_factory=dict)
+    comm: list = field(default_factory=list)  # (idx, t0, t1, issued) in issue order
+    opt: tuple | None = None
+
+
+def steps_from_batches(batches) -> list[DStep]:
+    """SpanBatch objects (one rank) -> DSteps in time order."""
+    out = []
+    for b in batches:
+        base = b.base_ns
+        ds = None
+        comm = []
+        ci = 0
+        for i, kd in enumerate(b.kind):
+            t0, t1 = base + b.t0[i] * 1000, base + b.t1[i] * 1000
+            if kd == STEP:
+                ds = DStep(b.strategy, b.step, t0, t1)
+            elif kd == COMM:
+                comm.append((b.idx[i], t0, t1, base + b.iss[ci] * 1000))
+                ci += 1
+        if ds is None:
+            continue
+        for i, kd in enumerate(b.kind):
+            t0, t1 = base + b.t0[i] * 1000, base + b.t1[i] * 1000
+            if kd == FWD:
+                ds.fwd[b.idx[i]] = (t0, t1)
+            elif kd == BWD:
+                ds.bwd[b.idx[i]] = (t0, t1)
+            elif kd == OPT:
+                ds.opt = (t0, t1)
+        ds.comm = sorted(comm, key=lambda c: c[3])
+        out.append(ds)
+    return sorted(out, key=lambda s: s.t0)
+
+
+# -- the profiler's side ----------------------------------------------------------------------
+@dataclass
+class PStep:
+    """The profiler's own record of one step (absolute ns, host monotonic axis)."""
+    t0: int
+    t1: int
+    opt: tuple
+    fwd: dict = field(default_factory=dict)   # layer -> (t0, t1)
+    bwd: dict = field(default_factory=dict)
+    comm: list = field(default_factory=list)  # (t0, t1, numel or None), issue order
+    notes: list = field(default_factory=list)
+
+
+def _children(evs: list[Ev], parent: Ev) -> list[Ev]:
+    """Events of parent's thread nested inside it (the profiler's own nesting)."""
+    return [e for e in evs if e.tid == parent.tid and e is not parent
+            and e.t0 >= parent.t0 and e.t1 <= parent.t1]
+
+
+def _device_span(evs: list[Ev], cpu_ops: list[Ev], by_linked: dict) -> tuple | None:
+    """Earliest start and latest end of the device work (kernels, copies) that these CPU
+    ops launched, linked by correlation id; None if they launched none."""
+    dev = []
+    for op in cpu_ops:
+        dev.extend(by_linked.get(op.corr, ()))
+    if not dev:
+        return None
+    return min(d.t0 for d in dev), max(d.t1 for d in dev)
+
+
+def _numel(shapes) -> int | None:
+    if not shapes or not isinstance(shapes[0], list):
+        return None
+    return math.prod(shapes[0]) if shapes[0] else None
+
+
+def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
+    """The steps of one rank's profile, each with its layers, allreduces and optimizer."""
+    evs = prof.events
+    host = [e for e in evs if e.dev == 0]
+    zeros = [e for e in host if e.name == "aten::_foreach_zero_"]
+    if not zeros:
+        return []
+    main = zeros[0].tid
+    mainev = [e for e in host if e.tid == main]
+    adds = [e for e in mainev if e.name == "aten::_foreach_add_"]
+    by_linked: dict = {}
+    if prof.cuda:
+        for e in evs:
+            if e.dev == 1 and e.linked > 0:
+                by_linked.setdefault(e.linked, []).append(e)
+    colls = sorted((e for e in host if e.name == "gloo:all_reduce"), key=lambda e: e.t0)
+    coll_t0 = [e.t0 for e in colls]
+    steps = []
+    for zi, z in enumerate(zeros):
+        nxt = zeros[zi + 1].t0 if zi + 1 < len(zeros) else None
+        add = next((a for a in adds if a.t0 >= z.t1 and (nxt is None or a.t1 <= nxt)), None)
+        if add is None:
+            continue
+        ps = PStep(z.t0, add.t1, (add.t0, add.t1))
+        inside = [e for e in mainev if e.t0 >= z.t0 and e.t1 <= add.t1]
+        linears = [e for e in inside if e.name == "aten::linear"]
+        relus = [e for e in inside if e.name == "aten::relu"]
+        seq_layer: dict[int, int] = {}
+        fwd_ops: dict[int, list] = {}
+        if len(linears) == n_layers:
+            for j, lin in enumerate(linears):
+                end = lin.t1
+                if j < n_layers - 1:
+                    r = next((x for x in relus if x.t0 >= lin.t1 and x.t1 <= linears[j + 1].t0), None)
+                    if r is None:
+                        ps.notes.append(f"no aten::relu after layer {j}'s aten::linear")
+                        continue
+                    end = r.t1
+                ops = [e for e in inside if e.t0 >= lin.t0 and e.t1 <= end]
+                fwd_ops[j] = ops
+                ps.fwd[j] = (lin.t0, end)
+                for e in ops:
+                    if e.seq >= 0:
+                        seq_layer.setdefault(e.seq, j)
+        else:
+            ps.notes.append(f"{len(linears)} aten::linear in the step, the model has {n_layers} layers")
+        last_fwd = max((v[1] for v in ps.fwd.values()), default=z.t1)
+        nodes = [e for e in inside if e.name.startswith(EVAL) and e.t0 >= last_fwd]
+        cur = None
+        bwd_nodes: dict[int, list] = {}
+        for e in nodes:
+            if "AccumulateGrad" in e.name:
+                layer = cur
+            else:
+                layer = cur = seq_layer.get(e.seq)
+            if layer is not None:
+                bwd_nodes.setdefault(layer, []).append(e)
+        for j, ns in bwd_nodes.items():
+            end = max(e.t1 for e in ns)
+            if j == 0 and "AccumulateGrad" in ns[-1].name:
+                # the first block's input needs no gradient: ddptui ends its backward when
+                # its last parameter gradient is accumulated, i.e. at the end of the
+                # accumulating op inside the node, before the node's hooks (DDP's reducer,
+                # an interleaved all_reduce issue) run inside the same engine record
+                acc = [e for e in inside if e.name.startswith("aten::") and e.t0 >= ns[-1].t0
+                       and e.t1 <= ns[-1].t1]
+                if acc:
+                    end = acc[0].t1
+            ps.bwd[j] = (min(e.t0 for e in ns), end)
+        lo, hi = bisect_left(coll_t0, z.t0), bisect_left(coll_t0, add.t1)
+        ps.comm = [(c.t0, c.t1, _numel(c.shapes)) for c in colls[lo:hi]]
+        if prof.cuda:
+            _device_times(ps, evs, mainev, inside, fwd_ops, bwd_nodes, colls[lo:hi], add, by_linked)
+        steps.append(ps)
+    return steps
+
+
+def _device_times(ps: PStep, evs, mainev, inside, fwd_ops, bwd_nodes, colls, add, by_linked) -> None:
+    """CUDA: replace host times by the times of the device work each part launched.
+    Not run where this was written (no GPU); see the module docstring."""
+    sp = _device_span(evs, inside, by_linked)
+    if sp is not None:
+        ps.t0, ps.t1 = sp
+    for j, ops in fwd_ops.items():
+        sp = _device_span(evs, ops, by_linked)
+        if sp is not None:
+            ps.fwd[j] = sp
+    for j, ns in bwd_nodes.items():
+        ops = [c for n in ns for c in [n, *_children(mainev, n)]]
+        sp = _device_span(evs, ops, by_linked)
+        if sp is not None:
+            ps.bwd[j] = sp
+    sp = _device_span(evs, [add, *_children(mainev, add)], by_linked)
+    if sp is not None:
+        ps.opt = sp
+    nccl = [e for e in inside if e.name == "c10d::allreduce_"]
+    comm = []
+    for c in nccl:  # NCCL: the kernel launched inside each c10d::allreduce_, issue order
+        sp = _device_span(evs, [c, *_children(mainev, c)], by_linked)
+        if sp is not None:
+            comm.append((sp[0], sp[1], None))
+    if comm:
+        ps.comm = comm
+        return
+    gl = []
+    for c in colls:  # gloo with CUDA tensors: the device copies made inside the gloo record
+        sp = _device_span(evs, [c, *_children([e for e in evs if e.dev == 0], c)], by_linked)
+        gl.append((c.t0, sp[1] if sp else c.t1, _numel(c.shapes)))
+    ps.comm = gl
+
+
+# -- pairing -----------------------------------------------------------------------------------
+@dataclass
+class Pair:
+    strategy: str
+    kind: int
+    d_start: int | None  # ddptui - profiler, ns; None: unmatched
+    d_end: int | None
+
+
+def match_rank(dsteps: list[DStep], psteps: list[PStep], comm_bytes, elem_size: int = 4,
+               n_layers: int | None = None) -> tuple[list[Pair], list[str]]:
+    """Pair one rank's ddptui steps with its profiler steps; comm_bytes(strategy, step, idx)
+    gives the bytes ddptui says an allreduce carried."""
+    pairs: list[Pair] = []
+    notes: list[str] = []
+
+    def miss(strategy, kind, n=1):
+        pairs.extend(Pair(strategy, kind, None, None) for _ in range(n))
+
+    if len(dsteps) != len(psteps):
+        notes.append(f"{len(dsteps)} ddptui steps but {len(psteps)} profiled steps: "
+                     f"steps cannot be paired")
+        for d in dsteps:
+            miss(d.strategy, STEP)
+            miss(d.strategy, FWD, len(d.fwd))
+            miss(d.strategy, BWD, len(d.bwd))
+            miss(d.strategy, COMM, len(d.comm))
+            if d.opt:
+                miss(d.strategy, OPT)
+        return pairs, notes
+    for d, p in zip(dsteps, psteps):
+        s = d.strategy
+        notes.extend(f"{s} step {d.step}: {n}" for n in p.notes)
+        pairs.append(Pair(s, STEP, d.t0 - p.t0, d.t1 - p.t1))
+        if d.opt:
+            pairs.append(Pair(s, OPT, d.opt[0] - p.opt[0], d.opt[1] - p.opt[1]))
+        for kind, dd, pp in ((FWD, d.fwd, p.fwd), (BWD, d.bwd, p.bwd)):
+            for j, (t0, t1) in sorted(dd.items()):
+                got = pp.get(j)
+                if got is None:
+                    miss(s, kind)
+                else:
+                    pairs.append(Pair(s, kind, t0 - got[0], t1 - got[1]))
+        pc = list(p.comm)
+        for i, (idx, t0, t1, _iss) in enumerate(d.comm):
+            want = comm_bytes(s, d.step, idx)
+            if i < len(pc) and i + 1 < len(pc) and pc[i][2] is not None and want \
+                    and pc[i][2] * elem_size != want and pc[i + 1][2] * elem_size == want:
+                # two works taken off gloo's queue by its two threads at the same moment:
+                # the profiler's start order may swap them; the size says which is which
+                pc[i], pc[i + 1] = pc[i + 1], pc[i]
+            if i >= len(pc):
+                miss(s, COMM)
+                continue
+            c0, c1, numel = pc[i]
+            if numel is not None and want and numel * elem_size != want:
+                notes.append(f"{s} step {d.step}: allreduce #{i} carried {numel * elem_size} B "
+                             f"in the profile, ddptui says {want} B")
+                miss(s, COMM)
+                continue
+            pairs.append(Pair(s, COMM, t0 - c0, t1 - c1))
+        if len(pc) > len(d.comm):
+            notes.append(f"{s} step {d.step}: {len(pc) - len(d.comm)} profiled allreduce(s) "
+                         f"without a ddptui span")
+    return pairs, notes
+
+
+def _pct(vals: list[float], q: float) -> float:
+    if not vals:
+        return float("nan")
+    v = sorted(vals)
+    i = min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))
+    return v[i]
+
+
+def summarize(pairs: list[Pair], tol: dict, strategies: list[str]) -> list[dict]:
+    """One row per (strategy, kind) that has spans."""
+    rows = []
+    for s in strategies:
+        for kind in (FWD, BWD, COMM, OPT, STEP):
+            ps = [p for p in pairs if p.strategy == s and p.kind == kind]
+            if not ps:
+                continue
+            m = [p for p in ps if p.d_start is not None]
+            ts, te = tol[kind]
+            ds = [abs(p.d_start) / 1000 for p in m]
+            de = [abs(p.d_end) / 1000 for p in m]
+            # the error a span is judged by: its worse edge among those held to a tolerance
+            err = [max(a if ts is not None else 0.0, b if te is not None else 0.0)
+                   for a, b in zip(ds, de)]
+            ok = sum(1 for a, b in zip(ds, de)
+                     if (ts is None or a <= ts) and (te is None or b <= te))
+            within = 100.0 * ok / len(ps)
+            rows.append({
+                "strategy": s, "kind": KINDS[kind], "n": len(m), "unmatched": len(ps) - len(m),
+                "median_abs_err_us": _r(_pct(err, 50)), "p95_abs_err_us": _r(_pct(err, 95)),
+                "within_tol_pct": round(within, 1),
+                "tol_us": te if te is not None else ts,
+                "tol_start_us": ts, "tol_end_us": te,
+                "median_start_us": _r(_pct(ds, 50)), "p95_start_us": _r(_pct(ds, 95)),
+                "median_end_us": _r(_pct(de, 50)), "p95_end_us": _r(_pct(de, 95)),
+                "ok": len(m) > 0 and len(m) == len(ps) and within >= PASS_PCT,
+            })
+    return rows
+
+
+def _r(x: float) -> float | None:
+    return None if x != x else round(x, 1)
+
+
+def format_table(rows: list[dict], title: str) -> str:
+    head = ("strategy", "kind", "matched", "unmatched", "|Δstart| med", "p95", "|Δend| med", "p95",
+            "tol µs", "within", "")
+    lines = [title, ""]
+    body = []
+    for r in rows:
+        ts, te = r["tol_start_us"], r["tol_end_us"]
+        tol = f"{ts if ts is not None else '-'}/{te if te is not None else '-'}"
+        body.append((r["strategy"], r["kind"], str(r["n"]), str(r["unmatched"]),
+                     _f(r["median_start_us"]), _f(r["p95_start_us"]),
+                     _f(r["median_end_us"]), _f(r["p95_end_us"]), tol,
+                     f"{r['within_tol_pct']:.0f} %", "ok" if r["ok"] else "FAIL"))
+    w = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i])  # noqa: E731
+                                  for i, c in enumerate(cells)).rstrip()
+    lines.append(fmt(head))
+    lines.extend(fmt(b) for b in body)
+    return "\n".join(lines)
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
