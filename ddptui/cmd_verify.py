@@ -140,7 +140,8 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
                     for kd in rs[r].kind:
                         pairs.append(V.Pair(s, kd, None, None))
     tol = V.GPU_TOL if cuda else V.CPU_TOL
-    rows = V.summarize(pairs, tol, [s for s in strategies if s in raw])
+    rows = V.summarize(pairs, tol, [s for s in strategies if s in raw],
+                       late_only=frozenset() if cuda else V.LATE_ONLY_START)
     first = ranks[min(ranks)] if ranks else None
     doc = {"ok": bool(rows) and all(r["ok"] for r in rows),
            "device": first.device if first else device,
@@ -148,5 +149,6 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
            "ranks": len(ranks), "model": model, "pass_pct": V.PASS_PCT,
            "compared": rows}
     title = (f"ddptui verify · {model} · {len(ranks)} rank(s) · {doc['backend']} · "
-             f"{doc['device']} · |Δ| = ddptui vs torch.profiler, µs; tolerance start/end")
+             f"{doc['device']} · |Δ| = ddptui vs torch.profiler, µs; tolerance start/end"
+             + ("" if cuda else " (+: a start is held only when late)"))
     return doc, V.format_table(rows, title), notes
