@@ -235,7 +235,7 @@ class StepRecord:
     """Slots for one (strategy, step) on one rank."""
 
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
-                 "bwd_s", "bwd_e", "comm_idx", "comm_iss", "comm_ready", "comm_end",
+                 "bwd_s", "bwd_e", "comm_idx", "comm_ready", "comm_end",
                  "comm_thr", "opt_s", "opt_e", "ref")
 
     def __init__(self, strategy: str, step: int, n_layers: int):
@@ -246,7 +246,6 @@ class StepRecord:
         self.bwd_s = [None] * n_layers
         self.bwd_e = [None] * n_layers
         self.comm_idx: list[int] = []
-        self.comm_iss: list[int] = []
         self.comm_ready: list = []
         self.comm_end: list = []
         self.comm_thr: list = []
@@ -282,6 +281,7 @@ class Recorder:
         self.n_layers = n_layers
         self.cur: StepRecord | None = None
         self.pending: list[StepRecord] = []
+        self.straggle = None  # strategies.Straggle when a delay is injected (the layer hooks ask)
         # CUDA: a layer's backward end is re-marked for each parameter; hand the superseded
         # event back to the pool at once (the pool would otherwise grow every step)
         self._recycle = clock.release if clock.cuda else None
@@ -318,7 +318,6 @@ class Recorder:
         """An AllReduce is handed to the backend now; returns its slot."""
         c = self.cur
         c.comm_idx.append(idx)
-        c.comm_iss.append(time.monotonic_ns())
         c.comm_ready.append(self.clock.mark())
         c.comm_end.append(None)
         c.comm_thr.append(None)
@@ -370,6 +369,7 @@ class Recorder:
         for i in reversed(range(r.n_layers)):
             if r.bwd_s[i] is not None and r.bwd_e[i] is not None:
                 kinds.append(BWD); idxs.append(i); t0s.append(ns(r.bwd_s[i])); t1s.append(ns(r.bwd_e[i]))
+        ready: list[int] = []
         if r.comm_idx:
             ready = [ns(t) for t in r.comm_ready]
             end = [ns(t) if t is not None else rd for t, rd in zip(r.comm_end, ready)]
@@ -378,7 +378,9 @@ class Recorder:
             kinds += [COMM] * n; idxs += r.comm_idx; t0s += starts; t1s += end
         if r.opt_s is not None and r.opt_e is not None:
             kinds.append(OPT); idxs.append(0); t0s.append(ns(r.opt_s)); t1s.append(ns(r.opt_e))
-        iss = list(r.comm_iss)
+        # the "issue" column is when each collective was READY: handed to the backend on CPU,
+        # reached by the training stream on GPU (the host's issue time runs ahead there)
+        iss = ready if r.comm_idx else []
         if clock.cuda:
             for tok in [r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
                         *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end]:

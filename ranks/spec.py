@@ -47,3 +47,27 @@ def parse_strategies(text: str) -> list[str]:
         if n not in seen:
             seen.append(n)
     return seen
+
+
+def parse_slow_rank(text: str, model: str, world: int | None = None) -> tuple[int, float, int]:
+    """'R:MS[:LAYER]' -> (rank, ms, layer index); LAYER defaults to the middle layer.
+    ValueError with a one-line reason."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"--slow-rank wants RANK:MS[:LAYER], e.g. 1:40:fc2 (got {text!r})")
+    try:
+        rank, ms = int(parts[0]), float(parts[1])
+    except ValueError:
+        raise ValueError(f"--slow-rank wants a whole rank and a number of ms (got {text!r})") from None
+    if rank < 0 or (world is not None and rank >= world):
+        raise ValueError(f"--slow-rank: rank {rank} is not one of the run's ranks 0..{(world or 1) - 1}")
+    if not (0 <= ms <= 60_000) or ms != ms:
+        raise ValueError(f"--slow-rank: the delay must be 0..60000 ms (got {parts[1]})")
+    names = layer_names(model)
+    layer = (len(names) - 1) // 2 if len(parts) == 2 else None
+    if layer is None:
+        if parts[2] not in names:
+            raise ValueError(f"--slow-rank: model {model} has no layer {parts[2]!r} "
+                             f"(layers {names[0]}..{names[-1]})")
+        layer = names.index(parts[2])
+    return rank, ms, layer

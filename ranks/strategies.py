@@ -9,6 +9,7 @@ single       one device, whole batch, no communication (runs on rank 0 only)
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,15 +35,48 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 x.register_hook(lambda g, i=i: rec.bwd_end(i))
 
-        def post(m, args, out, i=i):
+        def bwd_begin(g, i=i):
+            rec.bwd_begin(i)
+            s = rec.straggle
+            if s is not None and s.layer == i:
+                s.delay()
+
+        def post(m, args, out, i=i, bwd_begin=bwd_begin):
             rec.fwd_end(i)
             if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(lambda g, i=i: rec.bwd_begin(i))
+                out.register_hook(bwd_begin)
 
         block.register_forward_pre_hook(pre)
         block.register_forward_hook(post)
         for p in block.parameters():
             p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i))
+
+
+class Straggle:
+    """A straggler on demand: this rank's backward of one layer takes `ms` longer, every step.
+    On GPU it is device work on the training stream (torch.cuda._sleep: the GPU timeline shows
+    the layer's kernels later), on CPU a busy wait (the core is taken, as by slow compute)."""
+
+    def __init__(self, device, ms: float = 0.0, layer: int = -1):
+        self.device = device
+        self.ms, self.layer = 0.0, -1
+        self.cycles_per_ms = 0
+        if device.type == "cuda":
+            khz = getattr(torch.cuda.get_device_properties(device), "clock_rate", 0) or 1_500_000
+            self.cycles_per_ms = int(khz)  # kHz = cycles per ms
+        self.set(ms, layer)
+
+    def set(self, ms: float, layer: int) -> None:
+        self.ms = float(ms) if ms > 0 else 0.0
+        self.layer = layer if self.ms > 0 else -1
+
+    def delay(self) -> None:
+        if self.cycles_per_ms:
+            torch.cuda._sleep(int(self.ms * self.cycles_per_ms))
+            return
+        end = time.perf_counter_ns() + int(self.ms * 1e6)
+        while time.perf_counter_ns() < end:
+            pass
 
 
 class PlainSGD:

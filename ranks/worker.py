@@ -21,6 +21,7 @@ from . import spec
 from .emitter import Emitter
 
 SEQ_SHIFT = 1 << 24  # control word = seq * SEQ_SHIFT + bucket_cap_kb
+# straggler word = ((seq * 256 + rank) * 256 + layer) * SEQ_SHIFT + delay in ms
 
 
 def parse_args(argv=None):
@@ -33,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--pg-timeout", type=float, default=60.0)
+    p.add_argument("--slow-rank", default=None, metavar="R:MS[:LAYER]",
+                   help="delay rank R's backward of LAYER by MS ms every step")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
@@ -51,6 +54,7 @@ class Control:
         self.lock = threading.Lock()
         self.stop = False
         self.word = 0  # latest seq * SEQ_SHIFT + cap_kb asked of this rank
+        self.slow_word = 0  # latest straggler word asked of this rank
 
     def on_message(self, msg: dict) -> None:
         t = msg.get("t")
@@ -65,6 +69,21 @@ class Control:
                     return
                 if 0 < kb < SEQ_SHIFT and seq > 0:
                     self.word = max(self.word, seq * SEQ_SHIFT + kb)
+            elif t == "set" and msg.get("key") == "slow_ms":
+                try:
+                    seq, ms = int(msg["seq"]), int(round(float(msg["value"])))
+                    rank, layer = int(msg["rank"]), int(msg["layer"])
+                except (KeyError, TypeError, ValueError):
+                    return
+                if 0 <= ms < SEQ_SHIFT and 0 <= rank < 256 and 0 <= layer < 256 and 0 < seq < (1 << 22):
+                    self.slow_word = max(self.slow_word, ((seq * 256 + rank) * 256 + layer) * SEQ_SHIFT + ms)
+
+
+def slow_from_word(word: int) -> tuple[int, int, int]:
+    """straggler word -> (rank, layer, ms)."""
+    rest, ms = divmod(word, SEQ_SHIFT)
+    rest, layer = divmod(rest, 256)
+    return rest % 256, layer, ms
 
 
 def choose_device(args, world: int, local_rank: int):
@@ -198,7 +217,13 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             em.put(item, n_spans=len(item[3]))
     # --- end verify ---
 
-    ctl = torch.zeros(2, dtype=torch.int64)
+    from .strategies import Straggle
+    if args.slow_rank:
+        s_rank, s_ms, s_layer = spec.parse_slow_rank(args.slow_rank, args.model, world)
+        if s_rank == rank:
+            rec.straggle = Straggle(device, s_ms, s_layer)
+    ctl = torch.zeros(3, dtype=torch.int64)
+    applied_slow = 0
     applied_word = 0
     em.phase = "training"
     em.send_now({"t": "phase", "r": rank, "ph": "training"})
@@ -211,6 +236,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             with control.lock:
                 ctl[0] = 1 if control.stop else 0
                 ctl[1] = control.word
+                ctl[2] = control.slow_word
             dist.all_reduce(ctl, op=dist.ReduceOp.MAX, group=ctl_group)
             if ctl[0].item():
                 stopped = True
@@ -223,6 +249,17 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                     if isinstance(s, DDPStrategy):
                         s.wrap(cap)
                 em.send_now({"t": "event", "r": rank, "k": k, "what": "bucket_cap_mb", "value": cap})
+            slow = int(ctl[2].item())
+            if slow > applied_slow:  # every rank at this step: the straggler on or off
+                applied_slow = slow
+                s_rank, s_layer, s_ms = slow_from_word(slow)
+                if s_rank == rank:
+                    rec.straggle = rec.straggle or Straggle(device)
+                    rec.straggle.set(s_ms, s_layer)
+                elif rec.straggle is not None:
+                    rec.straggle.set(0, -1)
+                em.send_now({"t": "event", "r": rank, "k": k, "what": "slow_ms", "value": s_ms,
+                             "rank": s_rank, "layer": s_layer})
             if not strat.runs_on(rank):
                 continue
             s0 = (k % n_batches) * args.batch_size
