@@ -79,6 +79,45 @@ class Control:
                     self.slow_word = max(self.slow_word, ((seq * 256 + rank) * 256 + layer) * SEQ_SHIFT + ms)
 
 
+class SyncProbe:
+    """(GPU pass) torch.cuda's sync debug mode on inside measured steps only: every host-device
+    synchronize there is recorded with where it comes from; written at the end with the size
+    of the CUDA event pool. Set DDPTUI_SYNC_DEBUG=DIR."""
+
+    def __init__(self, out_dir: str):
+        import warnings
+        self.out_dir = out_dir
+        self.found: dict[str, dict] = {}
+        self.steps = 0
+        self._warnings = warnings
+        self._ctx = None
+
+    def before(self) -> None:
+        import torch
+        self._ctx = self._warnings.catch_warnings(record=True)
+        self._caught = self._ctx.__enter__()
+        self._warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def after(self, strategy: str, step: int) -> None:
+        import torch
+        torch.cuda.set_sync_debug_mode(0)
+        self._ctx.__exit__(None, None, None)
+        self.steps += 1
+        for w in self._caught:
+            key = f"{strategy} {w.filename}:{w.lineno} {str(w.message)[:160]}"
+            got = self.found.setdefault(key, {"count": 0, "first_step": step})
+            got["count"] += 1
+
+    def write(self, rank: int, clock) -> None:
+        import json
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "measured_steps": self.steps, "syncs": self.found,
+                       "events_allocated": getattr(clock, "allocated", None),
+                       "events_pooled": len(getattr(clock, "pool", []))}, f, indent=1)
+
+
 def slow_from_word(word: int) -> tuple[int, int, int]:
     """straggler word -> (rank, layer, ms)."""
     rest, ms = divmod(word, SEQ_SHIFT)
@@ -222,6 +261,8 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         s_rank, s_ms, s_layer = spec.parse_slow_rank(args.slow_rank, args.model, world)
         if s_rank == rank:
             rec.straggle = Straggle(device, s_ms, s_layer)
+    probe = SyncProbe(os.environ["DDPTUI_SYNC_DEBUG"]) \
+        if device.type == "cuda" and os.environ.get("DDPTUI_SYNC_DEBUG") else None
     ctl = torch.zeros(3, dtype=torch.int64)
     applied_slow = 0
     applied_word = 0
@@ -270,9 +311,13 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             clock.maybe_calibrate()  # GPU timer -> host clock, outside any measured span
             em.clock_residual_ns = clock.residual_ns
             em.step = k
+            if probe is not None:
+                probe.before()
             rec.begin(strat.name, k)
             strat.step(xb, yb)
             rec.end()
+            if probe is not None:
+                probe.after(strat.name, k)
             emit(rec.poll())
             if isinstance(strat, DDPStrategy):
                 change = strat.take_layout_change()
@@ -286,6 +331,8 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         if stopped:
             break
     emit(rec.poll(wait=True))
+    if probe is not None:
+        probe.write(rank, clock)
     if args.save_weights:
         torch.save({s.name: {k: v.detach().cpu() for k, v in s.module.state_dict().items()}
                     for s in strategies if s.runs_on(rank)}, f"{args.save_weights}.rank{rank}.pt")

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The GPU pass: every CUDA path of ddptui on a real NVIDIA GPU, measured, in two phases that
+# each fit a 10-minute command (or `all` in one go). Everything is written under a work folder
+# and packed into ONE archive (plus a summary) in the output folder.
+#
+#   benchmarks/gpu_pass.sh a   [OUTDIR]   tests marked gpu; headless NCCL (world 1) and gloo with
+#                                         CUDA tensors (2 ranks on one GPU) on small and xlarge,
+#                                         with the sync probe; verify on both; starts the
+#                                         15-minute clock-residual run in the background
+#   benchmarks/gpu_pass.sh b   [OUTDIR]   the whole suite with CUDA visible; P1 on xlarge;
+#                                         NVML next to nvidia-smi; 1,000 steps (event pool);
+#                                         the live UI in tmux (SVG); collects the clock run
+#   benchmarks/gpu_pass.sh all [OUTDIR]
+#
+# OUTDIR defaults to $OUT (the device tool's folder) or ./gpu-pass. What the machine lacks comes
+# as wheels in .whl/ (pure-Python: Textual and its needs, the snapshot plugin); torch, NVML
+# bindings, msgpack, psutil, rich and pytest are usually there (env.txt says).
+set -uo pipefail
+phase=${1:-all}
+out=${2:-${OUT:-gpu-pass}}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=/tmp/ddptui-gpu-pass
+mkdir -p "$work"
+export OMP_NUM_THREADS=4 PYTHONUNBUFFERED=1 DDPTUI_RUNS_DIR="$work/runs"
+PY=python3
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+DDPTUI=($PY -m ddptui.cli)
+
+step() { echo "== $(date +%T) $*" | tee -a "$work/summary.txt"; }
+note() { echo "$*" | tee -a "$work/summary.txt"; }
+
+env_report() {
+  step "environment"
+  { nvidia-smi; $PY - <<'EOF'
+import importlib
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+for m in ("textual", "rich", "msgpack", "psutil", "pynvml", "pytest", "hypothesis", "syrupy", "textual_serve"):
+    try:
+        mod = importlib.import_module(m)
+        print(m, getattr(mod, "__version__", "present"))
+    except Exception as e:  # noqa: BLE001
+        print(m, "MISSING", type(e).__name__)
+EOF
+  } > "$work/env.txt" 2>&1
+  grep -E "^torch|MISSING" "$work/env.txt" | tee -a "$work/summary.txt"
+}
+
+headless() {  # name, then ddptui options
+  local name=$1; shift
+  step "headless $name: $*"
+  DDPTUI_SYNC_DEBUG="$work/sync-$name" timeout 300 "${DDPTUI[@]}" --headless "$@" \
+    --json "$work/headless-$name.json" > "$work/headless-$name.txt" 2> "$work/headless-$name.err"
+  note "  exit $? · $(tail -n 3 "$work/headless-$name.txt" | tr '\n' ' ')"
+  $PY - "$work/sync-$name" <<'EOF' | tee -a "$work/summary.txt"
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/rank*.json")):
+    d = json.load(open(f))
+    print(f"  sync probe rank {d['rank']}: {d['measured_steps']} measured steps, "
+          f"{sum(v['count'] for v in d['syncs'].values())} synchronizes inside them; "
+          f"CUDA events allocated {d['events_allocated']}, pooled {d['events_pooled']}")
+    for k, v in list(d["syncs"].items())[:5]:
+        print(f"    {v['count']}x {k}")
+EOF
+}
+
+verify() {
+  local name=$1; shift
+  step "verify $name: $*"
+  timeout 300 "${DDPTUI[@]}" verify "$@" --json "$work/verify-$name.json" > "$work/verify-$name.txt" 2>&1
+  note "  exit $?"
+  grep -E "^(naive|interleaved|ddp|single) " "$work/verify-$name.txt" >> "$work/summary.txt"
+}
+
+phase_a() {
+  env_report
+  step "clock residual run (background, 900 s)"
+  setsid nohup $PY benchmarks/gpu_clock.py --seconds 900 --out "$work/clock.csv" \
+    > "$work/clock.log" 2>&1 < /dev/null &
+  step "tests marked gpu"
+  timeout 400 $PY -m pytest -q -m gpu -p no:cacheprovider tests > "$work/tests-gpu.txt" 2>&1
+  note "  $(tail -n 1 "$work/tests-gpu.txt")"
+  local s="naive,interleaved,ddp,single"
+  headless nccl-small --gpus 1 --model small --strategies $s --steps 30
+  headless gloo-small --gpus 1 --ranks 2 --model small --strategies $s --steps 30
+  headless nccl-xlarge --gpus 1 --model xlarge --strategies $s --steps 20
+  headless gloo-xlarge --gpus 1 --ranks 2 --model xlarge --strategies naive,interleaved,ddp --steps 10
+  verify nccl --gpus 1 --model xlarge --strategies naive,interleaved,ddp,single --steps 6
+  verify gloo --gpus 1 --ranks 2 --model small --strategies naive,interleaved,ddp --steps 6
+}
+
+phase_b() {
+  [ -f "$work/env.txt" ] || env_report
+  step "whole suite with CUDA visible"
+  timeout 420 $PY -m pytest -q -x -p no:cacheprovider tests > "$work/tests-all.txt" 2>&1
+  note "  $(tail -n 1 "$work/tests-all.txt")"
+  step "P1 on xlarge (1 rank, NCCL)"
+  timeout 300 $PY benchmarks/p1_overhead.py --model xlarge --device cuda --ranks 1 > "$work/p1.txt" 2>&1
+  note "  $(grep -E '^P1|ratio' "$work/p1.txt" | tail -n 3 | tr '\n' ' ')"
+  step "NVML next to nvidia-smi"
+  timeout 120 $PY benchmarks/gpu_nvml.py --seconds 20 --out "$work/nvml.csv" > "$work/nvml.txt" 2>&1
+  note "  $(tail -n 1 "$work/nvml.txt")"
+  headless pool-1000 --gpus 1 --model small --strategies naive,ddp --steps 1000
+  if command -v tmux >/dev/null 2>&1; then
+    step "live UI in tmux (SVG screenshot)"
+    mkdir -p "$work/shots"
+    tmux new-session -d -s gpupass -x 200 -y 50 -c "$work/shots" \
+      "env PYTHONPATH=$PYTHONPATH $PY -m ddptui.cli --gpus 1 --ranks 2 --model xlarge --strategies naive,ddp"
+    sleep 40; tmux send-keys -t gpupass s; sleep 3
+    tmux capture-pane -p -t gpupass > "$work/shots/pane.txt"
+    tmux send-keys -t gpupass q; sleep 8
+    tmux kill-session -t gpupass 2>/dev/null
+    note "  $(ls "$work/shots" | tr '\n' ' ')"
+  else
+    note "  no tmux on this machine: no live UI screenshot"
+  fi
+  if [ -f "$work/clock.csv" ]; then
+    note "clock: $(tail -n 1 "$work/clock.log")"
+  else
+    note "clock: still running or not started ($(tail -n 1 "$work/clock.log" 2>/dev/null))"
+  fi
+}
+
+case $phase in
+  a) phase_a ;;
+  b) phase_b ;;
+  all) phase_a; phase_b ;;
+  *) echo "usage: $0 a|b|all [OUTDIR]" >&2; exit 2 ;;
+esac
+cp "$work/summary.txt" "$out/summary-$phase.txt"
+tar czf "$out/gpu-pass-$phase.tar.gz" -C "$work" --exclude=runs . 2>/dev/null
+echo "gpu pass ($phase): $out/summary-$phase.txt, $out/gpu-pass-$phase.tar.gz"
