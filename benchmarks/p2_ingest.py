@@ -3,8 +3,8 @@
 stores, on one core, from pre-packed frame bodies.
 
 The path measured is exactly what the collector thread does per frame body:
-`Store.ingest(wire.unpack_body(body))` (msgpack decode, frame validation, columnar span
-decode and checks, storing). Bodies are packed beforehand from `ddptui.synthetic` (the
+`Feed.body(body)` (msgpack decode, the frame checked against ranks.schema with the run's
+limits, columnar span decode and checks, storing). Bodies are packed beforehand from `ddptui.synthetic` (the
 frames real ranks send), so packing costs nothing here. Workload: xlarge, 2 ranks, single +
 naive + interleaved + ddp (18 to 34 spans per frame, 29 on average).
 
@@ -28,9 +28,10 @@ from _common import median
 
 import msgpack  # noqa: E402
 
+from ddptui.feed import Feed  # noqa: E402
 from ddptui.store import Store  # noqa: E402
 from ddptui.synthetic import SyntheticRun  # noqa: E402
-from ranks import wire  # noqa: E402
+from ranks import schema  # noqa: E402
 from ranks.wire import N_KINDS  # noqa: E402
 
 GOAL = 5e6
@@ -50,12 +51,12 @@ def make_bodies(model: str, world: int, steps: int):
 
 def ingest(head, bodies) -> float:
     st = Store()
-    unpack, put = wire.unpack_body, st.ingest
+    put, types = Feed(st).body, schema.RANK_FRAMES
     for b in head:
-        put(unpack(b))
+        put(b, None, types)
     w0, c0 = time.perf_counter(), time.thread_time()
     for b in bodies:
-        put(unpack(b))
+        put(b, None, types)
     c1, w1 = time.thread_time(), time.perf_counter()
     assert st.rejected == 0 and st.spans > 0
     return c1 - c0, w1 - w0
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         gc.collect()
         slow.append(spans / per_event(head, bodies))
     rate = median(fast)
-    print(f"  Store.ingest(unpack_body(body)): median {rate / 1e6:.2f} M events per CPU-second "
+    print(f"  Feed.body(body):                 median {rate / 1e6:.2f} M events per CPU-second "
           f"({1e6 * spans / rate / len(bodies):.2f} µs per frame; reps "
           + ", ".join(f"{r / 1e6:.2f}" for r in fast) + f"); by the wall clock {median(wall) / 1e6:.2f} M/s")
     print(f"  per-event Python reference:      median {median(slow) / 1e6:.2f} M events per CPU-second "

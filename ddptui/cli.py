@@ -12,6 +12,7 @@ import time
 from ranks import spec
 
 from . import __version__
+from .options import add_numeric
 
 SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify")
 
@@ -36,31 +37,11 @@ class CliError(Exception):
     """A one-line error for the user (exit status 2)."""
 
 
-def _positive_int(name, lo=1, hi=None):
-    def conv(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number (got {text!r})") from None
-        if v < lo or (hi is not None and v > hi):
-            rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"{name} must be {rng} (got {v})")
-        return v
-    return conv
-
-
-def _mb(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--bucket-cap-mb must be a number (got {text!r})") from None
-    if not (0 < v <= 4096):
-        raise argparse.ArgumentTypeError(f"--bucket-cap-mb must be in (0, 4096] MB (got {text})")
-    return v
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage dump
+        head, _, rest = message.partition(": ")
+        if head.startswith("argument ") and rest.startswith(tuple(head[9:].split("/"))):
+            message = rest  # "argument --x: --x must be ..." says --x once
         raise CliError(message)
 
 
@@ -69,9 +50,9 @@ def live_parser() -> argparse.ArgumentParser:
                 "per-AllReduce timelines of naive data parallelism vs PyTorch DDP, live.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"ddptui {__version__}")
-    p.add_argument("--gpus", type=_positive_int("--gpus", 1, 64), default=2,
+    add_numeric(p, "--gpus", default=2,
                    help="GPUs to use (default 2); with no GPU, the number of CPU ranks")
-    p.add_argument("--ranks", type=_positive_int("--ranks", 1, 64), default=None,
+    add_numeric(p, "--ranks", default=None,
                    help="ranks to start (default: one per GPU); more ranks than GPUs runs gloo with CUDA tensors")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where ranks compute (default auto: CUDA when present)")
@@ -79,11 +60,11 @@ def live_parser() -> argparse.ArgumentParser:
                    help="model: " + ", ".join(spec.MODELS) + " (default small)")
     p.add_argument("--strategies", default=",".join(spec.DEFAULT_STRATEGIES), metavar="LIST",
                    help="comma-separated, from " + ", ".join(spec.STRATEGIES) + " (default naive,ddp)")
-    p.add_argument("--steps", type=_positive_int("--steps", 0, 10_000_000), default=None,
+    add_numeric(p, "--steps", default=None,
                    help="steps per strategy (default: 10 headless, until you quit in the UI)")
-    p.add_argument("--batch-size", type=_positive_int("--batch-size", 1, 1 << 20), default=1024,
+    add_numeric(p, "--batch-size", default=1024,
                    help="global batch, split across ranks (default 1024)")
-    p.add_argument("--bucket-cap-mb", type=_mb, default=None,
+    add_numeric(p, "--bucket-cap-mb", default=None,
                    help="DDP bucket size in MB (default PyTorch's, 25)")
     p.add_argument("--headless", action="store_true", help="no UI: progress on stderr, table on stdout")
     p.add_argument("--json", metavar="PATH", help="(headless) also write the figures as JSON")
@@ -91,13 +72,13 @@ def live_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-record", action="store_true", help="do not record this run")
     p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
                    help="where recordings go by default (default ./runs)")
-    p.add_argument("--seed", type=int, default=42, help="seed of the initial weights and the data (default 42)")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
-    p.add_argument("--threads", type=_positive_int("--threads", 1, 256), default=1,
+    add_numeric(p, "--seed", default=42, help="seed of the initial weights and the data (default 42)")
+    add_numeric(p, "--lr", default=0.01, help="SGD learning rate (default 0.01)")
+    add_numeric(p, "--threads", default=1,
                    help="torch threads per CPU rank (default 1)")
-    p.add_argument("--queue-size", type=_positive_int("--queue-size", 1, 100_000), default=256,
+    add_numeric(p, "--queue-size", default=256,
                    help="frames each rank buffers for a slow app before dropping them (default 256)")
-    p.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
+    add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                    help="process-group timeout in seconds: a hung collective fails after this (default 60)")
     return p
 
@@ -152,8 +133,6 @@ def build_live(argv: list[str]):
         strategies = spec.parse_strategies(a.strategies)
     except ValueError as e:
         raise CliError(str(e)) from None
-    if a.pg_timeout <= 0:
-        raise CliError(f"--pg-timeout must be positive (got {a.pg_timeout})")
     check_environment()
     try:
         plan = make_plan(a.gpus, a.ranks, a.device)

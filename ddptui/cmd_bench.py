@@ -26,7 +26,8 @@ from ranks import spec
 
 from . import __version__
 from . import figures as F
-from .cli import CliError, _check_writable_path, _mb, _Parser, _positive_int, check_environment
+from .cli import CliError, _check_writable_path, _Parser, check_environment
+from .options import add_numeric
 
 BYTES_PER_GRAD = 4  # fp32 gradients
 DEFAULT_MODELS = ("small", "medium")
@@ -50,19 +51,19 @@ def parser() -> _Parser:
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), metavar="LIST",
                    help="comma-separated, from naive, interleaved, ddp (default all three); "
                         "single always runs as the baseline")
-    p.add_argument("--gpus", type=_positive_int("--gpus", 1, 64), default=2,
+    add_numeric(p, "--gpus", default=2,
                    help="GPUs (ranks) to use (default 2); with no GPU, the number of CPU ranks")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where ranks compute (default auto: CUDA when present)")
-    p.add_argument("--steps", type=_positive_int("--steps", 2, 1_000_000), default=10,
+    add_numeric(p, "--steps", lo=2, hi=1_000_000, default=10,
                    help="steps per strategy (default 10; the first is warm-up and not counted)")
-    p.add_argument("--batch-size", type=_positive_int("--batch-size", 1, 1 << 20), default=1024,
+    add_numeric(p, "--batch-size", default=1024,
                    help="global batch, split across ranks (default 1024)")
-    p.add_argument("--bucket-cap-mb", type=_mb, default=None,
+    add_numeric(p, "--bucket-cap-mb", default=None,
                    help="DDP bucket size in MB (default PyTorch's, 25)")
-    p.add_argument("--threads", type=_positive_int("--threads", 1, 256), default=1,
+    add_numeric(p, "--threads", default=1,
                    help="torch threads per CPU rank (default 1)")
-    p.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
+    add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                    help="process-group timeout in seconds (default 60)")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--csv", metavar="PATH", help="also write one CSV row per model and strategy")
@@ -244,10 +245,6 @@ def write_json(path: str, doc: dict) -> None:
 
 
 # -- running ---------------------------------------------------------------------------
-class _Interrupted(Exception):
-    pass
-
-
 def _sigterm(signum, frame):
     raise KeyboardInterrupt
 
@@ -297,8 +294,6 @@ def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     models = parse_models(a.models)
     strategies = parse_bench_strategies(a.strategies)
-    if not (a.pg_timeout > 0):
-        raise CliError(f"--pg-timeout must be positive (got {a.pg_timeout})")
     json_path = _check_writable_path(a.json, "--json") if a.json else None
     csv_path = _check_writable_path(a.csv, "--csv") if a.csv else None
     if json_path and csv_path and json_path == csv_path:

@@ -302,14 +302,14 @@ def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
             fobj = os.fdopen(fd, "w", encoding="utf-8")
         w = TraceWriter(fobj, got.meta, scan)
         w.begin()
-        n = 0
-        for _body, frame in r:  # pass 2: the same frames, up to where pass 1 stopped
+        skip = set(got.rejected)
+        for n, (_body, frame) in enumerate(r):  # pass 2: the frames pass 1 took
             if n >= got.frames:
                 break
-            n += 1
-            w.frame(frame)
+            if n not in skip:
+                w.frame(frame)
         w.finish({"recording": os.path.basename(path), "damage": got.damage,
-                  "frames": got.frames, "spans": got.spans})
+                  "skipped_frames": len(got.rejected), "frames": got.frames, "spans": got.spans})
         if tmp is not None:
             fobj.close()
             umask = os.umask(0)
@@ -347,6 +347,8 @@ def main(argv: list[str]) -> int:
     if got.damage:
         print(f"ddptui: warning: {a.file}: {got.damage}; exported what was read: {got.steps_text()}",
               file=sys.stderr, flush=True)
+    if got.rejected:
+        print(f"ddptui: warning: {a.file}: {got.skipped_text()}", file=sys.stderr, flush=True)
     if out != "-":
         ranks = sorted({r for r, _ in w.per_lane})
         print(f"wrote {out}: {w.slices} slices on {len(ranks)} rank(s), {w.instants} instant "

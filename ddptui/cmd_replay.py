@@ -11,26 +11,13 @@ before it: a `ddptui: warning:` line names the damage and the steps read, exit s
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 
 from . import cmd_summary
 from .cli import CliError, _check_writable_path, _Parser
+from .options import add_numeric
 from .recording import RecordingError, Reader
-
-SPEED_MIN, SPEED_MAX = 0.25, 8.0
-
-
-def _speed(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--speed must be a number (got {text!r})") from None
-    if not (SPEED_MIN <= v <= SPEED_MAX):
-        raise argparse.ArgumentTypeError(f"--speed must be in {SPEED_MIN:g}..{SPEED_MAX:g} (got {text})")
-    return v
-
 
 def parser() -> _Parser:
     p = _Parser(prog="ddptui replay",
@@ -39,8 +26,7 @@ def parser() -> _Parser:
     p.add_argument("--headless", action="store_true",
                    help="no UI: print the per-strategy figures of the recording")
     p.add_argument("--json", metavar="PATH", help="(headless) also write the figures as JSON")
-    p.add_argument("--speed", type=_speed, default=1.0,
-                   help=f"playback speed, {SPEED_MIN:g}..{SPEED_MAX:g} (default 1)")
+    add_numeric(p, "--speed", default=1.0, help="playback speed, 0.25..8 (default 1)")
     p.add_argument("--loop", action="store_true", help="start over at the end (for talks)")
     p.add_argument("--title", metavar="TEXT", help="a title to show (UI header, or the table title)")
     return p
@@ -48,8 +34,9 @@ def parser() -> _Parser:
 
 def check_file(path: str) -> None:
     """Check the header and read up to the first step's spans the way every verb reads
-    (into a Store), so that a bad file, one with nothing to show, is one line on stderr
-    rather than a UI. Damage later in the file is the UI's to show."""
+    (through ddptui.feed into a Store), so that a bad file, one with nothing to show, is
+    one line on stderr rather than a UI. Damage later in the file is the UI's to show."""
+    from .feed import Feed
     from .store import Store
 
     try:
@@ -58,19 +45,15 @@ def check_file(path: str) -> None:
         raise CliError(str(e)) from None
     st = Store()
     st.set_meta(copy.deepcopy(r.meta))
+    feed = Feed(st)
     try:
         for _body, frame in r:
-            try:
-                st.ingest(frame)
-            except Exception as e:  # noqa: BLE001 - what load() calls damage
-                raise CliError(f"{path}: invalid {str(frame.get('t'))[:20]!r} frame before the first "
-                               f"step ({str(e)[:120] or type(e).__name__}); nothing to show") from None
-            if frame.get("t") == "spans":
+            if feed.frame(frame) and frame["t"] == "spans":
                 return
     finally:
         r.close()
-    if r.damage:
-        raise CliError(f"{path}: {r.damage}; nothing before the damage to show")
+    if r.damage or feed.first_reject:
+        raise CliError(f"{path}: {r.damage or feed.first_reject}; nothing before it to show")
 
 
 def main(argv: list[str]) -> int:

@@ -75,6 +75,8 @@ def report(got: Loaded, json_path: str | None, title: str | None = None,
     if got.damage:
         print(f"ddptui: warning: {got.path}: {got.damage}; figures of what was read: "
               f"{got.steps_text()}", file=err, flush=True)
+    if got.rejected:
+        print(f"ddptui: warning: {got.path}: {got.skipped_text()}", file=err, flush=True)
     if any(r.get("steps") for r in rows):
         print_summary(rows, meta, file=out, title=title or title_of(meta))
     elif not got.damage:
@@ -87,7 +89,7 @@ def report(got: Loaded, json_path: str | None, title: str | None = None,
         state, message = run_state(got)
         write_json(json_path, json_doc(rows, meta, {
             "state": state, "message": message, "recording": os.path.abspath(got.path),
-            "dropped_spans": dropped, "damage": got.damage,
+            "dropped_spans": dropped, "damage": got.damage, "skipped_frames": len(got.rejected),
             "frames": got.frames, "spans": got.spans,
             "steps_read": {s: len(ks) for s, ks in got.steps_read().items()},
         }))

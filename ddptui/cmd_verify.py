@@ -22,15 +22,16 @@ import tempfile
 from ranks import spec
 
 from . import verify as V
-from .cli import _check_writable_path, _Parser, _positive_int
+from .cli import _check_writable_path, _Parser
+from .options import add_numeric
 
 
 def parser() -> _Parser:
     p = _Parser(prog="ddptui verify", description="Check every ddptui span against torch.profiler's "
                 "own record of the same work (ops, autograd nodes, collectives, kernels) on this machine.")
-    p.add_argument("--gpus", type=_positive_int("--gpus", 1, 64), default=2,
+    add_numeric(p, "--gpus", 1, 64, default=2,
                    help="GPUs to use (default 2); with no GPU, the number of CPU ranks")
-    p.add_argument("--ranks", type=_positive_int("--ranks", 1, 64), default=None,
+    add_numeric(p, "--ranks", 1, 64, default=None,
                    help="ranks to start (default: one per GPU)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where ranks compute (default auto: CUDA when present)")
@@ -38,13 +39,13 @@ def parser() -> _Parser:
                    help="model: " + ", ".join(spec.MODELS) + " (default small)")
     p.add_argument("--strategies", default=",".join(spec.STRATEGIES), metavar="LIST",
                    help="comma-separated, from " + ", ".join(spec.STRATEGIES) + " (default all)")
-    p.add_argument("--steps", type=_positive_int("--steps", 2, 1000), default=5,
+    add_numeric(p, "--steps", 2, 1000, default=5,
                    help="steps per strategy; all but the first are profiled and compared (default 5)")
-    p.add_argument("--batch-size", type=_positive_int("--batch-size", 1, 1 << 20), default=1024,
+    add_numeric(p, "--batch-size", 1, 1 << 20, default=1024,
                    help="global batch, split across ranks (default 1024)")
-    p.add_argument("--threads", type=_positive_int("--threads", 1, 256), default=1,
+    add_numeric(p, "--threads", 1, 256, default=1,
                    help="torch threads per CPU rank (default 1)")
-    p.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
+    add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                    help="process-group timeout in seconds (default 60)")
     p.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
     return p

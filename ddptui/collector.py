@@ -15,13 +15,13 @@ import tempfile
 import threading
 import time
 
-from ranks import wire
+from ranks import schema, wire
 
-RANK_FRAMES = {"hello", "phase", "spans", "buckets", "event", "hb", "bye", "error"}
+from .feed import Feed
 
 
 class _Conn:
-    __slots__ = ("sock", "reader", "rank", "opened", "bye")
+    __slots__ = ("sock", "reader", "rank", "opened", "bye", "owner", "last")
 
     def __init__(self, sock, max_frame):
         self.sock = sock
@@ -29,15 +29,17 @@ class _Conn:
         self.rank: int | None = None
         self.opened = time.monotonic()
         self.bye = False
+        self.owner = False  # sent its rank's hello: its close disconnects the rank
+        self.last = None  # type of the frame being handled (for errors)
 
 
 class Collector:
-    def __init__(self, store, token: str, sink=None, on_disconnect=None,
+    def __init__(self, store, token: str, feed: Feed | None = None, on_disconnect=None,
                  max_frame: int = wire.MAX_FRAME, auth_timeout: float = 5.0,
                  run_dir: str | None = None):
         self.store = store
         self.token = token
-        self.sink = sink  # sink(body: bytes, frame: dict) for every accepted frame
+        self.feed = feed or Feed(store)  # its sink records every frame taken or made
         self.on_disconnect = on_disconnect
         self.max_frame = max_frame
         self.auth_timeout = auth_timeout
@@ -53,8 +55,6 @@ class Collector:
         self.sel.register(self.srv, selectors.EVENT_READ, None)
         self.conns: dict[socket.socket, _Conn] = {}
         self.lock = threading.Lock()
-        self.rejected = 0
-        self.accepted = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ddptui-collector", daemon=True)
         self._thread.start()
@@ -63,6 +63,9 @@ class Collector:
     def send(self, msg: dict, rank: int | None = None) -> int:
         """Send a control message to every authenticated rank (or one). Never blocks:
         a rank whose socket is full misses it (and is told again by the caller)."""
+        if msg.get("t") not in schema.CONTROL_FRAMES:
+            raise schema.FrameError(f"{msg.get('t')!r} is not a control frame")
+        schema.check(msg)
         data = wire.pack(msg)
         n = 0
         with self.lock:
@@ -76,16 +79,13 @@ class Collector:
                     pass
         return n
 
-    def connected_ranks(self) -> list[int]:
-        with self.lock:
-            return sorted(c.rank for c in self.conns.values() if c.rank is not None)
-
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2.0)
         with self.lock:
-            for c in list(self.conns.values()):
-                self._drop(c, None)
+            conns = list(self.conns.values())
+        for c in conns:  # _drop takes the lock itself
+            self._drop(c, None)
         try:
             self.srv.close()
         finally:
@@ -101,16 +101,31 @@ class Collector:
     def _loop(self) -> None:
         while not self._stop.is_set():
             for key, _ in self.sel.select(timeout=0.1):
-                if key.data is None:
-                    self._accept()
-                else:
-                    self._read(key.data)
+                c = key.data
+                try:
+                    if c is None:
+                        self._accept()
+                    else:
+                        self._read(c)
+                except Exception as e:  # noqa: BLE001 - one connection's trouble, never the loop's
+                    self._internal(c, e)
             now = time.monotonic()
             with self.lock:
                 late = [c for c in self.conns.values()
                         if c.rank is None and now - c.opened > self.auth_timeout]
             for c in late:
                 self._reject(c, "no token within %.0f s" % self.auth_timeout)
+
+    def _internal(self, c: _Conn | None, e: Exception) -> None:
+        """An unexpected exception: logged with the frame type and rank, connection dropped."""
+        if c is None:
+            self.store.add_log(f"collector: accepting a connection failed ({type(e).__name__}: {e})", "error")
+            return
+        what = f" on a {c.last} frame" if c.last else ""
+        try:
+            self._reject(c, f"internal error{what} ({type(e).__name__}: {e})")
+        except Exception:  # noqa: BLE001 - the store itself is failing: at least drop it
+            self._drop(c, None)
 
     def _accept(self) -> None:
         try:
@@ -139,57 +154,55 @@ class Collector:
             self._reject(c, str(e))
             return
         for body in bodies:
-            try:
-                f = wire.unpack_body(body)
-            except Exception as e:  # noqa: BLE001 - any decode failure is a bad client
-                self._reject(c, f"undecodable frame ({type(e).__name__})")
-                return
+            c.last = None
             if c.rank is None:
-                if not self._auth(c, f):
+                if not self._auth(c, body):
                     return
                 continue
-            t = f.get("t")
-            if t not in RANK_FRAMES:
-                self._reject(c, f"unexpected frame type {t!r}")
+            f = self.feed.body(body, c.rank, schema.RANK_FRAMES)
+            if f is None:  # rejected (logged, recorded): this connection is done
+                self._drop(c, "rejected")
                 return
-            if f.get("r") != c.rank:
-                self._reject(c, f"rank {c.rank} sent a frame for rank {f.get('r')!r}")
-                return
-            try:
-                self.store.ingest(f)
-            except (ValueError, KeyError, TypeError) as e:
-                self._reject(c, f"invalid {t} frame: {e}")
-                return
-            if t == "bye":
+            c.last = f["t"]
+            if c.last == "hello":
+                c.owner = True
+            elif c.last == "bye":
                 c.bye = True
-            if self.sink is not None:
-                self.sink(body, f)
         if c.reader.pending >= 4:
             try:
                 c.reader.feed(b"")  # a bad length prefix behind good frames
             except ValueError as e:
                 self._reject(c, str(e))
 
-    def _auth(self, c: _Conn, f: dict) -> bool:
+    def _auth(self, c: _Conn, body: bytes) -> bool:
+        try:
+            f = wire.unpack_body(body)
+        except Exception as e:  # noqa: BLE001 - any decode failure is a bad client
+            self._reject(c, f"undecodable frame ({type(e).__name__})")
+            return False
         tok = f.get("token")
-        r = f.get("r")
-        if f.get("t") != "auth" or not isinstance(tok, str) or not isinstance(r, int):
+        if f.get("t") != "auth":
             self._reject(c, "first frame is not an auth frame")
             return False
-        if not hmac.compare_digest(tok.encode(), self.token.encode()):
+        if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self.token.encode()):
             self._reject(c, "wrong token")
             return False
-        c.rank = r
-        self.accepted += 1
+        if f.get("v") != wire.PROTOCOL_VERSION:
+            self._reject(c, f"protocol version {str(f.get('v'))[:20]}, but this ddptui speaks "
+                            f"version {wire.PROTOCOL_VERSION} (ranks and app are from different versions)")
+            return False
+        try:
+            schema.check(f, self.store.limits)
+        except schema.FrameError as e:
+            self._reject(c, f"invalid auth frame: {e}")
+            return False
+        c.rank = f["r"]
         return True
 
     def _reject(self, c: _Conn, why: str) -> None:
-        self.rejected += 1
-        who = f"rank {c.rank}" if c.rank is not None else "unauthenticated client"
-        self.store.add_log(f"rejected {who}: {why}", "warn")
-        with self.store.lock:
-            self.store.rejected += 1
-        self._drop(c, None)
+        """Refuse a connection: a reject frame (logged, counted, recorded), then dropped."""
+        self.feed.reject(c.rank, c.last, why)
+        self._drop(c, "rejected")
 
     def _drop(self, c: _Conn, why) -> None:
         with self.lock:
@@ -200,11 +213,7 @@ class Collector:
         except (KeyError, ValueError):
             pass
         c.sock.close()
-        if c.rank is not None and why is not None:
-            with self.store.lock:
-                info = self.store.ranks.get(c.rank)
-                if info is not None:
-                    info.connected = False
-                self.store.version += 1
+        if c.owner and why is not None:
+            self.feed.note({"t": "drop", "r": c.rank, "why": why, "bye": c.bye})
             if self.on_disconnect is not None:
                 self.on_disconnect(c.rank, c.bye)

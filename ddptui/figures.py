@@ -44,50 +44,34 @@ def intersection_length(xs, ys) -> int:
 class RankStep:
     """Figures of one rank for one strategy step (times in ms)."""
     step_ms: float
-    fwd_ms: float
-    bwd_ms: float
     compute_ms: float
     comm_ms: float
     exposed_ms: float
     calls: int
     bytes: int
-    bwd_end_ms: float  # backward end, relative to step start
-    first_comm_ms: float  # first AllReduce start, relative to step start (-1: none)
 
 
 def rank_step(b: SpanBatch, comm_bytes) -> RankStep:
     """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket)."""
     kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
-    step = fwd = bwd = 0
-    bwd_end = 0
+    step = 0
     comp, comm = [], []
     calls = nbytes = 0
-    first_comm = -1
     for i in range(len(kind)):
         k = kind[i]
         a, z = t0[i], t1[i]
-        if k == FWD:
-            fwd += z - a
+        if k == FWD or k == BWD:
             comp.append((a, z))
-        elif k == BWD:
-            bwd += z - a
-            comp.append((a, z))
-            if z > bwd_end:
-                bwd_end = z
         elif k == COMM:
             comm.append((a, z))
             calls += 1
             nbytes += comm_bytes(idx[i])
-            if first_comm < 0 or a < first_comm:
-                first_comm = a
         elif k == STEP:
             step = z - a
     cu, mu = union(comp), union(comm)
     comm_len = length(mu)
     exposed = comm_len - intersection_length(cu, mu)
-    return RankStep(step / 1e3, fwd / 1e3, bwd / 1e3, length(cu) / 1e3, comm_len / 1e3,
-                    exposed / 1e3, calls, nbytes, bwd_end / 1e3,
-                    first_comm / 1e3 if first_comm >= 0 else -1.0)
+    return RankStep(step / 1e3, length(cu) / 1e3, comm_len / 1e3, exposed / 1e3, calls, nbytes)
 
 
 @dataclass

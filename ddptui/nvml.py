@@ -16,10 +16,6 @@ except ImportError:  # reported by the CLI as a broken install
 _state: dict = {}
 
 
-def available_module():
-    return _pynvml
-
-
 def init(lib=None) -> bool:
     lib = lib or _pynvml
     if lib is None:

@@ -49,7 +49,6 @@ class RecordWriter:
         self.z = zlib.compressobj(6)
         self.frames = 0
         self.spans = 0
-        self.raw_bytes = 0
         self.last_flush = time.monotonic()
         self.closed = False
         w = meta.get("world")
@@ -75,7 +74,6 @@ class RecordWriter:
             data = wire.LEN.pack(len(body)) + body
             self.f.write(self.z.compress(data))
             self.frames += 1
-            self.raw_bytes += len(data)
             step_done = False
             if frame is not None and frame.get("t") == "spans":
                 self.spans += len(frame["kind"])
@@ -103,13 +101,6 @@ class RecordWriter:
             self.f.write(self.z.flush(zlib.Z_FINISH))
             self.f.close()
             self.closed = True
-
-    @property
-    def size(self) -> int:
-        try:
-            return os.path.getsize(self.path)
-        except OSError:
-            return 0
 
 
 def read_header(f, name: str) -> dict:
@@ -314,10 +305,19 @@ class Loaded:
         self.path = path
         self.store = store
         self.meta = meta
-        self.frames = 0
+        self.frames = 0  # frames read (taken or rejected)
         self.span_frames = 0
         self.spans = 0
-        self.damage: str | None = None
+        self.damage: str | None = None  # where and why reading stopped (stream damage)
+        self.rejected: list[int] = []  # indexes of the frames the feed rejected (skipped)
+        self.first_reject: str | None = None
+
+    def skipped_text(self) -> str | None:
+        """One phrase about the frames skipped, or None when there were none."""
+        if not self.rejected:
+            return None
+        n = len(self.rejected)
+        return f"{n} invalid frame{'s' if n > 1 else ''} skipped (first: {self.first_reject})"
 
     def steps_read(self) -> dict[str, list[int]]:
         """Complete steps (every rank reported) per strategy, in order."""
@@ -334,28 +334,30 @@ class Loaded:
 
 
 def load(path: str, store=None, on_frame=None, update_every: int = 256) -> Loaded:
-    """Read a recording into a Store (ddptui.store), frame by frame, as a live run would.
+    """Read a recording into a Store (ddptui.store) through the one door (ddptui.feed), as
+    a live run's frames are.
 
-    on_frame(frame) is called for every frame the store accepted. Reading stops at the first
-    damage (undecodable bytes or a frame the store rejects): `damage` says what and where,
-    and everything before it is in the store. Raises RecordingError when the header is bad,
-    or when the file is damaged before a single span could be read (nothing to show).
+    on_frame(frame) is called for every frame the store took. Damage policy (ddptui.feed):
+    a frame that fails its checks is skipped and logged (`rejected`, `first_reject`);
+    reading stops at bytes that are not frames (`damage` says what and where), with
+    everything before them in the store. Raises RecordingError when the header is bad, or
+    when no span could be read (nothing to show).
     """
+    from .feed import Feed
     from .store import Store
 
     r = Reader(path)
     st = store if store is not None else Store()
     st.set_meta(copy.deepcopy(r.meta))  # the store adds to its meta; keep the header as read
     got = Loaded(path, st, r.meta)
+    feed = Feed(st)
     try:
         for _body, frame in r:
-            try:
-                st.ingest(frame)
-            except Exception as e:  # noqa: BLE001 - any frame the store rejects is damage
-                got.damage = f"invalid {str(frame.get('t'))[:20]!r} frame {_at(r.frames - 1)} ({_why(e)})"
-                break
             got.frames += 1
-            if frame.get("t") == "spans":
+            if not feed.frame(frame):
+                got.rejected.append(got.frames - 1)
+                continue
+            if frame["t"] == "spans":
                 got.span_frames += 1
                 got.spans += len(frame["kind"])
             if on_frame is not None:
@@ -364,8 +366,9 @@ def load(path: str, store=None, on_frame=None, update_every: int = 256) -> Loade
                 st.update()
     finally:
         r.close()
-    got.damage = got.damage or r.damage
+    got.damage = r.damage
+    got.first_reject = feed.first_reject
     st.update()
-    if got.damage and not got.spans:
-        raise RecordingError(f"{path}: {got.damage}; nothing before the damage to show")
+    if not got.spans and (got.damage or got.rejected):
+        raise RecordingError(f"{path}: {got.damage or got.first_reject}; nothing before the damage to show")
     return got

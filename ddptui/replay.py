@@ -14,14 +14,40 @@ import time
 from array import array
 from bisect import bisect_right
 
-from ranks import wire
-
+from .feed import Feed
 from .recording import Reader
 from .store import Store
 
 MIN_SPEED, MAX_SPEED = 0.25, 8.0
 MAX_GAP_NS = 2_000_000_000
 UPDATE_EVERY = 1000  # frames between store.update() calls while catching up
+
+
+_MAX_NS = 2**63
+MAX_STEP = 2**31 - 1  # ranks.schema's limit on step numbers
+
+
+class StepEnds:
+    """step k -> frames to ingest for step k to be complete on every rank (non-decreasing
+    in k), a sequence of max step + 1 items stored for the steps present only: a file's
+    step numbers are not trusted to be dense (one frame saying step 2**31 costs nothing)."""
+
+    def __init__(self, ends: dict[int, int]):
+        self.keys = array("q", sorted(ends))
+        self.vals = array("q")
+        last = 0
+        for k in self.keys:
+            last = max(last, ends[k])
+            self.vals.append(last)
+
+    def __len__(self) -> int:
+        return self.keys[-1] + 1 if self.keys else 0
+
+    def __getitem__(self, k: int) -> int:
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        i = bisect_right(self.keys, k) - 1
+        return self.vals[i] if i >= 0 else 0
 
 
 def clamp_speed(x: float) -> float:
@@ -44,7 +70,7 @@ class ReplaySource:
         self._clock = clock
         self.bodies: list[bytes] = []
         self.times = array("q")
-        self.step_end = array("l")  # step k is complete once this many frames are ingested
+        self.step_end = StepEnds({})  # step k is complete once step_end[k] frames are ingested
         self._first_step_frame = 0
         self._index(reader)
         self.damage = reader.damage
@@ -52,7 +78,8 @@ class ReplaySource:
                         if self.damage else "")
         self.state = "ready"  # ready | playing | paused | finished | stopped
         self.pos = 0  # frames ingested
-        self.skipped = 0  # invalid frames met while ingesting
+        self.skipped = 0  # invalid frames met while ingesting (skipped, logged)
+        self._fed: Feed | None = None
         self._vt = 0  # recording time at the anchor
         self._anchor = 0  # wall clock at the anchor
         self.store = self._new_store()
@@ -64,9 +91,9 @@ class ReplaySource:
         t = shift = 0
         first_spans = None
         for body, f in reader:
-            kind = f["t"]
+            kind = f.get("t")
             ts = f.get("b") if kind == "spans" else f.get("ts") if kind == "gpu" or kind == "cpu" else None
-            if ts.__class__ is int:
+            if ts.__class__ is int and 0 <= ts < _MAX_NS:
                 adj = ts - shift
                 if adj - t > MAX_GAP_NS and t:
                     shift += adj - t - MAX_GAP_NS
@@ -75,16 +102,13 @@ class ReplaySource:
                     t = adj
             if kind == "spans":
                 k = f.get("k")
-                if k.__class__ is int and k >= 0:
+                if k.__class__ is int and 0 <= k <= MAX_STEP:
                     ends[k] = len(bodies) + 1
                     if first_spans is None:
                         first_spans = len(bodies)
             bodies.append(body)
             times.append(t)
-        last = 0
-        for k in range(max(ends) + 1 if ends else 0):
-            last = max(last, ends.get(k, 0))
-            self.step_end.append(last)
+        self.step_end = StepEnds(ends)
         self._first_step_frame = len(self.bodies) if first_spans is None else first_spans
 
     @property
@@ -107,11 +131,13 @@ class ReplaySource:
         return st
 
     def _feed(self, st: Store, start: int, end: int) -> None:
-        bodies = self.bodies
+        """Frames start..end into `st` through the one door (ddptui.feed): a frame that
+        fails its checks is skipped and logged, the rest goes on, as recording.load does."""
+        if self._fed is None or self._fed.store is not st:
+            self._fed = Feed(st)
+        feed, bodies = self._fed, self.bodies
         for i in range(start, end):
-            try:
-                st.ingest(wire.unpack_body(bodies[i]))
-            except (ValueError, KeyError, TypeError):  # a frame the store refuses: skipped
+            if feed.body(bodies[i]) is None:
                 self.skipped += 1
             if (i + 1) % UPDATE_EVERY == 0:
                 st.update()

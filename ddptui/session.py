@@ -19,6 +19,7 @@ from ranks import spec
 
 from . import __version__
 from .collector import Collector
+from .feed import Feed
 from .launcher import Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd, visible_devices
 from .nvml import CpuSampler, GpuSampler
 from .recording import RecordWriter
@@ -32,7 +33,7 @@ class RunOptions:
     model: str = "small"
     strategies: list[str] = field(default_factory=lambda: list(spec.DEFAULT_STRATEGIES))
     steps: int = 0  # per strategy; 0 = until stopped
-    batch_size: int = 256
+    batch_size: int = 1024
     bucket_cap_mb: float | None = None
     seed: int = 42
     lr: float = 0.01
@@ -50,6 +51,7 @@ class LiveRun:
         self.opts = opts
         self.plan = plan
         self.store = store or Store()
+        self.feed = Feed(self.store, sink=self._sink)  # every frame in, with one damage policy
         self.state = "created"  # starting | running | finished | failed | stopped
         self.message = ""
         self.exit_code: int | None = None
@@ -82,9 +84,7 @@ class LiveRun:
         return m
 
     def status(self, text: str, level: str = "info") -> None:
-        f = {"t": "status", "text": text, "level": level, "ts": time.time()}
-        self.store.ingest(f)
-        self._record(f)
+        self.feed.frame({"t": "status", "text": text, "level": level, "ts": time.time()})
 
     # -- start -------------------------------------------------------------------------
     def start(self) -> None:
@@ -94,7 +94,7 @@ class LiveRun:
         self.store.set_meta(self.meta())
         token = secrets.token_hex(16)
         self.run_dir = tempfile.mkdtemp(prefix="ddptui-")  # private (0700): socket and log
-        self.collector = Collector(self.store, token, sink=self._sink, on_disconnect=self._on_disconnect,
+        self.collector = Collector(self.store, token, feed=self.feed, on_disconnect=self._on_disconnect,
                                    run_dir=self.run_dir)
         env = os.environ.copy()
         env.pop("TORCH_DISTRIBUTED_DEBUG", None)  # DETAIL crashes DDP construction on some builds
@@ -174,8 +174,7 @@ class LiveRun:
                 else:
                     pids = {r: i.pid for r, i in self.store.ranks.items() if i.pid}
                     f = cpu.sample(pids)
-                self.store.ingest(f)
-                self._record(f)
+                self.feed.frame(f)
                 if self.recorder is not None:
                     self.recorder.flush()
             except Exception as e:  # noqa: BLE001 - sampling must never break the run
@@ -235,9 +234,7 @@ class LiveRun:
         return False
 
     def _rank_exit(self, rank: int, status: str) -> None:
-        f = {"t": "exit", "r": rank, "status": status}
-        self.store.ingest(f)
-        self._record(f)
+        self.feed.frame({"t": "exit", "r": rank, "status": status})
 
     def _finish(self, rc: int) -> None:
         st = self.store

@@ -15,7 +15,7 @@ from time import monotonic as _monotonic
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from ranks import wire
+from ranks import schema, wire
 from ranks.wire import SpanBatch
 
 from . import figures as F
@@ -80,44 +80,49 @@ class Store:
         self.log: deque[tuple[float, str, str]] = deque(maxlen=500)
         self.gpu: deque[dict] = deque(maxlen=600)
         self.cpu: deque[dict] = deque(maxlen=600)
-        self.frames = 0
         self.spans = 0
         self.rejected = 0
-        self.status = "starting"
-        self.finished = False
         self._param_bytes: list[int] = []
+        self._limits = schema.Limits()
         self._dirty: dict[str, set[int]] = {}
 
     # -- ingest ------------------------------------------------------------------------
     def ingest(self, f: dict) -> None:
-        """Take one decoded frame. Raises ValueError for a malformed one."""
-        t = f["t"]
+        """Take one decoded frame: checked against ranks.schema (with this run's limits)
+        before anything changes, then applied. Raises FrameError, having changed nothing,
+        for a frame that does not follow the schema; the handlers trust what they get."""
+        t = f.get("t") if type(f) is dict else None
         with self.lock:
             if t == "spans":
-                self._spans(f)
+                self._spans(schema.check_spans(f, self._limits))
+            elif type(t) is str and t in schema.RECORDED_FRAMES:
+                schema.check(f, self._limits)
+                getattr(self, "_on_" + t)(f)
             else:
-                h = getattr(self, "_on_" + t, None)
-                if h is None:
-                    raise ValueError(f"unknown frame type {t!r}")
-                h(f)
-            self.frames += 1
+                schema.check(f)  # not a map, or an unknown type: says which
+                raise schema.FrameError(f"{t} frames are not for the store")
             self.version += 1
 
-    def _rank(self, f: dict) -> RankInfo:
-        r = f.get("r")
-        if not isinstance(r, int) or r < 0 or r > 4096:
-            raise ValueError("frame names no valid rank")
+    def _rank(self, r: int) -> RankInfo:
         info = self.ranks.get(r)
         if info is None:
             info = self.ranks[r] = RankInfo(r)
         info.last_seen = time.monotonic()
         return info
 
+    @property
+    def limits(self) -> schema.Limits:
+        """What frames are checked against: this run's world, strategies, layers, params."""
+        return self._limits
+
+    def _meta_changed(self) -> None:
+        self._limits = schema.Limits.of_meta(self.meta)
+
     def _on_hello(self, f: dict) -> None:
-        info = self._rank(f)
-        info.pid, info.device, info.backend = f.get("pid"), str(f.get("device", "")), str(f.get("backend", ""))
-        info.note = str(f.get("note", ""))
-        info.uuid = f.get("uuid") if isinstance(f.get("uuid"), str) else None
+        info = self._rank(f["r"])
+        info.pid, info.device, info.backend = f.get("pid"), f.get("device", ""), f.get("backend", "")
+        info.note = f.get("note", "")
+        info.uuid = f.get("uuid")
         info.connected = True
         info.phase = "connected"
         if not self.meta.get("params"):
@@ -129,6 +134,7 @@ class Store:
             if self.meta.get(k) is None and f.get(k) is not None:
                 self.meta[k] = f[k]
         self.meta.setdefault("devices", {})[str(f["r"])] = info.device
+        self._meta_changed()
         self.add_log(f"rank {f['r']} connected: {info.device}, {info.backend}", "info")
 
     def set_meta(self, meta: dict) -> None:
@@ -139,54 +145,53 @@ class Store:
                 self.meta.setdefault(k, v)
             if not self._param_bytes and meta.get("params"):
                 self._param_bytes = [int(p[1]) * 4 for p in meta["params"]]
+            self._meta_changed()
             self.version += 1
 
     def _on_phase(self, f: dict) -> None:
-        self._rank(f).phase = str(f.get("ph", "?"))
+        self._rank(f["r"]).phase = f["ph"]
 
     def _on_hb(self, f: dict) -> None:
-        info = self._rank(f)
-        info.step = int(f.get("k", -1))
-        info.dropped_spans = int(f.get("drop", 0))
-        if isinstance(f.get("res"), int):
+        info = self._rank(f["r"])
+        info.step = f["k"]
+        info.dropped_spans = f.get("drop", 0)
+        if "res" in f:
             info.clock_res_ns = f["res"]
         if info.phase in ("connected", "connecting"):
-            info.phase = str(f.get("ph", info.phase))
+            info.phase = f.get("ph", info.phase)
 
     def _on_bye(self, f: dict) -> None:
-        info = self._rank(f)
+        info = self._rank(f["r"])
         info.finished = True
         info.phase = "done"
-        info.dropped_spans = int(f.get("drop", info.dropped_spans))
+        info.dropped_spans = f.get("drop", info.dropped_spans)
 
     def _on_error(self, f: dict) -> None:
-        info = self._rank(f)
-        msg = " ".join(str(f.get("msg", "error")).split())  # one line, whatever the backend said
+        info = self._rank(f["r"])
+        msg = " ".join(f["msg"].split()) or "error"  # one line, whatever the backend said
         info.error = msg if len(msg) <= 300 else msg[:297] + "…"
         info.phase = "failed"
         self.add_log(f"rank {info.rank} failed: {info.error}", "error")
 
     def _on_event(self, f: dict) -> None:
-        self._rank(f)
-        if f.get("r") == 0 and f.get("what") == "bucket_cap_mb":
-            k, cap = int(f.get("k", 0)), float(f.get("value"))
+        self._rank(f["r"])
+        if f["r"] == 0 and f["what"] == "bucket_cap_mb":
+            k, cap = f["k"], float(f["value"])
             self.cap_changes.append((k, cap))
             self.events.append((k, "ddp", f"bucket_cap_mb → {cap:g} MB"))
 
     def _on_buckets(self, f: dict) -> None:
-        self._rank(f)
-        layout = f.get("buckets")
-        if not isinstance(layout, list):
-            raise ValueError("buckets frame without a bucket list")
-        sizes = {int(b[0]): int(b[2]) for b in layout}
-        key = (str(f.get("s", "ddp")), f["r"])
+        self._rank(f["r"])
+        layout = f["buckets"]
+        sizes = {b[0]: b[2] for b in layout}
+        key = (f["s"], f["r"])
         history = self.layouts.setdefault(key, [])
         if not history or history[-1][2] != layout:
-            history.append((int(f.get("k", 0)), sizes, layout))
+            history.append((f["k"], sizes, layout))
         if isinstance(f.get("ddp_reported"), list):
             self.ddp_reported[key] = f["ddp_reported"]
         if f.get("cap_mb") is not None:
-            self.meta["bucket_cap_mb_now"] = f.get("cap_mb")
+            self.meta["bucket_cap_mb_now"] = f["cap_mb"]
 
     def _on_gpu(self, f: dict) -> None:
         self.gpu.append(f)
@@ -195,22 +200,30 @@ class Store:
         self.cpu.append(f)
 
     def _on_status(self, f: dict) -> None:  # launcher progress, recorded too
-        self.status = str(f.get("text", ""))
-        self.add_log(self.status, str(f.get("level", "info")))
+        self.add_log(f["text"], f.get("level", "info"))
 
     def _on_exit(self, f: dict) -> None:  # a rank process ended (from the launcher)
-        info = self._rank(f)
-        info.exit = str(f.get("status", "exited"))
+        info = self._rank(f["r"])
+        info.exit = f["status"]
         if not info.finished and info.error is None:
             info.phase = "died"
 
-    def _spans(self, f: dict) -> None:
-        n_params = len(self._param_bytes)
-        b = wire.decode_spans(f, n_params if n_params > 64 else 64)
+    def _on_reject(self, f: dict) -> None:  # a frame or a connection the app refused
+        r, ft = f.get("r"), f.get("ft")
+        who = f"rank {r}" if r is not None else f"a {ft} frame" if ft else "unauthenticated client"
+        self.rejected += 1
+        self.add_log(f"rejected {who}: {f['why']}", "warn")
+
+    def _on_drop(self, f: dict) -> None:  # a rank's connection closed
+        info = self.ranks.get(f["r"])
+        if info is not None:
+            info.connected = False
+
+    def _spans(self, b: SpanBatch) -> None:
         strategy, step, r = b.strategy, b.step, b.rank
         info = self.ranks.get(r)
-        if info is None or r > 4096:  # new or invalid rank: the full check (same as _rank)
-            info = self._rank(f)
+        if info is None:
+            info = self._rank(r)
         else:
             info.last_seen = _monotonic()
         if step > info.step:
@@ -309,11 +322,6 @@ class Store:
     def summaries(self) -> list[dict]:
         self.update()
         return [self.summary(s) for s in self.strategies()]
-
-    def step_history(self, strategy: str, n: int = 60) -> list[float]:
-        with self.lock:
-            figs = self.step_figs.get(strategy, {})
-            return [f.step_ms for f in list(figs.values())[-n:]]
 
     def bucket_layout(self, strategy: str = "ddp", step: int | None = None) -> list | None:
         with self.lock:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 
-from . import wire
+from . import schema, wire
 
 EXIT_APP_GONE = 3
 
@@ -25,7 +26,6 @@ class Emitter:
         self.q: queue.Queue = queue.Queue(maxsize=maxsize)
         self.dropped_spans = 0
         self.dropped_frames = 0
-        self.sent_frames = 0
         self.on_control = on_control
         self.exit_grace_s = exit_grace_s
         self.closed = threading.Event()
@@ -106,7 +106,6 @@ class Emitter:
     def _sendall(self, chunks) -> bool:
         try:
             self.sock.sendall(b"".join(chunks))
-            self.sent_frames += len(chunks)
             return True
         except OSError:
             self._gone()
@@ -129,12 +128,20 @@ class Emitter:
             if not data:
                 break
             try:
-                for body in reader.feed(data):
-                    msg = wire.unpack_body(body)
-                    if self.on_control is not None:
-                        self.on_control(msg)
-            except Exception:
+                bodies = reader.feed(data)
+            except ValueError:  # a length over the limit: the stream cannot be followed
                 break
+            for body in bodies:
+                try:  # only control frames that follow the schema reach the worker
+                    msg = schema.check(wire.unpack_body(body))
+                    if msg["t"] not in schema.CONTROL_FRAMES:
+                        raise wire.FrameError(f"unexpected frame type {msg['t']!r}")
+                except Exception as e:  # noqa: BLE001 - undecodable or against the schema
+                    print(f"ranks.worker: rank {self.rank}: ignored a control frame ({e})",
+                          file=sys.stderr, flush=True)
+                    continue
+                if self.on_control is not None:
+                    self.on_control(msg)
         self._gone()
 
     def _gone(self) -> None:

@@ -26,7 +26,6 @@ PROTOCOL_VERSION = 1
 FWD, BWD, COMM, OPT, STEP = 0, 1, 2, 3, 4
 KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step")
 N_KINDS = len(KIND_NAMES)
-COMPUTE_KINDS = (FWD, BWD)
 
 _LITTLE = sys.byteorder == "little"
 
@@ -39,6 +38,10 @@ UNPACK_LIMITS = dict(
 )
 
 
+class FrameError(ValueError):
+    """A frame that does not follow the schema (ranks.schema); the message says how."""
+
+
 def pack(obj: dict) -> bytes:
     """One frame: length prefix + msgpack body."""
     body = msgpack.packb(obj, use_bin_type=True)
@@ -49,10 +52,10 @@ _unpackb = functools.partial(msgpack.unpackb, raw=False, strict_map_key=True, **
 
 
 def unpack_body(body: bytes) -> dict:
+    """Decode one frame body into a map; what is in the map is ranks.schema's to check."""
     obj = _unpackb(body)
-    if type(obj) is not dict or type(obj.get("t")) is not str:  # exact types: the fast path
-        if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
-            raise ValueError("frame is not a map with a type")
+    if type(obj) is not dict:
+        raise FrameError("frame is not a map")
     return obj
 
 
@@ -108,17 +111,17 @@ def _check_kind_idx(kind: bytes, idx: bytes, max_idx: int, iss_len: int) -> int:
     the order decode_spans always did; returns the number of COMM spans."""
     n = len(kind)
     if kind.translate(None, _KNOWN_KINDS):  # same as max(kind) >= N_KINDS
-        raise ValueError("spans frame has an unknown span kind")
+        raise FrameError("spans frame has an unknown span kind")
     n_comm = kind.count(COMM)
     if iss_len != 4 * n_comm:
-        raise ValueError("spans frame issue column does not match its allreduce spans")
+        raise FrameError("spans frame issue column does not match its allreduce spans")
     if n:
         if 0 <= max_idx < 256:  # u16 little-endian: every high byte 0, every low byte <= max_idx
             bad = idx[1::2].count(0) != n or idx[0::2].translate(None, bytes(range(max_idx + 1)))
         else:
             bad = max(_from_le("H", idx)) > max_idx
         if bad:
-            raise ValueError("spans frame names a layer or parameter that does not exist")
+            raise FrameError("spans frame names a layer or parameter that does not exist")
     if len(_CHECKED) >= _CHECKED_MAX:
         _CHECKED.clear()
     _CHECKED[(kind, idx, max_idx)] = n_comm
@@ -126,7 +129,8 @@ def _check_kind_idx(kind: bytes, idx: bytes, max_idx: int, iss_len: int) -> int:
 
 
 def decode_spans(f: dict, max_idx: int = 0xFFFF) -> SpanBatch:
-    """Validate a spans frame; raises ValueError with a short reason.
+    """Validate a spans frame's columns; raises FrameError with a short reason (the ranges
+    of its header fields are checked by ranks.schema.check_spans).
 
     Columnar: no Python loop per span. The checks run on the raw little-endian bytes
     (bytes.translate / count in C) before the columns become arrays, and a kind/idx column
@@ -135,23 +139,23 @@ def decode_spans(f: dict, max_idx: int = 0xFFFF) -> SpanBatch:
         rank, strat, step, base = f["r"], f["s"], f["k"], f["b"]
         kind, idx, t0, t1, iss = f["kind"], f["idx"], f["t0"], f["t1"], f["iss"]
     except KeyError as e:
-        raise ValueError(f"spans frame without {e.args[0]!r}") from None
+        raise FrameError(f"spans frame without {e.args[0]!r}") from None
     if not (type(rank) is int and type(step) is int and type(base) is int and type(strat) is str):
         if not (isinstance(rank, int) and isinstance(step, int) and isinstance(base, int)
                 and isinstance(strat, str)):
-            raise ValueError("spans frame header has wrong types")
+            raise FrameError("spans frame header has wrong types")
     if not (type(kind) is bytes and type(idx) is bytes and type(t0) is bytes
             and type(t1) is bytes and type(iss) is bytes):
         if not all(isinstance(c, bytes) for c in (kind, idx, t0, t1, iss)):
-            raise ValueError("spans frame columns are not binary")
+            raise FrameError("spans frame columns are not binary")
     n = len(kind)
     if len(idx) != 2 * n or len(t0) != 4 * n or len(t1) != 4 * n:
-        raise ValueError("spans frame columns disagree in length")
+        raise FrameError("spans frame columns disagree in length")
     n_comm = _CHECKED.get((kind, idx, max_idx))
     if n_comm is None:
         _check_kind_idx(kind, idx, max_idx, len(iss))
     elif len(iss) != 4 * n_comm:
-        raise ValueError("spans frame issue column does not match its allreduce spans")
+        raise FrameError("spans frame issue column does not match its allreduce spans")
     if _LITTLE:
         ia = array("H"); ia.frombytes(idx)
         a0 = array("I"); a0.frombytes(t0)

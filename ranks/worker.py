@@ -29,7 +29,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default="small", choices=spec.MODELS)
     p.add_argument("--strategies", default=",".join(spec.DEFAULT_STRATEGIES))
     p.add_argument("--steps", type=int, default=0, help="steps per strategy; 0 = until stopped")
-    p.add_argument("--batch-size", type=int, default=256, help="global batch, split across ranks")
+    p.add_argument("--batch-size", type=int, default=1024, help="global batch, split across ranks")
     p.add_argument("--bucket-cap-mb", type=float, default=None)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=42)
@@ -57,24 +57,17 @@ class Control:
         self.slow_word = 0  # latest straggler word asked of this rank
 
     def on_message(self, msg: dict) -> None:
-        t = msg.get("t")
+        """A control frame already checked against ranks.schema (stop, set)."""
+        t = msg["t"]
         with self.lock:
             if t == "stop":
                 self.stop = True
-            elif t == "set" and msg.get("key") == "bucket_cap_mb":
-                try:
-                    seq = int(msg["seq"])
-                    kb = int(round(float(msg["value"]) * 1024))
-                except (KeyError, TypeError, ValueError):
-                    return
-                if 0 < kb < SEQ_SHIFT and seq > 0:
-                    self.word = max(self.word, seq * SEQ_SHIFT + kb)
-            elif t == "set" and msg.get("key") == "slow_ms":
-                try:
-                    seq, ms = int(msg["seq"]), int(round(float(msg["value"])))
-                    rank, layer = int(msg["rank"]), int(msg["layer"])
-                except (KeyError, TypeError, ValueError):
-                    return
+            elif t == "set" and msg["key"] == "bucket_cap_mb":
+                kb = int(round(msg["value"] * 1024))
+                if 0 < kb < SEQ_SHIFT:
+                    self.word = max(self.word, msg["seq"] * SEQ_SHIFT + kb)
+            elif t == "set" and msg["key"] == "slow_ms":
+                ms, rank, layer, seq = int(round(msg["value"])), msg["rank"], msg["layer"], msg["seq"]
                 if 0 <= ms < SEQ_SHIFT and 0 <= rank < 256 and 0 <= layer < 256 and 0 < seq < (1 << 22):
                     self.slow_word = max(self.slow_word, ((seq * 256 + rank) * 256 + layer) * SEQ_SHIFT + ms)
 

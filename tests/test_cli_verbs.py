@@ -250,3 +250,51 @@ def test_ui_without_a_terminal_is_a_clear_error(small_rec):
         res = ddptui(*args)
         assert res.returncode == 2
         assert res.stderr.strip().startswith("ddptui: error: the") and "use --headless" in res.stderr
+
+
+# -- every numeric option of every verb ------------------------------------------------------
+def _numeric_options():
+    """(verb argv prefix, option) for every numeric option the verbs' parsers declare."""
+    from ddptui import cli, cmd_bench, cmd_replay
+    from ddptui.options import NUMERIC
+
+    out = []
+    for prefix, p in ((["--headless"], cli.live_parser()), (["bench"], cmd_bench.parser()),
+                      (["replay", "rec.ddptui", "--headless"], cmd_replay.parser())):
+        for a in p._actions:
+            if a.type is None or not a.option_strings:
+                continue
+            # a typed option that bypassed ddptui.options would escape the shared checks
+            assert a.option_strings[0] in NUMERIC, a.option_strings
+            assert a.type.__qualname__.split(".")[0] in ("Whole", "Real"), a.option_strings
+            out.append((prefix, a.option_strings[0]))
+    return out
+
+
+def _out_of_range(opt: str) -> list[str]:
+    from ddptui.options import NUMERIC
+    spec = NUMERIC[opt]
+    lo = spec.lo if opt != "--steps" else 0
+    return [str(lo - 1), str(spec.hi + 1)]
+
+
+@pytest.mark.parametrize("prefix,opt", _numeric_options(), ids=lambda x: " ".join(x) if isinstance(x, list) else x)
+def test_every_bad_numeric_option_is_one_line_exit_2(prefix, opt, capsys):
+    from ddptui.cli import main
+
+    for bad in ["nan", "inf", "-inf", "NaN", "1e999", "x", ""] + _out_of_range(opt):
+        rc = main(prefix + [f"{opt}={bad}"])  # "=": argparse would take "-inf" for an option
+        err = capsys.readouterr()
+        assert rc == 2, (opt, bad)
+        assert err.out == ""
+        lines = err.err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"ddptui: error: {opt} must be"), (opt, bad, lines)
+
+
+@pytest.mark.parametrize("verb", [["--headless", "--no-record"], ["bench"], ["replay", "x.ddptui"]])
+def test_pg_timeout_and_speed_nan_refused_by_the_real_command(verb):
+    opt = "--speed" if verb[0] == "replay" else "--pg-timeout"
+    res = subprocess.run([sys.executable, "-m", "ddptui.cli", *verb, opt, "nan"], capture_output=True,
+                         text=True, env=env(), cwd=ROOT, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr == f"ddptui: error: {opt} must be a finite number (got 'nan')\n"

@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-from ddptui.figures import overlap_pct
 from ranks import spec
 from ranks.wire import BWD, COMM, FWD, STEP
 
@@ -136,7 +135,16 @@ def test_figures_are_consistent(run):
         assert 0 <= row["exposed_comm_ms"] <= row["comm_ms"] + 1e-9
         assert row["bytes_per_step"] == pytest.approx(spec.param_count(MODEL) * 4)
         assert row["samples_per_s"] == pytest.approx(256 / (row["step_ms_median"] / 1e3))
-        assert row["overlap_pct"] == pytest.approx(overlap_pct(row["comm_ms"], row["exposed_comm_ms"]))
+        # README: overlap % = 1 - exposed/communication, written out here, not the app's function
+        assert row["overlap_pct"] == pytest.approx(100 * (1 - row["exposed_comm_ms"] / row["comm_ms"]))
+        for step in range(4):  # comm and exposed comm of each rank, counted microsecond by microsecond
+            for rank in (0, 1):
+                sp = spans(run, s, step, rank)
+                comm = {t for k, _, t0, t1 in sp if k == COMM for t in range(t0, t1)}
+                comp = {t for k, _, t0, t1 in sp if k in (FWD, BWD) for t in range(t0, t1)}
+                got = st.rank_figures(s, step, rank)
+                assert got.comm_ms == pytest.approx(len(comm) / 1e3)
+                assert got.exposed_ms == pytest.approx(len(comm - comp) / 1e3)
     assert st.summary("single")["comm_ms"] == 0
 
 
@@ -187,7 +195,7 @@ def test_headless_cli_prints_table_and_json(tmp_path):
     (["--strategies", ""], "--strategies is empty"),
     (["--batch-size", "3"], "must divide evenly across 2 ranks"),
     (["--steps", "-1"], "--steps must be"),
-    (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be in"),
+    (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be positive"),
     (["--pg-timeout", "0"], "--pg-timeout must be positive"),
     (["--bogus-flag"], "unrecognized arguments"),
     (["summry", "x.ddptui"], "unknown command 'summry' (did you mean summary?)"),

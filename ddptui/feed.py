@@ -1,0 +1,102 @@
+"""The one door from frames to a Store, with one damage policy.
+
+Every source goes through it: the collector (frames from ranks), `recording.load` (summary,
+export, replay --headless) and the replay UI's ReplaySource. A frame body is decoded,
+checked against ranks.schema (Store.ingest) and applied, in that order, so a frame that
+fails changes nothing.
+
+Damage policy, the same everywhere: a frame that cannot be decoded, does not follow the
+schema, comes from the wrong source (a type or a rank it may not send) or makes ingestion
+raise anything at all is *rejected*: it changes nothing, becomes a ``reject`` frame (frame
+type, rank, reason) that the store logs and counts and the sink records, and ingestion of
+everything else goes on. What else a rejection means is the caller's: the collector drops
+that connection (its stream can no longer be trusted); a recording goes on with its next
+frame. Bytes a recording cannot split into frames (corrupt compression, a bad length) are
+not frames at all: the Reader stops there and calls it damage.
+"""
+from __future__ import annotations
+
+import time
+
+from ranks import schema, wire
+
+MAX_WHY = 300
+
+
+class Feed:
+    """Frames into `store`; `sink(body, frame)` gets every frame taken and every reject
+    frame made (the live recorder), or None."""
+
+    def __init__(self, store, sink=None):
+        self.store = store
+        self.sink = sink
+        self.seen = 0  # frames offered
+        self.rejected = 0  # frames rejected
+        self.first_reject: str | None = None  # "after N frames: why" of the first one
+
+    def body(self, body: bytes, rank: int | None = None, types=schema.RECORDED_FRAMES) -> dict | None:
+        """Decode and take one frame body; returns the frame, or None when rejected."""
+        try:
+            f = wire.unpack_body(body)
+        except Exception as e:  # noqa: BLE001 - any decode failure is a bad frame
+            self.seen += 1
+            self.reject(rank, None, f"undecodable frame ({_why(e)})")
+            return None
+        return f if self.frame(f, rank, types, body) else None
+
+    def frame(self, f: dict, rank: int | None = None, types=schema.RECORDED_FRAMES,
+              body: bytes | None = None) -> bool:
+        """Take one decoded frame (from `rank` only, of `types` only); False when rejected."""
+        self.seen += 1
+        t = f.get("t")
+        try:
+            if type(t) is not str or t not in types:
+                raise schema.FrameError(f"unexpected frame type {str(t)[:20]!r}")
+            if rank is not None and f.get("r") != rank:
+                raise schema.FrameError(f"rank {rank} sent a frame for rank {str(f.get('r'))[:20]}")
+            self.store.ingest(f)
+        except schema.FrameError as e:
+            why = str(e) if str(e).startswith(("unexpected", "rank ")) else f"invalid {t} frame: {e}"
+            self.reject(self._rank_of(f, rank), t, why)
+            return False
+        except Exception as e:  # noqa: BLE001 - a bug must not stop ingestion of the rest
+            self.reject(self._rank_of(f, rank), t, f"internal error on a {str(t)[:20]} frame ({_why(e)})")
+            return False
+        if self.sink is not None:
+            try:
+                self.sink(body if body is not None else wire.pack(f)[4:], f)
+            except Exception as e:  # noqa: BLE001
+                self.reject(rank, t, f"internal error recording a {str(t)[:20]} frame ({_why(e)})")
+                return False
+        return True
+
+    def _rank_of(self, f: dict, rank: int | None) -> int | None:
+        """The rank to name for a rejected frame: its connection's, else its own if real."""
+        if rank is not None:
+            return rank
+        r, world = f.get("r"), self.store.limits.world
+        return r if type(r) is int and 0 <= r < (world or schema.MAX_RANK + 1) else None
+
+    def reject(self, rank: int | None, ftype, why: str) -> None:
+        """Refuse a frame or a connection: logged and counted by the store, recorded."""
+        why = " ".join(why.split())[:MAX_WHY]
+        self.rejected += 1
+        if self.first_reject is None:
+            n = self.seen - 1
+            self.first_reject = (f"{why} (after {n} frames)" if n else f"{why} (at the first frame)")
+        self.note({"t": "reject", "r": rank, "ft": ftype[:32] if isinstance(ftype, str) else None,
+                   "why": why, "ts": time.time()})
+
+    def note(self, f: dict) -> None:
+        """A frame the app itself makes (reject, drop): into the store and the sink."""
+        self.store.ingest(f)
+        if self.sink is not None:
+            try:
+                self.sink(wire.pack(f)[4:], f)
+            except Exception:  # noqa: BLE001 - the store has it; a failing recorder is logged elsewhere
+                pass
+
+
+def _why(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text}"[:160] if text else type(e).__name__

@@ -1,0 +1,82 @@
+"""Every numeric command-line option of every verb, validated in one place.
+
+`add_numeric(parser, "--pg-timeout", ...)` declares an option with the type and range of
+NUMERIC (a verb may narrow the range); a value that is not a number, not finite (nan, inf)
+or out of range is refused by the parser, which makes it one line `ddptui: error: ...` and
+exit status 2, the same for every verb.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+class Whole:
+    """A whole number in lo..hi."""
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = lo, hi
+
+    def converter(self, name: str, lo=None, hi=None):
+        lo = self.lo if lo is None else lo
+        hi = self.hi if hi is None else hi
+
+        def conv(text: str) -> int:
+            try:
+                v = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{name} must be a whole number (got {text!r})") from None
+            if not lo <= v <= hi:
+                raise argparse.ArgumentTypeError(f"{name} must be {lo}..{hi} (got {v})")
+            return v
+        return conv
+
+
+class Real:
+    """A finite number in [lo, hi], or (lo, hi] when lo_open."""
+
+    def __init__(self, lo: float, hi: float, lo_open: bool = False, unit: str = ""):
+        self.lo, self.hi, self.lo_open, self.unit = lo, hi, lo_open, unit
+
+    def converter(self, name: str, lo=None, hi=None):
+        lo = self.lo if lo is None else lo
+        hi = self.hi if hi is None else hi
+        if self.lo_open and lo == 0:
+            rng = f"positive and at most {hi:g}"
+        elif self.lo_open:
+            rng = f"in ({lo:g}, {hi:g}]"
+        else:
+            rng = f"in {lo:g}..{hi:g}"
+        rng += f" {self.unit}" if self.unit else ""
+
+        def conv(text: str) -> float:
+            try:
+                v = float(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{name} must be a number (got {text!r})") from None
+            if not math.isfinite(v):
+                raise argparse.ArgumentTypeError(f"{name} must be a finite number (got {text!r})")
+            if v < lo or v > hi or (self.lo_open and v == lo):
+                raise argparse.ArgumentTypeError(f"{name} must be {rng} (got {text})")
+            return v
+        return conv
+
+
+NUMERIC: dict[str, Whole | Real] = {
+    "--gpus": Whole(1, 64),
+    "--ranks": Whole(1, 64),
+    "--steps": Whole(0, 10_000_000),
+    "--batch-size": Whole(1, 1 << 20),
+    "--bucket-cap-mb": Real(0, 4096, lo_open=True, unit="MB"),
+    "--seed": Whole(0, 2**63 - 1),
+    "--lr": Real(0, 100, lo_open=True),
+    "--threads": Whole(1, 256),
+    "--queue-size": Whole(1, 100_000),
+    "--pg-timeout": Real(0, 7 * 86400, lo_open=True, unit="s"),
+    "--speed": Real(0.25, 8.0),
+}
+
+
+def add_numeric(p: argparse.ArgumentParser, name: str, lo=None, hi=None, **kw) -> None:
+    """Declare numeric option `name` (a key of NUMERIC), optionally with a narrower range."""
+    p.add_argument(name, type=NUMERIC[name].converter(name, lo, hi), **kw)
