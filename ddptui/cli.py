@@ -80,6 +80,10 @@ def live_parser() -> argparse.ArgumentParser:
                    help="frames each rank buffers for a slow app before dropping them (default 256)")
     add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                    help="process-group timeout in seconds: a hung collective fails after this (default 60)")
+    p.add_argument("--slow-rank", default=None, metavar="R:MS[:LAYER]",
+                   help="a straggler on demand: rank R's backward of LAYER (default the middle layer) "
+                        "takes MS ms longer every step — on GPU as device work on the rank's stream "
+                        "(the GPU timeline shows it), on CPU as a busy wait. e.g. 1:40:fc2")
     return p
 
 
@@ -138,6 +142,11 @@ def build_live(argv: list[str]):
         plan = make_plan(a.gpus, a.ranks, a.device)
     except ValueError as e:
         raise CliError(str(e)) from None
+    if a.slow_rank is not None:
+        try:
+            spec.parse_slow_rank(a.slow_rank, a.model, plan.ranks)
+        except ValueError as e:
+            raise CliError(str(e)) from None
     if a.batch_size % plan.ranks:
         raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
     steps = a.steps if a.steps is not None else (10 if a.headless else 0)
@@ -157,7 +166,8 @@ def build_live(argv: list[str]):
     opts = RunOptions(model=a.model, strategies=strategies, steps=steps, batch_size=a.batch_size,
                       bucket_cap_mb=a.bucket_cap_mb, seed=a.seed, lr=a.lr, pg_timeout=a.pg_timeout,
                       threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10),
-                      extra_worker_args=["--queue-size", str(a.queue_size)])
+                      extra_worker_args=["--queue-size", str(a.queue_size)]
+                      + (["--slow-rank", a.slow_rank] if a.slow_rank else []))
     return a, opts, plan
 
 

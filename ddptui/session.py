@@ -66,6 +66,7 @@ class LiveRun:
         self._warned: set = set()
         self._first_error: float | None = None
         self._bucket_seq = 0
+        self._slow_seq = 0
         self.started = 0.0
         self.first_step_s: float | None = None
 
@@ -272,6 +273,16 @@ class LiveRun:
         self._bucket_seq += 1
         return self.collector.send({"t": "set", "key": "bucket_cap_mb", "value": float(mb),
                                     "seq": self._bucket_seq})
+
+    def set_straggler(self, ms: float, rank: int | None = None, layer: int | None = None) -> int:
+        """Ask every rank to start (ms > 0) or stop delaying `rank`'s backward of `layer` (default:
+        the highest rank, the middle layer) at an agreed step; the timeline marks it."""
+        names = spec.layer_names(self.opts.model)
+        rank = self.plan.ranks - 1 if rank is None else rank
+        layer = (len(names) - 1) // 2 if layer is None else layer
+        self._slow_seq += 1
+        return self.collector.send({"t": "set", "key": "slow_ms", "value": float(ms), "rank": rank,
+                                    "layer": layer, "seq": self._slow_seq})
 
     def stop(self, why: str = "stopped by user", grace: float = 6.0) -> None:
         """Stop every rank: ranks in their training loop stop together at the next step

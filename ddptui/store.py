@@ -19,6 +19,7 @@ from ranks import schema, wire
 from ranks.wire import SpanBatch
 
 from . import figures as F
+from . import stragglers as ST
 
 
 @dataclass
@@ -60,6 +61,7 @@ class StepView:
     bucket_cap_mb: float | None = None
     n_buckets: int | None = None
     marks: list[str] = field(default_factory=list)
+    waits: ST.StepWaits | None = None  # who waited for whom (two or more ranks communicating)
 
 
 class Store:
@@ -77,6 +79,8 @@ class Store:
         self.ddp_reported: dict[tuple[str, int], list[int]] = {}  # bucket sizes DDP itself reports
         self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
         self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
+        self.slow_changes: list[tuple[int, float, int, int]] = []  # (step, ms, rank, layer) as applied
+        self.waits: dict[str, OrderedDict[int, ST.StepWaits | None]] = {}  # kept like raw spans
         self.log: deque[tuple[float, str, str]] = deque(maxlen=500)
         self.gpu: deque[dict] = deque(maxlen=600)
         self.cpu: deque[dict] = deque(maxlen=600)
@@ -179,6 +183,14 @@ class Store:
             k, cap = f["k"], float(f["value"])
             self.cap_changes.append((k, cap))
             self.events.append((k, "ddp", f"bucket_cap_mb → {cap:g} MB"))
+        elif f["r"] == 0 and f["what"] == "slow_ms":
+            k, ms, rank, layer = f["k"], float(f["value"]), f["rank"], f["layer"]
+            self.slow_changes.append((k, ms, rank, layer))
+            names = self.meta.get("layers") or []
+            name = names[layer] if layer < len(names) else f"layer {layer}"
+            text = f"straggler rank {rank} {name} +{ms:g} ms" if ms > 0 else "straggler off"
+            for s in self.strategies():
+                self.events.append((k, s, text))
 
     def _on_buckets(self, f: dict) -> None:
         self._rank(f["r"])
@@ -291,9 +303,12 @@ class Store:
                         continue
                     rs = [self.rank_figures(strategy, k, r) for r in sorted(ranks)]
                     figs[k] = F.combine(k, rs)
+                    waits = self.waits.setdefault(strategy, OrderedDict())
+                    waits[k] = ST.step_waits(ranks, figs[k].step_ms)
                     dirty.discard(k)
                 while len(per) > self.keep_steps:
                     k, ranks = per.popitem(last=False)
+                    self.waits.get(strategy, {}).pop(k, None)
                     for r in ranks:
                         self.rank_figs.pop((strategy, k, r), None)
                     dirty.discard(k)
@@ -317,7 +332,11 @@ class Store:
     def summary(self, strategy: str) -> dict:
         with self.lock:
             steps = list(self.step_figs.get(strategy, {}).values())
-            return F.summarize(strategy, steps, int(self.meta.get("batch") or 0), self.world)
+            out = F.summarize(strategy, steps, int(self.meta.get("batch") or 0), self.world)
+            # who waits for whom, over the kept steps but the first (warm-up)
+            waits = [w for k, w in self.waits.get(strategy, {}).items() if k > 0]
+            out["stragglers"] = ST.summarize(waits, list(self.meta.get("layers") or []))
+            return out
 
     def summaries(self) -> list[dict]:
         self.update()
@@ -369,4 +388,5 @@ class Store:
                     if k <= step:
                         cap = c
             return StepView(strategy, step, spans, figs, dur, cap,
-                            len(layout) if layout else None, marks)
+                            len(layout) if layout else None, marks,
+                            self.waits.get(strategy, {}).get(step))

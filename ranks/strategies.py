@@ -28,23 +28,37 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
     backward starts when the gradient of its output is ready and ends when the gradient of
     its input is (or, for the first block, whose input needs no gradient, when its last
     parameter gradient is accumulated)."""
-    for i, block in enumerate(model.children()):
-        def pre(m, args, i=i):
+    blocks = list(model.children())
+    last = len(blocks) - 1
+
+    def delay(layer: int) -> None:
+        s = rec.straggle
+        if s is not None and s.layer == layer:
+            s.delay()
+
+    for i, block in enumerate(blocks):
+        # Block i's output is block i+1's input: one tensor, whose gradient marks both the end
+        # of i+1's backward and the start of i's. Hooks run in registration order (i's start,
+        # then i+1's end), so an injected delay of layer i goes after i+1's end: inside i.
+        def end_of_next(g, i=i):
+            rec.bwd_end(i)
+            delay(i - 1)
+
+        def pre(m, args, i=i, end_of_next=end_of_next):
             rec.fwd_begin(i)
             x = args[0] if args else None
             if isinstance(x, torch.Tensor) and x.requires_grad:
-                x.register_hook(lambda g, i=i: rec.bwd_end(i))
+                x.register_hook(end_of_next)
 
-        def bwd_begin(g, i=i):
+        def begin(g, i=i):
             rec.bwd_begin(i)
-            s = rec.straggle
-            if s is not None and s.layer == i:
-                s.delay()
+            if i == last:  # the model's output: no next block to wait for
+                delay(i)
 
-        def post(m, args, out, i=i, bwd_begin=bwd_begin):
+        def post(m, args, out, i=i, begin=begin):
             rec.fwd_end(i)
             if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(bwd_begin)
+                out.register_hook(begin)
 
         block.register_forward_pre_hook(pre)
         block.register_forward_hook(post)
