@@ -100,7 +100,7 @@ def last_filled(lane: str) -> int:
 async def settle(pilot) -> None:
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
-    pilot.app._changed()
+    pilot.app.redraw()
     await pilot.pause()
 
 
@@ -506,7 +506,7 @@ class ScaledApp(DdpApp):
         super().__init__(*a, **kw)
         self.factor = 1.0
         self.now = 0.0
-        self.clock = lambda: self.now
+        self.vm.clock = lambda: self.now
 
     def _view(self, store, strategy, step):
         import dataclasses
@@ -526,7 +526,7 @@ async def test_time_scale_holds_through_jitter_and_shrinks_after_steps_get_short
             app.factor = factor
             app.now += 0.5
             src.add_steps(1)
-            app._changed()
+            app.redraw()
             await pilot.pause()
             return pane.state.ms_per_cell, drawn(pane)[1]
 
@@ -561,6 +561,6 @@ async def test_paused_scale_does_not_shrink_while_new_steps_arrive():
         for _ in range(12):
             app.now += 1.0
             src.add_steps(1)
-            app._changed()
+            app.redraw()
             await pilot.pause()
         assert pane.state.ms_per_cell == before and "PAUSED" in drawn(app.status_bar)[0]

@@ -37,7 +37,7 @@ class FixedSource:
 async def _settle(pilot) -> None:
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
-    pilot.app._changed()  # one frame after layout: panes know their widths
+    pilot.app.redraw()  # one frame after layout: panes know their widths
     await pilot.pause()
 
 

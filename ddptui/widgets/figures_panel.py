@@ -82,3 +82,8 @@ class FiguresPanel(PartsView):
     DEFAULT_CSS = """
     FiguresPanel { height: 100%; width: 1fr; background: #000000; padding: 0 1; }
     """
+
+    @staticmethod
+    def wanted_rows(store: Store) -> int:
+        """A header, a row per strategy, the speedup line."""
+        return max(1, len(store.strategies())) + 2

@@ -107,3 +107,5 @@ class GpuPanel(PartsView):
     DEFAULT_CSS = """
     GpuPanel { height: 100%; width: 1fr; background: #000000; padding: 0 1; }
     """
+
+    wanted_rows = staticmethod(wanted_rows)

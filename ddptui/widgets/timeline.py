@@ -59,6 +59,17 @@ class TimelinePane(Widget):
     TimelinePane { height: 1fr; min-height: 2; background: #000000; }
     """
 
+    @staticmethod
+    def rows_min(ranks: int) -> int:
+        """Header, axis and one rank's lanes (and, with more ranks, the note of those hidden)."""
+        return 5 if ranks > 1 else 4
+
+    @staticmethod
+    def rows_max(ranks: int) -> int:
+        """Every rank with the thickest lanes (LANE_SHAPES[0]) under the header and axis."""
+        lane_h, gap = LANE_SHAPES[0]
+        return 2 + (2 * lane_h + gap) * ranks
+
     def __init__(self, strategy: str, layers: list[str], params: list[str], **kw):
         super().__init__(**kw)
         self.strategy = strategy
