@@ -14,47 +14,51 @@ from collections import deque
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Container, Grid
+from textual.containers import Grid
 from textual.widgets import Footer, Static
 
 from ranks import spec
 
 from .source import BucketControl, Source, Transport
 from .store import Store
-from .viewmodel import ZOOMS, ViewModel, latest_steps, plan_layout
+from . import figures as F
+from .viewmodel import PanelSpec, ViewModel, latest_steps, plan_layout
 from .widgets import (
     GUTTER,
+    BucketsPanel,
     FiguresPanel,
     GotoScreen,
     GpuPanel,
+    Headline,
     HelpScreen,
+    HistoryPanel,
     PaneState,
     PartsView,
     StartupScreen,
     TimelinePane,
     figures_panel,
-    gpu_panel,
+    headline,
     screens,
 )
 from .widgets import theme as T
+from .widgets.panel import Frame, Panel
 
 FPS = 15
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+# the panels below the lanes, in order of priority: (id, class)
+PANELS: tuple[tuple[str, type[Panel]], ...] = (
+    ("figures", FiguresPanel), ("gpu", GpuPanel), ("history", HistoryPanel), ("buckets", BucketsPanel))
 
 
 class DdpApp(App):
     TITLE = "ddptui"
     ENABLE_COMMAND_PALETTE = False
     CSS = """
-    #title, #legend, #status { height: 1; }
+    #title, #headline, #legend, #status { height: 1; }
     #banner { height: auto; background: #7a0000; color: #ffffff; text-style: bold; padding: 0 1;
               display: none; }
     #panes { height: 1fr; grid-size: 1; grid-gutter: 0 2; grid-rows: 1fr; }
-    #bottom { height: 6; layout: vertical; }
-    #bottom.wide { layout: horizontal; }
-    #bottom.wide #figures { width: 92; }
-    #bottom #figures { height: auto; }
-    #bottom.wide #figures { height: 100%; }
+    #panels { height: 6; grid-size: 1; grid-rows: 1fr; }
     """
     BINDINGS = [
         Binding("q", "quit", "quit"),
@@ -105,20 +109,22 @@ class DdpApp(App):
     # -- composition -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield PartsView(id="title")
+        yield Headline(id="headline")
         yield Static(id="banner")
         yield Grid(id="panes")
         yield PartsView(id="legend")
-        with Container(id="bottom"):
-            yield FiguresPanel(id="figures")
-            yield GpuPanel(id="gpu")
+        with Grid(id="panels"):
+            for name, cls in PANELS:
+                yield cls(id=name)
         yield PartsView(id="status")
         yield Footer()
 
     def on_mount(self) -> None:
         self.main = m = self.screen
         m.styles.background, m.styles.color = T.BG, T.TEXT
-        self.grid, self.bottom = m.query_one("#panes", Grid), m.query_one("#bottom")
-        self.figures, self.gpu = m.query_one(FiguresPanel), m.query_one(GpuPanel)
+        self.grid, self.panel_grid = m.query_one("#panes", Grid), m.query_one("#panels", Grid)
+        self.panels: dict[str, Panel] = {name: m.query_one(f"#{name}", cls) for name, cls in PANELS}
+        self.headline = m.query_one(Headline)
         self.title_bar, self.legend = m.query_one("#title", PartsView), m.query_one("#legend", PartsView)
         self.status_bar, self.banner = m.query_one("#status", PartsView), m.query_one("#banner", Static)
         self._caps_seen = len(self.source.store.cap_changes)
@@ -166,7 +172,7 @@ class DdpApp(App):
     def _draw_key(self) -> tuple:
         """Everything a frame depends on: unchanged key, nothing to draw."""
         src, store = self.source, self.source.store
-        sizes = tuple(w.size for w in (*self.panes.values(), self.gpu))
+        sizes = tuple(w.size for w in (*self.panes.values(), *self.panels.values()))
         return id(store), store.version, self._ui_gen, src.state, self._busy, self.size, sizes
 
     def _has_step(self) -> bool:
@@ -199,9 +205,12 @@ class DdpApp(App):
         for s, pane in self.panes.items():
             ddp = s == "ddp"
             pane.show(PaneState(views.get(s), mpc, self._cap_note() if ddp else "", cap_since if ddp else None))
-        self.figures.show(figures_panel.build(store, shown))
-        gpu = self.gpu
-        gpu.show(gpu_panel.build(store, gpu.size.width or self.size.width, gpu.size.height or 3))
+        rows = figures_panel.compare_rows(store, shown)
+        frame = Frame(store, shown, views, rows)
+        for panel in self.panels.values():
+            if panel.display:
+                panel.draw(frame)
+        self.headline.show(headline.build(rows, F.speedups(rows), self.size.width))
         self.title_bar.show([self._title_parts(store, strategies)])
         self.legend.show([self._legend_parts(mpc)])
         self.status_bar.show([self._status_parts(store)])
@@ -229,20 +238,27 @@ class DdpApp(App):
 
     def _sync_layout(self, store: Store, strategies: list[str]) -> None:
         w, h = self.size
-        gpu_rows = GpuPanel.wanted_rows(store)
-        key = (w, h, tuple(strategies), store.world, gpu_rows, self._banner_rows)
+        specs = [PanelSpec(name, cls.rows_min(store), cls.rows_max(store), cls.MIN_WIDTH, cls.GROW)
+                 for name, cls in PANELS]
+        key = (w, h, tuple(strategies), store.world, tuple(specs), self._banner_rows)
         if key == self._layout_key:
             return
         self._layout_key = key
         ranks = [store.expected_ranks(s) for s in strategies]
-        plan = plan_layout(w, h, ranks, FiguresPanel.wanted_rows(store), gpu_rows, self._banner_rows)
+        plan = plan_layout(w, h, ranks, specs, self._banner_rows)
         grid = self.grid
         grid.styles.grid_size_columns = plan.cols
         grid.styles.grid_size_rows = len(plan.pane_rows)
         grid.styles.grid_rows = " ".join(str(x) for x in plan.pane_rows)
-        self.bottom.set_class(plan.wide, "wide")
-        self.gpu.styles.height = plan.gpu_rows
-        self.bottom.styles.height = plan.bottom_rows
+        shown = plan.shown
+        for name, panel in self.panels.items():
+            panel.display = name in shown
+        pg = self.panel_grid
+        pg.display = bool(plan.shelves)
+        pg.styles.grid_size_columns = plan.panel_cols
+        pg.styles.grid_size_rows = max(1, len(plan.shelves))
+        pg.styles.grid_rows = " ".join(str(x) for x in plan.shelf_rows) or "1"
+        pg.styles.height = sum(plan.shelf_rows)
 
     def shown_steps(self) -> dict[str, int | None]:
         """The step each strategy pane shows."""

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .store import Store
-from .widgets.timeline import TimelinePane, span_ceil
+from .widgets.timeline import LANE_SHAPES, TimelinePane, span_ceil
 
 ZOOMS = (1, 2, 4, 8, 16, 32)
 LOOKBACK = 500  # steps searched back for a complete one
@@ -152,51 +152,113 @@ class ViewModel:
 
 # -- layout ----------------------------------------------------------------------------------
 PANE_MIN_WIDTH = 80  # panes go side by side when each can have this many columns
-WIDE = 150  # figures and GPU panel side by side from this width
-FIXED_ROWS = 4  # title, legend, status and footer
+FIXED_ROWS = 5  # title, headline, legend, status and footer
+
+
+def panel_columns(width: int) -> int:
+    """Panels side by side below the lanes: 1 below 170 columns, 2 below 270, then 3."""
+    return 1 if width < 170 else 2 if width < 270 else 3
 
 
 def pane_rows(ranks: list[int], avail: int) -> list[int]:
     """Heights of the grid rows of panes: each gets its minimum (room for one rank), the
-    rest is shared by the ranks still to show (rows with as many ranks get the same height);
-    when even that does not fit, the rows share the height evenly."""
+    rest is shared by the ranks still to show, up to the thickest lanes (rows with as many
+    ranks get the same height); when even the minimum does not fit, the rows share the
+    height evenly."""
     base = [TimelinePane.rows_min(r) for r in ranks]
     if avail < sum(base):  # too small for one rank each: share what there is (each says so)
         even = max(2, avail // len(ranks))
         return [even + (1 if i < avail - even * len(ranks) else 0) for i in range(len(ranks))]
-    want = [TimelinePane.rows_max(r) - b for r, b in zip(ranks, base)]
+    want = [TimelinePane.rows_big(r) - b for r, b in zip(ranks, base)]
     spare = avail - sum(base)
     total = sum(want) or 1
     return [b + min(wt, spare * wt // total) for b, wt in zip(base, want)]
+
+
+def lane_shape_rows(rows: list[int], avail: int) -> list[int]:
+    """Pane heights that fit the thickest lane shape all panes can have within `avail`
+    (no half-used rows); pane_rows when not even the thinnest shape fits."""
+    for shape in LANE_SHAPES:
+        need = [TimelinePane.rows_for(r, shape) for r in rows]
+        if sum(need) <= avail:
+            return need
+    return pane_rows(rows, avail)
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    """What a panel asks for (its widget class says: rows_min, rows_max, MIN_WIDTH, GROW)."""
+    name: str
+    rows_min: int  # 0: nothing to show now
+    rows_max: int
+    min_width: int = 40
+    grow: bool = False  # takes the rows nobody else wants
 
 
 @dataclass(frozen=True)
 class LayoutPlan:
     cols: int  # panes per grid row
     pane_rows: tuple[int, ...]  # height of each grid row of panes
-    wide: bool  # figures and GPU panel side by side
-    bottom_rows: int
-    gpu_rows: int
+    panel_cols: int  # panels per shelf
+    shelves: tuple[tuple[str, ...], ...]  # panels shown, shelf by shelf (rows of the panel grid)
+    shelf_rows: tuple[int, ...]
+
+    @property
+    def shown(self) -> set[str]:
+        return {n for shelf in self.shelves for n in shelf}
 
 
-def plan_layout(width: int, height: int, ranks: list[int], fig_rows: int, gpu_rows: int,
+def plan_layout(width: int, height: int, ranks: list[int], panels: list[PanelSpec],
                 banner_rows: int = 0) -> LayoutPlan:
-    """Where everything goes. `ranks`: the ranks of each strategy pane, in order; `fig_rows`
-    and `gpu_rows`: what the figures and the GPU panel want."""
+    """Where everything goes. `ranks`: the ranks of each strategy pane, in order; `panels`:
+    in order of priority. The lanes get their minimum first, then the panels up to a third
+    of the height (even when the lanes then get less than their minimum), then the lanes
+    comfortable rows, then the panels what they want, then the
+    lanes their thickest shape, and the growing panels the rest."""
     ranks = ranks or [1]
     n = len(ranks)
     cols = max(1, min(n, width // PANE_MIN_WIDTH))
-    wide = width >= WIDE
-    room = max(4, (height - FIXED_ROWS) // 3)  # the panes keep two thirds
-    if wide:
-        bottom = gpu_h = min(room, max(fig_rows, gpu_rows))
-    else:
-        gpu_h = max(2, min(gpu_rows, room - fig_rows))
-        bottom = fig_rows + gpu_h
     rows = [max(ranks[i:i + cols]) for i in range(0, n, cols)]
-    avail = height - FIXED_ROWS - banner_rows - bottom
-    return LayoutPlan(cols, tuple(pane_rows(rows, avail)), wide, bottom, gpu_h)
+    avail = max(0, height - FIXED_ROWS - banner_rows)
+    k = panel_columns(width)
+    fit = [p for p in panels if p.rows_min > 0 and p.min_width <= width // k]
+    chunks = [fit[i:i + k] for i in range(0, len(fit), k)]
+    lo = [max(p.rows_min for p in c) for c in chunks]
+    hi = [max(max(p.rows_max for p in c), lo[i]) for i, c in enumerate(chunks)]
+    grow = [any(p.grow for p in c) for c in chunks]
+    size = [0] * len(chunks)  # 0: not shown
+    budget = avail // 3
+    for i in range(len(chunks)):  # panels first, within a third of the height
+        if lo[i] <= budget:
+            size[i] = min(hi[i], budget)
+            budget -= size[i]
+    lanes = sum(TimelinePane.rows_min(r) for r in rows)
+    left = avail - lanes - sum(size)
+    if left > 0:
+        more = min(left, sum(TimelinePane.rows_max(r) for r in rows) - lanes)  # comfortable lanes
+        lanes, left = lanes + max(0, more), left - max(0, more)
+        for i in range(len(chunks)):  # panels: more shelves, then what each wants
+            if not size[i] and lo[i] <= left:
+                size[i], left = lo[i], left - lo[i]
+        for i in range(len(chunks)):
+            if size[i]:
+                add = min(left, hi[i] - size[i])
+                size[i], left = size[i] + add, left - add
+        more = min(left, sum(TimelinePane.rows_big(r) for r in rows) - lanes)  # thickest lanes
+        lanes, left = lanes + max(0, more), left - max(0, more)
+    else:
+        lanes, left = avail - sum(size), 0
+    heights = lane_shape_rows(rows, lanes)
+    left += lanes - sum(heights)  # what the lanes' shape cannot use
+    for i in range(len(chunks)):  # the rest to a growing panel
+        if size[i] and grow[i] and left > 0:
+            size[i], left = size[i] + left, 0
+    if left > 0 and heights:  # nobody grows: the panes keep it
+        heights[-1] += left
+    shown = [i for i in range(len(chunks)) if size[i]]
+    return LayoutPlan(cols, tuple(heights), k,
+                      tuple(tuple(p.name for p in chunks[i]) for i in shown), tuple(size[i] for i in shown))
 
 
-__all__ = ["ViewModel", "SpanScale", "LayoutPlan", "plan_layout", "pane_rows", "last_complete",
+__all__ = ["ViewModel", "SpanScale", "LayoutPlan", "PanelSpec", "plan_layout", "pane_rows", "last_complete",
            "latest_steps", "ZOOMS"]

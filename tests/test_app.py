@@ -17,7 +17,7 @@ from ddptui.app import DdpApp
 from ddptui.replay import ReplaySource
 from ddptui.store import Store
 from ddptui.synthetic import SyntheticRun, ddp_buckets, fill_store
-from ddptui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane
+from ddptui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane, figures_panel
 from ddptui.widgets.lanes import lane_segments
 from ddptui.widgets.theme import COMM_A, FWD_A
 
@@ -167,9 +167,15 @@ async def test_figures_and_speedup():
         text = "\n".join(drawn(app.query_one(FiguresPanel)))
         want = src.store.step_figs["ddp"][7].step_ms
         assert re.search(rf"ddp\s+{want:.1f}\s", text)
-        assert "DDP vs naive:" in text and "×" in text
-        for column in ("median", "exposed", "overlap", "AR/step", "samples/s"):
+        for column in ("median", "exposed", "overlap", "AR/step", "samples/s", "comm %", "exp %", "busy %", "GPU %"):
             assert column in text
+        rows = {r["strategy"]: r for r in figures_panel.compare_rows(src.store, app.shown_steps())}
+        ddp = rows["ddp"]
+        assert re.search(rf"ddp .*\s{ddp['busy_pct']:.0f}%\s", text)  # busy: compute share of the step
+        assert ddp["busy_pct"] == pytest.approx(100 * ddp["compute_ms"] / ddp["step_ms_median"])
+        head = drawn(app.query_one("#headline"))[0]
+        sp = rows["naive"]["step_ms_median"] / ddp["step_ms_median"]
+        assert f"DDP {sp:.2f}× faster than naive" in head and f"{ddp['overlap_pct']:.0f} % of" in head
 
 
 @pytest.mark.asyncio

@@ -8,7 +8,7 @@ from ddptui.session import LiveRun
 from ddptui.source import BucketControl, Source, Transport
 from ddptui.store import Store
 from ddptui.synthetic import SyntheticRun, fill_store
-from ddptui.viewmodel import ViewModel, plan_layout
+from ddptui.viewmodel import PanelSpec, ViewModel, plan_layout
 
 
 def filled(steps: int = 6) -> Store:
@@ -64,12 +64,26 @@ def test_zoom_divides_one_steady_scale():
     assert vm.zoom == 1
 
 
-@pytest.mark.parametrize("w,h,cols", [(80, 24, 1), (120, 40, 1), (200, 50, 2)])
-def test_layout_fills_the_height(w, h, cols):
-    plan = plan_layout(w, h, [2, 2], fig_rows=4, gpu_rows=3)
-    assert plan.cols == cols
-    assert sum(plan.pane_rows) + plan.bottom_rows + 4 <= h
-    assert all(r >= 4 for r in plan.pane_rows)
+PANELS = [PanelSpec("figures", 4, 4, 60), PanelSpec("gpu", 2, 5, 60), PanelSpec("history", 3, 9, 87, grow=True),
+          PanelSpec("buckets", 4, 8, 52)]
+
+
+@pytest.mark.parametrize("w,h,cols,shown", [
+    (80, 24, 1, {"figures", "gpu"}), (120, 40, 1, {"figures", "gpu"}),
+    (200, 50, 2, {"figures", "gpu", "history", "buckets"}), (300, 80, 2, {"figures", "gpu", "history", "buckets"})])
+def test_layout_places_panels_by_priority_and_fills_the_height(w, h, cols, shown):
+    plan = plan_layout(w, h, [2, 2], PANELS)
+    assert plan.cols == cols and plan.shown == shown
+    assert sum(plan.pane_rows) + sum(plan.shelf_rows) + 5 == h  # every row used
+    assert all(r >= 5 for r in plan.pane_rows)
+    for shelf, rows in zip(plan.shelves, plan.shelf_rows):
+        assert rows >= max(p.rows_min for p in PANELS if p.name in shelf)
+
+
+def test_a_new_panel_takes_its_place_with_no_change_to_the_plan():
+    more = PANELS + [PanelSpec("waits", 3, 6, 60)]
+    assert "waits" in plan_layout(300, 80, [2, 2], more).shown
+    assert "waits" not in plan_layout(80, 24, [2, 2], more).shown  # lowest priority: no room
 
 
 def test_sources_declare_what_they_can_do():
