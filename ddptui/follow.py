@@ -12,7 +12,7 @@ import zlib
 
 from ranks import wire
 
-from .recording import RecordingError, _Frames, read_header
+from .recording import Reader, _Frames
 from .store import Store
 
 READ_PER_POLL = 4 << 20  # bytes read per poll at most (a long run is taken up in slices)
@@ -23,15 +23,8 @@ class FollowSource:
 
     def __init__(self, path: str):
         self.path = path
-        try:
-            self.f = open(path, "rb")
-        except OSError as e:
-            raise RecordingError(f"{path}: cannot open ({e.strerror})") from None
-        try:
-            self.meta = read_header(self.f, path)
-        except BaseException:
-            self.f.close()
-            raise
+        reader = Reader(path)  # (checks the file and its header; RecordingError if bad)
+        self.f, self.meta = reader.f, reader.meta  # the file, positioned after the header
         self.store = Store()
         self.store.set_meta(self.meta)
         self.state, self.message = "created", ""
