@@ -73,7 +73,7 @@ async def frame_times(renders: int) -> tuple[list[float], list[float]]:
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.app.workers.wait_for_complete()
         await pilot.pause()
-        app._changed()
+        app.redraw()
         await pilot.pause()
         panes = list(app.query(TimelinePane))
         shown = sum(len(p.fit()[0]) for p in panes)
@@ -81,7 +81,7 @@ async def frame_times(renders: int) -> tuple[list[float], list[float]]:
         for _ in range(renders):
             t, c = time.perf_counter(), time.thread_time()
             app._views.clear()  # views and strips made afresh: a new step's frame
-            app._changed()
+            app.redraw()
             for p in panes:
                 p.clear_cache()
                 for y in range(p.size.height):

@@ -6,7 +6,6 @@ the ranks, stopping them, seeking in a large recording — runs in a worker thre
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -15,116 +14,51 @@ from collections import deque
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Container, Grid
+from textual.containers import Grid
 from textual.widgets import Footer, Static
 
 from ranks import spec
 
+from .source import BucketControl, Source, Transport
 from .store import Store
+from . import figures as F
+from .viewmodel import PanelSpec, ViewModel, latest_steps, plan_layout
 from .widgets import (
     GUTTER,
+    BucketsPanel,
     FiguresPanel,
     GotoScreen,
     GpuPanel,
+    Headline,
     HelpScreen,
+    HistoryPanel,
     PaneState,
     PartsView,
     StartupScreen,
     TimelinePane,
     figures_panel,
-    gpu_panel,
+    headline,
     screens,
 )
 from .widgets import theme as T
-from .widgets.timeline import span_ceil
+from .widgets.panel import Frame, Panel
 
 FPS = 15
-ZOOMS = (1, 2, 4, 8, 16, 32)
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-PANE_MIN_WIDTH = 80  # panes go side by side when each can have this many columns
-WIDE = 150  # figures and GPU panel side by side from this width
-LOOKBACK = 500  # steps searched back for a complete one
-FOLLOW_EVERY_S = 0.2  # live: the newest step is taken up at most this often
-SPAN_HEADROOM = 1.05  # the axis is a round length at least this much longer than the longest step
-SHRINK_BELOW = 0.7  # the axis shrinks once the longest recent step stays below this share of it…
-SHRINK_STEPS = 8  # …for this many newly shown steps…
-SHRINK_AFTER_S = 3.0  # …and this many seconds
-SHRINK_HEADROOM = 1.15  # a shrunk axis leaves more room: jitter should not make it grow back
-
-
-class SpanScale:
-    """The shared axis length (ms), kept steady while steps jitter: it grows at once when a
-    step does not fit, and shrinks only after every step shown for SHRINK_STEPS new steps and
-    SHRINK_AFTER_S seconds stayed below SHRINK_BELOW of it. Lengths are round (span_ceil)."""
-
-    def __init__(self):
-        self.span_ms: float | None = None
-        self._key: tuple | None = None
-        self._recent: deque = deque()  # (time, longest step) per newly shown set of steps
-
-    def update(self, want: float, key: tuple, now: float) -> float:
-        if self.span_ms is None or want > self.span_ms:
-            self.span_ms = span_ceil(want * SPAN_HEADROOM)
-            self._recent.clear()
-            self._key = key
-            return self.span_ms
-        if key != self._key:  # paused or unchanged: no new evidence, the scale stays
-            self._key = key
-            recent = self._recent
-            recent.append((now, want))
-            while len(recent) > SHRINK_STEPS and recent[1][0] <= now - SHRINK_AFTER_S:
-                recent.popleft()
-            longest = max(w for _, w in recent)
-            if (len(recent) >= SHRINK_STEPS and now - recent[0][0] >= SHRINK_AFTER_S
-                    and longest < SHRINK_BELOW * self.span_ms):
-                self.span_ms = min(self.span_ms, span_ceil(longest * SHRINK_HEADROOM))
-                recent.clear()
-        return self.span_ms
-
-
-def _last_complete(store: Store, strategy: str, upto: int | None) -> int | None:
-    """The newest complete step of a strategy at or before `upto` (None: the newest)."""
-    with store.lock:
-        figs = store.step_figs.get(strategy)
-        if not figs:
-            return None
-        if upto is None:
-            return next(reversed(figs))
-        if upto in figs:
-            return upto
-        for i, k in enumerate(reversed(figs)):
-            if k <= upto or i > LOOKBACK:
-                return k if k <= upto else None
-    return None
-
-
-def pane_rows(ranks: list[int], avail: int) -> list[int]:
-    """Heights of the grid rows of panes: each gets room for one rank, the rest is shared
-    by the ranks still to show (rows with as many ranks get the same height); when even
-    that does not fit, the rows share the height evenly."""
-    base = [5 if r > 1 else 4 for r in ranks]
-    if avail < sum(base):  # too small for one rank each: share what there is (each says so)
-        even = max(2, avail // len(ranks))
-        return [even + (1 if i < avail - even * len(ranks) else 0) for i in range(len(ranks))]
-    want = [2 + 7 * r - b for r, b in zip(ranks, base)]  # up to 3-row lanes and a gap
-    spare = avail - sum(base)
-    total = sum(want) or 1
-    return [b + min(wt, spare * wt // total) for b, wt in zip(base, want)]
+# the panels below the lanes, in order of priority: (id, class)
+PANELS: tuple[tuple[str, type[Panel]], ...] = (
+    ("figures", FiguresPanel), ("gpu", GpuPanel), ("history", HistoryPanel), ("buckets", BucketsPanel))
 
 
 class DdpApp(App):
     TITLE = "ddptui"
     ENABLE_COMMAND_PALETTE = False
     CSS = """
-    #title, #legend, #status { height: 1; }
+    #title, #headline, #legend, #status { height: 1; }
     #banner { height: auto; background: #7a0000; color: #ffffff; text-style: bold; padding: 0 1;
               display: none; }
     #panes { height: 1fr; grid-size: 1; grid-gutter: 0 2; grid-rows: 1fr; }
-    #bottom { height: 6; layout: vertical; }
-    #bottom.wide { layout: horizontal; }
-    #bottom.wide #figures { width: 92; }
-    #bottom #figures { height: auto; }
-    #bottom.wide #figures { height: 100%; }
+    #panels { height: 6; grid-size: 1; grid-rows: 1fr; }
     """
     BINDINGS = [
         Binding("q", "quit", "quit"),
@@ -144,22 +78,19 @@ class DdpApp(App):
     ]
     ALWAYS = ("quit", "help", "screenshot")
 
-    def __init__(self, source, *, title: str | None = None, fps: float = FPS, screenshot_dir: str = "."):
+    def __init__(self, source: Source, *, title: str | None = None, fps: float = FPS,
+                 screenshot_dir: str = ".", record: str | None = None):
         super().__init__()
         self.source = source
         self.talk_title = title
         self.fps = fps
         self.screenshot_dir = screenshot_dir
-        self.replay = hasattr(source, "seek")
+        self.record = record  # live: where the run is recorded (shown in the status line)
+        self.transport: Transport | None = source if isinstance(source, Transport) else None
+        self.buckets: BucketControl | None = source if isinstance(source, BucketControl) else None
+        self.vm = ViewModel()
         self.panes: dict[str, TimelinePane] = {}
         self._views: dict[tuple, object] = {}
-        self._follow: dict[str, int | None] | None = None
-        self._follow_t = 0.0
-        self.paused = False
-        self.pinned: int | None = None
-        self.zoom_i = 0
-        self.scale = SpanScale()
-        self.clock = time.monotonic  # (tests drive the scale's clock)
         self.asked_cap: float | None = None
         self.error: str | None = None
         self._started = False
@@ -178,28 +109,42 @@ class DdpApp(App):
     # -- composition -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield PartsView(id="title")
+        yield Headline(id="headline")
         yield Static(id="banner")
         yield Grid(id="panes")
         yield PartsView(id="legend")
-        with Container(id="bottom"):
-            yield FiguresPanel(id="figures")
-            yield GpuPanel(id="gpu")
+        with Grid(id="panels"):
+            for name, cls in PANELS:
+                yield cls(id=name)
         yield PartsView(id="status")
         yield Footer()
 
     def on_mount(self) -> None:
         self.main = m = self.screen
         m.styles.background, m.styles.color = T.BG, T.TEXT
-        self.grid, self.bottom = m.query_one("#panes", Grid), m.query_one("#bottom")
-        self.figures, self.gpu = m.query_one(FiguresPanel), m.query_one(GpuPanel)
+        self.grid, self.panel_grid = m.query_one("#panes", Grid), m.query_one("#panels", Grid)
+        self.panels: dict[str, Panel] = {name: m.query_one(f"#{name}", cls) for name, cls in PANELS}
+        self.headline = m.query_one(Headline)
         self.title_bar, self.legend = m.query_one("#title", PartsView), m.query_one("#legend", PartsView)
         self.status_bar, self.banner = m.query_one("#status", PartsView), m.query_one("#banner", Static)
         self._caps_seen = len(self.source.store.cap_changes)
-        if not self.replay and not self._has_step():
+        if self.transport is None and not self._has_step():
             self.push_screen(StartupScreen())
         self.run_worker(self._start_source, thread=True, name="start", exit_on_error=False)
         self.set_interval(1 / self.fps, self._tick)
         self._redraw()
+
+    @property
+    def replay(self) -> bool:
+        return self.transport is not None
+
+    @property
+    def paused(self) -> bool:
+        return self.vm.paused
+
+    @property
+    def pinned(self) -> int | None:
+        return self.vm.pinned
 
     def _start_source(self) -> None:
         try:
@@ -227,12 +172,12 @@ class DdpApp(App):
     def _draw_key(self) -> tuple:
         """Everything a frame depends on: unchanged key, nothing to draw."""
         src, store = self.source, self.source.store
-        sizes = tuple(w.size for w in (*self.panes.values(), self.gpu))
+        sizes = tuple(w.size for w in (*self.panes.values(), *self.panels.values()))
         return id(store), store.version, self._ui_gen, src.state, self._busy, self.size, sizes
 
     def _has_step(self) -> bool:
         store = self.source.store
-        return any(store.latest_complete(s) is not None for s in store.strategies())
+        return bool(latest_steps(store))
 
     def _draw_startup(self) -> None:
         src = self.source
@@ -241,7 +186,7 @@ class DdpApp(App):
             return
         failed = src.state == "failed" or self.error is not None
         lines = screens.startup_lines(src.store, "failed" if failed else src.state,
-                                      self.error or src.message, getattr(src, "first_step_s", None),
+                                      self.error or src.message, None,
                                       time.monotonic() - self._t0, self._ticks, self.size.width)
         self.screen.show(lines)
 
@@ -260,9 +205,12 @@ class DdpApp(App):
         for s, pane in self.panes.items():
             ddp = s == "ddp"
             pane.show(PaneState(views.get(s), mpc, self._cap_note() if ddp else "", cap_since if ddp else None))
-        self.figures.show(figures_panel.build(store, shown))
-        gpu = self.gpu
-        gpu.show(gpu_panel.build(store, gpu.size.width or self.size.width, gpu.size.height or 3))
+        rows = figures_panel.compare_rows(store, shown)
+        frame = Frame(store, shown, views, rows)
+        for panel in self.panels.values():
+            if panel.display:
+                panel.draw(frame)
+        self.headline.show(headline.build(rows, F.speedups(rows), self.size.width))
         self.title_bar.show([self._title_parts(store, strategies)])
         self.legend.show([self._legend_parts(mpc)])
         self.status_bar.show([self._status_parts(store)])
@@ -290,66 +238,37 @@ class DdpApp(App):
 
     def _sync_layout(self, store: Store, strategies: list[str]) -> None:
         w, h = self.size
-        n = max(1, len(strategies))
-        gpu_rows = gpu_panel.wanted_rows(store)
-        key = (w, h, tuple(strategies), store.world, gpu_rows, self._banner_rows)
+        specs = [PanelSpec(name, cls.rows_min(store), cls.rows_max(store), cls.MIN_WIDTH, cls.GROW)
+                 for name, cls in PANELS]
+        key = (w, h, tuple(strategies), store.world, tuple(specs), self._banner_rows)
         if key == self._layout_key:
             return
         self._layout_key = key
-        cols = max(1, min(n, w // PANE_MIN_WIDTH))
+        ranks = [store.expected_ranks(s) for s in strategies]
+        plan = plan_layout(w, h, ranks, specs, self._banner_rows)
         grid = self.grid
-        grid.styles.grid_size_columns = cols
-        grid.styles.grid_size_rows = math.ceil(n / cols)
-        bottom = self.bottom
-        fig_rows = n + 2
-        wide = w >= WIDE
-        bottom.set_class(wide, "wide")
-        room = max(4, (h - 4) // 3)  # the panes keep two thirds
-        if wide:
-            height = min(room, max(fig_rows, gpu_rows))
-            gpu_h = height
-        else:
-            gpu_h = max(2, min(gpu_rows, room - fig_rows))
-            height = fig_rows + gpu_h
-        self.gpu.styles.height = gpu_h
-        bottom.styles.height = height
-        ranks = [store.expected_ranks(s) for s in strategies] or [1]
-        rows = [max(ranks[i:i + cols]) for i in range(0, len(ranks), cols)]
-        avail = h - 4 - self._banner_rows - height  # title, legend, status and footer: 4
-        grid.styles.grid_rows = " ".join(str(x) for x in pane_rows(rows, avail))
+        grid.styles.grid_size_columns = plan.cols
+        grid.styles.grid_size_rows = len(plan.pane_rows)
+        grid.styles.grid_rows = " ".join(str(x) for x in plan.pane_rows)
+        shown = plan.shown
+        for name, panel in self.panels.items():
+            panel.display = name in shown
+        pg = self.panel_grid
+        pg.display = bool(plan.shelves)
+        pg.styles.grid_size_columns = plan.panel_cols
+        pg.styles.grid_size_rows = max(1, len(plan.shelves))
+        pg.styles.grid_rows = " ".join(str(x) for x in plan.shelf_rows) or "1"
+        pg.styles.height = sum(plan.shelf_rows)
 
     def shown_steps(self) -> dict[str, int | None]:
         """The step each strategy pane shows."""
-        store = self.source.store
-        if self.replay:
-            target = self.source.position_step
-            target = target if target >= 0 else None
-            if target is None:
-                return {s: None for s in store.strategies()}
-        elif self.paused:
-            target = self.pinned
-        else:
-            return self._following(store)
-        return {s: _last_complete(store, s, target) for s in store.strategies()}
-
-    def _following(self, store: Store) -> dict[str, int | None]:
-        """The newest complete steps, taken at most every FOLLOW_EVERY_S: a step stays on
-        screen long enough to be read, and fast runs cost fewer new views."""
-        now = time.monotonic()
-        stale = self._follow is None or set(self._follow) != set(store.strategies())
-        if stale or now - self._follow_t >= FOLLOW_EVERY_S:
-            self._follow = {s: _last_complete(store, s, None) for s in store.strategies()}
-            self._follow_t = now
-        return dict(self._follow)
+        t = self.transport
+        return self.vm.shown_steps(self.source.store, t.position_step if t else None, replay=t is not None)
 
     def _ms_per_cell(self, views: dict) -> float:
-        durs = [v.duration_ms for v in views.values() if v is not None]
-        if durs:
-            key = (id(self.source.store), *((s, v.step) for s, v in sorted(views.items()) if v is not None))
-            self.scale.update(max(durs), key, self.clock())
         lanes = [p.lane_width for p in self.panes.values() if p.lane_width > 0]
         lane_w = min(lanes) if lanes else max(10, self.size.width - GUTTER)
-        return (self.scale.span_ms or 100.0) / ZOOMS[self.zoom_i] / lane_w
+        return self.vm.ms_per_cell(views, lane_w, id(self.source.store))
 
     def _cap_note(self) -> str:
         return f"→ {self.asked_cap:g} MB asked…" if self.asked_cap is not None else ""
@@ -373,7 +292,7 @@ class DdpApp(App):
         for name, c in (("forward", T.FWD_A), ("backward", T.BWD_A), ("AllReduce", T.COMM_A),
                         ("2+ at once", T.COMM_MULTI), ("waiting", T.QUEUED), ("optimizer", T.OPT)):
             parts += [(" ██", T.style(T.LANE_COLOURS[c])), (f" {name} ", T.style(T.TEXT))]
-        zoom = ZOOMS[self.zoom_i]
+        zoom = self.vm.zoom
         parts.append((f"│ 1 cell = {mpc:.3g} ms · zoom {zoom}× · one scale for all panes", T.style(T.DIM)))
         return parts
 
@@ -390,8 +309,7 @@ class DdpApp(App):
 
     def _live_status(self, store: Store) -> list:
         src = self.source
-        latest = max((k for k in (store.latest_complete(s) for s in store.strategies()) if k is not None),
-                     default=None)
+        latest = max(latest_steps(store), default=None)
         if self._stopping:
             return [(" ⏹ stopping ranks… ", T.style("#000000", T.WARN, bold=True))]
         if self.paused:
@@ -407,13 +325,12 @@ class DdpApp(App):
         else:
             parts = [(" ● LIVE ", T.style("#000000", T.GOOD, bold=True)),
                      (f" {src.state} · step {latest if latest is not None else '–'}", T.style(T.TEXT))]
-        record = getattr(getattr(src, "opts", None), "record", None)
-        if record:
-            parts.append((f" · recording → {record}", T.style(T.DIM)))
+        if self.record:
+            parts.append((f" · recording → {self.record}", T.style(T.DIM)))
         return parts
 
     def _replay_status(self) -> list:
-        src = self.source
+        src = self.transport
         badge = {"playing": " ▶ REPLAY ", "paused": " ⏸ REPLAY ", "finished": " ■ REPLAY "}.get(
             src.state, " REPLAY ")
         text = f" {src.speed:g}× · step {max(src.position_step, 0)}/{max(src.steps_total - 1, 0)}"
@@ -448,50 +365,42 @@ class DdpApp(App):
                 self.asked_cap = None
         self._caps_seen = len(changes)
 
-    def _changed(self) -> None:
-        """The UI state changed (a key, a finished job): draw now, with the newest data."""
+    def redraw(self) -> None:
+        """Draw now, with the newest data (the UI state changed: a key, a finished job; or a
+        test wants the frame after a layout)."""
         self._ui_gen += 1
-        self._follow = None
+        self.vm.changed()
         self._redraw()
+
 
     # -- actions -----------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if isinstance(self.screen, StartupScreen):
             return action in self.ALWAYS
         if action == "bucket":
-            return not self.replay and hasattr(self.source, "set_bucket_cap")
+            return self.buckets is not None
         if action in ("speed", "goto"):
             return self.replay
         return True
 
     def action_pause(self) -> None:
-        if self.replay:
-            self._transport(self.source.toggle_play)
+        if self.transport:
+            self._transport(self.transport.toggle_play)
             return
-        self.paused = not self.paused
-        if self.paused:
-            shown = [k for k in self.shown_steps().values() if k is not None]
-            self.pinned = min(shown) if shown else None
-        self._changed()
+        self.vm.toggle_pause(self.source.store)
+        self.redraw()
 
     def action_step(self, delta: int) -> None:
-        if self.replay:
-            self._transport(lambda: self.source.step_by(delta))
+        if self.transport:
+            t = self.transport
+            self._transport(lambda: t.step_by(delta))
             return
-        store = self.source.store
-        latest = [k for k in (store.latest_complete(s) for s in store.strategies()) if k is not None]
-        if not latest:
-            return
-        if not self.paused:
-            self.paused, self.pinned = True, min(latest)
-        with store.lock:
-            oldest = max(min(per) for per in store.raw.values() if per) if store.raw else 0
-        self.pinned = min(max(oldest, (self.pinned or 0) + delta), min(latest))
-        self._changed()
+        if self.vm.step(self.source.store, delta):
+            self.redraw()
 
     def action_zoom(self, d: int) -> None:
-        self.zoom_i = min(len(ZOOMS) - 1, max(0, self.zoom_i + d))
-        self._changed()
+        self.vm.zoom_by(d)
+        self.redraw()
 
     def action_bucket(self, direction: int) -> None:
         store = self.source.store
@@ -506,24 +415,27 @@ class DdpApp(App):
             self.notify(f"bucket_cap_mb is at the {'bottom' if direction < 0 else 'top'} of the ladder "
                         f"({' / '.join(f'{x:g}' for x in ladder)} MB)", severity="warning")
             return
-        if not self._started or self.source.set_bucket_cap(nxt) == 0:
+        if not self._started or self.buckets is None or self.buckets.set_bucket_cap(nxt) == 0:
             self.notify("no rank is connected yet: try again in a moment", severity="warning")
             return
         self.asked_cap = nxt
         self.notify(f"asked every rank for bucket_cap_mb = {nxt:g} MB (all re-wrap DDP at the same step)", timeout=2.5,
                     title="bucket cap")
-        self._changed()
+        self.redraw()
 
     def action_speed(self, d: int) -> None:
-        i = min(range(len(SPEEDS)), key=lambda j: abs(SPEEDS[j] - self.source.speed))
+        t = self.transport
+        i = min(range(len(SPEEDS)), key=lambda j: abs(SPEEDS[j] - t.speed))
         nxt = SPEEDS[min(len(SPEEDS) - 1, max(0, i + d))]
-        self._transport(lambda: self.source.set_speed(nxt))
+        self._transport(lambda: t.set_speed(nxt))
 
     def action_goto(self) -> None:
+        t = self.transport
+
         def go(step: int | None) -> None:
             if step is not None:
-                self._transport(lambda: self.source.seek(step))
-        self.push_screen(GotoScreen(self.source.steps_total), go)
+                self._transport(lambda: t.seek(step))
+        self.push_screen(GotoScreen(t.steps_total), go)
 
     def action_screenshot(self) -> None:
         name = f"ddptui-{time.strftime('%Y%m%d-%H%M%S')}.svg"
@@ -544,7 +456,7 @@ class DdpApp(App):
             return
         self._stopping = True
         self.notify("stopping ranks…", title="quit")
-        self._changed()
+        self.redraw()
         self.run_worker(self._stop_source, thread=True, name="stop", exit_on_error=False)
 
     def _stop_source(self) -> None:
@@ -577,14 +489,14 @@ class DdpApp(App):
             self.run_worker(self._run_jobs, thread=True, name="transport", exit_on_error=False)
         else:
             self._busy = False
-        self._changed()
+        self.redraw()
 
 
 def run_live_app(opts, plan) -> int:
     """Launch the ranks and show them; 0 after a normal quit, 1 if the run failed."""
     from .session import LiveRun
     run = LiveRun(opts, plan)
-    app = DdpApp(run)
+    app = DdpApp(run, record=opts.record)
     try:
         app.run()
     finally:

@@ -14,7 +14,7 @@ from ranks import spec
 from . import __version__
 from .options import add_numeric
 
-SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify")
+SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve")
 
 EPILOG = """\
 commands:
@@ -25,6 +25,7 @@ commands:
   ddptui summary FILE [--json P]   per-strategy figures of a recording
   ddptui bench [options]           the seeds' benchmark table with the cost model
   ddptui verify [options]          check every span against torch.profiler on this machine
+  ddptui serve FILE | --attach     the UI in a browser: a replay, or a read-only view of a live run
 
 examples:
   ddptui --gpus 2 --model xlarge

@@ -390,3 +390,22 @@ class Store:
             return StepView(strategy, step, spans, figs, dur, cap,
                             len(layout) if layout else None, marks,
                             self.waits.get(strategy, {}).get(step))
+
+    # -- UI query: where each kept step lies on the host clock (per-strategy NVML figures) --
+    def step_intervals(self, strategy: str) -> list[tuple[int, int, int]]:
+        """(step, start ns, end ns) of the kept steps of a strategy, on CLOCK_MONOTONIC (the
+        clock of gpu/cpu samples): from the first rank's STEP start to the last rank's end."""
+        out = []
+        with self.lock:
+            for k, ranks in self.raw.get(strategy, {}).items():
+                a = z = None
+                for b in ranks.values():
+                    for i in range(len(b.kind)):
+                        if b.kind[i] == wire.STEP:
+                            s, e = b.base_ns + b.t0[i] * 1000, b.base_ns + b.t1[i] * 1000
+                            a = s if a is None else min(a, s)
+                            z = e if z is None else max(z, e)
+                            break
+                if a is not None:
+                    out.append((k, a, z))
+        return out

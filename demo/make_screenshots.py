@@ -5,7 +5,8 @@ Replays demo/cpu-medium-2ranks.ddptui headless, pauses, jumps to one step with t
 keys a user presses, and saves what the app draws:
 
     python demo/make_screenshots.py                 # demo/screenshots/*.svg at step 20
-    python demo/make_screenshots.py --step 12 --out /tmp/shots
+    python demo/make_screenshots.py --step 12 --out shots
+    DDPTUI_BROWSER_SHOT=demo/screenshots/browser.png pytest tests/test_serve.py   # the browser one
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ from ddptui.replay import ReplaySource  # noqa: E402
 RECORDING = os.path.join(HERE, "cpu-medium-2ranks.ddptui")
 TITLE = "naive vs DDP · 2 CPU ranks"
 SHOTS = (  # file, terminal size, extra keys
+    ("main-80x24.svg", (80, 24), ()),
     ("main-120x40.svg", (120, 40), ()),
     ("main-200x50.svg", (200, 50), ()),
-    ("main-80x24.svg", (80, 24), ()),
+    ("main-300x80.svg", (300, 80), ()),
     ("help.svg", (120, 40), ("question_mark",)),
 )
 

@@ -17,7 +17,7 @@ from ddptui.app import DdpApp
 from ddptui.replay import ReplaySource
 from ddptui.store import Store
 from ddptui.synthetic import SyntheticRun, ddp_buckets, fill_store
-from ddptui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane
+from ddptui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane, figures_panel
 from ddptui.widgets.lanes import lane_segments
 from ddptui.widgets.theme import COMM_A, FWD_A
 
@@ -100,7 +100,7 @@ def last_filled(lane: str) -> int:
 async def settle(pilot) -> None:
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
-    pilot.app._changed()
+    pilot.app.redraw()
     await pilot.pause()
 
 
@@ -167,9 +167,15 @@ async def test_figures_and_speedup():
         text = "\n".join(drawn(app.query_one(FiguresPanel)))
         want = src.store.step_figs["ddp"][7].step_ms
         assert re.search(rf"ddp\s+{want:.1f}\s", text)
-        assert "DDP vs naive:" in text and "×" in text
-        for column in ("median", "exposed", "overlap", "AR/step", "samples/s"):
+        for column in ("median", "exposed", "overlap", "AR/step", "samples/s", "comm %", "exp %", "busy %", "GPU %"):
             assert column in text
+        rows = {r["strategy"]: r for r in figures_panel.compare_rows(src.store, app.shown_steps())}
+        ddp = rows["ddp"]
+        assert re.search(rf"ddp .*\s{ddp['busy_pct']:.0f}%\s", text)  # busy: compute share of the step
+        assert ddp["busy_pct"] == pytest.approx(100 * ddp["compute_ms"] / ddp["step_ms_median"])
+        head = drawn(app.query_one("#headline"))[0]
+        sp = rows["naive"]["step_ms_median"] / ddp["step_ms_median"]
+        assert f"DDP {sp:.2f}× faster than naive" in head and f"{ddp['overlap_pct']:.0f} % of" in head
 
 
 @pytest.mark.asyncio
@@ -506,7 +512,7 @@ class ScaledApp(DdpApp):
         super().__init__(*a, **kw)
         self.factor = 1.0
         self.now = 0.0
-        self.clock = lambda: self.now
+        self.vm.clock = lambda: self.now
 
     def _view(self, store, strategy, step):
         import dataclasses
@@ -526,7 +532,7 @@ async def test_time_scale_holds_through_jitter_and_shrinks_after_steps_get_short
             app.factor = factor
             app.now += 0.5
             src.add_steps(1)
-            app._changed()
+            app.redraw()
             await pilot.pause()
             return pane.state.ms_per_cell, drawn(pane)[1]
 
@@ -561,6 +567,6 @@ async def test_paused_scale_does_not_shrink_while_new_steps_arrive():
         for _ in range(12):
             app.now += 1.0
             src.add_steps(1)
-            app._changed()
+            app.redraw()
             await pilot.pause()
         assert pane.state.ms_per_cell == before and "PAUSED" in drawn(app.status_bar)[0]

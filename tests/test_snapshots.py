@@ -37,10 +37,33 @@ class FixedSource:
 async def _settle(pilot) -> None:
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
-    pilot.app._changed()  # one frame after layout: panes know their widths
+    pilot.app.redraw()  # one frame after layout: panes know their widths
     await pilot.pause()
 
 
-@pytest.mark.parametrize("size", [(120, 40), (200, 50), (80, 24)], ids=["120x40", "200x50", "80x24"])
+SIZES = [(80, 24), (120, 40), (200, 50), (300, 80)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 def test_main_screen(snap_compare, size):
     assert snap_compare(DdpApp(FixedSource()), terminal_size=size, run_before=_settle)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("world", [2, 4])
+async def test_200x50_two_strategies_use_the_room(world):
+    """At a projector's 200x50, naive vs DDP leaves at most 5 blank rows, and the panels
+    below the lanes are all there."""
+    src = FixedSource()
+    src.store = Store()
+    fill_store(src.store, SyntheticRun("large", world, ("naive", "ddp"), seed=7), 12, gpu=True)
+    app = DdpApp(src)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await _settle(pilot)
+        screen = [strip.text for strip in app.screen._compositor.render_strips()]
+    assert len(screen) == 50
+    blank = [i for i, line in enumerate(screen) if not line.strip()]
+    assert len(blank) <= 5, "\n".join(screen)
+    text = "\n".join(screen)
+    for needle in ("busy %", "step time", "DDP buckets", "GPU0", "r0  comp", f"r{world - 1}  comp"):
+        assert needle in text

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..store import Store
 from . import theme as T
-from .text import Parts, PartsView
+from .panel import Frame, Panel
+from .text import Parts
 
 
 def _num(v, spec: str, unit: str = "") -> str:
@@ -103,7 +104,14 @@ def build(store: Store, width: int, rows: int) -> list[Parts]:
     return [[("GPU / CPU: waiting for samples…", T.style(T.DIM))]]
 
 
-class GpuPanel(PartsView):
-    DEFAULT_CSS = """
-    GpuPanel { height: 100%; width: 1fr; background: #000000; padding: 0 1; }
-    """
+class GpuPanel(Panel):
+    MIN_WIDTH = 60
+
+    @staticmethod
+    def rows_min(store: Store) -> int:
+        return 2
+
+    rows_max = staticmethod(wanted_rows)
+
+    def build_lines(self, frame: Frame) -> list[Parts]:
+        return build(frame.store, self.size.width or 80, self.size.height or 3)

@@ -69,6 +69,12 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
     not fit (and, in a one-row lane, every stretch where several run at once) is marked."""
     comms = sorted((s for s in spans if s.kind == COMM), key=lambda s: s.start_ms)
     sub = comm_rows(comms)
+    need = max(sub) + 1 if sub else 1
+    if need < rows:  # room to spare: each sub-row gets a band of rows, labelled on its first
+        band = rows // need
+        r_show = min(row // band, need - 1)
+        label = label_of if row % band == 0 and row < band * need else (lambda i: "")  # noqa: E731
+        return comm_bars(spans, label, r_show, need)
     last = rows - 1
     mine = [(i, s) for i, (s, r) in enumerate(zip(comms, sub)) if min(r, last) == row]
     out: list[Bar] = [(s.issued_ms, s.start_ms, T.QUEUED, "") for _, s in mine

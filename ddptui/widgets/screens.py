@@ -103,8 +103,11 @@ HELP = """\
   [#ff9f1a]███[/] AllReduce (per parameter for naive, per bucket bN for DDP)   [#6b4a1e]███[/] issued, waiting
   [#c8c8c8]███[/] optimizer     ⚑ marks the step where a new bucket cap took effect
 
-[b]Figures[/b]  step ms: the step shown · median, exposed communication, overlap %, AllReduce calls
-  and samples/s over the last 100 steps (DDP: since the last bucket change) · history: last 30 steps
+[b]Figures[/b]  step ms: the step shown · the rest: medians of the last 100 steps (DDP: since the last
+  bucket change) · comm % / exp %: communication and exposed communication as % of the step
+  busy %: share of the step spent computing (forward, backward): the per-strategy GPU utilisation
+  NVML cannot give, strategies alternating step by step · GPU %: NVML over samples inside that
+  strategy's steps ("–": steps shorter than a sample) · panels below show as room allows
 
 [dim]press esc or ? to close[/dim]"""
 

@@ -18,7 +18,8 @@ from . import theme as T
 from .lanes import comm_bars, compute_bars, lane_segments
 
 GUTTER = 9  # "r12 comp "
-LANE_SHAPES = ((3, 1), (2, 1), (1, 1), (1, 0))  # (rows per lane, rows between ranks), best first
+LANE_SHAPES = ((4, 1), (3, 1), (2, 1), (1, 1), (1, 0))  # (no gap needed after the last rank)
+COMFORT = LANE_SHAPES[1]  # lanes grow to this before the panels below get more room  # (rows per lane, rows between ranks), best first
 
 
 def nice_ceil(x: float, steps=(1, 2, 5, 10)) -> float:
@@ -58,6 +59,26 @@ class TimelinePane(Widget):
     DEFAULT_CSS = """
     TimelinePane { height: 1fr; min-height: 2; background: #000000; }
     """
+
+    @staticmethod
+    def rows_min(ranks: int) -> int:
+        """Header, axis and one rank's lanes (and, with more ranks, the note of those hidden)."""
+        return 5 if ranks > 1 else 4
+
+    @staticmethod
+    def rows_for(ranks: int, shape: tuple[int, int]) -> int:
+        """Header, axis and every rank's lanes in this (rows per lane, gap) shape."""
+        lane_h, gap = shape
+        return 2 + (2 * lane_h + gap) * ranks - gap
+
+    @staticmethod
+    def rows_max(ranks: int) -> int:
+        """Every rank with comfortable lanes; more is welcome (LANE_SHAPES[0]) but not owed."""
+        return TimelinePane.rows_for(ranks, COMFORT)
+
+    @staticmethod
+    def rows_big(ranks: int) -> int:
+        return TimelinePane.rows_for(ranks, LANE_SHAPES[0])
 
     def __init__(self, strategy: str, layers: list[str], params: list[str], **kw):
         super().__init__(**kw)
@@ -249,7 +270,7 @@ class TimelinePane(Widget):
 def fit_ranks(ranks: list[int], rows: int) -> tuple[list[int], list[int], int, int]:
     n = len(ranks)
     for lane_h, gap in LANE_SHAPES:
-        if n * (2 * lane_h + gap) <= rows:
+        if n * (2 * lane_h + gap) - gap <= rows:
             return ranks, [], lane_h, gap
     fit = max(0, (rows - 1) // 2)
     return ranks[:fit], ranks[fit:], 1, 0

@@ -1,0 +1,29 @@
+"""The headline: within 80 columns for every combination of figures, and honest."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.cells import cell_len
+
+from ddptui.widgets.headline import headline
+
+ratio = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False)
+pct = st.one_of(st.none(), st.floats(min_value=0, max_value=100, allow_nan=False))
+
+
+@settings(max_examples=400, deadline=None)
+@given(ddp=st.one_of(st.none(), ratio), singles=st.dictionaries(st.sampled_from(["naive", "interleaved", "ddp"]), ratio),
+       overlap=st.dictionaries(st.sampled_from(["naive", "interleaved", "ddp", "single"]), pct),
+       width=st.integers(min_value=20, max_value=80))
+def test_headline_fits_and_tells_the_truth(ddp, singles, overlap, width):
+    sp = {f"{k}_vs_single": v for k, v in singles.items()}
+    if ddp is not None:
+        sp["ddp_vs_naive"] = ddp
+    text, verdict = headline(sp, overlap, width)
+    assert cell_len(text) <= width and "\n" not in text
+    if ddp is not None and width == 80:
+        if ddp < 0.995:
+            assert "slower" in text and verdict == "bad" and "faster" not in text
+        elif ddp > 1.005:
+            assert "faster" in text and verdict == "good"
+        assert f"{ddp:.2f}×" in text

@@ -1,0 +1,94 @@
+"""The UI's view model without Textual: shown steps, pause and stepping, zoom, scale, layout."""
+from __future__ import annotations
+
+import pytest
+
+from ddptui.replay import ReplaySource
+from ddptui.session import LiveRun
+from ddptui.source import BucketControl, Source, Transport
+from ddptui.store import Store
+from ddptui.synthetic import SyntheticRun, fill_store
+from ddptui.viewmodel import PanelSpec, ViewModel, plan_layout
+
+
+def filled(steps: int = 6) -> Store:
+    st = Store()
+    fill_store(st, SyntheticRun("medium", 2, ("naive", "ddp"), seed=1), steps)
+    return st
+
+
+def test_following_pausing_and_stepping():
+    st = filled()
+    now = [0.0]
+    vm = ViewModel(follow_clock=lambda: now[0])
+    assert vm.shown_steps(st) == {"naive": 5, "ddp": 5}
+    fill_store_more(st, 1)
+    assert vm.shown_steps(st) == {"naive": 5, "ddp": 5}  # taken up at most every 0.2 s
+    now[0] += 0.25
+    assert vm.shown_steps(st) == {"naive": 6, "ddp": 6}
+    vm.toggle_pause(st)
+    assert vm.paused and vm.pinned == 6
+    assert vm.step(st, -2) and vm.shown_steps(st) == {"naive": 4, "ddp": 4}
+    assert vm.step(st, +10) and vm.pinned == 6  # never past the newest complete step
+    assert vm.step(st, -100) and vm.pinned == 0
+
+
+def fill_store_more(st: Store, n: int) -> None:
+    run = SyntheticRun("medium", 2, ("naive", "ddp"), seed=1)
+    k0 = max(st.complete_steps("naive")) + 1
+    for k in range(k0 + n):
+        frames = run.step_frames(k)
+        if k >= k0:
+            for f in frames:
+                st.ingest(f)
+    st.update()
+
+
+def test_replay_shows_the_steps_where_it_stands():
+    st = filled()
+    vm = ViewModel()
+    assert vm.shown_steps(st, 3, replay=True) == {"naive": 3, "ddp": 3}
+    assert vm.shown_steps(st, -1, replay=True) == {"naive": None, "ddp": None}
+
+
+def test_zoom_divides_one_steady_scale():
+    st = filled()
+    vm = ViewModel(clock=lambda: 0.0)
+    views = {s: st.view(s, 5) for s in st.strategies()}
+    mpc = vm.ms_per_cell(views, 100)
+    longest = max(v.duration_ms for v in views.values())
+    assert longest <= mpc * 100 <= 1.5 * longest
+    vm.zoom_by(1)
+    assert vm.ms_per_cell(views, 100) == pytest.approx(mpc / 2)
+    vm.zoom_by(-5)
+    assert vm.zoom == 1
+
+
+PANELS = [PanelSpec("figures", 4, 4, 60), PanelSpec("gpu", 2, 5, 60), PanelSpec("history", 3, 9, 87, grow=True),
+          PanelSpec("buckets", 4, 8, 52)]
+
+
+@pytest.mark.parametrize("w,h,cols,shown", [
+    (80, 24, 1, {"figures", "gpu"}), (120, 40, 1, {"figures", "gpu"}),
+    (200, 50, 2, {"figures", "gpu", "history", "buckets"}), (300, 80, 2, {"figures", "gpu", "history", "buckets"})])
+def test_layout_places_panels_by_priority_and_fills_the_height(w, h, cols, shown):
+    plan = plan_layout(w, h, [2, 2], PANELS)
+    assert plan.cols == cols and plan.shown == shown
+    assert sum(plan.pane_rows) + sum(plan.shelf_rows) + 5 == h  # every row used
+    assert all(r >= 5 for r in plan.pane_rows)
+    for shelf, rows in zip(plan.shelves, plan.shelf_rows):
+        assert rows >= max(p.rows_min for p in PANELS if p.name in shelf)
+
+
+def test_a_new_panel_takes_its_place_with_no_change_to_the_plan():
+    more = PANELS + [PanelSpec("waits", 3, 6, 60)]
+    assert "waits" in plan_layout(300, 80, [2, 2], more).shown
+    assert "waits" not in plan_layout(80, 24, [2, 2], more).shown  # lowest priority: no room
+
+
+def test_sources_declare_what_they_can_do():
+    rec = ReplaySource("demo/cpu-small-2ranks.ddptui")
+    assert isinstance(rec, Source) and isinstance(rec, Transport) and not isinstance(rec, BucketControl)
+    live = LiveRun.__new__(LiveRun)
+    live.store, live.state, live.message = Store(), "created", ""
+    assert isinstance(live, BucketControl) and not isinstance(live, Transport)
