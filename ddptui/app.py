@@ -19,7 +19,7 @@ from textual.widgets import Footer, Static
 
 from ranks import spec
 
-from .source import BucketControl, Source, Transport
+from .source import BucketControl, Source, StragglerControl, Transport
 from .store import Store
 from . import figures as F
 from .viewmodel import PanelSpec, ViewModel, latest_steps, plan_layout
@@ -42,12 +42,15 @@ from .widgets import (
 )
 from .widgets import theme as T
 from .widgets.panel import Frame, Panel
+from .widgets import waits
+from .widgets.waits import WaitsPanel
 
 FPS = 15
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # the panels below the lanes, in order of priority: (id, class)
 PANELS: tuple[tuple[str, type[Panel]], ...] = (
-    ("figures", FiguresPanel), ("gpu", GpuPanel), ("history", HistoryPanel), ("buckets", BucketsPanel))
+    ("figures", FiguresPanel), ("gpu", GpuPanel), ("buckets", BucketsPanel), ("waits", WaitsPanel),
+    ("history", HistoryPanel))
 
 
 class DdpApp(App):
@@ -71,6 +74,7 @@ class DdpApp(App):
         Binding("minus", "zoom(-1)", "zoom−"),
         Binding("b", "bucket(-1)", "bucket−"),
         Binding("B", "bucket(1)", "bucket+"),
+        Binding("d", "straggler", "straggler"),
         Binding("left_square_bracket", "speed(-1)", "slower"),
         Binding("right_square_bracket", "speed(1)", "faster"),
         Binding("g", "goto", "go to"),
@@ -88,6 +92,8 @@ class DdpApp(App):
         self.record = record  # live: where the run is recorded (shown in the status line)
         self.transport: Transport | None = source if isinstance(source, Transport) else None
         self.buckets: BucketControl | None = source if isinstance(source, BucketControl) else None
+        self.straggler: StragglerControl | None = source if isinstance(source, StragglerControl) else None
+        self.straggler_ms = 0.0  # what was last asked of the ranks (0: off)
         self.vm = ViewModel()
         self.panes: dict[str, TimelinePane] = {}
         self._views: dict[tuple, object] = {}
@@ -212,7 +218,7 @@ class DdpApp(App):
                 panel.draw(frame)
         self.headline.show(headline.build(rows, F.speedups(rows), self.size.width))
         self.title_bar.show([self._title_parts(store, strategies)])
-        self.legend.show([self._legend_parts(mpc)])
+        self.legend.show([self._legend_parts(mpc, self.size.width)])
         self.status_bar.show([self._status_parts(store)])
         self._notify_caps(store)
 
@@ -287,14 +293,27 @@ class DdpApp(App):
         parts.append((" " + " · ".join(b for b in bits if b), T.style(T.TEXT)))
         return parts
 
-    def _legend_parts(self, mpc: float) -> list:
-        parts = []
-        for name, c in (("forward", T.FWD_A), ("backward", T.BWD_A), ("AllReduce", T.COMM_A),
-                        ("2+ at once", T.COMM_MULTI), ("waiting", T.QUEUED), ("optimizer", T.OPT)):
-            parts += [(" ██", T.style(T.LANE_COLOURS[c])), (f" {name} ", T.style(T.TEXT))]
+    # legend entries, most important first: the last ones go when the line is too short
+    LEGEND = (("forward", T.FWD_A), ("backward", T.BWD_A), ("AllReduce", T.COMM_A),
+              ("waits for ranks", T.WAIT), ("last to arrive", T.COMM_LAST), ("queued", T.QUEUED),
+              ("optimizer", T.OPT), ("2+ at once", T.COMM_MULTI))
+
+    def _legend_parts(self, mpc: float, width: int = 1000) -> list:
         zoom = self.vm.zoom
-        parts.append((f"│ 1 cell = {mpc:.3g} ms · zoom {zoom}× · one scale for all panes", T.style(T.DIM)))
-        return parts
+        text = f"│ 1 cell = {mpc:.3g} ms · zoom {zoom}×"
+        if width >= 160:
+            text += " · one scale for all panes"
+        scale = (text, T.style(T.DIM))
+        room = width - len(scale[0])
+        parts = []
+        for name, c in self.LEGEND:
+            entry = [(" ██", T.style(T.LANE_COLOURS[c])), (f" {name} ", T.style(T.TEXT))]
+            n = sum(len(t) for t, _ in entry)
+            if n > room:
+                break
+            parts += entry
+            room -= n
+        return parts + [scale]
 
     def _status_parts(self, store: Store) -> list:
         parts = self._replay_status() if self.replay else self._live_status(store)
@@ -305,6 +324,10 @@ class DdpApp(App):
             parts.append((f" · dropped spans: {text}", T.style(T.ERROR, bold=True)))
         if store.rejected:
             parts.append((f" · rejected connections: {store.rejected}", T.style(T.ERROR, bold=True)))
+        if not self.panels["waits"].display:  # no room for the panel: its gist here
+            gist = waits.compact(store, self.shown_steps())
+            if gist:
+                parts.append((f" · {gist}", T.style(T.WARN, bold=True)))
         return parts
 
     def _live_status(self, store: Store) -> list:
@@ -379,6 +402,8 @@ class DdpApp(App):
             return action in self.ALWAYS
         if action == "bucket":
             return self.buckets is not None
+        if action == "straggler":
+            return self.straggler is not None
         if action in ("speed", "goto"):
             return self.replay
         return True
@@ -421,6 +446,25 @@ class DdpApp(App):
         self.asked_cap = nxt
         self.notify(f"asked every rank for bucket_cap_mb = {nxt:g} MB (all re-wrap DDP at the same step)", timeout=2.5,
                     title="bucket cap")
+        self.redraw()
+
+    def action_straggler(self) -> None:
+        """A straggler on the highest rank (its middle layer's backward half a step longer), or
+        off again; every rank switches at the same step."""
+        store = self.source.store
+        if self.straggler_ms:
+            ms = 0.0
+        else:
+            steps = [f.step_ms for s in store.strategies() for f in list(store.step_figs.get(s, {}).values())[-10:]]
+            ms = float(max(2, round(0.5 * sorted(steps)[len(steps) // 2]))) if steps else 40.0
+        if not self._started or self.straggler is None or self.straggler.set_straggler(ms) == 0:
+            self.notify("no rank is connected yet: try again in a moment", severity="warning")
+            return
+        self.straggler_ms = ms
+        names = list(store.meta.get("layers") or [])
+        where = f"rank {max(store.world - 1, 0)} · {names[(len(names) - 1) // 2]}" if names else "the highest rank"
+        self.notify(f"straggler on: {where} backward +{ms:g} ms every step" if ms else "straggler off",
+                    title="straggler", timeout=2.5)
         self.redraw()
 
     def action_speed(self, d: int) -> None:

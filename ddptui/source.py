@@ -4,7 +4,8 @@ Every source has a Store that it fills, and a small life cycle the app runs: `st
 once (in a worker thread: it may take long), `poll()` at the frame rate (cheap; True once
 the source has ended), `stop(why)` once (in a worker thread). `state` and `message` say
 where it stands. Two optional abilities are declared here, checked with isinstance:
-`BucketControl` (a live run: DDP's bucket cap can be changed) and `Transport` (a replay:
+`BucketControl` (a live run: DDP's bucket cap can be changed), `StragglerControl` (a live
+run: a straggler switched on and off) and `Transport` (a replay:
 play/pause, speed, seek).
 """
 from __future__ import annotations
@@ -32,6 +33,13 @@ class BucketControl(Source, Protocol):
     """A live run whose ranks take a new DDP bucket cap (returns how many ranks were asked)."""
 
     def set_bucket_cap(self, mb: float) -> int: ...
+
+
+@runtime_checkable
+class StragglerControl(Source, Protocol):
+    """A live run whose ranks take a straggler on demand (ms 0: off; returns ranks asked)."""
+
+    def set_straggler(self, ms: float, rank: int | None = None, layer: int | None = None) -> int: ...
 
 
 @runtime_checkable

@@ -47,7 +47,9 @@ class Span:
     idx: int
     start_ms: float
     end_ms: float
-    issued_ms: float | None = None
+    issued_ms: float | None = None  # AllReduce: when it was ready on this rank
+    others_ms: float | None = None  # AllReduce: when the last rank was ready (waits until then)
+    last: bool = False  # AllReduce: this rank arrived last
 
 
 @dataclass
@@ -364,17 +366,27 @@ class Store:
             origin = min(b.base_ns for b in ranks.values())
             spans, figs = {}, {}
             dur = 0.0
+            waits = self.waits.get(strategy, {}).get(step)
+            arrivals = {}  # (idx, n-th time) -> (last ready, ms after origin; last arriver)
+            for c in (waits.collectives if waits else []):
+                n = sum(1 for key in arrivals if key[0] == c.idx)
+                arrivals[(c.idx, n)] = ((c.last_ready - origin) / 1e6, c.last)
             for r, b in sorted(ranks.items()):
                 off = (b.base_ns - origin) / 1e6
                 lst = []
                 ci = 0
+                seen: dict[int, int] = {}
                 for i in range(len(b.kind)):
                     k = b.kind[i]
-                    iss = None
+                    s = Span(k, b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3)
                     if k == wire.COMM:
-                        iss = off + b.iss[ci] / 1e3
+                        s.issued_ms = off + b.iss[ci] / 1e3
                         ci += 1
-                    s = Span(k, b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3, iss)
+                        n = seen.get(s.idx, 0)
+                        seen[s.idx] = n + 1
+                        got = arrivals.get((s.idx, n))
+                        if got is not None:
+                            s.others_ms, s.last = got[0], got[1] == r
                     lst.append(s)
                     dur = max(dur, s.end_ms)
                 spans[r] = lst

@@ -96,7 +96,7 @@ def test_slow_rank_is_found_on_two_real_ranks(tmp_path):
         # (on an idle 2-core machine rank 1 is last in every step; other work on the machine
         # now and then delays rank 0 as much: the bounds leave room for that)
         assert st["last_arriver_rank"] == 1 and st["last_arriver_pct"] >= 70, (s["strategy"], st)
-        assert 25 <= st["wait_ms_median"]["0"] <= 60, (s["strategy"], st)
+        assert 25 <= st["wait_ms_median"]["0"] <= 80, (s["strategy"], st)
         assert st["wait_ms_median"]["1"] < 5, (s["strategy"], st)
         assert st["culprit_layer"] == "fc2", (s["strategy"], st)
 
@@ -108,3 +108,48 @@ def test_slow_rank_bad_values_are_one_line(tmp_path):
         r = run_cli("--headless", "--gpus", "2", "--slow-rank", bad, "--no-record", timeout=60)
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
+    """The live app on 2 real CPU ranks: `d` puts a straggler on rank 1 (small's middle layer,
+    fc2) at one agreed step — the timeline marks it — and
+    the waits figures name rank 1; `d` again switches it off."""
+    import asyncio
+    import time
+
+    from ddptui.app import DdpApp
+    from ddptui.launcher import plan
+    from ddptui.session import LiveRun, RunOptions
+
+    from .helpers import wait_no_workers
+
+    run = LiveRun(RunOptions(model="small", strategies=["naive", "ddp"], steps=0, batch_size=1024,
+                             record=None), plan(2, None, "cpu"))
+    app = DdpApp(run)
+
+    async def until(check, timeout, what):
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.2)
+
+    async with app.run_test(size=(160, 45)) as pilot:
+        st = run.store
+        await until(lambda: len(st.complete_steps("ddp")) >= 3, 90, "three DDP steps")
+        await pilot.press("d")
+        await until(lambda: len(st.slow_changes) >= 1, 30, "the straggler to be applied")
+        k, ms, rank, layer = st.slow_changes[0]
+        assert ms > 0 and rank == 1 and layer == 1
+        await until(lambda: (st.latest_complete("ddp") or 0) >= k + 8, 90, "8 steps with the straggler")
+        got = st.summary("ddp")["stragglers"]
+        assert got["last_arriver_rank"] == 1 and got["culprit_layer"] == "fc2", got
+        view = st.view("ddp", k)
+        assert view.marks and view.marks[0].startswith("straggler rank 1 fc2")
+        await pilot.press("d")
+        await until(lambda: len(st.slow_changes) >= 2, 30, "the straggler to be switched off")
+        assert st.slow_changes[1][1] == 0
+        await pilot.press("q")
+    assert wait_no_workers(15) == []

@@ -63,7 +63,9 @@ def overlaps(comms) -> list[tuple[float, float]]:
 
 
 def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
-    """Each AllReduce (alternating shades, in time order), after its queued stretch.
+    """Each AllReduce (alternating shades, in time order), after its queued stretch; with
+    several ranks, the stretch spent waiting for the last rank to be ready is drawn apart from
+    the transfer, and the last arriver's AllReduces have their own colour.
 
     A lane `rows` tall gives concurrent AllReduces sub-rows (this is row `row`); what does
     not fit (and, in a one-row lane, every stretch where several run at once) is marked."""
@@ -80,7 +82,13 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
     out: list[Bar] = [(s.issued_ms, s.start_ms, T.QUEUED, "") for _, s in mine
                       if s.issued_ms is not None and s.issued_ms < s.start_ms]
     for i, s in mine:
-        out.append((s.start_ms, s.end_ms, T.COMM_A + (i & 1), label_of(s.idx)))
+        colour = T.COMM_LAST if s.last else T.COMM_A + (i & 1)
+        begin = s.start_ms
+        if s.others_ms is not None and s.others_ms > begin and not s.last:
+            # ready here, but the last rank is not: waiting, then the transfer itself
+            begin = min(s.others_ms, s.end_ms)
+            out.append((s.start_ms, begin, T.WAIT, ""))
+        out.append((begin, s.end_ms, colour, label_of(s.idx)))
     if row == last and (sub and max(sub) > last):
         out += [(a, z, T.COMM_MULTI, "") for a, z in overlaps([s for _, s in mine])]
     return out

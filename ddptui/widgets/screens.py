@@ -93,6 +93,8 @@ HELP = """\
   ← / →      earlier / later step (live: pauses the view first)
   + / −      zoom the time axis in / out (all panes share one scale)
   b / B      live: DDP bucket_cap_mb down / up the ladder {ladder} MB
+  d          live: a straggler on / off — the highest rank's middle layer backward takes half a
+             step longer (every rank switches at the same step; the timeline marks it)
   [ / ]      replay: slower / faster (0.25× – 8×)
   g          replay: jump to a step
   s          save an SVG screenshot (the path is shown)
@@ -100,7 +102,9 @@ HELP = """\
 
 [b]Reading a pane[/b]  one pane per strategy; per rank two lanes on one time axis from the step's start
   [#5aa9ff]███[/] forward per layer   [#3ddc84]███[/] backward per layer   (alternating shades, fcN = layer)
-  [#ff9f1a]███[/] AllReduce (per parameter for naive, per bucket bN for DDP)   [#6b4a1e]███[/] issued, waiting
+  [#ff9f1a]███[/] AllReduce (per parameter for naive, per bucket bN for DDP)   [#6b4a1e]███[/] queued behind another
+  [#a3203c]███[/] ready, waiting for the other ranks   [#ff5fd7]███[/] the rank the others waited for (last to arrive)
+  [#ffe14d]███[/] two or more AllReduces at once (one-row lanes; taller lanes give each a row)
   [#c8c8c8]███[/] optimizer     ⚑ marks the step where a new bucket cap took effect
 
 [b]Figures[/b]  step ms: the step shown · the rest: medians of the last 100 steps (DDP: since the last

@@ -172,8 +172,10 @@ class TimelinePane(Widget):
         step_ms = max((f.step_ms for f in figs), default=v.duration_ms)
         calls = figs[0].calls if figs else 0
         exposed = sum(f.exposed_ms for f in figs) / len(figs) if figs else 0.0
-        if v.marks:  # a bucket cap took effect at this step
-            out.append((" ⚑ NEW CAP ", T.style("#000000", T.WARN, bold=True)))
+        for m in v.marks:  # a bucket cap or a straggler took effect at this step
+            tag = ("NEW CAP" if m.startswith("bucket") else "STRAGGLER OFF" if m == "straggler off"
+                   else "STRAGGLER ON")
+            out.append((f" ⚑ {tag} ", T.style("#000000", T.WARN, bold=True)))
         text = f" step {v.step} · {step_ms:.1f} ms"
         if self.strategy == "ddp":
             text += self._buckets(v)
