@@ -18,7 +18,8 @@ import shlex
 import sys
 import tempfile
 
-from .cli import CliError, _positive_int, _Parser
+from .cli import CliError, _Parser
+from .options import add_numeric
 
 REMOTE_LINK = re.compile(r'<link[^>]*href="https?://[^"]*"[^>]*>', re.S)
 LOCAL_FONT = """<style>
@@ -35,9 +36,9 @@ def parser() -> _Parser:
                    help="follow a recording as a live run writes it (default: the newest in --runs-dir)")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where live runs record (default ./runs)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_positive_int("--port", 1, 65535), default=8000, help="port (default 8000)")
+    add_numeric(p, "--port", default=8000, help="port (default 8000)")
     p.add_argument("--public-url", metavar="URL", help="the URL browsers use, when not http://HOST:PORT")
-    p.add_argument("--speed", type=float, default=1.0, help="replay speed, 0.25..8 (default 1)")
+    add_numeric(p, "--speed", default=1.0, help="replay speed, 0.25..8 (default 1)")
     p.add_argument("--loop", action="store_true", help="replay: start over at the end")
     p.add_argument("--title", metavar="TEXT", help="a title to show")
     p.add_argument("--tab", action="store_true", help=argparse.SUPPRESS)  # what each browser tab runs

@@ -74,6 +74,7 @@ NUMERIC: dict[str, Whole | Real] = {
     "--queue-size": Whole(1, 100_000),
     "--pg-timeout": Real(0, 7 * 86400, lo_open=True, unit="s"),
     "--speed": Real(0.25, 8.0),
+    "--port": Whole(1, 65535),
 }
 
 

@@ -255,12 +255,13 @@ def test_ui_without_a_terminal_is_a_clear_error(small_rec):
 # -- every numeric option of every verb ------------------------------------------------------
 def _numeric_options():
     """(verb argv prefix, option) for every numeric option the verbs' parsers declare."""
-    from ddptui import cli, cmd_bench, cmd_replay
+    from ddptui import cli, cmd_bench, cmd_replay, cmd_serve, cmd_verify
     from ddptui.options import NUMERIC
 
     out = []
     for prefix, p in ((["--headless"], cli.live_parser()), (["bench"], cmd_bench.parser()),
-                      (["replay", "rec.ddptui", "--headless"], cmd_replay.parser())):
+                      (["replay", "rec.ddptui", "--headless"], cmd_replay.parser()),
+                      (["verify"], cmd_verify.parser()), (["serve", "rec.ddptui"], cmd_serve.parser())):
         for a in p._actions:
             if a.type is None or not a.option_strings:
                 continue

@@ -89,7 +89,8 @@ def test_interleaved_allreduces_run_concurrently_and_the_lane_shows_it(run):
     true intervals, not one-at-a-time), exposed communication is computed on them, and the
     comm lane gives them sub-rows (or, one row tall, marks the overlap)."""
     from ddptui.widgets.lanes import comm_bars
-    from ddptui.widgets.theme import COMM_A, COMM_B, COMM_MULTI
+    from ddptui.widgets.theme import COMM_A, COMM_B, COMM_LAST, COMM_MULTI
+    bar = (COMM_A, COMM_B, COMM_LAST)  # an AllReduce's transfer (the last arriver's in its colour)
 
     found = None
     for step in range(1, 4):
@@ -103,9 +104,9 @@ def test_interleaved_allreduces_run_concurrently_and_the_lane_shows_it(run):
     one_row = comm_bars(view.spans[rank], str, 0, 1)
     assert any(c == COMM_MULTI and z > a for a, z, c, _ in one_row)
     two_rows = [comm_bars(view.spans[rank], str, r, 2) for r in (0, 1)]
-    assert all(any(c in (COMM_A, COMM_B) for _, _, c, _ in bars) for bars in two_rows)
+    assert all(any(c in bar for _, _, c, _ in bars) for bars in two_rows)
     n_comm = sum(1 for s in view.spans[rank] if s.kind == COMM)
-    assert sum(1 for bars in two_rows for _, _, c, _ in bars if c in (COMM_A, COMM_B)) == n_comm
+    assert sum(1 for bars in two_rows for _, _, c, _ in bars if c in bar) == n_comm
 
 
 def test_ddp_buckets_match_what_ddp_reports(run):
