@@ -29,7 +29,6 @@ from . import figures as F
 from .cli import CliError, _check_writable_path, _Parser, check_environment
 from .options import add_numeric
 
-BYTES_PER_GRAD = 4  # fp32 gradients
 DEFAULT_MODELS = ("small", "medium")
 DEFAULT_STRATEGIES = ("naive", "interleaved", "ddp")
 
@@ -94,7 +93,7 @@ def parse_bench_strategies(text: str) -> list[str]:
 
 
 # -- the arithmetic (pure) -------------------------------------------------------------
-def ring_bytes_per_rank(params: int, ranks: int, bytes_per_grad: int = BYTES_PER_GRAD) -> float:
+def ring_bytes_per_rank(params: int, ranks: int, bytes_per_grad: int = spec.BYTES_PER_GRAD) -> float:
     """Seed 001: bytes each rank sends (and receives) per step in a ring AllReduce."""
     if ranks < 2:
         return 0.0
@@ -154,7 +153,7 @@ def model_figures(model: str, ranks: int, summaries: list[dict], device: str) ->
                key=lambda r: r["speedup_vs_single"], default=None)
     info = {
         "model": model, "params": params, "ranks": ranks, "device": device,
-        "grad_bytes": params * BYTES_PER_GRAD, "ring_bytes_per_rank_per_step": ring,
+        "grad_bytes": params * spec.BYTES_PER_GRAD, "ring_bytes_per_rank_per_step": ring,
         "bus_bw_gbps": bw, "bus_bw_from": bw_from,
         "predicted_comm_ms": ring / (bw * 1e9) * 1e3 if bw else None,
         "t_single_ms": t_single, "t_comm_naive_ms": t_comm_naive,
@@ -367,7 +366,7 @@ def main(argv: list[str]) -> int:
         "settings": {"models": models, "strategies": ["single", *strategies], "gpus": a.gpus,
                      "ranks": plan.ranks, "device": plan.device, "note": plan.note,
                      "steps": a.steps, "batch_size": a.batch_size, "threads": a.threads,
-                     "bucket_cap_mb": a.bucket_cap_mb, "bytes_per_grad": BYTES_PER_GRAD},
+                     "bucket_cap_mb": a.bucket_cap_mb, "bytes_per_grad": spec.BYTES_PER_GRAD},
         "backend": runs_meta.get("backend"), "torch": runs_meta.get("torch"),
         "state": state, "message": message,
         "rows": rows, "models": infos,

@@ -32,7 +32,7 @@ import os
 import sys
 import tempfile
 
-from ranks import wire
+from ranks import spec, wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from . import __version__
@@ -113,7 +113,7 @@ class TraceWriter:
         self.origin = scan.origin_ns or 0
         params = meta.get("params") or []
         self.param_names = [str(p[0]) for p in params]
-        self.param_bytes = [int(p[1]) * 4 for p in params]
+        self.param_bytes = spec.grad_bytes(params)
         layers = meta.get("layers") or []
         self.layer_names = [str(x) for x in layers]
         self.param_layer = [int(p[2]) for p in params]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from ranks import spec
+
 
 class Whole:
     """A whole number in lo..hi."""
@@ -73,7 +75,7 @@ NUMERIC: dict[str, Whole | Real] = {
     "--threads": Whole(1, 256),
     "--queue-size": Whole(1, 100_000),
     "--pg-timeout": Real(0, 7 * 86400, lo_open=True, unit="s"),
-    "--speed": Real(0.25, 8.0),
+    "--speed": Real(spec.SPEED_LADDER[0], spec.SPEED_LADDER[-1]),
 }
 
 

@@ -15,7 +15,7 @@ from time import monotonic as _monotonic
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from ranks import schema, wire
+from ranks import schema, spec, wire
 from ranks.wire import SpanBatch
 
 from . import figures as F
@@ -126,7 +126,7 @@ class Store:
             keep = ("world", "model", "layers", "params", "strategies", "batch", "steps",
                     "bucket_cap_mb", "seed", "lr", "torch", "backend", "note", "threads")
             self.meta.update({k: f.get(k) for k in keep})
-            self._param_bytes = [int(p[1]) * 4 for p in f.get("params") or []]
+            self._param_bytes = spec.grad_bytes(f.get("params") or [])
         for k in ("torch", "backend", "host"):
             if self.meta.get(k) is None and f.get(k) is not None:
                 self.meta[k] = f[k]
@@ -141,7 +141,7 @@ class Store:
             for k, v in meta.items():
                 self.meta.setdefault(k, v)
             if not self._param_bytes and meta.get("params"):
-                self._param_bytes = [int(p[1]) * 4 for p in meta["params"]]
+                self._param_bytes = spec.grad_bytes(meta["params"])
             self._meta_changed()
             self.version += 1
 
@@ -249,7 +249,7 @@ class Store:
         return int(self.meta.get("world") or max(len(self.ranks), 1))
 
     def expected_ranks(self, strategy: str) -> int:
-        return 1 if strategy == "single" else self.world
+        return spec.strategy_ranks(strategy, self.world)
 
     def comm_bytes_fn(self, strategy: str, rank: int, step: int):
         layouts = self.layouts.get((strategy, rank))

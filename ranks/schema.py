@@ -299,6 +299,6 @@ def check_spans(f: dict, lim: Limits = NO_LIMITS) -> wire.SpanBatch:
         raise FrameError(f"strategy {s[:20]!r} is not one of this run's")
     if lim.world is not None and r >= lim.world:
         raise FrameError(f"rank {r} is outside this run (world {lim.world})")
-    if s == "single" and r != 0:
+    if r >= spec.strategy_ranks(s, MAX_RANK + 1):  # single: rank 0 only
         raise FrameError("only rank 0 runs the single strategy")
     return b
