@@ -18,7 +18,7 @@ import sys
 
 from .cli import CliError, _check_writable_path, _Parser
 from .recording import Loaded, RecordingError, load
-from .report import json_doc, print_summary, write_json
+from .report import json_doc, print_summary, run_title, write_json
 
 
 def parser(prog: str = "ddptui summary", description: str = "") -> _Parser:
@@ -57,11 +57,6 @@ def run_state(got: Loaded) -> tuple[str, str]:
     return "incomplete", "the recording ends before every rank finished"
 
 
-def title_of(meta: dict) -> str:
-    return (f"{meta.get('model')} · {meta.get('world')} rank(s) · "
-            f"{meta.get('backend') or ''} · global batch {meta.get('batch')}")
-
-
 def report(got: Loaded, json_path: str | None, title: str | None = None,
            out=None, err=None) -> int:
     """Print the figures of a loaded recording (and write JSON); returns the exit status."""
@@ -78,7 +73,7 @@ def report(got: Loaded, json_path: str | None, title: str | None = None,
     if got.rejected:
         print(f"ddptui: warning: {got.path}: {got.skipped_text()}", file=err, flush=True)
     if any(r.get("steps") for r in rows):
-        print_summary(rows, meta, file=out, title=title or title_of(meta))
+        print_summary(rows, meta, file=out, title=title or run_title(meta))
     elif not got.damage:
         print(f"ddptui: warning: {got.path}: no complete step in this recording", file=err, flush=True)
     dropped = sum(i.dropped_spans for i in st.ranks.values())

@@ -5,7 +5,7 @@ import sys
 import time
 
 from .launcher import Plan
-from .report import json_doc, print_summary, write_json
+from .report import json_doc, print_summary, run_title, write_json
 from .session import LiveRun, RunOptions
 from .store import Store
 
@@ -86,9 +86,7 @@ def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions) -> Non
         first = store.ranks[min(store.ranks)]
         meta.setdefault("backend", first.backend)
     if any(r.get("steps") for r in rows):
-        print_summary(rows, meta, file=out,
-                      title=f"{meta.get('model')} · {meta.get('world')} rank(s) · "
-                            f"{meta.get('backend') or ''} · global batch {meta.get('batch')}")
+        print_summary(rows, meta, file=out, title=run_title(meta))
     dropped = sum(i.dropped_spans for i in store.ranks.values())
     if dropped:
         print(f"ddptui: warning: {dropped} spans were dropped (the app could not keep up)",

@@ -79,6 +79,23 @@ NUMERIC: dict[str, Whole | Real] = {
 }
 
 
+def run_parent() -> argparse.ArgumentParser:
+    """The one parent parser of the verbs that launch ranks (live, --headless, bench): the
+    options they share, declared once."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_numeric(p, "--gpus", default=2,
+                help="GPUs to use (default 2); with no GPU, the number of CPU ranks")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where ranks compute (default auto: CUDA when present)")
+    add_numeric(p, "--batch-size", default=1024, help="global batch, split across ranks (default 1024)")
+    add_numeric(p, "--bucket-cap-mb", default=None, help="DDP bucket size in MB (default PyTorch's, 25)")
+    add_numeric(p, "--threads", default=1, help="torch threads per CPU rank (default 1)")
+    add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
+                help="process-group timeout in seconds: a hung collective fails after this (default 60)")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    return p
+
+
 def add_numeric(p: argparse.ArgumentParser, name: str, lo=None, hi=None, **kw) -> None:
     """Declare numeric option `name` (a key of NUMERIC), optionally with a narrower range."""
     p.add_argument(name, type=NUMERIC[name].converter(name, lo, hi), **kw)
