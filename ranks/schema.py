@@ -175,7 +175,8 @@ SCHEMA: dict[str, Map] = {name: Map(fields) for name, fields in {
     },
     "event": {"r": RANK, "k": STEP, "what": Str(32), "value": Num()},
     "hb": {"r": RANK, "k": Int(-1, 2**31 - 1), "ph?": Str(32), "drop?": COUNT, "dropf?": COUNT,
-           "ts?": NS},
+           "ts?": NS,
+           "res?": I64},  # clock residual, ns
     "bye": {"r": RANK, "why?": Str(64), "drop?": COUNT, "dropf?": COUNT},
     "error": {"r": RANK, "msg": TEXT, "tb?": Str(8000)},
     # from the app (recorded with the ranks' frames)
