@@ -33,6 +33,7 @@ from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from . import __version__
 from .recording import FORMAT_VERSION, Reader, RecordingError, load
+from .store import in_force
 
 # lane: (tid offset, thread name, category)
 LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "communication"),
@@ -89,13 +90,7 @@ class Scan:
 
     def layout(self, rank: int, strategy: str, step: int) -> dict[int, list] | None:
         got = self.layouts.get((rank, strategy))
-        if not got:
-            return None
-        cur = got[0][1]
-        for k, lay in got:
-            if k <= step:
-                cur = lay
-        return cur
+        return in_force(got, step, first=True) if got else None
 
 
 class TraceWriter:
