@@ -12,7 +12,7 @@ import time
 from ranks import spec
 
 from . import __version__
-from .options import add_numeric
+from .options import add_numeric, run_parent
 
 SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve")
 
@@ -49,38 +49,26 @@ class _Parser(argparse.ArgumentParser):
 def live_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ddptui", description="See data-parallel training: per-layer compute and "
                 "per-AllReduce timelines of naive data parallelism vs PyTorch DDP, live.",
-                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                parents=[run_parent()])
     p.add_argument("--version", action="version", version=f"ddptui {__version__}")
-    add_numeric(p, "--gpus", default=2,
-                   help="GPUs to use (default 2); with no GPU, the number of CPU ranks")
     add_numeric(p, "--ranks", default=None,
-                   help="ranks to start (default: one per GPU); more ranks than GPUs runs gloo with CUDA tensors")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where ranks compute (default auto: CUDA when present)")
+                help="ranks to start (default: one per GPU); more ranks than GPUs runs gloo with CUDA tensors")
     p.add_argument("--model", default="small", metavar="NAME",
                    help="model: " + ", ".join(spec.MODELS) + " (default small)")
     p.add_argument("--strategies", default=",".join(spec.DEFAULT_STRATEGIES), metavar="LIST",
                    help="comma-separated, from " + ", ".join(spec.STRATEGIES) + " (default naive,ddp)")
     add_numeric(p, "--steps", default=None,
-                   help="steps per strategy (default: 10 headless, until you quit in the UI)")
-    add_numeric(p, "--batch-size", default=1024,
-                   help="global batch, split across ranks (default 1024)")
-    add_numeric(p, "--bucket-cap-mb", default=None,
-                   help="DDP bucket size in MB (default PyTorch's, 25)")
+                help="steps per strategy (default: 10 headless, until you quit in the UI)")
     p.add_argument("--headless", action="store_true", help="no UI: progress on stderr, table on stdout")
-    p.add_argument("--json", metavar="PATH", help="(headless) also write the figures as JSON")
     p.add_argument("--record", metavar="PATH", help="record to PATH (default: a new file in --runs-dir)")
     p.add_argument("--no-record", action="store_true", help="do not record this run")
     p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
                    help="where recordings go by default (default ./runs)")
     add_numeric(p, "--seed", default=42, help="seed of the initial weights and the data (default 42)")
     add_numeric(p, "--lr", default=0.01, help="SGD learning rate (default 0.01)")
-    add_numeric(p, "--threads", default=1,
-                   help="torch threads per CPU rank (default 1)")
     add_numeric(p, "--queue-size", default=256,
-                   help="frames each rank buffers for a slow app before dropping them (default 256)")
-    add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
-                   help="process-group timeout in seconds: a hung collective fails after this (default 60)")
+                help="frames each rank buffers for a slow app before dropping them (default 256)")
     p.add_argument("--slow-rank", default=None, metavar="R:MS[:LAYER]",
                    help="a straggler on demand: rank R's backward of LAYER (default the middle layer) "
                         "takes MS ms longer every step — on GPU as device work on the rank's stream "

@@ -15,8 +15,6 @@ the same time. Then, per model:
 """
 from __future__ import annotations
 
-import csv
-import json
 import os
 import signal
 import sys
@@ -25,11 +23,11 @@ import time
 from ranks import spec
 
 from . import __version__
-from . import figures as F
 from .cli import CliError, _check_writable_path, _Parser, check_environment
-from .options import add_numeric
+from .costmodel import model_figures
+from .options import add_numeric, run_parent
+from .report import print_bench_tables, write_csv, write_json
 
-BYTES_PER_GRAD = 4  # fp32 gradients
 DEFAULT_MODELS = ("small", "medium")
 DEFAULT_STRATEGIES = ("naive", "interleaved", "ddp")
 
@@ -45,27 +43,15 @@ CSV_FIELDS = (
 def parser() -> _Parser:
     p = _Parser(prog="ddptui bench",
                 description="Headless benchmark: single vs the chosen strategies for each model, "
-                            "the seeds' table with the ring-AllReduce cost model and the Amdahl ceiling.")
+                            "the seeds' table with the ring-AllReduce cost model and the Amdahl ceiling.",
+                parents=[run_parent()])
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="LIST",
                    help="comma-separated, from " + ", ".join(spec.MODELS) + " (default small,medium)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), metavar="LIST",
                    help="comma-separated, from naive, interleaved, ddp (default all three); "
                         "single always runs as the baseline")
-    add_numeric(p, "--gpus", default=2,
-                   help="GPUs (ranks) to use (default 2); with no GPU, the number of CPU ranks")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where ranks compute (default auto: CUDA when present)")
     add_numeric(p, "--steps", lo=2, hi=1_000_000, default=10,
-                   help="steps per strategy (default 10; the first is warm-up and not counted)")
-    add_numeric(p, "--batch-size", default=1024,
-                   help="global batch, split across ranks (default 1024)")
-    add_numeric(p, "--bucket-cap-mb", default=None,
-                   help="DDP bucket size in MB (default PyTorch's, 25)")
-    add_numeric(p, "--threads", default=1,
-                   help="torch threads per CPU rank (default 1)")
-    add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
-                   help="process-group timeout in seconds (default 60)")
-    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+                help="steps per strategy (default 10; the first is warm-up and not counted)")
     p.add_argument("--csv", metavar="PATH", help="also write one CSV row per model and strategy")
     p.add_argument("--record-dir", metavar="DIR",
                    help="record each model's run into DIR (default: no recording)")
@@ -91,157 +77,6 @@ def parse_bench_strategies(text: str) -> list[str]:
     if not names:
         raise CliError("--strategies needs at least one of naive, interleaved, ddp (single always runs)")
     return names
-
-
-# -- the arithmetic (pure) -------------------------------------------------------------
-def ring_bytes_per_rank(params: int, ranks: int, bytes_per_grad: int = BYTES_PER_GRAD) -> float:
-    """Seed 001: bytes each rank sends (and receives) per step in a ring AllReduce."""
-    if ranks < 2:
-        return 0.0
-    return 2 * (ranks - 1) / ranks * params * bytes_per_grad
-
-
-def amdahl(t_single_ms: float | None, t_comm_naive_ms: float | None, ranks: int):
-    """Seed 002: (f, ceiling) with f = T_single / (T_single + T_comm_naive)."""
-    if not t_single_ms or t_comm_naive_ms is None or t_single_ms <= 0 or ranks < 1:
-        return None, None
-    f = t_single_ms / (t_single_ms + max(0.0, t_comm_naive_ms))
-    return f, 1.0 / ((1.0 - f) + f / ranks)
-
-
-def model_figures(model: str, ranks: int, summaries: list[dict], device: str) -> tuple[list[dict], dict]:
-    """Rows of the table (one per strategy) and the model's cost-model/Amdahl figures."""
-    params = spec.param_count(model)
-    ring = ring_bytes_per_rank(params, ranks)
-    by = {s["strategy"]: s for s in summaries if s.get("step_ms_median")}
-    sp = F.speedups(list(by.values()))
-    # the network's effective bus bandwidth, as the best any strategy of this run reached
-    bw, bw_from = None, None
-    for s, r in by.items():
-        b = r.get("bus_bw_gbps")
-        if s != "single" and b and (bw is None or b > bw):
-            bw, bw_from = b, s
-    t_single = by.get("single", {}).get("step_ms_median")
-    t_comm_naive = by.get("naive", {}).get("comm_ms")
-    f, ceiling = amdahl(t_single, t_comm_naive, ranks)
-    rows = []
-    for s in summaries:
-        name = s["strategy"]
-        n = s.get("ranks", 1)
-        measured = bool(s.get("step_ms_median"))
-        speed = 1.0 if name == "single" and measured else sp.get(f"{name}_vs_single")
-        rb = ring if name != "single" else 0.0
-        rows.append({
-            "model": model, "strategy": name, "ranks": n, "device": device, "params": params,
-            "steps": s.get("steps", 0),
-            "step_ms_median": s.get("step_ms_median"), "compute_ms": s.get("compute_ms"),
-            "comm_ms": s.get("comm_ms"), "exposed_comm_ms": s.get("exposed_comm_ms"),
-            "overlap_pct": s.get("overlap_pct"), "samples_per_s": s.get("samples_per_s"),
-            "speedup_vs_single": speed,
-            "allreduce_calls_per_step": s.get("allreduce_calls_per_step"),
-            "allreduce_bytes_per_step": s.get("bytes_per_step"),
-            "ring_bytes_per_rank_per_step": rb,
-            "bus_bw_gbps": s.get("bus_bw_gbps"),
-            "model_bus_bw_gbps": bw if name != "single" else None,
-            "predicted_comm_ms": (0.0 if name == "single" else
-                                  rb / (bw * 1e9) * 1e3 if bw else None),
-            "amdahl_f": f if name != "single" else None,
-            "amdahl_ceiling": ceiling if name != "single" else None,
-            "efficiency_vs_ceiling": (speed / ceiling if speed is not None and ceiling
-                                      and name != "single" else None),
-        })
-    best = max((r for r in rows if r["strategy"] != "single" and r["speedup_vs_single"]),
-               key=lambda r: r["speedup_vs_single"], default=None)
-    info = {
-        "model": model, "params": params, "ranks": ranks, "device": device,
-        "grad_bytes": params * BYTES_PER_GRAD, "ring_bytes_per_rank_per_step": ring,
-        "bus_bw_gbps": bw, "bus_bw_from": bw_from,
-        "predicted_comm_ms": ring / (bw * 1e9) * 1e3 if bw else None,
-        "t_single_ms": t_single, "t_comm_naive_ms": t_comm_naive,
-        "amdahl_f": f, "amdahl_ceiling": ceiling,
-        "best_strategy": best["strategy"] if best else None,
-        "best_speedup": best["speedup_vs_single"] if best else None,
-    }
-    return rows, info
-
-
-# -- output ----------------------------------------------------------------------------
-def _f(v, fmt="{:.2f}", na="—"):
-    return na if v is None else fmt.format(v)
-
-
-def _params(n: int) -> str:
-    return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
-
-
-def print_tables(rows: list[dict], infos: list[dict], header: str, file=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console(file=file or sys.stdout, width=160)
-    t = Table(title=header, header_style="bold")
-    for col in ("model", "strategy", "ranks", "params", "step ms (median)", "comm ms",
-                "samples/s", "speedup vs single"):
-        t.add_column(col, justify="left" if col in ("model", "strategy") else "right")
-    last = None
-    for r in rows:
-        if last is not None and r["model"] != last:
-            t.add_section()
-        last = r["model"]
-        t.add_row(r["model"], r["strategy"], str(r["ranks"]), _params(r["params"]),
-                  _f(r["step_ms_median"]),
-                  "—" if r["strategy"] == "single" else _f(r["comm_ms"]),
-                  _f(r["samples_per_s"], "{:,.0f}"), _f(r["speedup_vs_single"], "{:.2f}×"))
-    con.print(t)
-
-    c = Table(title="cost model (seed 001): bytes/rank/step = 2(N−1)/N × params × 4 B; "
-                    "predicted comm = bytes / bus bandwidth", header_style="bold")
-    for col in ("model", "strategy", "AllReduce/step", "MB/rank/step", "bus GB/s (this)",
-                "bus GB/s (best)", "predicted comm ms", "measured comm ms", "exposed comm ms"):
-        c.add_column(col, justify="left" if col in ("model", "strategy") else "right")
-    last = None
-    for r in rows:
-        if r["strategy"] == "single":
-            continue
-        if last is not None and r["model"] != last:
-            c.add_section()
-        last = r["model"]
-        c.add_row(r["model"], r["strategy"], _f(r["allreduce_calls_per_step"], "{:.0f}"),
-                  _f(r["ring_bytes_per_rank_per_step"] / 1e6, "{:.2f}"), _f(r["bus_bw_gbps"]),
-                  _f(r["model_bus_bw_gbps"]), _f(r["predicted_comm_ms"]), _f(r["comm_ms"]),
-                  _f(r["exposed_comm_ms"]))
-    con.print(c)
-
-    a = Table(title="Amdahl (seed 002): f = T_single / (T_single + T_comm naive); "
-                    "ceiling = 1 / ((1 − f) + f / N)", header_style="bold")
-    for col in ("model", "ranks", "T_single ms", "T_comm naive ms", "f", "ceiling",
-                "achieved (best)", "of ceiling"):
-        a.add_column(col, justify="left" if col == "model" else "right")
-    for m in infos:
-        best = (f"{m['best_speedup']:.2f}× {m['best_strategy']}" if m.get("best_speedup") else "—")
-        eff = (m["best_speedup"] / m["amdahl_ceiling"]
-               if m.get("best_speedup") and m.get("amdahl_ceiling") else None)
-        a.add_row(m["model"], str(m["ranks"]), _f(m["t_single_ms"]), _f(m["t_comm_naive_ms"]),
-                  _f(m["amdahl_f"], "{:.3f}"), _f(m["amdahl_ceiling"], "{:.2f}×"), best,
-                  _f(eff * 100 if eff is not None else None, "{:.0f}%"))
-    con.print(a)
-    notes = [m for m in infos if m.get("amdahl_f") is None]
-    for m in notes:
-        con.print(f"{m['model']}: no Amdahl ceiling (needs single and naive measured)")
-
-
-def write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(CSV_FIELDS), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
-
-
-def write_json(path: str, doc: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
 
 
 # -- running ---------------------------------------------------------------------------
@@ -358,7 +193,7 @@ def main(argv: list[str]) -> int:
               f"{a.steps} steps per strategy, medians after the warm-up step"
               + ("" if state == "finished" else f" · {state.upper()}: partial figures"))
     if rows:
-        print_tables(rows, infos, header)
+        print_bench_tables(rows, infos, header)
     else:
         say("nothing was measured")
     doc = {
@@ -367,7 +202,7 @@ def main(argv: list[str]) -> int:
         "settings": {"models": models, "strategies": ["single", *strategies], "gpus": a.gpus,
                      "ranks": plan.ranks, "device": plan.device, "note": plan.note,
                      "steps": a.steps, "batch_size": a.batch_size, "threads": a.threads,
-                     "bucket_cap_mb": a.bucket_cap_mb, "bytes_per_grad": BYTES_PER_GRAD},
+                     "bucket_cap_mb": a.bucket_cap_mb, "bytes_per_grad": spec.BYTES_PER_GRAD},
         "backend": runs_meta.get("backend"), "torch": runs_meta.get("torch"),
         "state": state, "message": message,
         "rows": rows, "models": infos,
@@ -376,7 +211,7 @@ def main(argv: list[str]) -> int:
         write_json(json_path, doc)
         say(f"wrote {json_path}")
     if csv_path:
-        write_csv(csv_path, rows)
+        write_csv(csv_path, rows, CSV_FIELDS)
         say(f"wrote {csv_path}")
     return code
 

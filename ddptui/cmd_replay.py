@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import sys
 
+from ranks import spec
+
 from . import cmd_summary
 from .cli import CliError, _check_writable_path, _Parser
 from .options import add_numeric
@@ -26,7 +28,8 @@ def parser() -> _Parser:
     p.add_argument("--headless", action="store_true",
                    help="no UI: print the per-strategy figures of the recording")
     p.add_argument("--json", metavar="PATH", help="(headless) also write the figures as JSON")
-    add_numeric(p, "--speed", default=1.0, help="playback speed, 0.25..8 (default 1)")
+    add_numeric(p, "--speed", default=1.0,
+                help=f"playback speed, {spec.SPEED_LADDER[0]:g}..{spec.SPEED_LADDER[-1]:g} (default 1)")
     p.add_argument("--loop", action="store_true", help="start over at the end (for talks)")
     p.add_argument("--title", metavar="TEXT", help="a title to show (UI header, or the table title)")
     return p

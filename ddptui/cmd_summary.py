@@ -18,7 +18,7 @@ import sys
 
 from .cli import CliError, _check_writable_path, _Parser
 from .recording import Loaded, RecordingError, load
-from .report import json_doc, print_summary, write_json
+from .report import json_doc, print_summary, run_title, write_json
 
 
 def parser(prog: str = "ddptui summary", description: str = "") -> _Parser:
@@ -40,8 +40,7 @@ def read(path: str) -> Loaded:
 def run_state(got: Loaded) -> tuple[str, str]:
     """What the recording says about how the run ended: (state, message)."""
     st = got.store
-    with st.lock:
-        ranks = dict(st.ranks)
+    ranks = st.rank_snapshot()
     errors = [f"rank {r}: {i.error}" for r, i in sorted(ranks.items()) if i.error]
     died = [f"rank {r} {i.exit}" for r, i in sorted(ranks.items())
             if i.exit and not i.finished and not i.error]
@@ -57,11 +56,6 @@ def run_state(got: Loaded) -> tuple[str, str]:
     return "incomplete", "the recording ends before every rank finished"
 
 
-def title_of(meta: dict) -> str:
-    return (f"{meta.get('model')} · {meta.get('world')} rank(s) · "
-            f"{meta.get('backend') or ''} · global batch {meta.get('batch')}")
-
-
 def report(got: Loaded, json_path: str | None, title: str | None = None,
            out=None, err=None) -> int:
     """Print the figures of a loaded recording (and write JSON); returns the exit status."""
@@ -70,18 +64,19 @@ def report(got: Loaded, json_path: str | None, title: str | None = None,
     st = got.store
     rows = st.summaries()
     meta = dict(st.meta)
-    if st.ranks and not meta.get("backend"):
-        meta["backend"] = st.ranks[min(st.ranks)].backend
+    ranks = st.rank_snapshot()
+    if ranks and not meta.get("backend"):
+        meta["backend"] = ranks[min(ranks)].backend
     if got.damage:
         print(f"ddptui: warning: {got.path}: {got.damage}; figures of what was read: "
               f"{got.steps_text()}", file=err, flush=True)
     if got.rejected:
         print(f"ddptui: warning: {got.path}: {got.skipped_text()}", file=err, flush=True)
     if any(r.get("steps") for r in rows):
-        print_summary(rows, meta, file=out, title=title or title_of(meta))
+        print_summary(rows, meta, file=out, title=title or run_title(meta))
     elif not got.damage:
         print(f"ddptui: warning: {got.path}: no complete step in this recording", file=err, flush=True)
-    dropped = sum(i.dropped_spans for i in st.ranks.values())
+    dropped = sum(i.dropped_spans for i in ranks.values())
     if dropped:
         print(f"ddptui: warning: {dropped} spans were dropped during the recorded run "
               f"(the app could not keep up)", file=err, flush=True)

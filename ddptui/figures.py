@@ -4,6 +4,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from ranks.spec import strategy_ranks
 from ranks.wire import BWD, COMM, FWD, STEP, SpanBatch
 
 
@@ -116,7 +117,7 @@ def summarize(strategy: str, steps: list[StepFigures], batch: int, world: int,
               skip_warmup: bool = True) -> dict:
     """The per-strategy summary (the JSON fields of the headless run)."""
     use = steps[1:] if skip_warmup and len(steps) > 1 else steps
-    ranks = 1 if strategy == "single" else world
+    ranks = strategy_ranks(strategy, world)
     if not use:
         return {"strategy": strategy, "ranks": ranks, "steps": 0}
     med = lambda f: statistics.median(getattr(s, f) for s in use)  # noqa: E731

@@ -5,7 +5,7 @@ import sys
 import time
 
 from .launcher import Plan
-from .report import json_doc, print_summary, write_json
+from .report import json_doc, print_summary, run_title, write_json
 from .session import LiveRun, RunOptions
 from .store import Store
 
@@ -28,7 +28,7 @@ class Progress:
         st = self.store
         with st.lock:
             logs = list(st.log)
-            ranks = {r: i.phase for r, i in st.ranks.items()}
+        ranks = {r: i.phase for r, i in st.rank_snapshot().items()}
         for ts, level, text in logs[self.seen_log:] if len(logs) > self.seen_log else []:
             self.say(("warning: " if level == "warn" else "error: " if level == "error" else "") + text)
         self.seen_log = len(logs)
@@ -83,14 +83,12 @@ def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, 
 def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions) -> None:
     rows = store.summaries()
     meta = dict(store.meta)
-    if store.ranks:
-        first = store.ranks[min(store.ranks)]
-        meta.setdefault("backend", first.backend)
+    ranks = store.rank_snapshot()
+    if ranks:
+        meta.setdefault("backend", ranks[min(ranks)].backend)
     if any(r.get("steps") for r in rows):
-        print_summary(rows, meta, file=out,
-                      title=f"{meta.get('model')} · {meta.get('world')} rank(s) · "
-                            f"{meta.get('backend') or ''} · global batch {meta.get('batch')}")
-    dropped = sum(i.dropped_spans for i in store.ranks.values())
+        print_summary(rows, meta, file=out, title=run_title(meta))
+    dropped = sum(i.dropped_spans for i in ranks.values())
     if dropped:
         print(f"ddptui: warning: {dropped} spans were dropped (the app could not keep up)",
               file=sys.stderr)

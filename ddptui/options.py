@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from ranks import spec
+
 
 class Whole:
     """A whole number in lo..hi."""
@@ -73,9 +75,26 @@ NUMERIC: dict[str, Whole | Real] = {
     "--threads": Whole(1, 256),
     "--queue-size": Whole(1, 100_000),
     "--pg-timeout": Real(0, 7 * 86400, lo_open=True, unit="s"),
-    "--speed": Real(0.25, 8.0),
+    "--speed": Real(spec.SPEED_LADDER[0], spec.SPEED_LADDER[-1]),
     "--port": Whole(1, 65535),
 }
+
+
+def run_parent() -> argparse.ArgumentParser:
+    """The one parent parser of the verbs that launch ranks (live, --headless, bench): the
+    options they share, declared once."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_numeric(p, "--gpus", default=2,
+                help="GPUs to use (default 2); with no GPU, the number of CPU ranks")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where ranks compute (default auto: CUDA when present)")
+    add_numeric(p, "--batch-size", default=1024, help="global batch, split across ranks (default 1024)")
+    add_numeric(p, "--bucket-cap-mb", default=None, help="DDP bucket size in MB (default PyTorch's, 25)")
+    add_numeric(p, "--threads", default=1, help="torch threads per CPU rank (default 1)")
+    add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
+                help="process-group timeout in seconds: a hung collective fails after this (default 60)")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    return p
 
 
 def add_numeric(p: argparse.ArgumentParser, name: str, lo=None, hi=None, **kw) -> None:

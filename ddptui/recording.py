@@ -24,7 +24,7 @@ import zlib
 
 import msgpack
 
-from ranks import wire
+from ranks import spec, wire
 
 MAGIC = b"\x89DDPTUI\n"
 FORMAT_VERSION = 1
@@ -59,7 +59,7 @@ class RecordWriter:
         """True when this spans frame is the last rank's of its (strategy, step)."""
         key = (frame.get("s"), frame.get("k"))
         n = self._ranks_in.get(key, 0) + 1
-        if n >= (1 if key[0] == "single" else self.world):
+        if n >= spec.strategy_ranks(key[0], self.world):
             self._ranks_in.pop(key, None)
             return True
         self._ranks_in[key] = n

@@ -14,11 +14,13 @@ import time
 from array import array
 from bisect import bisect_right
 
+from ranks import spec
+
 from .feed import Feed
 from .recording import Reader
 from .store import Store
 
-MIN_SPEED, MAX_SPEED = 0.25, 8.0
+MIN_SPEED, MAX_SPEED = spec.SPEED_LADDER[0], spec.SPEED_LADDER[-1]
 MAX_GAP_NS = 2_000_000_000
 UPDATE_EVERY = 1000  # frames between store.update() calls while catching up
 

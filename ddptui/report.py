@@ -1,6 +1,7 @@
 """Text output of figures: the per-strategy table, speedups and the JSON document."""
 from __future__ import annotations
 
+import csv
 import json
 import sys
 
@@ -12,6 +13,12 @@ from . import figures as F
 
 def _f(v, fmt="{:.2f}", na="—"):
     return na if v is None else fmt.format(v)
+
+
+def run_title(meta: dict) -> str:
+    """The title of a run's figures table (live headless, summary, replay --headless)."""
+    return (f"{meta.get('model')} · {meta.get('world')} rank(s) · "
+            f"{meta.get('backend') or ''} · global batch {meta.get('batch')}")
 
 
 def summary_table(rows: list[dict], title: str = "") -> Table:
@@ -82,3 +89,69 @@ def write_json(path: str, doc: dict) -> None:
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+
+
+def print_bench_tables(rows: list[dict], infos: list[dict], header: str, file=None) -> None:
+    """`ddptui bench`'s tables: measured figures, the cost model, the Amdahl ceiling."""
+    con = Console(file=file or sys.stdout, width=160)
+    t = Table(title=header, header_style="bold")
+    for col in ("model", "strategy", "ranks", "params", "step ms (median)", "comm ms",
+                "samples/s", "speedup vs single"):
+        t.add_column(col, justify="left" if col in ("model", "strategy") else "right")
+    last = None
+    for r in rows:
+        if last is not None and r["model"] != last:
+            t.add_section()
+        last = r["model"]
+        t.add_row(r["model"], r["strategy"], str(r["ranks"]), _params(r["params"]),
+                  _f(r["step_ms_median"]),
+                  "—" if r["strategy"] == "single" else _f(r["comm_ms"]),
+                  _f(r["samples_per_s"], "{:,.0f}"), _f(r["speedup_vs_single"], "{:.2f}×"))
+    con.print(t)
+
+    c = Table(title="cost model (seed 001): bytes/rank/step = 2(N−1)/N × params × 4 B; "
+                    "predicted comm = bytes / bus bandwidth", header_style="bold")
+    for col in ("model", "strategy", "AllReduce/step", "MB/rank/step", "bus GB/s (this)",
+                "bus GB/s (best)", "predicted comm ms", "measured comm ms", "exposed comm ms"):
+        c.add_column(col, justify="left" if col in ("model", "strategy") else "right")
+    last = None
+    for r in rows:
+        if r["strategy"] == "single":
+            continue
+        if last is not None and r["model"] != last:
+            c.add_section()
+        last = r["model"]
+        c.add_row(r["model"], r["strategy"], _f(r["allreduce_calls_per_step"], "{:.0f}"),
+                  _f(r["ring_bytes_per_rank_per_step"] / 1e6, "{:.2f}"), _f(r["bus_bw_gbps"]),
+                  _f(r["model_bus_bw_gbps"]), _f(r["predicted_comm_ms"]), _f(r["comm_ms"]),
+                  _f(r["exposed_comm_ms"]))
+    con.print(c)
+
+    a = Table(title="Amdahl (seed 002): f = T_single / (T_single + T_comm naive); "
+                    "ceiling = 1 / ((1 − f) + f / N)", header_style="bold")
+    for col in ("model", "ranks", "T_single ms", "T_comm naive ms", "f", "ceiling",
+                "achieved (best)", "of ceiling"):
+        a.add_column(col, justify="left" if col == "model" else "right")
+    for m in infos:
+        best = (f"{m['best_speedup']:.2f}× {m['best_strategy']}" if m.get("best_speedup") else "—")
+        eff = (m["best_speedup"] / m["amdahl_ceiling"]
+               if m.get("best_speedup") and m.get("amdahl_ceiling") else None)
+        a.add_row(m["model"], str(m["ranks"]), _f(m["t_single_ms"]), _f(m["t_comm_naive_ms"]),
+                  _f(m["amdahl_f"], "{:.3f}"), _f(m["amdahl_ceiling"], "{:.2f}×"), best,
+                  _f(eff * 100 if eff is not None else None, "{:.0f}%"))
+    con.print(a)
+    notes = [m for m in infos if m.get("amdahl_f") is None]
+    for m in notes:
+        con.print(f"{m['model']}: no Amdahl ceiling (needs single and naive measured)")
+
+
+def write_csv(path: str, rows: list[dict], fields) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})

@@ -173,7 +173,7 @@ class LiveRun:
                 if gpu is not None:
                     f = gpu.sample()
                 else:
-                    pids = {r: i.pid for r, i in self.store.ranks.items() if i.pid}
+                    pids = {r: i.pid for r, i in self.store.rank_snapshot().items() if i.pid}
                     f = cpu.sample(pids)
                 self.feed.frame(f)
                 if self.recorder is not None:
@@ -186,7 +186,7 @@ class LiveRun:
             self.store.add_log(f"rank {rank} closed its connection without saying goodbye", "warn")
 
     def rank_pids(self) -> list[int]:
-        return [i.pid for i in self.store.ranks.values() if i.pid]
+        return [i.pid for i in self.store.rank_snapshot().values() if i.pid]
 
     def poll(self) -> bool:
         """Check on the run; returns True once it has ended (see state, message)."""
@@ -206,25 +206,26 @@ class LiveRun:
             self._finish(rc)
             return True
         # a rank process gone while torchrun still runs
-        for r, info in list(st.ranks.items()):
+        ranks = st.rank_snapshot()
+        for r, info in ranks.items():
             if info.pid and not info.finished and info.exit is None and not psutil.pid_exists(info.pid):
                 self._rank_exit(r, "exited")
         # a rank reported an error (e.g. a collective timed out): torchrun normally ends the
         # others at once; if it has not within a few seconds, end the run ourselves
-        errors = [(r, i.error) for r, i in sorted(st.ranks.items()) if i.error]
+        errors = [(r, i.error) for r, i in sorted(ranks.items()) if i.error]
         if errors:
             self._first_error = self._first_error or now
             if now - self._first_error > 3.0:
                 self.fail("; ".join(f"rank {r}: {e}" for r, e in errors))
                 return True
-        training = any(i.phase == "training" for i in st.ranks.values())
+        training = any(i.phase == "training" for i in ranks.values())
         if training and now - self._last_progress > self.opts.hang_s:
-            stuck = sorted(st.ranks.items(), key=lambda kv: kv[1].step)
+            stuck = sorted(ranks.items(), key=lambda kv: kv[1].step)
             r, info = stuck[0]
             self.fail(f"no step finished for {self.opts.hang_s:.0f} s: rank {r} stuck after step {info.step} "
                       f"(hung collective?)")
             return True
-        for r, info in st.ranks.items():
+        for r, info in ranks.items():
             if info.connected and info.last_seen and now - info.last_seen > self.opts.hb_timeout_s:
                 if ("hb", r) not in self._warned:
                     self._warned.add(("hb", r))
@@ -242,7 +243,7 @@ class LiveRun:
         codes = rank_exit_codes(self.launcher.log_text()) if rc != 0 else {}
         for r, code in codes.items():
             self._rank_exit(r, describe_exit(code))
-        errors = [(r, i.error) for r, i in sorted(st.ranks.items()) if i.error]
+        errors = [(r, i.error) for r, i in sorted(st.rank_snapshot().items()) if i.error]
         if rc == 0 and not errors:
             self.state = "finished"
             self.message = "run finished"
@@ -291,7 +292,7 @@ class LiveRun:
             self._close()
             return
         self.status(f"stopping: {why}")
-        ranks = list(self.store.ranks.values())
+        ranks = list(self.store.rank_snapshot().values())
         training = len(ranks) == self.plan.ranks and all(
             i.phase in ("training", "done") and i.connected for i in ranks)
         if training:
@@ -301,7 +302,7 @@ class LiveRun:
         deadline = time.monotonic() + grace
         all_done_at = None
         while time.monotonic() < deadline and self.launcher.poll() is None:
-            if all_done_at is None and all(i.finished for i in self.store.ranks.values()):
+            if all_done_at is None and all(i.finished for i in self.store.rank_snapshot().values()):
                 all_done_at = time.monotonic()
             if all_done_at is not None and time.monotonic() - all_done_at > 2.0:
                 break

@@ -15,11 +15,24 @@ from time import monotonic as _monotonic
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from ranks import schema, wire
+from ranks import schema, spec, wire
 from ranks.wire import SpanBatch
 
 from . import figures as F
 from . import stragglers as ST
+
+
+def in_force(entries, step: int, default=None, first: bool = False):
+    """The value of the last (k, value, ...) entry with k <= step (entries in step order):
+    what is in force at `step`. None there: `default`, or the first entry's with first=True."""
+    got = default
+    if first and entries:
+        got = entries[0][1]
+    for e in entries:
+        if e[0] > step:
+            break
+        got = e[1]
+    return got
 
 
 @dataclass
@@ -135,7 +148,7 @@ class Store:
             keep = ("world", "model", "layers", "params", "strategies", "batch", "steps",
                     "bucket_cap_mb", "seed", "lr", "torch", "backend", "note", "threads")
             self.meta.update({k: f.get(k) for k in keep})
-            self._param_bytes = [int(p[1]) * 4 for p in f.get("params") or []]
+            self._param_bytes = spec.grad_bytes(f.get("params") or [])
         for k in ("torch", "backend", "host"):
             if self.meta.get(k) is None and f.get(k) is not None:
                 self.meta[k] = f[k]
@@ -150,7 +163,7 @@ class Store:
             for k, v in meta.items():
                 self.meta.setdefault(k, v)
             if not self._param_bytes and meta.get("params"):
-                self._param_bytes = [int(p[1]) * 4 for p in meta["params"]]
+                self._param_bytes = spec.grad_bytes(meta["params"])
             self._meta_changed()
             self.version += 1
 
@@ -268,15 +281,12 @@ class Store:
         return int(self.meta.get("world") or max(len(self.ranks), 1))
 
     def expected_ranks(self, strategy: str) -> int:
-        return 1 if strategy == "single" else self.world
+        return spec.strategy_ranks(strategy, self.world)
 
     def comm_bytes_fn(self, strategy: str, rank: int, step: int):
         layouts = self.layouts.get((strategy, rank))
         if strategy == "ddp" and layouts:
-            sizes = layouts[0][1]
-            for k, s, _ in layouts:
-                if k <= step:
-                    sizes = s
+            sizes = in_force(layouts, step, first=True)
             return lambda i: sizes.get(i, 0)
         pb = self._param_bytes
         return lambda i: pb[i] if i < len(pb) else 0
@@ -345,18 +355,66 @@ class Store:
         return [self.summary(s) for s in self.strategies()]
 
     def bucket_layout(self, strategy: str = "ddp", step: int | None = None) -> list | None:
+        """Rank 0's bucket layout in force at `step` (None: the newest)."""
         with self.lock:
             layouts = self.layouts.get((strategy, 0))
             if not layouts:
                 return None
-            got = layouts[-1][2]
-            if step is not None:
-                got = None
-                for k, _, lay in layouts:
-                    if k <= step:
-                        got = lay
-                got = got or layouts[0][2]
-            return got
+            if step is None:
+                return layouts[-1][2]
+            return in_force([(k, lay) for k, _, lay in layouts], step, first=True)
+
+    def cap_at(self, step: int) -> float | None:
+        """DDP's bucket_cap_mb in force at `step`."""
+        with self.lock:
+            return in_force(self.cap_changes, step, self.meta.get("bucket_cap_mb"))
+
+    def cap_changed_at(self, upto: int | None = None) -> int:
+        """The step of the last bucket_cap_mb change at or before `upto` (0: none)."""
+        with self.lock:
+            return max((k for k, _ in self.cap_changes if upto is None or k <= upto), default=0)
+
+    # -- queries -------------------------------------------------------------------------
+    def rank_snapshot(self) -> dict[int, RankInfo]:
+        """A copy of every rank's state, taken under the lock (safe from any thread)."""
+        with self.lock:
+            return {r: copy.copy(i) for r, i in self.ranks.items()}
+
+    def last_complete(self, strategy: str, upto: int | None = None, lookback: int = 10_000) -> int | None:
+        """The newest complete step of a strategy at or before `upto` (None: the newest)."""
+        with self.lock:
+            figs = self.step_figs.get(strategy)
+            if not figs:
+                return None
+            if upto is None:
+                return next(reversed(figs))
+            if upto in figs:
+                return upto
+            for i, k in enumerate(reversed(figs)):
+                if k <= upto or i > lookback:
+                    return k if k <= upto else None
+        return None
+
+    def recent_figures(self, strategy: str, upto: int | None = None, n: int = 20,
+                       since: int = 0) -> list[F.StepFigures]:
+        """Up to n complete steps' figures with since <= k <= upto, oldest first."""
+        out = []
+        with self.lock:
+            figs = self.step_figs.get(strategy, {})
+            for k in reversed(figs):
+                if upto is not None and k > upto:
+                    continue
+                if k < since or len(out) >= n:
+                    break
+                out.append(figs[k])
+        out.reverse()
+        return out
+
+    def oldest_step(self) -> int:
+        """The oldest step whose spans every strategy still keeps (0: none kept)."""
+        with self.lock:
+            kept = [min(per) for per in self.raw.values() if per]
+            return max(kept) if kept else 0
 
     def view(self, strategy: str, step: int) -> StepView | None:
         with self.lock:
@@ -393,12 +451,7 @@ class Store:
                 figs[r] = self.rank_figures(strategy, step, r)
             layout = self.bucket_layout(strategy, step) if strategy == "ddp" else None
             marks = [text for k, s, text in self.events if s == strategy and k == step]
-            cap = None
-            if strategy == "ddp":
-                cap = self.meta.get("bucket_cap_mb")
-                for k, c in self.cap_changes:
-                    if k <= step:
-                        cap = c
+            cap = self.cap_at(step) if strategy == "ddp" else None
             return StepView(strategy, step, spans, figs, dur, cap,
                             len(layout) if layout else None, marks,
                             self.waits.get(strategy, {}).get(step))

@@ -30,7 +30,7 @@ def ddp_buckets(model: str, cap_mb: float = 25.0) -> list[list]:
     cap = cap_mb * 2**20
     out, cur, size = [], [], 0
     for i in reversed(range(len(table))):
-        nb = table[i][1] * 4
+        nb = table[i][1] * spec.BYTES_PER_GRAD
         if cur and size + nb > cap:
             out.append([len(out), cur, size])
             cur, size = [], 0
@@ -79,7 +79,7 @@ class SyntheticRun:
         for s in self.strategies:
             base = self.t
             longest = 0
-            ranks = [0] if s == "single" else range(self.world)
+            ranks = range(spec.strategy_ranks(s, self.world))
             for r in ranks:
                 if s == "ddp" and step == 0:
                     out.append({"t": "buckets", "r": r, "s": "ddp", "k": step, "cap_mb": self.cap,
@@ -116,10 +116,11 @@ class SyntheticRun:
         end = t
         if s == "naive":
             for pi, (_, numel, _) in enumerate(self.table):
-                end = comm(pi, max(end, comm_free), numel * 4)
+                end = comm(pi, max(end, comm_free), numel * spec.BYTES_PER_GRAD)
         elif s == "interleaved":
             for pi in reversed(range(len(self.table))):
-                end = max(end, comm(pi, bwd_end_of[self.table[pi][2]], self.table[pi][1] * 4))
+                end = max(end, comm(pi, bwd_end_of[self.table[pi][2]],
+                                    self.table[pi][1] * spec.BYTES_PER_GRAD))
         elif s == "ddp":
             for b, params, nbytes in self.buckets:
                 ready = max(bwd_end_of[self.table[p][2]] for p in params)

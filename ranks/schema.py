@@ -176,7 +176,7 @@ SCHEMA: dict[str, Map] = {name: Map(fields) for name, fields in {
     "event": {"r": RANK, "k": STEP, "what": Str(32), "value": Num(),
               "rank?": RANK, "layer?": Int(0, 0xFFFF)},
     "hb": {"r": RANK, "k": Int(-1, 2**31 - 1), "ph?": Str(32), "drop?": COUNT, "dropf?": COUNT,
-           "ts?": NS, "res?": I64},
+           "ts?": NS, "res?": I64},  # res: CUDA clock residual, ns
     "bye": {"r": RANK, "why?": Str(64), "drop?": COUNT, "dropf?": COUNT},
     "error": {"r": RANK, "msg": TEXT, "tb?": Str(8000)},
     # from the app (recorded with the ranks' frames)
@@ -206,13 +206,17 @@ class Limits:
     """What a frame is checked against beyond its own fields: the run's world size,
     strategies, layer and parameter counts (None: not known yet)."""
 
-    __slots__ = ("world", "strategies", "n_layers", "n_params", "max_idx")
+    __slots__ = ("world", "strategies", "n_layers", "n_params", "max_idx", "max_rank", "span_strategies")
 
     def __init__(self, world=None, strategies=None, n_layers=None, n_params=None):
         self.world, self.strategies = world, strategies
         self.n_layers, self.n_params = n_layers, n_params
         # largest span idx: a layer, a parameter or a bucket (never more buckets than params)
         self.max_idx = max(64, n_layers or 0, n_params or 0) if (n_layers or n_params) else 0xFFFF
+        # for the spans fast path: one range check, one set lookup
+        self.max_rank = world - 1 if world else MAX_RANK
+        known = frozenset(spec.STRATEGIES)
+        self.span_strategies = known & strategies if strategies is not None else known
 
     @classmethod
     def of_meta(cls, meta: dict) -> "Limits":
@@ -306,22 +310,25 @@ def check(frame, lim: Limits = NO_LIMITS):
     return frame
 
 
-_STRATEGIES = frozenset(spec.STRATEGIES)
+MAX_STEP, MAX_NS = 2**31 - 1, 2**63 - 1
 
 
 def check_spans(f: dict, lim: Limits = NO_LIMITS) -> wire.SpanBatch:
     """The spans fast path: wire.decode_spans checks the columns and the header's types;
-    the ranges of SCHEMA["spans"] and the cross-field rules are checked here inline."""
+    the ranges of SCHEMA["spans"] and the cross-field rules (rank inside the run, a
+    strategy of the run, single on rank 0 only) are one comparison chain here."""
     b = wire.decode_spans(f, lim.max_idx)
     r, s = b.rank, b.strategy
-    if not (0 <= r <= MAX_RANK and 0 <= b.step < 2**31 and 0 <= b.base_ns < 2**63) \
-            or type(r) is not int or type(b.step) is not int or type(b.base_ns) is not int:
-        SCHEMA["spans"].check(f, "")  # names the field that is wrong
-        raise FrameError("spans frame header is out of range")
-    if s not in _STRATEGIES or (lim.strategies is not None and s not in lim.strategies):
-        raise FrameError(f"strategy {s[:20]!r} is not one of this run's")
-    if lim.world is not None and r >= lim.world:
-        raise FrameError(f"rank {r} is outside this run (world {lim.world})")
-    if s == "single" and r != 0:
-        raise FrameError("only rank 0 runs the single strategy")
+    if not (0 <= r <= lim.max_rank and 0 <= b.step <= MAX_STEP and 0 <= b.base_ns <= MAX_NS) \
+            or s not in lim.span_strategies or (r and s == "single"):
+        _spans_error(f, b, lim)
     return b
+
+
+def _spans_error(f: dict, b: wire.SpanBatch, lim: Limits) -> None:
+    """Say what is wrong with a spans frame check_spans refused."""
+    SCHEMA["spans"].check(f, "")  # names a field out of its range
+    _rank_in_world(b.rank, lim)
+    if b.rank >= spec.strategy_ranks(b.strategy, MAX_RANK + 1):
+        raise FrameError("only rank 0 runs the single strategy")
+    raise FrameError(f"strategy {b.strategy[:20]!r} is not one of this run's")

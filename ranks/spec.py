@@ -14,6 +14,18 @@ STRATEGIES = ("naive", "interleaved", "ddp", "single")
 DEFAULT_STRATEGIES = ("naive", "ddp")
 BUCKET_LADDER_MB = (1.0, 5.0, 25.0, 100.0)
 DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch's default
+SPEED_LADDER = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # replay speeds, slowest to fastest
+BYTES_PER_GRAD = 4  # fp32 gradients: bytes an AllReduce carries per parameter element
+
+
+def strategy_ranks(strategy: str, world: int) -> int:
+    """How many ranks run a strategy: `single` runs on rank 0 alone, the others on every rank."""
+    return 1 if strategy == "single" else world
+
+
+def grad_bytes(params) -> list[int]:
+    """Gradient bytes of each parameter of a param_table (or of its list form in frames)."""
+    return [int(p[1]) * BYTES_PER_GRAD for p in params]
 
 
 def layer_names(model: str) -> list[str]:

@@ -96,3 +96,24 @@ def test_store_summary_and_eviction_from_synthetic_run():
     v = st.view("ddp", 29)
     assert set(v.spans) == {0, 1} and v.n_buckets == len(st.bucket_layout("ddp"))
     assert F.speedups(list(rows.values()))["ddp_vs_naive"] > 1
+
+
+def test_store_queries():
+    from ddptui.store import in_force
+
+    assert in_force([(0, "a"), (3, "b"), (7, "c")], 5) == "b"
+    assert in_force([(2, "a")], 1, "dflt") == "dflt" and in_force([(2, "a")], 1, first=True) == "a"
+    run = SyntheticRun("small", 2, ("naive", "ddp"))
+    st = Store(keep_steps=10)
+    fill_store(st, run, 30)
+    st.ingest({"t": "event", "r": 0, "k": 12, "what": "bucket_cap_mb", "value": 5.0})
+    assert st.cap_at(11) == 25.0 and st.cap_at(12) == 5.0 and st.cap_at(29) == 5.0
+    assert st.cap_changed_at(11) == 0 and st.cap_changed_at(20) == 12 and st.cap_changed_at() == 12
+    assert st.oldest_step() == 20  # raw spans of the last 10 steps are kept
+    assert st.last_complete("ddp") == 29 and st.last_complete("ddp", 7) == 7
+    figs = st.recent_figures("naive", upto=25, n=5)
+    assert [f.step for f in figs] == [21, 22, 23, 24, 25]
+    assert [f.step for f in st.recent_figures("ddp", since=27)] == [27, 28, 29]
+    snap = st.rank_snapshot()
+    snap[0].phase = "changed"  # a copy: the store is not touched
+    assert st.ranks[0].phase != "changed" and sorted(snap) == [0, 1]
