@@ -14,7 +14,8 @@ Perfetto (ui.perfetto.dev, trace_processor), chrome://tracing and HTA-style tool
 - complete events (``ph: "X"``) with ``ts``/``dur`` in µs on one time axis for all ranks
   (the host's CLOCK_MONOTONIC, 0 = the first span of the recording) and ``args``: rank,
   strategy, step, and layer (compute), parameter or bucket with its parameter names and
-  bytes (communication), queued_us (issue to start of an AllReduce);
+  bytes (communication), queued_us (ready to start of an AllReduce), last_arriver (the rank
+  ready last), wait_us (last arriver's ready - this rank's), transfer_us (end - last ready);
 - instant events (``ph: "i"``, thread scope, on a "ddp events" lane, at the start of the DDP
   step they apply to) for bucket-cap changes and for each new DDP bucket layout.
 
@@ -66,10 +67,30 @@ class Scan:
         self.layouts: dict[tuple[int, str], list[tuple[int, dict[int, list]]]] = {}
         self.ddp_base: dict[tuple[int, int], int] = {}  # (rank, step) -> start of a DDP step
         self.events: set[int] = set()  # ranks with bucket events
+        # (strategy, step, idx, n-th time) -> (last ready ns, the rank ready last): who waits
+        self.arrivals: dict[tuple, tuple[int, int]] = {}
+
+    def _arrivals(self, f: dict) -> None:
+        b = wire.decode_spans(f)
+        seen: dict[int, int] = {}
+        ci = 0
+        for i in range(len(b)):
+            if b.kind[i] != COMM:
+                continue
+            idx = b.idx[i]
+            n = seen.get(idx, 0)
+            seen[idx] = n + 1
+            ready = b.base_ns + b.iss[ci] * 1000
+            ci += 1
+            key = (b.strategy, b.step, idx, n)
+            got = self.arrivals.get(key)
+            if got is None or ready > got[0]:
+                self.arrivals[key] = (ready, b.rank)
 
     def __call__(self, f: dict) -> None:
         t = f["t"]
         if t == "spans":
+            self._arrivals(f)
             r, b = f["r"], f["b"]
             if self.origin_ns is None or b < self.origin_ns:
                 self.origin_ns = b
@@ -216,17 +237,21 @@ class TraceWriter:
         layout = self.scan.layout(r, s, k) if s == "ddp" else None
         items = []
         ci = 0
+        seen: dict[int, int] = {}
         for i in range(len(b)):
             kind = b.kind[i]
             a = off + b.t0[i] * 1000
             z = max(a, off + b.t1[i] * 1000)
-            iss = None
+            iss = last = None
             if kind == COMM:
                 iss = off + b.iss[ci] * 1000
                 ci += 1
-            items.append((a, -(z - a), i, kind, z, iss))
+                n = seen.get(b.idx[i], 0)
+                seen[b.idx[i]] = n + 1
+                last = self.scan.arrivals.get((s, k, b.idx[i], n))
+            items.append((a, -(z - a), i, kind, z, iss, last))
         items.sort()
-        for a, _neg, i, kind, z, iss in items:
+        for a, _neg, i, kind, z, iss, last in items:
             lane = LANE_OF_KIND[kind]
             idx = b.idx[i]
             args = {"rank": r, "strategy": s, "step": k}
@@ -252,6 +277,11 @@ class TraceWriter:
                     args["bytes"] = self.param_bytes[idx] if 0 <= idx < len(self.param_bytes) else 0
                 if iss is not None:
                     args["queued_us"] = max(0, a - iss) / 1000
+                if iss is not None and last is not None:  # who waits for whom (ddptui.stragglers)
+                    last_ready = last[0] - self.origin
+                    args["last_arriver"] = last[1]
+                    args["wait_us"] = max(0, last_ready - iss) / 1000
+                    args["transfer_us"] = max(0, z - max(a, last_ready)) / 1000
             elif kind == OPT:
                 name = "optimizer"
             else:

@@ -84,21 +84,33 @@ def test_slow_rank_is_found_on_two_real_ranks(tmp_path):
 
     from .helpers import run_cli
 
-    out = tmp_path / "s.json"
+    out, rec, trace = tmp_path / "s.json", tmp_path / "s.ddptui", tmp_path / "t.json"
     r = run_cli("--headless", "--gpus", "2", "--model", "medium", "--strategies", "naive,ddp",
-                "--steps", "12", "--batch-size", "256", "--slow-rank", "1:40:fc2", "--no-record",
+                "--steps", "12", "--batch-size", "256", "--slow-rank", "1:40:fc2", "--record", str(rec),
                 "--json", str(out), timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "who waits for whom" in r.stdout and "culprit rank 1 · fc2 backward" in r.stdout
     doc = json.loads(out.read_text())
     for s in doc["strategies"]:
         st = s["stragglers"]
-        # (on an idle 2-core machine rank 1 is last in every step; other work on the machine
-        # now and then delays rank 0 as much: the bounds leave room for that)
-        assert st["last_arriver_rank"] == 1 and st["last_arriver_pct"] >= 70, (s["strategy"], st)
-        assert 25 <= st["wait_ms_median"]["0"] <= 80, (s["strategy"], st)
-        assert st["wait_ms_median"]["1"] < 5, (s["strategy"], st)
+        # (other work on a 2-core machine now and then delays rank 0 as much as the injected
+        # delay does rank 1: the bounds leave room for that; README quotes quiet-machine figures)
+        assert st["last_arriver_rank"] == 1 and st["last_arriver_pct"] >= 60, (s["strategy"], st)
+        assert st["wait_ms_median"]["0"] >= 15, (s["strategy"], st)  # ~40 on a quiet machine
+        assert st["wait_ms_median"]["1"] < 10 and st["wait_ms_median"]["1"] * 3 < st["wait_ms_median"]["0"], \
+            (s["strategy"], st)
         assert st["culprit_layer"] == "fc2", (s["strategy"], st)
+    # the Chrome trace carries who waited: per step, rank 0's longest wait is on rank 1
+    assert run_cli("export", str(rec), "-o", str(trace), timeout=120).returncode == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    waits: dict = {}
+    for e in events:
+        a = e.get("args", {})
+        if e.get("ph") == "X" and "wait_us" in a and a["rank"] == 0 and a["step"] > 0:
+            key = (a["strategy"], a["step"])
+            if key not in waits or a["wait_us"] > waits[key][0]:
+                waits[key] = (a["wait_us"], a["last_arriver"])
+    assert waits and sum(1 for w, who in waits.values() if w > 20_000 and who == 1) >= 0.7 * len(waits)
 
 
 def test_slow_rank_bad_values_are_one_line(tmp_path):
