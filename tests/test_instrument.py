@@ -171,3 +171,27 @@ def test_ddp_runtime_stats_never_logged_inside_a_step(tmp_path):
         assert len(rec.poll()) == k
     finally:
         dist.destroy_process_group()
+
+
+def test_interleaved_completion_keeps_the_tensors_for_the_optimizer_to_wait_on(tmp_path):
+    """The child future of an interleaved AllReduce must carry the reduced tensors: on NCCL
+    its CUDA events are what makes the optimizer's stream wait (a None value carries none,
+    and the optimizer would race the kernel). CPU seam: the value is there, the span ends."""
+    import torch.distributed as dist
+
+    from ranks.instrument import CpuClock
+    from ranks.strategies import _done
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
+    try:
+        rec = Recorder(CpuClock(), 1)
+        rec.begin("interleaved", 0)
+        t = torch.ones(4)
+        slot = rec.comm_issue(0)
+        cur = rec.cur
+        child = dist.all_reduce(t, async_op=True).get_future().then(lambda f: _done(rec, cur, slot, f))
+        got = child.wait()
+        assert isinstance(got, list) and got[0] is t
+        assert cur.comm_end[slot] is not None and cur.comm_thr[slot] is not None
+    finally:
+        dist.destroy_process_group()
