@@ -323,7 +323,7 @@ class DdpApp(App):
             text = ", ".join(f"r{r} {n}" for r, n in dropped)
             parts.append((f" · dropped spans: {text}", T.style(T.ERROR, bold=True)))
         if store.rejected:
-            parts.append((f" · rejected connections: {store.rejected}", T.style(T.ERROR, bold=True)))
+            parts.append((f" · rejected frames or connections: {store.rejected}", T.style(T.ERROR, bold=True)))
         if not self.panels["waits"].display:  # no room for the panel: its gist here
             gist = waits.compact(store, self.shown_steps())
             if gist:

@@ -380,7 +380,7 @@ async def test_failure_after_start_is_shown_and_the_app_stays_open():
         assert "[/pytorch/third_party/gloo/pair.cc:553]" in str(banner.render())
         status = drawn(app.query_one("#status"))[0]
         assert "RUN FAILED" in status and "dropped spans: r0 12" in status
-        assert "rejected connections: 3" in status
+        assert "rejected frames or connections: 3" in status
         assert app.is_running
 
 
