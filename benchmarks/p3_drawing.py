@@ -27,48 +27,16 @@ import time
 from _common import result_line
 
 from ddptui.app import DdpApp  # noqa: E402
-from ddptui.store import Store  # noqa: E402
-from ddptui.synthetic import SyntheticRun, fill_store  # noqa: E402
+from ddptui.synthetic import SyntheticSource  # noqa: E402
 from ddptui.widgets import TimelinePane  # noqa: E402
 
 GOAL_FRAME_MS = 4.0
 GOAL_CPU_PCT = 20.0
 
 
-class FeedSource:
-    """Synthetic steps made in advance, handed to the store as the wall clock reaches them."""
-
-    def __init__(self, world: int, steps_ahead: int, steps_per_s: float, model: str = "xlarge"):
-        run = SyntheticRun(model, world, ("naive", "ddp"), seed=5)
-        self.store = Store()
-        fill_store(self.store, run, 2, gpu=True)
-        self.pending = [run.step_frames(k) + [run.gpu_frame(k)] for k in range(2, 2 + steps_ahead)]
-        self.every = 1.0 / steps_per_s if steps_per_s else float("inf")
-        self.next_at = 0.0
-        self.state, self.message = "running", ""
-
-    def start(self) -> None:
-        self.next_at = time.monotonic() + self.every
-
-    def poll(self) -> bool:
-        now = time.monotonic()
-        while self.pending and now >= self.next_at:
-            for f in self.pending.pop(0):
-                self.store.ingest(f)
-            self.next_at += self.every
-        self.store.update()
-        return False
-
-    def set_bucket_cap(self, mb: float) -> int:
-        return 0
-
-    def stop(self, why: str = "") -> None:
-        self.state = "stopped"
-
-
 async def frame_times(renders: int) -> tuple[list[float], list[float]]:
     """CPU time (this thread's: robust on a busy machine) and wall time per frame, ms."""
-    app = DdpApp(FeedSource(world=8, steps_ahead=0, steps_per_s=0))
+    app = DdpApp(SyntheticSource(2, 8, "xlarge", gpu=True, seed=5))
     cpu, wall = [], []
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.app.workers.wait_for_complete()
@@ -93,7 +61,7 @@ async def frame_times(renders: int) -> tuple[list[float], list[float]]:
 
 async def cpu_share(seconds: float, steps_per_s: float) -> tuple[float, int, int]:
     steps = int(seconds * steps_per_s) + 5
-    src = FeedSource(world=64, steps_ahead=steps, steps_per_s=steps_per_s)
+    src = SyntheticSource(2, 64, "xlarge", gpu=True, seed=5, ahead=steps, per_s=steps_per_s)
     app = DdpApp(src, fps=30)
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.app.workers.wait_for_complete()

@@ -46,7 +46,7 @@ from .widgets import waits
 from .widgets.waits import WaitsPanel
 
 FPS = 15
-SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+SPEEDS = spec.SPEED_LADDER
 # the panels below the lanes, in order of priority: (id, class)
 PANELS: tuple[tuple[str, type[Panel]], ...] = (
     ("figures", FiguresPanel), ("gpu", GpuPanel), ("buckets", BucketsPanel), ("waits", WaitsPanel),
@@ -133,7 +133,7 @@ class DdpApp(App):
         self.headline = m.query_one(Headline)
         self.title_bar, self.legend = m.query_one("#title", PartsView), m.query_one("#legend", PartsView)
         self.status_bar, self.banner = m.query_one("#status", PartsView), m.query_one("#banner", Static)
-        self._caps_seen = len(self.source.store.cap_changes)
+        self._caps_seen = len(self.source.store.cap_history())
         if self.transport is None and not self._has_step():
             self.push_screen(StartupScreen())
         self.run_worker(self._start_source, thread=True, name="start", exit_on_error=False)
@@ -207,7 +207,7 @@ class DdpApp(App):
         shown = self.shown_steps()
         views = {s: self._view(store, s, k) for s, k in shown.items()}
         mpc = self._ms_per_cell(views)
-        cap_since = max((k for k, _ in store.cap_changes if k <= (shown.get("ddp") or 0)), default=None)
+        cap_since = store.cap_changed_at(shown.get("ddp") or 0)
         for s, pane in self.panes.items():
             ddp = s == "ddp"
             pane.show(PaneState(views.get(s), mpc, self._cap_note() if ddp else "", cap_since if ddp else None))
@@ -226,7 +226,7 @@ class DdpApp(App):
         """store.view, kept while nothing that shapes it (layouts, events) changed."""
         if step is None:
             return None
-        key = (id(store), strategy, step, len(store.layouts.get((strategy, 0), ())), len(store.events))
+        key = (id(store), strategy, step, store.view_stamp(strategy))
         got = self._views.get(key)
         if got is None:
             if len(self._views) > 64:
@@ -281,7 +281,8 @@ class DdpApp(App):
 
     def _title_parts(self, store: Store, strategies: list[str]) -> list:
         m = store.meta
-        first = store.ranks.get(min(store.ranks)) if store.ranks else None
+        infos = store.rank_snapshot()
+        first = infos[min(infos)] if infos else None
         device = m.get("device") or (first.device if first else "")
         backend = m.get("backend") or (first.backend if first else "")
         ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
@@ -317,13 +318,12 @@ class DdpApp(App):
 
     def _status_parts(self, store: Store) -> list:
         parts = self._replay_status() if self.replay else self._live_status(store)
-        with store.lock:
-            dropped = [(r, i.dropped_spans) for r, i in sorted(store.ranks.items()) if i.dropped_spans]
+        dropped = [(r, i.dropped_spans) for r, i in sorted(store.rank_snapshot().items()) if i.dropped_spans]
         if dropped:
             text = ", ".join(f"r{r} {n}" for r, n in dropped)
             parts.append((f" · dropped spans: {text}", T.style(T.ERROR, bold=True)))
         if store.rejected:
-            parts.append((f" · rejected connections: {store.rejected}", T.style(T.ERROR, bold=True)))
+            parts.append((f" · rejected frames or connections: {store.rejected}", T.style(T.ERROR, bold=True)))
         if not self.panels["waits"].display:  # no room for the panel: its gist here
             gist = waits.compact(store, self.shown_steps())
             if gist:
@@ -380,7 +380,7 @@ class DdpApp(App):
             banner.update(Text(text))  # error text is plain: never parse it as markup
 
     def _notify_caps(self, store: Store) -> None:
-        changes = store.cap_changes
+        changes = store.cap_history()
         for k, cap in changes[self._caps_seen:]:
             self.notify(f"DDP re-wrapped: bucket_cap_mb = {cap:g} MB from step {k}", timeout=2.5,
                         title="bucket cap applied")
@@ -431,7 +431,8 @@ class DdpApp(App):
         store = self.source.store
         current = self.asked_cap
         if current is None:
-            current = store.cap_changes[-1][1] if store.cap_changes else float(
+            changes = store.cap_history()
+            current = changes[-1][1] if changes else float(
                 store.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB)
         ladder = spec.BUCKET_LADDER_MB
         nxt = (max((x for x in ladder if x < current), default=None) if direction < 0
@@ -455,7 +456,7 @@ class DdpApp(App):
         if self.straggler_ms:
             ms = 0.0
         else:
-            steps = [f.step_ms for s in store.strategies() for f in list(store.step_figs.get(s, {}).values())[-10:]]
+            steps = [f.step_ms for s in store.strategies() for f in store.recent_figures(s, n=10)]
             ms = float(max(2, round(0.5 * sorted(steps)[len(steps) // 2]))) if steps else 40.0
         if not self._started or self.straggler is None or self.straggler.set_straggler(ms) == 0:
             self.notify("no rank is connected yet: try again in a moment", severity="warning")

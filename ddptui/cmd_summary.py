@@ -14,11 +14,10 @@ which steps were read, the JSON carries it in "damage", and the exit status is 0
 from __future__ import annotations
 
 import os
-import sys
 
 from .cli import CliError, _check_writable_path, _Parser
 from .recording import Loaded, RecordingError, load
-from .report import json_doc, print_summary, run_title, write_json
+from .report import report_run
 
 
 def parser(prog: str = "ddptui summary", description: str = "") -> _Parser:
@@ -50,7 +49,7 @@ def run_state(got: Loaded) -> tuple[str, str]:
         return "incomplete", got.damage
     if ranks and all(i.finished for i in ranks.values()):
         return "finished", "run finished"
-    stop = [text for _, level, text in list(st.log) if text.startswith("stopping:")]
+    stop = [text for _, level, text in st.log_lines() if text.startswith("stopping:")]
     if stop:
         return "stopped", stop[-1].split(":", 1)[1].strip()
     return "incomplete", "the recording ends before every rank finished"
@@ -59,35 +58,19 @@ def run_state(got: Loaded) -> tuple[str, str]:
 def report(got: Loaded, json_path: str | None, title: str | None = None,
            out=None, err=None) -> int:
     """Print the figures of a loaded recording (and write JSON); returns the exit status."""
-    out = out or sys.stdout
-    err = err or sys.stderr
-    st = got.store
-    rows = st.summaries()
-    meta = dict(st.meta)
-    ranks = st.rank_snapshot()
-    if ranks and not meta.get("backend"):
-        meta["backend"] = ranks[min(ranks)].backend
-    if got.damage:
-        print(f"ddptui: warning: {got.path}: {got.damage}; figures of what was read: "
-              f"{got.steps_text()}", file=err, flush=True)
+    notes = [f"{got.path}: {got.damage}; figures of what was read: {got.steps_text()}"] if got.damage else []
     if got.rejected:
-        print(f"ddptui: warning: {got.path}: {got.skipped_text()}", file=err, flush=True)
-    if any(r.get("steps") for r in rows):
-        print_summary(rows, meta, file=out, title=title or run_title(meta))
-    elif not got.damage:
-        print(f"ddptui: warning: {got.path}: no complete step in this recording", file=err, flush=True)
-    dropped = sum(i.dropped_spans for i in ranks.values())
-    if dropped:
-        print(f"ddptui: warning: {dropped} spans were dropped during the recorded run "
-              f"(the app could not keep up)", file=err, flush=True)
-    if json_path:
+        notes.append(f"{got.path}: {got.skipped_text()}")
+
+    def extra(dropped: int) -> dict:
         state, message = run_state(got)
-        write_json(json_path, json_doc(rows, meta, {
-            "state": state, "message": message, "recording": os.path.abspath(got.path),
-            "dropped_spans": dropped, "damage": got.damage, "skipped_frames": len(got.rejected),
-            "frames": got.frames, "spans": got.spans,
-            "steps_read": {s: len(ks) for s, ks in got.steps_read().items()},
-        }))
+        return {"state": state, "message": message, "recording": os.path.abspath(got.path),
+                "dropped_spans": dropped, "damage": got.damage, "skipped_frames": len(got.rejected),
+                "frames": got.frames, "spans": got.spans,
+                "steps_read": {s: len(ks) for s, ks in got.steps_read().items()}}
+    report_run(got.store, json_path, extra, title=title, out=out, err=err, notes=notes,
+               empty=None if got.damage else f"{got.path}: no complete step in this recording",
+               when=" during the recorded run")
     return 0
 
 

@@ -5,7 +5,7 @@ import sys
 import time
 
 from .launcher import Plan
-from .report import json_doc, print_summary, run_title, write_json
+from .report import report_run
 from .session import LiveRun, RunOptions
 from .store import Store
 
@@ -26,8 +26,7 @@ class Progress:
 
     def update(self, steps_total: int) -> None:
         st = self.store
-        with st.lock:
-            logs = list(st.log)
+        logs = st.log_lines()
         ranks = {r: i.phase for r, i in st.rank_snapshot().items()}
         for ts, level, text in logs[self.seen_log:] if len(logs) > self.seen_log else []:
             self.say(("warning: " if level == "warn" else "error: " if level == "error" else "") + text)
@@ -69,32 +68,20 @@ def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, 
         run.stop("interrupted")
         prog.update(opts.steps)
         prog.say("stopped; every rank has exited")
-        _report(store, out, json_path, run, opts)
+        _report(store, out, json_path, run, opts, err)
         return 130
     prog.update(opts.steps)
     if run.state == "failed":
         print(f"ddptui: error: {run.message}", file=err or sys.stderr, flush=True)
-        _report(store, out, json_path, run, opts)
+        _report(store, out, json_path, run, opts, err)
         return 1
-    _report(store, out, json_path, run, opts)
+    _report(store, out, json_path, run, opts, err)
     return 0
 
 
-def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions) -> None:
-    rows = store.summaries()
-    meta = dict(store.meta)
-    ranks = store.rank_snapshot()
-    if ranks:
-        meta.setdefault("backend", ranks[min(ranks)].backend)
-    if any(r.get("steps") for r in rows):
-        print_summary(rows, meta, file=out, title=run_title(meta))
-    dropped = sum(i.dropped_spans for i in ranks.values())
-    if dropped:
-        print(f"ddptui: warning: {dropped} spans were dropped (the app could not keep up)",
-              file=sys.stderr)
-    if json_path:
-        write_json(json_path, json_doc(rows, meta, {"state": run.state, "message": run.message,
-                                                    "recording": opts.record,
-                                                    "dropped_spans": dropped}))
+def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=None) -> None:
+    report_run(store, json_path, lambda dropped: {"state": run.state, "message": run.message,
+                                                  "recording": opts.record, "dropped_spans": dropped},
+               out=out, err=err)
     if opts.record:
-        print(f"ddptui: recorded to {opts.record}", file=sys.stderr)
+        print(f"ddptui: recorded to {opts.record}", file=err or sys.stderr)

@@ -91,6 +91,32 @@ def write_json(path: str, doc: dict) -> None:
         f.write("\n")
 
 
+def report_run(store, json_path: str | None, extra, *, title: str | None = None, out=None, err=None,
+               notes=(), empty: str | None = None, when: str = "") -> None:
+    """The one report of a run's figures, live (`--headless`) or recorded (summary, replay
+    --headless): `notes` (warnings about the source) on err, the table on out (or the
+    `empty` warning when no step is complete), the dropped spans (`when`: during what), and
+    the JSON document, whose run fields are `extra(dropped spans)`."""
+    out, err = out or sys.stdout, err or sys.stderr
+    rows = store.summaries()
+    meta = dict(store.meta)
+    ranks = store.rank_snapshot()
+    if ranks and not meta.get("backend"):
+        meta["backend"] = ranks[min(ranks)].backend
+    for note in notes:
+        print(f"ddptui: warning: {note}", file=err, flush=True)
+    if any(r.get("steps") for r in rows):
+        print_summary(rows, meta, file=out, title=title or run_title(meta))
+    elif empty:
+        print(f"ddptui: warning: {empty}", file=err, flush=True)
+    dropped = sum(i.dropped_spans for i in ranks.values())
+    if dropped:
+        print(f"ddptui: warning: {dropped} spans were dropped{when} (the app could not keep up)",
+              file=err, flush=True)
+    if json_path:
+        write_json(json_path, json_doc(rows, meta, extra(dropped)))
+
+
 def _params(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
 

@@ -416,6 +416,40 @@ class Store:
             kept = [min(per) for per in self.raw.values() if per]
             return max(kept) if kept else 0
 
+    def cap_history(self) -> list[tuple[int, float]]:
+        """Every bucket_cap_mb change as applied, (step, MB), oldest first (a copy)."""
+        with self.lock:
+            return list(self.cap_changes)
+
+    def view_stamp(self, strategy: str) -> tuple[int, int]:
+        """Changes when something that shapes view(strategy, k) besides its spans arrives
+        (a bucket layout of rank 0, an event): a view may be kept while this stays."""
+        with self.lock:
+            return len(self.layouts.get((strategy, 0), ())), len(self.events)
+
+    def recent_waits(self, strategy: str, upto: int | None = None, n: int = 20) -> list[ST.StepWaits]:
+        """Who waited for whom in the last n kept steps 0 < k <= upto that had collectives
+        on two or more ranks, oldest first."""
+        with self.lock:
+            got = [w for k, w in self.waits.get(strategy, {}).items()
+                   if w is not None and k > 0 and (upto is None or k <= upto)]
+        return got[-n:]
+
+    def waits_kept(self, strategy: str) -> bool:
+        """Whether any kept step of a strategy has its who-waits entry (an empty one too)."""
+        with self.lock:
+            return bool(self.waits.get(strategy))
+
+    def samples(self) -> tuple[list[dict], list[dict]]:
+        """Copies of the kept GPU and CPU samples, oldest first."""
+        with self.lock:
+            return list(self.gpu), list(self.cpu)
+
+    def log_lines(self) -> list[tuple[float, str, str]]:
+        """A copy of the kept log: (time, level, text), oldest first."""
+        with self.lock:
+            return list(self.log)
+
     def view(self, strategy: str, step: int) -> StepView | None:
         with self.lock:
             ranks = self.raw.get(strategy, {}).get(step)

@@ -8,9 +8,12 @@ per bucket during backward.
 from __future__ import annotations
 
 import random
+import time
 
 from ranks import spec, wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
+
+from .store import Store
 
 
 def hello(rank: int, world: int, model: str, strategies, batch: int = 1024,
@@ -151,3 +154,60 @@ def fill_store(store, run: SyntheticRun, steps: int, gpu: bool = False) -> None:
         if gpu:
             store.ingest(run.gpu_frame(k))
     store.update()
+
+
+class SyntheticSource:
+    """The one synthetic source (a `ddptui.source.Source` with `BucketControl`): a Store
+    filled with `steps` steps of a SyntheticRun, for UI tests, snapshots, benchmarks and
+    demos without torch. `add_steps(n)` adds steps now; `ahead` more steps arrive on the
+    wall clock, `per_s` a second after start() (a live feed, benchmarks). It records what
+    the app asks of it: `calls`, `polls`."""
+
+    def __init__(self, steps: int = 6, world: int = 2, model: str = "medium", strategies=("naive", "ddp"),
+                 gpu: bool = False, seed: int = 3, ahead: int = 0, per_s: float = 0.0):
+        self.run = SyntheticRun(model, world, strategies, seed=seed)
+        self.store = Store()
+        self.steps = 0
+        if steps:
+            self.add_steps(steps, gpu)
+        self.pending = [self.run.step_frames(k) + [self.run.gpu_frame(k)]
+                        for k in range(self.steps, self.steps + ahead)]
+        self.every = 1.0 / per_s if per_s else float("inf")
+        self.next_at = 0.0
+        self.state, self.message = "running", ""
+        self.calls: list[tuple] = []
+        self.polls = 0
+
+    def add_steps(self, n: int, gpu: bool = False) -> None:
+        """n more steps now (GPU samples with them on the first fill only)."""
+        if self.steps == 0:
+            fill_store(self.store, self.run, n, gpu=gpu)
+        else:
+            for k in range(self.steps, self.steps + n):
+                for f in self.run.step_frames(k):
+                    self.store.ingest(f)
+            self.store.update()
+        self.steps += n
+
+    def start(self) -> None:
+        self.calls.append(("start",))
+        self.next_at = time.monotonic() + self.every
+
+    def poll(self) -> bool:
+        self.polls += 1
+        now = time.monotonic()
+        while self.pending and now >= self.next_at:
+            for f in self.pending.pop(0):
+                self.store.ingest(f)
+            self.next_at += self.every
+        self.store.update()
+        return self.state != "running"
+
+    def set_bucket_cap(self, mb: float) -> int:
+        self.calls.append(("set_bucket_cap", mb))
+        return self.run.world
+
+    def stop(self, why: str = "") -> None:
+        self.calls.append(("stop", why))
+        if self.state == "running":
+            self.state = "stopped"

@@ -50,22 +50,6 @@ class SpanScale:
         return self.span_ms
 
 
-def last_complete(store: Store, strategy: str, upto: int | None) -> int | None:
-    """The newest complete step of a strategy at or before `upto` (None: the newest)."""
-    with store.lock:
-        figs = store.step_figs.get(strategy)
-        if not figs:
-            return None
-        if upto is None:
-            return next(reversed(figs))
-        if upto in figs:
-            return upto
-        for i, k in enumerate(reversed(figs)):
-            if k <= upto or i > LOOKBACK:
-                return k if k <= upto else None
-    return None
-
-
 def latest_steps(store: Store) -> list[int]:
     """The newest complete step of each strategy that has one."""
     return [k for k in (store.latest_complete(s) for s in store.strategies()) if k is not None]
@@ -105,7 +89,7 @@ class ViewModel:
             target = self.pinned
         else:
             return self._following(store)
-        return {s: last_complete(store, s, target) for s in store.strategies()}
+        return {s: store.last_complete(s, target, LOOKBACK) for s in store.strategies()}
 
     def _following(self, store: Store) -> dict[str, int | None]:
         """The newest complete steps, taken at most every FOLLOW_EVERY_S: a step stays on
@@ -113,7 +97,7 @@ class ViewModel:
         now = self.follow_clock()
         stale = self._follow is None or set(self._follow) != set(store.strategies())
         if stale or now - self._follow_t >= FOLLOW_EVERY_S:
-            self._follow = {s: last_complete(store, s, None) for s in store.strategies()}
+            self._follow = {s: store.last_complete(s, None, LOOKBACK) for s in store.strategies()}
             self._follow_t = now
         return dict(self._follow)
 
@@ -131,9 +115,7 @@ class ViewModel:
             return False
         if not self.paused:
             self.paused, self.pinned = True, min(latest)
-        with store.lock:
-            oldest = max(min(per) for per in store.raw.values() if per) if store.raw else 0
-        self.pinned = min(max(oldest, (self.pinned or 0) + delta), min(latest))
+        self.pinned = min(max(store.oldest_step(), (self.pinned or 0) + delta), min(latest))
         self.changed()
         return True
 
@@ -260,5 +242,4 @@ def plan_layout(width: int, height: int, ranks: list[int], panels: list[PanelSpe
                       tuple(tuple(p.name for p in chunks[i]) for i in shown), tuple(size[i] for i in shown))
 
 
-__all__ = ["ViewModel", "SpanScale", "LayoutPlan", "PanelSpec", "plan_layout", "pane_rows", "last_complete",
-           "latest_steps", "ZOOMS"]
+__all__ = ["ViewModel", "SpanScale", "LayoutPlan", "PanelSpec", "plan_layout", "pane_rows", "latest_steps", "ZOOMS"]

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import spec
 from .instrument import Recorder
 
 
@@ -135,7 +136,7 @@ class Strategy:
         return self.module
 
     def runs_on(self, rank: int) -> bool:
-        return True
+        return rank < spec.strategy_ranks(self.name, self.world)
 
     def step(self, x, y) -> None:
         rec = self.rec
@@ -154,9 +155,6 @@ class Strategy:
 class Single(Strategy):
     name = "single"
     communicates = False
-
-    def runs_on(self, rank: int) -> bool:
-        return rank == 0
 
 
 class Naive(Strategy):

@@ -1,7 +1,9 @@
-"""Shared test helpers: run real torchrun workers through LiveRun, find leftover processes."""
+"""Shared test helpers: the one CLI subprocess runner, real torchrun workers through LiveRun,
+leftover processes, synthetic recordings, an NVML stand-in."""
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -9,7 +11,13 @@ import types
 
 import psutil
 
+from ddptui.recording import RecordWriter
+from ddptui.store import Store
+from ddptui.synthetic import SyntheticRun, ddp_buckets
+from ranks import spec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
 
 
 def worker_procs() -> list[psutil.Process]:
@@ -64,16 +72,93 @@ def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch
 
 
 def ddptui_cmd(*args) -> list[str]:
+    """The command line of the real CLI (`python -m ddptui.cli ARGS`)."""
     return [sys.executable, "-m", "ddptui.cli", *args]
 
 
-def run_cli(*args, timeout=120, env=None, input=None) -> subprocess.CompletedProcess:
-    e = os.environ.copy()
+def cli_env(env: dict | None = None) -> dict:
+    """The environment every CLI subprocess of the tests gets: ours, one OpenMP thread, this
+    checkout importable from any working directory, then `env`."""
+    e = dict(os.environ, PYTHONPATH=ROOT)
     e.setdefault("OMP_NUM_THREADS", "1")
-    if env:
-        e.update(env)
+    e.update(env or {})
+    return e
+
+
+def _address_space(limit: int):
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return set_limit
+
+
+def run_cli(*args, timeout=120, env=None, input=None, cwd=ROOT,
+            max_memory: int | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI to its end (the one subprocess runner of the tests); text output
+    captured. `max_memory`: an address-space limit in bytes for the process."""
     return subprocess.run(ddptui_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                          env=e, cwd=ROOT, input=input)
+                          env=cli_env(env), cwd=cwd, input=input,
+                          preexec_fn=_address_space(max_memory) if max_memory else None)
+
+
+def start_cli(*args, env=None, cwd=ROOT, **kw) -> subprocess.Popen:
+    """Start the real CLI and return at once (the caller reads, signals and waits)."""
+    return subprocess.Popen(ddptui_cmd(*args), env=cli_env(env), cwd=cwd, **kw)
+
+
+# -- synthetic recordings --------------------------------------------------------------------
+def synthetic_meta(model="small", world=2, strategies=("naive", "ddp"), batch=1024) -> dict:
+    return {"ddptui": "test", "model": model, "layers": spec.layer_names(model),
+            "params": [list(p) for p in spec.param_table(model)], "strategies": list(strategies),
+            "world": world, "batch": batch, "steps": 0, "bucket_cap_mb": 25.0, "device": "cpu",
+            "backend": "gloo", "torch": "synthetic", "devices": {str(r): "cpu" for r in range(world)}}
+
+
+def synthetic_frames(steps=6, model="small", world=2, strategies=("naive", "ddp"), seed=0,
+                     cap_change_at=None, bucket_cap_mb=25.0) -> list[dict]:
+    """Frames of a synthetic run, in the order a live run records them. With cap_change_at=k
+    a bucket_cap_mb event (and a new bucket layout) happens at step k, as the ranks send it."""
+    run = SyntheticRun(model=model, world=world, strategies=strategies, seed=seed,
+                       bucket_cap_mb=bucket_cap_mb)
+    out = [{"t": "status", "text": "synthetic run", "level": "info", "ts": 0.0}]
+    out += run.header_frames()
+    for k in range(steps):
+        if cap_change_at is not None and k == cap_change_at:
+            run.cap = 1.0
+            run.buckets = ddp_buckets(model, 1.0)
+            for r in range(world):
+                out.append({"t": "event", "r": r, "k": k, "what": "bucket_cap_mb", "value": 1.0})
+        out += run.step_frames(k)
+        if cap_change_at is not None and k == cap_change_at:
+            for r in range(world):
+                out.append({"t": "buckets", "r": r, "s": "ddp", "k": k, "cap_mb": 1.0,
+                            "buckets": run.buckets})
+        out.append({"t": "hb", "r": 0, "k": k, "ph": "training", "drop": 0})
+    for r in range(world):
+        out.append({"t": "bye", "r": r, "why": "done", "drop": 0, "dropf": 0})
+    return out
+
+
+def write_recording(path, frames, meta=None, close=True, flush_each=None) -> RecordWriter:
+    """Write frames through the real RecordWriter; flush_each: sync-flush after every
+    frame of that type (as a live run does at least once per step)."""
+    w = RecordWriter(str(path), meta or synthetic_meta())
+    for f in frames:
+        w.write(f)
+        if flush_each and f["t"] == flush_each:
+            w.flush()
+    if close:
+        w.close()
+    return w
+
+
+def store_of(frames, meta=None) -> Store:
+    st = Store()
+    st.set_meta(meta or synthetic_meta())
+    for f in frames:
+        st.ingest(f)
+    st.update()
+    return st
+
 
 
 class StubNvml:

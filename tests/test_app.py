@@ -1,7 +1,7 @@
 """Pilot tests of the Textual UI, fed by deterministic synthetic runs (no ranks).
 
-The app, the store and the widgets are real; the source is a small stand-in that wraps
-a Store filled by ddptui.synthetic and records what the app asks of it.
+The app, the store and the widgets are real; the source is ddptui.synthetic.SyntheticSource,
+a Store filled with synthetic steps that records what the app asks of it.
 """
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from textual.widgets._footer import FooterKey
 from ddptui import nvml
 from ddptui.app import DdpApp
 from ddptui.replay import ReplaySource
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun, ddp_buckets, fill_store
+from ddptui.synthetic import SyntheticSource, ddp_buckets
 from ddptui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane, figures_panel
 from ddptui.widgets.lanes import lane_segments
 from ddptui.widgets.theme import COMM_A, FWD_A
@@ -24,48 +23,6 @@ from ddptui.widgets.theme import COMM_A, FWD_A
 from .helpers import StubNvml
 
 DEMO = "demo/cpu-medium-2ranks.ddptui"
-
-
-class SyntheticSource:
-    """A source over a store filled with synthetic steps; records the app's calls."""
-
-    def __init__(self, steps: int = 6, world: int = 2, model: str = "medium",
-                 strategies=("naive", "ddp"), gpu: bool = False, fill: bool = True):
-        self.run = SyntheticRun(model, world, strategies, seed=3)
-        self.store = Store()
-        self.steps = 0
-        if fill:
-            self.add_steps(steps, gpu)
-        self.state, self.message = "running", ""
-        self.calls: list[tuple] = []
-        self.polls = 0
-
-    def add_steps(self, n: int, gpu: bool = False) -> None:
-        if self.steps == 0:
-            fill_store(self.store, self.run, n, gpu=gpu)
-        else:
-            for k in range(self.steps, self.steps + n):
-                for f in self.run.step_frames(k):
-                    self.store.ingest(f)
-            self.store.update()
-        self.steps += n
-
-    def start(self) -> None:
-        self.calls.append(("start",))
-
-    def poll(self) -> bool:
-        self.polls += 1
-        self.store.update()
-        return self.state != "running"
-
-    def set_bucket_cap(self, mb: float) -> int:
-        self.calls.append(("set_bucket_cap", mb))
-        return 2
-
-    def stop(self, why: str = "") -> None:
-        self.calls.append(("stop", why))
-        if self.state == "running":
-            self.state = "stopped"
 
 
 class NotingApp(DdpApp):
@@ -323,7 +280,7 @@ async def test_help_screen_and_footer_keys():
 # -- start-up and failures ---------------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_startup_screen_shows_progress_then_gives_way():
-    src = SyntheticSource(fill=False)
+    src = SyntheticSource(steps=0)
     src.store.set_meta({"model": "medium", "world": 2, "strategies": ["naive", "ddp"]})
     app = DdpApp(src)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -346,7 +303,7 @@ async def test_startup_screen_shows_progress_then_gives_way():
 
 @pytest.mark.asyncio
 async def test_startup_failure_names_the_rank_and_lets_the_user_quit():
-    src = SyntheticSource(fill=False)
+    src = SyntheticSource(steps=0)
     src.store.set_meta({"model": "medium", "world": 2, "strategies": ["naive", "ddp"]})
     for f in src.run.header_frames():
         src.store.ingest(f)
@@ -380,7 +337,7 @@ async def test_failure_after_start_is_shown_and_the_app_stays_open():
         assert "[/pytorch/third_party/gloo/pair.cc:553]" in str(banner.render())
         status = drawn(app.query_one("#status"))[0]
         assert "RUN FAILED" in status and "dropped spans: r0 12" in status
-        assert "rejected connections: 3" in status
+        assert "rejected frames or connections: 3" in status
         assert app.is_running
 
 

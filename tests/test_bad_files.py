@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import struct
-import subprocess
-import sys
 import zlib
 
 import msgpack
@@ -26,20 +23,14 @@ import pytest
 from ddptui import recording as R
 from ranks import wire
 
-from .test_recording import store_of, synthetic_frames, synthetic_meta, write_recording
+from .helpers import run_cli, store_of, synthetic_frames, synthetic_meta, write_recording
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AS_LIMIT = 512 << 20
 
 
-def _limit_memory():
-    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-
-
-def ddptui(*args, timeout=60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "ddptui.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env=env, preexec_fn=_limit_memory)
+def ddptui(*args, timeout=60):
+    """The CLI under a 512 MiB address-space limit."""
+    return run_cli(*args, timeout=timeout, max_memory=AS_LIMIT)
 
 
 def header(meta=None, version=R.FORMAT_VERSION, length=None) -> bytes:

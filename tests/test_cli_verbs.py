@@ -18,22 +18,16 @@ import pytest
 from ddptui import recording as R
 
 from .test_export import recording_counts, trace_counts, validate_trace
-from .test_recording import synthetic_frames, write_recording
+from .helpers import ROOT, cli_env, run_cli, start_cli, synthetic_frames, write_recording
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIVE = ["--headless", "--gpus", "2", "--model", "small", "--batch-size", "256"]
 RUN_FIELDS = ("model", "world_size", "batch", "backend", "device")
-
-
-def env(**extra) -> dict:
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, DDPTUI_GPU_COUNT="0")
-    e.update(extra)
-    return e
+NO_GPU = {"DDPTUI_GPU_COUNT": "0"}
 
 
 def ddptui(*args, timeout=120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddptui.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env=env(), **kw)
+    """The CLI with no GPU seen."""
+    return run_cli(*args, timeout=timeout, env=NO_GPU, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +114,8 @@ def _our_workers(mark: str) -> list[psutil.Process]:
 def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
     rec = tmp_path / "killed.ddptui"
     mark = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, "-m", "ddptui.cli", *LIVE, "--steps", "0",
-                             "--record", str(rec)], cwd=ROOT, env=env(DDPTUI_TEST_MARK=mark),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_cli(*LIVE, "--steps", "0", "--record", str(rec), env=dict(NO_GPU, DDPTUI_TEST_MARK=mark),
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen = 0
     try:
         deadline = time.monotonic() + 90
@@ -241,7 +234,7 @@ def test_talk_script():
     assert "replay" in text and "--loop" in text and "--title" in text
     # a recording that does not exist is one error line, before any UI starts
     res = subprocess.run(["bash", path, "/no/such/run.ddptui"], capture_output=True, text=True,
-                         timeout=60, env=env())
+                         timeout=60, env=cli_env(NO_GPU))
     assert res.returncode != 0 and "ddptui: error:" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -295,7 +288,6 @@ def test_every_bad_numeric_option_is_one_line_exit_2(prefix, opt, capsys):
 @pytest.mark.parametrize("verb", [["--headless", "--no-record"], ["bench"], ["replay", "x.ddptui"]])
 def test_pg_timeout_and_speed_nan_refused_by_the_real_command(verb):
     opt = "--speed" if verb[0] == "replay" else "--pg-timeout"
-    res = subprocess.run([sys.executable, "-m", "ddptui.cli", *verb, opt, "nan"], capture_output=True,
-                         text=True, env=env(), cwd=ROOT, timeout=60)
+    res = ddptui(*verb, opt, "nan", timeout=60)
     assert res.returncode == 2
     assert res.stderr == f"ddptui: error: {opt} must be a finite number (got 'nan')\n"

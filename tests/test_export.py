@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -20,17 +18,10 @@ import pytest
 from ddptui import recording as R
 from ranks import spec, wire
 
-from .test_recording import DEMO, synthetic_frames, synthetic_meta, write_recording
+from .helpers import DEMO, run_cli, synthetic_frames, synthetic_meta, write_recording
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LANE_OF_KIND = {wire.STEP: "step", wire.FWD: "compute", wire.BWD: "compute",
                 wire.COMM: "communication", wire.OPT: "optimizer"}
-
-
-def ddptui(*args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "ddptui.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT, env=env)
 
 
 def validate_trace(doc) -> dict:
@@ -119,7 +110,7 @@ def synthetic(tmp_path):
 def test_export_validates_and_counts_match(tmp_path, synthetic):
     p, frames = synthetic
     out = tmp_path / "trace.json"
-    res = ddptui("export", str(p), "-o", str(out))
+    res = run_cli("export", str(p), "-o", str(out))
     assert res.returncode == 0, res.stderr
     assert res.stderr == "" and "wrote" in res.stdout
     doc = json.loads(out.read_text())
@@ -133,7 +124,7 @@ def test_export_validates_and_counts_match(tmp_path, synthetic):
 def test_args_and_one_time_axis(tmp_path, synthetic):
     p, frames = synthetic
     out = tmp_path / "trace.json"
-    assert ddptui("export", str(p), "-o", str(out)).returncode == 0
+    assert run_cli("export", str(p), "-o", str(out)).returncode == 0
     doc = json.loads(out.read_text())
     params = spec.param_table("small")
     span_frames = [f for f in frames if f["t"] == "spans"]
@@ -181,7 +172,7 @@ def test_args_and_one_time_axis(tmp_path, synthetic):
 @pytest.mark.skipif(not os.path.exists(DEMO), reason="demo recording not present")
 def test_export_of_a_real_recording(tmp_path):
     out = tmp_path / "demo.json"
-    res = ddptui("export", DEMO, "-o", str(out))
+    res = run_cli("export", DEMO, "-o", str(out))
     assert res.returncode == 0, res.stderr
     doc = json.loads(out.read_text())
     names = validate_trace(doc)
@@ -200,7 +191,7 @@ def test_partly_overlapping_slices_go_to_an_extra_lane(tmp_path):
     p = tmp_path / "ov.ddptui"
     write_recording(p, [hello, f], meta)
     out = tmp_path / "t.json"
-    assert ddptui("export", str(p), "-o", str(out)).returncode == 0
+    assert run_cli("export", str(p), "-o", str(out)).returncode == 0
     doc = json.loads(out.read_text())
     names = validate_trace(doc)
     comm = [names["threads"][(e["pid"], e["tid"])] for e in doc["traceEvents"]
@@ -210,26 +201,24 @@ def test_partly_overlapping_slices_go_to_an_extra_lane(tmp_path):
 
 def test_export_to_stdout_and_default_name(tmp_path, synthetic):
     p, _ = synthetic
-    res = ddptui("export", str(p), "-o", "-")
+    res = run_cli("export", str(p), "-o", "-")
     assert res.returncode == 0
     validate_trace(json.loads(res.stdout))
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    res = subprocess.run([sys.executable, "-m", "ddptui.cli", "export", str(p)], cwd=tmp_path,
-                         capture_output=True, text=True, env=env, timeout=60)
+    res = run_cli("export", str(p), cwd=tmp_path, timeout=60)
     assert res.returncode == 0, res.stderr
     validate_trace(json.loads((tmp_path / "syn.trace.json").read_text()))
 
 
 def test_unwritable_output_is_one_error_line(tmp_path, synthetic):
     p, _ = synthetic
-    res = ddptui("export", str(p), "-o", str(tmp_path / "no" / "such" / "dir" / "t.json"))
+    res = run_cli("export", str(p), "-o", str(tmp_path / "no" / "such" / "dir" / "t.json"))
     assert res.returncode == 2
     assert res.stderr.startswith("ddptui: error: -o ") and len(res.stderr.splitlines()) == 1
 
 
 def test_exported_file_has_ordinary_permissions(tmp_path, synthetic):
     out = tmp_path / "perm.json"
-    res = ddptui("export", str(synthetic[0]), "-o", str(out))
+    res = run_cli("export", str(synthetic[0]), "-o", str(out))
     assert res.returncode == 0, res.stderr
     umask = os.umask(0)
     os.umask(umask)

@@ -23,7 +23,7 @@ from ddptui.recording import Reader
 from ddptui.store import Store
 
 from .bad_frames import bad_frame, frame_rank
-from .helpers import ROOT, StubNvml, ddptui_cmd, run_cli, run_live, wait_no_workers, worker_procs
+from .helpers import ROOT, StubNvml, run_cli, run_live, start_cli, wait_no_workers, worker_procs
 
 pytestmark = pytest.mark.slow
 
@@ -34,14 +34,9 @@ class Headless:
     """A real `ddptui --headless` process whose stderr is read line by line."""
 
     def __init__(self, *args, record=None):
-        cmd = ddptui_cmd("--headless", "--gpus", "2", "--model", "small", "--batch-size", "256", *args)
-        if record:
-            cmd += ["--record", str(record)]
-        else:
-            cmd += ["--no-record"]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=env, cwd=ROOT)
+        rec = ["--record", str(record)] if record else ["--no-record"]
+        self.p = start_cli("--headless", "--gpus", "2", "--model", "small", "--batch-size", "256", *args, *rec,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.out = ""
         self._reader = threading.Thread(target=self._read, daemon=True)

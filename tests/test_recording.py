@@ -16,68 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from ddptui import recording as R
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun
-from ranks import spec, wire
+from ranks import wire
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
-
-
-# -- helpers (also used by test_export, test_bad_files, test_cli_verbs) ----------------------
-def synthetic_meta(model="small", world=2, strategies=("naive", "ddp"), batch=1024) -> dict:
-    return {"ddptui": "test", "model": model, "layers": spec.layer_names(model),
-            "params": [list(p) for p in spec.param_table(model)], "strategies": list(strategies),
-            "world": world, "batch": batch, "steps": 0, "bucket_cap_mb": 25.0, "device": "cpu",
-            "backend": "gloo", "torch": "synthetic", "devices": {str(r): "cpu" for r in range(world)}}
-
-
-def synthetic_frames(steps=6, model="small", world=2, strategies=("naive", "ddp"), seed=0,
-                     cap_change_at=None, bucket_cap_mb=25.0) -> list[dict]:
-    """Frames of a synthetic run, in the order a live run records them. With cap_change_at=k
-    a bucket_cap_mb event (and a new bucket layout) happens at step k, as the ranks send it."""
-    run = SyntheticRun(model=model, world=world, strategies=strategies, seed=seed,
-                       bucket_cap_mb=bucket_cap_mb)
-    out = [{"t": "status", "text": "synthetic run", "level": "info", "ts": 0.0}]
-    out += run.header_frames()
-    for k in range(steps):
-        if cap_change_at is not None and k == cap_change_at:
-            from ddptui.synthetic import ddp_buckets
-            run.cap = 1.0
-            run.buckets = ddp_buckets(model, 1.0)
-            for r in range(world):
-                out.append({"t": "event", "r": r, "k": k, "what": "bucket_cap_mb", "value": 1.0})
-        out += run.step_frames(k)
-        if cap_change_at is not None and k == cap_change_at:
-            for r in range(world):
-                out.append({"t": "buckets", "r": r, "s": "ddp", "k": k, "cap_mb": 1.0,
-                            "buckets": run.buckets})
-        out.append({"t": "hb", "r": 0, "k": k, "ph": "training", "drop": 0})
-    for r in range(world):
-        out.append({"t": "bye", "r": r, "why": "done", "drop": 0, "dropf": 0})
-    return out
-
-
-def write_recording(path, frames, meta=None, close=True, flush_each=None) -> R.RecordWriter:
-    """Write frames through the real RecordWriter; flush_each: sync-flush after every
-    frame of that type (as a live run does at least once per step)."""
-    w = R.RecordWriter(str(path), meta or synthetic_meta())
-    for f in frames:
-        w.write(f)
-        if flush_each and f["t"] == flush_each:
-            w.flush()
-    if close:
-        w.close()
-    return w
-
-
-def store_of(frames, meta=None) -> Store:
-    st = Store()
-    st.set_meta(meta or synthetic_meta())
-    for f in frames:
-        st.ingest(f)
-    st.update()
-    return st
+from .helpers import DEMO, store_of, synthetic_frames, synthetic_meta, write_recording
 
 
 def span_count(frames) -> int:

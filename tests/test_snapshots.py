@@ -9,29 +9,12 @@ from __future__ import annotations
 import pytest
 
 from ddptui.app import DdpApp
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun, fill_store
+from ddptui.synthetic import SyntheticSource
 
 
-class FixedSource:
-    """Eight steps of a synthetic naive-vs-DDP run on 4 ranks with GPU samples; never changes."""
-
-    def __init__(self):
-        self.store = Store()
-        fill_store(self.store, SyntheticRun("large", 4, ("naive", "ddp"), seed=7), 8, gpu=True)
-        self.state, self.message = "running", ""
-
-    def start(self) -> None:
-        pass
-
-    def poll(self) -> bool:
-        return False
-
-    def set_bucket_cap(self, mb: float) -> int:
-        return 0
-
-    def stop(self, why: str = "") -> None:
-        self.state = "stopped"
+def fixed_source(world: int = 4, steps: int = 8) -> SyntheticSource:
+    """Steps of a synthetic naive-vs-DDP run (large, seed 7) with GPU samples; never changes."""
+    return SyntheticSource(steps, world, "large", ("naive", "ddp"), gpu=True, seed=7)
 
 
 async def _settle(pilot) -> None:
@@ -46,7 +29,7 @@ SIZES = [(80, 24), (120, 40), (200, 50), (300, 80)]
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 def test_main_screen(snap_compare, size):
-    assert snap_compare(DdpApp(FixedSource()), terminal_size=size, run_before=_settle)
+    assert snap_compare(DdpApp(fixed_source()), terminal_size=size, run_before=_settle)
 
 
 @pytest.mark.asyncio
@@ -54,10 +37,7 @@ def test_main_screen(snap_compare, size):
 async def test_200x50_two_strategies_use_the_room(world):
     """At a projector's 200x50, naive vs DDP leaves at most 5 blank rows, and the panels
     below the lanes are all there."""
-    src = FixedSource()
-    src.store = Store()
-    fill_store(src.store, SyntheticRun("large", world, ("naive", "ddp"), seed=7), 12, gpu=True)
-    app = DdpApp(src)
+    app = DdpApp(fixed_source(world, 12))
     async with app.run_test(size=(200, 50)) as pilot:
         await _settle(pilot)
         screen = [strip.text for strip in app.screen._compositor.render_strips()]

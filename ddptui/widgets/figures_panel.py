@@ -32,27 +32,14 @@ DROP_ORDER = ("samples", "exposed", "median", "gpu_pct", "overlap")  # dropped f
 
 def recent(store: Store, strategy: str, upto: int | None, n: int = WINDOW) -> list[F.StepFigures]:
     """Up to n complete steps <= upto, oldest first. DDP: only since the last cap change."""
-    since = 0
-    if strategy == "ddp":
-        since = max((k for k, _ in store.cap_changes if upto is None or k <= upto), default=0)
-    out = []
-    with store.lock:
-        figs = store.step_figs.get(strategy, {})
-        for k in reversed(figs):
-            if upto is not None and k > upto:
-                continue
-            if k < since or len(out) >= n:
-                break
-            out.append(figs[k])
-    out.reverse()
-    return out
+    since = store.cap_changed_at(upto) if strategy == "ddp" else 0
+    return store.recent_figures(strategy, upto, n, since)
 
 
 def gpu_pct_by_strategy(store: Store) -> dict[str, float]:
     """NVML utilisation (GPM SM activity where present) per strategy, from the samples whose
     period lies within one step of that strategy. Strategies with no such sample are absent."""
-    with store.lock:
-        samples = [(s.get("ts"), s.get("gpus") or []) for s in store.gpu]
+    samples = [(s.get("ts"), s.get("gpus") or []) for s in store.samples()[0]]
     if len(samples) < 2:
         return {}
     out = {}

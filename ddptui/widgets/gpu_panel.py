@@ -81,22 +81,22 @@ def cpu_lines(samples: list[dict], width: int) -> list[Parts]:
 
 def wanted_rows(store: Store) -> int:
     """Rows the panel would like: a title, then two per GPU or one per rank."""
-    with store.lock:
-        if store.gpu:
-            return 1 + 2 * len(store.gpu[-1].get("gpus") or [])
-        if store.cpu:
-            return 1 + max(1, len(store.cpu[-1].get("ranks") or {}))
+    gpu, cpu = store.samples()
+    if gpu:
+        return 1 + 2 * len(gpu[-1].get("gpus") or [])
+    if cpu:
+        return 1 + max(1, len(cpu[-1].get("ranks") or {}))
     return 1
 
 
 def build(store: Store, width: int, rows: int) -> list[Parts]:
-    with store.lock:
-        gpu, cpu = list(store.gpu), list(store.cpu)
-        ranks_of: dict = {}
-        res = [i.clock_res_ns for i in store.ranks.values() if i.clock_res_ns is not None]
-        for r, i in sorted(store.ranks.items()):
-            if i.uuid:
-                ranks_of.setdefault(i.uuid, []).append(r)
+    gpu, cpu = store.samples()
+    ranks = store.rank_snapshot()
+    ranks_of: dict = {}
+    res = [i.clock_res_ns for i in ranks.values() if i.clock_res_ns is not None]
+    for r, i in sorted(ranks.items()):
+        if i.uuid:
+            ranks_of.setdefault(i.uuid, []).append(r)
     if gpu:
         return gpu_lines(gpu, width, rows, ranks_of, max(res, key=abs) if res else None)
     if cpu:

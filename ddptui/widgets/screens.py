@@ -31,10 +31,9 @@ def startup_lines(store: Store, state: str, message: str, first_step_s: float | 
                   elapsed: float, tick: int, width: int = 80) -> list[Parts]:
     """Honest progress: spawn, each rank connected, rendezvous, first step; or the failure."""
     spin = SPINNER[tick % len(SPINNER)]
-    with store.lock:
-        ranks = dict(store.ranks)
-        world = store.world
-        log = list(store.log)[-6:]
+    ranks = store.rank_snapshot()
+    world = store.world
+    log = store.log_lines()[-6:]
     meta = store.meta
     lines: list[Parts] = [
         [(f" starting {meta.get('model', '?')} on {world} rank(s) · {meta.get('note') or ''}",

@@ -13,14 +13,11 @@ RECENT = 20  # steps the medians and bars are over (a live talk: a change shows 
 
 
 def _recent(store: Store, strategy: str, upto: int | None) -> list[ST.StepWaits]:
-    with store.lock:
-        got = [w for k, w in store.waits.get(strategy, {}).items()
-               if w is not None and k > 0 and (upto is None or k <= upto)]
-    return got[-RECENT:]
+    return store.recent_waits(strategy, upto, RECENT)
 
 
 def _strategies(store: Store) -> list[str]:
-    return [s for s in store.strategies() if store.waits.get(s)]
+    return [s for s in store.strategies() if store.waits_kept(s)]
 
 
 def _med(xs: list[float]) -> float:
