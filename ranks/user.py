@@ -52,6 +52,7 @@ from .instrument import CpuClock, CudaClock, Recorder
 
 STRATEGY = "ddp"  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+UNCALLED = (nn.ModuleList, nn.ModuleDict)
 
 
 # -- which modules are layers ----------------------------------------------------------------
@@ -178,8 +179,10 @@ def attach_module_hooks(chosen, rec: Recorder, param_layer: dict) -> list:
                 for x in _tensors(out, []):
                     x.register_hook(bwd_begin)
 
-        handles.append(mod.register_forward_pre_hook(pre))
-        handles.append(mod.register_forward_hook(post))
+        # a ModuleList/ModuleDict is never called itself: its span is its children's
+        for target in (list(mod.children()) or [mod]) if isinstance(mod, UNCALLED) else [mod]:
+            handles.append(target.register_forward_pre_hook(pre))
+            handles.append(target.register_forward_hook(post))
     for p, i in param_layer.values():
         handles.append(p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i)))
     return handles
