@@ -14,7 +14,7 @@ from ranks import spec
 from . import __version__
 from .options import add_numeric, run_parent
 
-SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve")
+SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run")
 
 EPILOG = """\
 commands:
@@ -26,6 +26,7 @@ commands:
   ddptui bench [options]           the seeds' benchmark table with the cost model
   ddptui verify [options]          check every span against torch.profiler on this machine
   ddptui serve FILE | --attach     the UI in a browser: a replay, or a read-only view of a live run
+  ddptui run [opts] -- SCRIPT ...  your own DDP script under torchrun, live (ddptui.instrument)
 
 examples:
   ddptui --gpus 2 --model xlarge

@@ -67,6 +67,7 @@ class Real:
 NUMERIC: dict[str, Whole | Real] = {
     "--gpus": Whole(1, 64),
     "--ranks": Whole(1, 64),
+    "--nproc-per-node": Whole(1, 64),
     "--steps": Whole(0, 10_000_000),
     "--batch-size": Whole(1, 1 << 20),
     "--bucket-cap-mb": Real(0, 4096, lo_open=True, unit="MB"),

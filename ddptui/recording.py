@@ -172,6 +172,12 @@ class Reader:
     >>> r.damage  # None, or a one-line description of where and why reading stopped
     """
 
+    def __new__(cls, path: str = "", *a, **kw):
+        if cls is Reader and isinstance(path, str) and os.path.isdir(path):
+            from .rankset import RankSetReader  # a directory of per-rank files: one run
+            return super().__new__(RankSetReader)
+        return super().__new__(cls)
+
     def __init__(self, path: str, chunk: int = 1 << 20):
         self.path = path
         self.name = os.path.basename(path)

@@ -79,6 +79,7 @@ def json_doc(rows: list[dict], meta: dict, extra: dict | None = None) -> dict:
         "model": meta.get("model"), "world_size": meta.get("world"), "batch": meta.get("batch"),
         "backend": meta.get("backend"), "device": meta.get("device"), "torch": meta.get("torch"),
         "strategies": rows, "speedup": F.speedups(rows),
+        "layers": list(meta.get("layers") or []),  # forward order
     }
     if extra:
         doc.update(extra)

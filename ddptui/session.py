@@ -121,10 +121,16 @@ class LiveRun:
         log_path = os.path.join(self.run_dir, "torchrun.log")
         self.status(self.plan.note)
         self.status(f"spawning torchrun: {self.plan.ranks} rank(s), model {o.model}")
-        self.launcher = Launcher(torchrun_cmd(self.plan.ranks, args), env, log_path, cwd=PROJECT_ROOT)
+        self.launcher = Launcher(self.command(args), env, log_path, cwd=self.cwd)
         self._sampler = threading.Thread(target=self._sample_loop, name="ddptui-sampler", daemon=True)
         self._sampler.start()
         self.state = "running"
+
+    cwd = PROJECT_ROOT  # where torchrun starts
+
+    def command(self, worker_args: list[str]) -> list[str]:
+        """The torchrun command line (ddptui run: the user's script instead of the workers)."""
+        return torchrun_cmd(self.plan.ranks, worker_args)
 
     # -- recording ---------------------------------------------------------------------
     def _sink(self, body: bytes, frame: dict) -> None:

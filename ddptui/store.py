@@ -348,7 +348,21 @@ class Store:
             # who waits for whom, over the kept steps but the first (warm-up)
             waits = [w for k, w in self.waits.get(strategy, {}).items() if k > 0]
             out["stragglers"] = ST.summarize(waits, list(self.meta.get("layers") or []))
+            buckets = self.bucket_rows(strategy)
+            if buckets is not None:
+                out["buckets"] = buckets
+                out["ddp_reported"] = self.ddp_reported.get((strategy, 0))
             return out
+
+    def bucket_rows(self, strategy: str) -> list[dict] | None:
+        """Rank 0's newest bucket layout as {index, params (names), bytes}; None without one."""
+        with self.lock:
+            layout = self.bucket_layout(strategy)
+            if layout is None:
+                return None
+            names = [str(p[0]) for p in self.meta.get("params") or []]
+            return [{"index": b, "params": [names[i] if i < len(names) else f"param {i}" for i in ps],
+                     "bytes": nb} for b, ps, nb in layout]
 
     def summaries(self) -> list[dict]:
         self.update()

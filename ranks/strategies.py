@@ -234,6 +234,15 @@ class _NoRuntimeStats:
         return getattr(self._real, name)
 
 
+def ddp_reported_sizes(ddp) -> list[int]:
+    """Bucket sizes in bytes as DDP reports them (rebuilt ones once rebuilt), for a DDP whose
+    logger is quieted (quiet_runtime_stats): its runtime stats are taken here, between steps."""
+    ddp.logger._real.set_runtime_stats_and_log()
+    data = ddp._get_ddp_logging_data()
+    text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+    return [int(x) for x in str(text).replace(" ", "").split(",") if x]
+
+
 def quiet_runtime_stats(ddp) -> None:
     ddp.logger = _NoRuntimeStats(ddp.logger)
     ddp._set_ddp_runtime_logging_sample_rate(1 << 30)  # the reducer's own periodic timing
@@ -292,10 +301,7 @@ class DDPStrategy(Strategy):
         DDP fills them in where its forward logs runtime stats, which ddptui keeps out of
         measured steps (see _NoRuntimeStats): done here instead, between steps, only while
         the layout is tracked (the first steps after a wrap)."""
-        self.ddp.logger._real.set_runtime_stats_and_log()
-        data = self.ddp._get_ddp_logging_data()
-        text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
-        return [int(x) for x in str(text).replace(" ", "").split(",") if x]
+        return ddp_reported_sizes(self.ddp)
 
     def take_layout_change(self) -> tuple[list, list[int]] | None:
         """(bucket layout seen in the last step, sizes DDP reports) when either changed

@@ -1,0 +1,93 @@
+"""`ddptui run`'s entry point in each torchrun worker: runs the user's script as __main__.
+
+    python -m torch.distributed.run ... -m ranks.userboot SCRIPT ARGS...
+
+An exception that ends the script is sent to the app with this rank (an `error` frame,
+through the script's ddptui.instrument handle, or a connection of its own when the script
+never got that far), printed, and the process exits 1. With DDPTUI_AUTO=1 (`ddptui run
+--auto`) every DistributedDataParallel the script builds is instrumented as it is
+constructed (layers from DDPTUI_LAYERS, default auto), and every torch optimizer's step is
+timed through torch's global optimizer hooks: no change to the script.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+
+def _auto() -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    from . import user
+    real_init = DDP.__init__
+    spec = os.environ.get("DDPTUI_LAYERS", "auto")
+    layers = int(spec) if spec.isdigit() else spec if spec == "auto" else spec.split(",")
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        user.instrument(self, layers=layers)
+
+    DDP.__init__ = init
+
+    def pre(opt, args, kwargs):
+        for h in user._handles:
+            h.rec.opt_begin()
+
+    def post(opt, args, kwargs):
+        for h in user._handles:
+            h._after_opt(opt, args, kwargs)
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
+
+
+def _report(exc: BaseException) -> None:
+    from . import user
+    if user._handles:
+        user.report_error(exc)
+        return
+    sock = os.environ.get("DDPTUI_SOCKET")
+    if not sock:
+        return
+    from .emitter import Emitter
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        em = Emitter(sock, os.environ.get("DDPTUI_TOKEN", ""), rank)
+        em.send_now({"t": "hello", "r": rank, "world": world, "pid": os.getpid(),
+                     "strategies": [user.STRATEGY]})
+        em.send_now({"t": "error", "r": rank, "msg": f"{type(exc).__name__}: {exc}".strip()[:500],
+                     "tb": traceback.format_exc(limit=6)[-4000:]})
+        em.close(timeout=2.0)
+    except OSError:
+        pass
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        print("ranks.userboot: no script given", file=sys.stderr)
+        os._exit(2)
+    script = os.path.abspath(sys.argv[1])
+    sys.argv = [script, *sys.argv[2:]]
+    sys.path[0] = os.path.dirname(script)
+    if os.environ.get("DDPTUI_AUTO") == "1":
+        _auto()
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            _report(RuntimeError(f"the script exited with status {e.code}"))
+        raise
+    except BaseException as e:  # noqa: BLE001 - reported with this rank, then exit 1
+        _report(e)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    from . import user
+    user._close_all()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""ddptui.instrument (ranks.user), per-rank recordings read as one run, and `ddptui run`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, wait_no_workers
+
+PY = sys.executable
+CNN = os.path.join(ROOT, "examples", "train_cnn.py")
+
+
+def _env(**kw):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, **kw)
+    env.pop("DDPTUI_SOCKET", None)
+    return env
+
+
+def test_import_does_not_load_textual():
+    code = ("import sys, ddptui; f = ddptui.instrument; import ranks.user; "
+            "assert callable(f); print('textual' in sys.modules, 'ddptui.app' in sys.modules)")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+
+
+# -- choosing layers (no process group needed) ------------------------------------------------
+def _nets():
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.ff = nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+        def forward(self, x):
+            return x + self.ff(self.attn(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(4, 8)
+            self.blocks = nn.ModuleList([Block(), Block()])
+            self.shared = nn.Linear(8, 8)  # called twice a step
+            self.alias = self.shared  # the same module under a second name
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.shared(self.shared(x)))
+    return Net
+
+
+def test_choose_layers_auto_depth_names():
+    from ranks.user import choose_layers
+    net = _nets()()
+    assert [n for n, _ in choose_layers(net)] == ["embed", "blocks.0", "blocks.1", "shared", "head"]
+    assert [n for n, _ in choose_layers(net, 3)][:3] == ["embed", "blocks.0.attn", "blocks.0.ff"]
+    got = choose_layers(net, ["blocks", "blocks.0", "blocks.0.attn", "alias", "shared"])
+    assert [n for n, _ in got] == ["blocks", "blocks.0", "blocks.0.attn", "alias"]  # alias == shared
+    with pytest.raises(ValueError, match="no module 'attn'.*blocks.0.attn"):
+        choose_layers(net, ["attn"])
+    with pytest.raises(ValueError):
+        choose_layers(net, 0)
+
+
+# -- one process, world 1: hooks, comm hook, no_sync, nested names ------------------------------
+@pytest.fixture
+def pg(tmp_path):
+    import torch.distributed as dist
+
+    from ranks import user
+    real = dist.all_reduce
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield tmp_path
+    for h in list(user._handles):
+        h.close()
+    user._handles.clear()
+    dist.all_reduce = real
+    user._orig_all_reduce = None
+    dist.destroy_process_group()
+
+
+def _train(tmp_path, layers, hook=None, accumulate=1, steps=4, bucket_cap_mb=0.001):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddptui
+    from ddptui.recording import load
+    torch.manual_seed(0)
+    model = DDP(_nets()(), bucket_cap_mb=bucket_cap_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    h = ddptui.instrument(model, layers=layers, optimizer=opt, batch=16, record=str(tmp_path / "run"))
+    if hook is not None:
+        model.register_comm_hook(None, hook)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pass  # (autocast is exercised by the transformer example)
+    for _ in range(steps):
+        opt.zero_grad()
+        for m in range(accumulate):
+            ctx = model.no_sync() if m < accumulate - 1 else _Null()
+            with h.step(), ctx:
+                F.cross_entropy(model(x), y).backward()
+                if m == accumulate - 1:
+                    opt.step()
+    h.close()
+    return h, load(str(tmp_path / "run"))
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _kinds(got, step):
+    from ranks import wire
+    b = got.store.raw["ddp"][step][0]
+    return [(wire.KIND_NAMES[k], b.idx[i]) for i, k in enumerate(b.kind)]
+
+
+def test_fp16_hook_is_wrapped_timed_and_halves_bytes(pg):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    h0, plain = _train(pg / "a", "auto")
+    h1, fp16 = _train(pg / "b", "auto", hook=default_hooks.fp16_compress_hook)
+    b0, b1 = plain.store.bucket_rows("ddp"), fp16.store.bucket_rows("ddp")
+    assert len(b0) == len(b1) > 1
+    assert [b["params"] for b in b0] == [b["params"] for b in b1]
+    assert [b["bytes"] // 2 for b in b0] == [b["bytes"] for b in b1]
+    assert sum(b["bytes"] for b in b0) == sum(plain.store.ddp_reported[("ddp", 0)])
+    comm = [k for k in _kinds(fp16, 3) if k[0] == "allreduce"]
+    assert len(comm) == len(b1)  # every bucket timed through the user's hook
+    names = sorted(n for b in b1 for n in b["params"])
+    assert names == sorted(h1.params)
+
+
+def test_no_sync_steps_have_no_allreduce(pg):
+    h, got = _train(pg, "auto", accumulate=2, steps=3)
+    assert got.store.complete_steps("ddp") == list(range(6))
+    for k in range(6):
+        comm = [x for x in _kinds(got, k) if x[0] == "allreduce"]
+        assert (len(comm) > 0) == (k % 2 == 1), (k, comm)
+        assert any(x[0] == "backward" for x in _kinds(got, k))
+
+
+def test_nested_and_shared_module_names(pg):
+    h, got = _train(pg, ["blocks", "blocks.0", "blocks.0.attn", "alias", "head", "embed"])
+    assert got.meta["layers"] == h.layers
+    # forward order, whatever order they were named in
+    assert h.layers == ["embed", "blocks", "blocks.0", "blocks.0.attn", "alias", "head"]
+    spans = {}
+    for kind, idx in _kinds(got, 2):
+        spans.setdefault(kind, set()).add(h.layers[idx] if kind in ("forward", "backward") else idx)
+    assert spans["forward"] == set(h.layers) and spans["backward"] == set(h.layers)
+    b = got.store.raw["ddp"][2][0]
+    fwd = {h.layers[b.idx[i]]: (b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == 0}
+    assert fwd["blocks"][0] <= fwd["blocks.0"][0] <= fwd["blocks.0.attn"][0]  # nested inside
+    assert fwd["blocks.0.attn"][1] <= fwd["blocks.0"][1] <= fwd["blocks"][1]
+
+
+# -- torchrun: ddptui run, errors, plain torchrun ------------------------------------------
+def _ddptui(args, timeout=90, **env):
+    return subprocess.run([PY, "-m", "ddptui", *args], capture_output=True, text=True,
+                          env=_env(**env), timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_run_headless_cnn_layers_and_buckets(tmp_path):
+    js = tmp_path / "r.json"
+    out = _ddptui(["run", "--headless", "--nproc-per-node", "2", "--no-record", "--json", str(js),
+                   "--", "examples/train_cnn.py", "--steps", "6"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(js.read_text())
+    assert d["layers"] == ["stem", "blocks.0", "blocks.1", "blocks.2", "head"]
+    row = d["strategies"][0]
+    assert row["strategy"] == "ddp" and row["steps"] == 6 and d["world_size"] == 2
+    assert [b["bytes"] for b in row["buckets"]] == row["ddp_reported"]
+    names = sorted(n for b in row["buckets"] for n in b["params"])
+    assert "blocks.0.conv.weight" in names and len(names) == len(set(names)) == 16
+    assert not wait_no_workers()
+
+
+@pytest.mark.slow
+def test_run_script_that_raises(tmp_path):
+    out = _ddptui(["run", "--headless", "--nproc-per-node", "2", "--no-record", "--",
+                   "examples/train_cnn.py", "--steps", "6", "--raise-at", "2"])
+    assert out.returncode == 1
+    err = [ln for ln in out.stderr.splitlines() if ln.startswith("ddptui: error:")]
+    assert err and "rank 1: RuntimeError: boom at step 2" in err[-1], out.stderr[-2000:]
+    assert not wait_no_workers()
+
+
+@pytest.mark.slow
+def test_plain_torchrun_per_rank_files_are_one_run(tmp_path):
+    rec = tmp_path / "rec"
+    out = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          CNN, "--steps", "4", "--accumulate", "2"], capture_output=True, text=True,
+                         env=_env(DDPTUI_RECORD=str(rec)), timeout=90, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(os.listdir(rec)) == ["rank0.ddptui", "rank1.ddptui"]
+    js = tmp_path / "s.json"
+    got = _ddptui(["summary", str(rec), "--json", str(js)])
+    assert got.returncode == 0, got.stderr
+    d = json.loads(js.read_text())
+    assert d["world_size"] == 2 and d["state"] == "finished" and d["strategies"][0]["steps"] == 8
+    assert d["layers"][0] == "stem"
+    ex = _ddptui(["export", str(rec), "-o", str(tmp_path / "t.json")])
+    assert ex.returncode == 0 and "on 2 rank(s)" in ex.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--nproc-per-node", "0", "--", "examples/train_cnn.py"], "--nproc-per-node must be 1..64"),
+    (["--", "nowhere.py"], "nowhere.py: no such script"),
+    (["--headless"], "SCRIPT"),
+    (["--record", "x", "--no-record", "--", "examples/train_cnn.py"], "contradict"),
+])
+def test_run_bad_command_lines(args, says):
+    out = _ddptui(["run", *args], timeout=30)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddptui: error:") and says in lines[0], out.stderr
