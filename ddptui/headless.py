@@ -95,6 +95,13 @@ def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions) -> Non
     if json_path:
         write_json(json_path, json_doc(rows, meta, {"state": run.state, "message": run.message,
                                                     "recording": opts.record,
-                                                    "dropped_spans": dropped}))
+                                                    "dropped_spans": dropped,
+                                                    **_clock_offsets(store)}))
     if opts.record:
         print(f"ddptui: recorded to {opts.record}", file=sys.stderr)
+
+
+def _clock_offsets(store: Store) -> dict:
+    """Multi-node: each host's clock offset onto node 0's and its uncertainty."""
+    co = store.clock_offsets()
+    return {"clock_offsets": co} if co else {}
