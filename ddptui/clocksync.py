@@ -103,3 +103,42 @@ class ClockEstimate:
     def as_dict(self) -> dict:
         return {"offset_ns": self.offset_ns, "uncertainty_ns": self.uncertainty_ns,
                 "drift_ppm": round(self.drift * 1e6, 3), "ref_ns": self.ref_ns, "samples": self.samples}
+
+
+def map_ns(clock: dict | None, ns: int) -> int:
+    """A time of a host whose ``clock`` frame (off, drift, ref) is given, on node 0's axis."""
+    if clock is None:
+        return ns
+    off = clock["off"]
+    return ns - off - int(clock.get("drift", 0.0) * (ns - off - clock.get("ref", 0)))
+
+
+class HostClocks:
+    """The node and clock frames of a run (live or recorded): rank -> host -> node 0's axis."""
+
+    def __init__(self):
+        self.node_of: dict[int, int] = {}
+        self.clocks: dict[int, dict] = {}
+
+    def observe(self, f: dict) -> None:
+        if f["t"] == "node":
+            self.node_of[f["r"]] = f["node"]
+        elif f["t"] == "clock":
+            self.clocks[f["node"]] = f
+
+    def to_common(self, rank: int, ns: int) -> int:
+        return map_ns(self.clocks.get(self.node_of.get(rank, 0)), ns) if self.clocks else ns
+
+    def offsets(self, host0) -> list[dict]:
+        return offsets(self.node_of, self.clocks, host0)
+
+
+def offsets(node_of: dict, clocks: dict, host0) -> list[dict]:
+    """The JSON `clock_offsets` list: node 0 itself, then every host with an estimate ([] on one host)."""
+    if not node_of and not clocks:
+        return []
+    out = [{"host": str(host0 or "node0"), "node_rank": 0, "offset_ns": 0, "uncertainty_ns": 0}]
+    for n, c in sorted(clocks.items()):
+        if n:
+            out.append({"host": c["host"], "node_rank": n, "offset_ns": c["off"], "uncertainty_ns": c["unc"]})
+    return out

@@ -116,9 +116,10 @@ class Join:
         self.pids: set[int] = set()
         self.socks: list[socket.socket] = []
         self.lock = threading.Lock()
-        from .netlisten import client_handshake
+        from .netlisten import HANDSHAKE_MAX, client_handshake
         self.ctl = self._connect()
-        w = client_handshake(self.ctl, token, "ctl", node_rank or 0)
+        self.ctl_reader = wire.FrameReader(HANDSHAKE_MAX)  # the first pings may come with the welcome
+        w = client_handshake(self.ctl, token, "ctl", node_rank or 0, reader=self.ctl_reader)
         self.run_id = w["run"]
         self.settings = _check_settings(w.get("settings"))
         self.node = self.settings["node_rank"]
@@ -201,15 +202,12 @@ class Join:
     # -- the control connection: clock pings, the end ---------------------------------
     def _ctl_loop(self) -> None:
         from .netlisten import HANDSHAKE_MAX, NET, NetError
-        reader = wire.FrameReader(HANDSHAKE_MAX)
+        reader = self.ctl_reader
         s = self.ctl
         s.settimeout(None)
         try:
+            data, t2 = b"", now_ns()
             while True:
-                data = s.recv(HANDSHAKE_MAX)
-                t2 = now_ns()
-                if not data:
-                    return self._end("node 0 went away")
                 for body in reader.feed(data):
                     f = wire.unpack_body(body)
                     t = f.get("t")
@@ -219,6 +217,10 @@ class Join:
                     if t == "end":
                         return self._end(f"node 0: {f.get('why', 'run ended')}")
                     s.sendall(wire.pack({"t": "pong", "s": f["s"], "t1": f["t1"], "t2": t2, "t3": now_ns()}))
+                data = s.recv(HANDSHAKE_MAX)
+                t2 = now_ns()  # the ping's arrival, as close to the wire as Python gets
+                if not data:
+                    return self._end("node 0 went away")
         except Exception as e:  # noqa: BLE001 - whatever breaks the control connection ends the join
             self._end(f"control connection failed ({type(e).__name__}: {e})")
 

@@ -104,8 +104,10 @@ def check_net(f, t: str) -> dict:
     return f
 
 
-def recv_frame(sock: socket.socket, reader: wire.FrameReader, t: str, timeout: float) -> dict:
-    """One frame of type t (blocking, bounded by timeout)."""
+def recv_frame(sock: socket.socket, reader: wire.FrameReader, t: str, timeout: float,
+               strict: bool = False) -> dict:
+    """One frame of type t (blocking, bounded by timeout); what follows it stays in `reader`
+    (strict: nothing may follow it)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -113,8 +115,9 @@ def recv_frame(sock: socket.socket, reader: wire.FrameReader, t: str, timeout: f
         except ValueError as e:
             raise NetError(str(e)) from None
         if bodies:
-            if len(bodies) > 1 or reader.pending:
+            if strict and (len(bodies) > 1 or reader.pending):
                 raise NetError("spoke out of turn")
+            reader.buf[:0] = b"".join(wire.LEN.pack(len(b)) + b for b in bodies[1:])
             try:
                 return check_net(wire.unpack_body(bodies[0]), t)
             except NetError:
@@ -137,11 +140,12 @@ def recv_frame(sock: socket.socket, reader: wire.FrameReader, t: str, timeout: f
 
 
 def client_handshake(sock: socket.socket, token: bytes, role: str, node: int, run: str | None = None,
-                     r: int | None = None, timeout: float = HANDSHAKE_TIMEOUT) -> dict:
+                     r: int | None = None, timeout: float = HANDSHAKE_TIMEOUT,
+                     reader: wire.FrameReader | None = None) -> dict:
     """The client's side; returns node 0's welcome (with settings for role ctl). `run`: the run
     this client belongs to (None: whichever node 0 runs, i.e. the first connection)."""
-    reader = wire.FrameReader(HANDSHAKE_MAX)
-    ch = recv_frame(sock, reader, "challenge", timeout)
+    reader = reader or wire.FrameReader(HANDSHAKE_MAX)
+    ch = recv_frame(sock, reader, "challenge", timeout, strict=True)
     if ch["v"] != wire.PROTOCOL_VERSION:
         raise NetError(f"node 0 speaks protocol version {ch['v']}, this ddptui {wire.PROTOCOL_VERSION}")
     run = ch["run"] if run is None else run
@@ -243,7 +247,7 @@ class NetListener:
                 s.settimeout(HANDSHAKE_TIMEOUT)
                 s.sendall(wire.pack({"t": "challenge", "v": wire.PROTOCOL_VERSION, "run": self.run_id,
                                      "nonce": nonce}))
-                j = recv_frame(s, reader, "join", HANDSHAKE_TIMEOUT)
+                j = recv_frame(s, reader, "join", HANDSHAKE_TIMEOUT, strict=True)
                 if j["run"] != self.run_id:
                     raise NetError(f"a client of another run ({j['run'][:20]!r})")
                 want = mac(self.token, "c", nonce, j["cnonce"], j["run"], j["role"], j["node"],

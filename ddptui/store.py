@@ -20,6 +20,7 @@ from ranks.wire import SpanBatch
 
 from . import figures as F
 from . import stragglers as ST
+from .clocksync import map_ns, offsets
 
 
 def in_force(entries, step: int, default=None, first: bool = False):
@@ -260,23 +261,12 @@ class Store:
 
     def to_common(self, rank: int, ns: int) -> int:
         """A time of `rank`'s host clock on node 0's axis (identity on one host)."""
-        c = self.clocks.get(self.node_of.get(rank, 0))
-        if c is None:
-            return ns
-        return ns - c["off"] - int(c.get("drift", 0.0) * (ns - c["off"] - c.get("ref", 0)))
+        return map_ns(self.clocks.get(self.node_of.get(rank, 0)), ns)
 
     def clock_offsets(self) -> list[dict]:
         """Per host: its offset onto node 0's clock and the uncertainty (JSON `clock_offsets`)."""
         with self.lock:
-            if not self.node_of and not self.clocks:
-                return []
-            out = [{"host": str(self.meta.get("host") or "node0"), "node_rank": 0, "offset_ns": 0,
-                    "uncertainty_ns": 0}]
-            for n, c in sorted(self.clocks.items()):
-                if n:
-                    out.append({"host": c["host"], "node_rank": n, "offset_ns": c["off"],
-                                "uncertainty_ns": c["unc"]})
-            return out
+            return offsets(self.node_of, self.clocks, self.meta.get("host"))
 
     def hosts(self) -> dict[int, list[int]]:
         """node rank -> its ranks (ranks no connection placed are node 0's)."""

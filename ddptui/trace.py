@@ -32,6 +32,7 @@ from ranks import spec, wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from . import __version__
+from .clocksync import HostClocks
 from .recording import FORMAT_VERSION, Reader, RecordingError, load
 from .store import in_force
 
@@ -66,11 +67,14 @@ class Scan:
         self.layouts: dict[tuple[int, str], list[tuple[int, dict[int, list]]]] = {}
         self.ddp_base: dict[tuple[int, int], int] = {}  # (rank, step) -> start of a DDP step
         self.events: set[int] = set()  # ranks with bucket events
+        self.clocks = HostClocks()  # multi-node: every host's times on node 0's axis
 
     def __call__(self, f: dict) -> None:
         t = f["t"]
+        if t in ("node", "clock"):
+            self.clocks.observe(f)
         if t == "spans":
-            r, b = f["r"], f["b"]
+            r, b = f["r"], self.clocks.to_common(f["r"], f["b"])
             if self.origin_ns is None or b < self.origin_ns:
                 self.origin_ns = b
             lanes = self.lanes.setdefault(r, set())
@@ -101,6 +105,7 @@ class TraceWriter:
         self.meta = meta
         self.scan = scan
         self.origin = scan.origin_ns or 0
+        self.clocks = HostClocks()
         params = meta.get("params") or []
         self.param_names = [str(p[0]) for p in params]
         self.param_bytes = spec.grad_bytes(params)
@@ -165,6 +170,8 @@ class TraceWriter:
     # -- frames --------------------------------------------------------------------------
     def frame(self, f: dict) -> None:
         t = f["t"]
+        if t in ("node", "clock"):  # multi-node: the mapping in force from here on, as live
+            self.clocks.observe(f)
         if t == "spans":
             self._spans(f)
         elif t == "event" and f.get("what") == "bucket_cap_mb":
@@ -212,7 +219,7 @@ class TraceWriter:
     def _spans(self, f: dict) -> None:
         b = wire.decode_spans(f)
         r, s, k = b.rank, b.strategy, b.step
-        off = b.base_ns - self.origin
+        off = self.clocks.to_common(r, b.base_ns) - self.origin
         layout = self.scan.layout(r, s, k) if s == "ddp" else None
         items = []
         ci = 0
@@ -289,7 +296,8 @@ def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
             if n not in skip:
                 w.frame(frame)
         w.finish({"recording": os.path.basename(path), "damage": got.damage,
-                  "skipped_frames": len(got.rejected), "frames": got.frames, "spans": got.spans})
+                  "skipped_frames": len(got.rejected), "frames": got.frames, "spans": got.spans,
+                  **({"clock_offsets": co} if (co := scan.clocks.offsets(got.meta.get("host"))) else {})})
         if tmp is not None:
             fobj.close()
             umask = os.umask(0)
