@@ -14,7 +14,7 @@ from ranks import spec
 from . import __version__
 from .options import add_numeric, run_parent
 
-SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run")
+SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join")
 
 EPILOG = """\
 commands:
@@ -27,6 +27,7 @@ commands:
   ddptui verify [options]          check every span against torch.profiler on this machine
   ddptui serve FILE | --attach     the UI in a browser: a replay, or a read-only view of a live run
   ddptui run [opts] -- SCRIPT ...  your own DDP script under torchrun, live (ddptui.instrument)
+  ddptui join ADDR:PORT --token-file F   another node of a multi-node run (see --nnodes)
 
 examples:
   ddptui --gpus 2 --model xlarge
@@ -74,6 +75,8 @@ def live_parser() -> argparse.ArgumentParser:
                    help="a straggler on demand: rank R's backward of LAYER (default the middle layer) "
                         "takes MS ms longer every step — on GPU as device work on the rank's stream "
                         "(the GPU timeline shows it), on CPU as a busy wait. e.g. 1:40:fc2")
+    from .cmd_join import add_node0_options  # multi-node: node 0's options
+    add_node0_options(p)
     return p
 
 
@@ -139,6 +142,15 @@ def build_live(argv: list[str]):
             raise CliError(str(e)) from None
     if a.batch_size % plan.ranks:
         raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
+    multinode = None
+    if a.nnodes is not None:  # node 0 of a multi-node run (ddptui/multinode.py)
+        from .cmd_join import node0_plan
+        try:
+            multinode, plan = node0_plan(a, plan)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        if a.batch_size % plan.ranks:
+            raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
     steps = a.steps if a.steps is not None else (10 if a.headless else 0)
     record = None
     if not a.no_record:
@@ -157,7 +169,7 @@ def build_live(argv: list[str]):
                       bucket_cap_mb=a.bucket_cap_mb, seed=a.seed, lr=a.lr, pg_timeout=a.pg_timeout,
                       threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10),
                       extra_worker_args=["--queue-size", str(a.queue_size)]
-                      + (["--slow-rank", a.slow_rank] if a.slow_rank else []))
+                      + (["--slow-rank", a.slow_rank] if a.slow_rank else []), multinode=multinode)
     return a, opts, plan
 
 

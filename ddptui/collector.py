@@ -21,7 +21,7 @@ from .feed import Feed
 
 
 class _Conn:
-    __slots__ = ("sock", "reader", "rank", "opened", "bye", "owner", "last")
+    __slots__ = ("sock", "reader", "rank", "opened", "bye", "owner", "last", "node")
 
     def __init__(self, sock, max_frame):
         self.sock = sock
@@ -31,6 +31,7 @@ class _Conn:
         self.bye = False
         self.owner = False  # sent its rank's hello: its close disconnects the rank
         self.last = None  # type of the frame being handled (for errors)
+        self.node = None  # multi-node: a TCP connection of this node, its handshake done
 
 
 class Collector:
@@ -54,6 +55,7 @@ class Collector:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.srv, selectors.EVENT_READ, None)
         self.conns: dict[socket.socket, _Conn] = {}
+        self._adopted: list[tuple[socket.socket, int]] = []  # multi-node (ddptui/netlisten.py)
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ddptui-collector", daemon=True)
@@ -78,6 +80,13 @@ class Collector:
                 except (BlockingIOError, OSError):
                     pass
         return n
+
+    def adopt(self, sock: socket.socket, node: int) -> None:
+        """Multi-node: a rank connection from another host whose handshake (ddptui/netlisten.py)
+        proved the token; from here on it is read like a local one (its auth frame's token is
+        not checked again)."""
+        with self.lock:
+            self._adopted.append((sock, node))
 
     def close(self) -> None:
         self._stop.set()
@@ -109,6 +118,8 @@ class Collector:
                         self._read(c)
                 except Exception as e:  # noqa: BLE001 - one connection's trouble, never the loop's
                     self._internal(c, e)
+            if self._adopted:
+                self._take_adopted()
             now = time.monotonic()
             with self.lock:
                 late = [c for c in self.conns.values()
@@ -137,6 +148,17 @@ class Collector:
         with self.lock:
             self.conns[s] = c
         self.sel.register(s, selectors.EVENT_READ, c)
+
+    def _take_adopted(self) -> None:
+        with self.lock:
+            adopted, self._adopted = self._adopted, []
+        for s, node in adopted:
+            s.setblocking(False)
+            c = _Conn(s, self.max_frame)
+            c.node = node
+            with self.lock:
+                self.conns[s] = c
+            self.sel.register(s, selectors.EVENT_READ, c)
 
     def _read(self, c: _Conn) -> None:
         try:
@@ -184,7 +206,8 @@ class Collector:
         if f.get("t") != "auth":
             self._reject(c, "first frame is not an auth frame")
             return False
-        if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self.token.encode()):
+        if c.node is None and (not isinstance(tok, str)
+                               or not hmac.compare_digest(tok.encode(), self.token.encode())):
             self._reject(c, "wrong token")
             return False
         if f.get("v") != wire.PROTOCOL_VERSION:
@@ -197,6 +220,8 @@ class Collector:
             self._reject(c, f"invalid auth frame: {e}")
             return False
         c.rank = f["r"]
+        if c.node is not None:  # multi-node: the store learns this rank's host
+            self.feed.note({"t": "node", "r": c.rank, "node": c.node})
         return True
 
     def _reject(self, c: _Conn, why: str) -> None:

@@ -81,7 +81,14 @@ def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, 
 
 def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=None) -> None:
     report_run(store, json_path, lambda dropped: {"state": run.state, "message": run.message,
-                                                  "recording": opts.record, "dropped_spans": dropped},
+                                                  "recording": opts.record, "dropped_spans": dropped,
+                                                  **_clock_offsets(store)},
                out=out, err=err)
     if opts.record:
         print(f"ddptui: recorded to {opts.record}", file=err or sys.stderr)
+
+
+def _clock_offsets(store: Store) -> dict:
+    """Multi-node: each host's clock offset onto node 0's and its uncertainty."""
+    co = store.clock_offsets()
+    return {"clock_offsets": co} if co else {}

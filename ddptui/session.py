@@ -44,6 +44,7 @@ class RunOptions:
     hb_timeout_s: float = 5.0
     sample_every_s: float = 0.5
     extra_worker_args: list[str] = field(default_factory=list)
+    multinode: object = None  # ddptui.multinode.MultiNode: node 0 of a multi-node run
 
 
 class LiveRun:
@@ -69,6 +70,8 @@ class LiveRun:
         self._slow_seq = 0
         self.started = 0.0
         self.first_step_s: float | None = None
+        self.multinode = opts.multinode
+        self.listener = None  # multi-node: ddptui.netlisten.NetListener
 
     # -- metadata ----------------------------------------------------------------------
     def meta(self) -> dict:
@@ -110,8 +113,9 @@ class LiveRun:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(self.plan.gpus, env.get("CUDA_VISIBLE_DEVICES"))
         # one host: keep gloo's and NCCL's own sockets on loopback unless the user chose
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        if self.multinode is None:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            env.setdefault("NCCL_SOCKET_IFNAME", "lo")
         args = ["--model", o.model, "--strategies", ",".join(o.strategies), "--steps", str(o.steps),
                 "--batch-size", str(o.batch_size), "--seed", str(o.seed), "--lr", str(o.lr),
                 "--pg-timeout", str(o.pg_timeout), "--device", self.plan.device]
@@ -121,7 +125,13 @@ class LiveRun:
         log_path = os.path.join(self.run_dir, "torchrun.log")
         self.status(self.plan.note)
         self.status(f"spawning torchrun: {self.plan.ranks} rank(s), model {o.model}")
-        self.launcher = Launcher(self.command(args), env, log_path, cwd=self.cwd)
+        cmd = self.command(args)
+        if self.multinode is not None:  # node 0 of several: c10d rendezvous, a listener for the others
+            from .multinode import start_listener, torchrun_cmd as node_cmd
+            m = self.multinode
+            cmd = node_cmd(m.nnodes, m.node_rank, m.nproc_per_node, m.rdzv_endpoint, m.run_id, args)
+            self.listener = start_listener(self, args, env)
+        self.launcher = Launcher(cmd, env, log_path, cwd=self.cwd)
         self._sampler = threading.Thread(target=self._sample_loop, name="ddptui-sampler", daemon=True)
         self._sampler.start()
         self.state = "running"
@@ -324,6 +334,8 @@ class LiveRun:
 
     def _close(self) -> None:
         self._stop_ev.set()
+        if self.listener is not None:  # multi-node: the joins end with the run
+            self.listener.close(self.message or self.state)
         if self.launcher is not None and self.launcher.poll() is None:
             self.launcher.stop(grace=5.0, workers=self.rank_pids())
         elif self.launcher is not None:

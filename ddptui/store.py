@@ -20,6 +20,7 @@ from ranks.wire import SpanBatch
 
 from . import figures as F
 from . import stragglers as ST
+from .clocksync import map_ns, offsets
 
 
 def in_force(entries, step: int, default=None, first: bool = False):
@@ -104,6 +105,9 @@ class Store:
         self._param_bytes: list[int] = []
         self._limits = schema.Limits()
         self._dirty: dict[str, set[int]] = {}
+        # multi-node: rank -> node, node -> clock frame (its offset onto node 0's axis)
+        self.node_of: dict[int, int] = {}
+        self.clocks: dict[int, dict] = {}
 
     # -- ingest ------------------------------------------------------------------------
     def ingest(self, f: dict) -> None:
@@ -246,8 +250,36 @@ class Store:
         if info is not None:
             info.connected = False
 
+    def _on_node(self, f: dict) -> None:  # multi-node: which host a rank runs on
+        self.node_of[f["r"]] = f["node"]
+
+    def _on_clock(self, f: dict) -> None:  # multi-node: a host's clock against node 0's
+        if f["node"] not in self.clocks:
+            self.add_log(f"node {f['node']} ({f['host']}): clock {f['off'] / 1e6:+.3f} ms "
+                         f"± {f['unc'] / 1e3:.0f} µs against node 0", "info")
+        self.clocks[f["node"]] = f
+
+    def to_common(self, rank: int, ns: int) -> int:
+        """A time of `rank`'s host clock on node 0's axis (identity on one host)."""
+        return map_ns(self.clocks.get(self.node_of.get(rank, 0)), ns)
+
+    def clock_offsets(self) -> list[dict]:
+        """Per host: its offset onto node 0's clock and the uncertainty (JSON `clock_offsets`)."""
+        with self.lock:
+            return offsets(self.node_of, self.clocks, self.meta.get("host"))
+
+    def hosts(self) -> dict[int, list[int]]:
+        """node rank -> its ranks (ranks no connection placed are node 0's)."""
+        with self.lock:
+            out: dict[int, list[int]] = {}
+            for r in sorted(self.ranks):
+                out.setdefault(self.node_of.get(r, 0), []).append(r)
+            return out
+
     def _spans(self, b: SpanBatch) -> None:
         strategy, step, r = b.strategy, b.step, b.rank
+        if self.clocks:  # multi-node: onto node 0's axis (recordings keep the raw time)
+            b.base_ns = self.to_common(r, b.base_ns)
         info = self.ranks.get(r)
         if info is None:
             info = self._rank(r)

@@ -33,6 +33,7 @@ from ranks import spec, wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from . import __version__
+from .clocksync import HostClocks
 from .recording import FORMAT_VERSION, Reader, RecordingError, load
 from .store import in_force
 
@@ -67,6 +68,7 @@ class Scan:
         self.layouts: dict[tuple[int, str], list[tuple[int, dict[int, list]]]] = {}
         self.ddp_base: dict[tuple[int, int], int] = {}  # (rank, step) -> start of a DDP step
         self.events: set[int] = set()  # ranks with bucket events
+        self.clocks = HostClocks()  # multi-node: every host's times on node 0's axis
         # (strategy, step, idx, n-th time) -> (last ready ns, the rank ready last): who waits
         self.arrivals: dict[tuple, tuple[int, int]] = {}
 
@@ -80,7 +82,7 @@ class Scan:
             idx = b.idx[i]
             n = seen.get(idx, 0)
             seen[idx] = n + 1
-            ready = b.base_ns + b.iss[ci] * 1000
+            ready = self.clocks.to_common(b.rank, b.base_ns) + b.iss[ci] * 1000
             ci += 1
             key = (b.strategy, b.step, idx, n)
             got = self.arrivals.get(key)
@@ -89,9 +91,11 @@ class Scan:
 
     def __call__(self, f: dict) -> None:
         t = f["t"]
+        if t in ("node", "clock"):
+            self.clocks.observe(f)
         if t == "spans":
             self._arrivals(f)
-            r, b = f["r"], f["b"]
+            r, b = f["r"], self.clocks.to_common(f["r"], f["b"])
             if self.origin_ns is None or b < self.origin_ns:
                 self.origin_ns = b
             lanes = self.lanes.setdefault(r, set())
@@ -122,6 +126,7 @@ class TraceWriter:
         self.meta = meta
         self.scan = scan
         self.origin = scan.origin_ns or 0
+        self.clocks = HostClocks()
         params = meta.get("params") or []
         self.param_names = [str(p[0]) for p in params]
         self.param_bytes = spec.grad_bytes(params)
@@ -186,6 +191,8 @@ class TraceWriter:
     # -- frames --------------------------------------------------------------------------
     def frame(self, f: dict) -> None:
         t = f["t"]
+        if t in ("node", "clock"):  # multi-node: the mapping in force from here on, as live
+            self.clocks.observe(f)
         if t == "spans":
             self._spans(f)
         elif t == "event" and f.get("what") == "bucket_cap_mb":
@@ -233,7 +240,7 @@ class TraceWriter:
     def _spans(self, f: dict) -> None:
         b = wire.decode_spans(f)
         r, s, k = b.rank, b.strategy, b.step
-        off = b.base_ns - self.origin
+        off = self.clocks.to_common(r, b.base_ns) - self.origin
         layout = self.scan.layout(r, s, k) if s == "ddp" else None
         items = []
         ci = 0
@@ -319,7 +326,8 @@ def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
             if n not in skip:
                 w.frame(frame)
         w.finish({"recording": os.path.basename(path), "damage": got.damage,
-                  "skipped_frames": len(got.rejected), "frames": got.frames, "spans": got.spans})
+                  "skipped_frames": len(got.rejected), "frames": got.frames, "spans": got.spans,
+                  **({"clock_offsets": co} if (co := scan.clocks.offsets(got.meta.get("host"))) else {})})
         if tmp is not None:
             fobj.close()
             umask = os.umask(0)

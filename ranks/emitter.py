@@ -15,6 +15,7 @@ import threading
 import time
 
 from . import schema, wire
+from .clock import now_ns
 
 EXIT_APP_GONE = 3
 
@@ -115,7 +116,7 @@ class Emitter:
         while not self.closed.wait(1.0):
             self.put({"t": "hb", "r": self.rank, "k": self.step, "ph": self.phase,
                       "drop": self.dropped_spans, "dropf": self.dropped_frames,
-                      "ts": time.monotonic_ns(),
+                      "ts": now_ns(),
                       **({} if self.clock_residual_ns is None else {"res": self.clock_residual_ns})})
 
     def _recv_loop(self) -> None:

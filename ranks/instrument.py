@@ -19,9 +19,9 @@ Collectives. Backends differ in how collectives overlap:
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 
+from .clock import now_ns
 from .wire import BWD, COMM, FWD, OPT, STEP
 
 _get_ident = threading.get_ident
@@ -34,7 +34,7 @@ class CpuClock:
     serial_comm = False  # gloo: collectives overlap on the backend's threads
 
     def mark(self):
-        return time.monotonic_ns()
+        return now_ns()
 
     mark_comm_end = mark
 
@@ -133,7 +133,7 @@ class CudaClock:
     cuda = True
 
     def __init__(self, device, comm_on_host: bool = False, torch_cuda=None,
-                 host_ns=time.monotonic_ns, calib_period_s: float = 1.0):
+                 host_ns=now_ns, calib_period_s: float = 1.0):
         if torch_cuda is None:
             import torch
             torch_cuda = torch.cuda

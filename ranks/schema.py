@@ -152,6 +152,7 @@ STRATEGY = Str(16, spec.STRATEGIES)
 CAP_MB = Num(0, 4096, gt=True)
 LEVEL = Str(8, ("info", "warn", "error"))
 OPT_NUM = Null(Num())
+NODE = Int(0, MAX_RANK)  # a host's node rank (multi-node)
 
 # -- the schema: frame type -> fields (``t`` itself is checked by check()) ----------------
 SCHEMA: dict[str, Map] = {name: Map(fields) for name, fields in {
@@ -190,6 +191,10 @@ SCHEMA: dict[str, Map] = {name: Map(fields) for name, fields in {
     "cpu": {"ts": NS, "ranks": MapOf(Str(8), OPT_NUM, MAX_RANK + 1)},
     "reject": {"r?": Null(RANK), "ft?": Null(Str(32)), "why": TEXT, "ts?": WALL},
     "drop": {"r": RANK, "why": Str(200), "bye?": Bool()},
+    # multi-node (ddptui/netlisten.py): a rank's host, and a host's clock estimate
+    "node": {"r": RANK, "node": NODE, "host?": NAME},
+    "clock": {"node": NODE, "host": NAME, "off": I64, "unc": COUNT, "drift?": Num(-1, 1), "ref?": I64,
+              "n?": COUNT},
     # from the app to ranks
     "stop": {"why?": Str(200)},
     "set": {"key": Str(32, ("bucket_cap_mb", "slow_ms")), "value": Num(0, 60_000),
@@ -197,7 +202,7 @@ SCHEMA: dict[str, Map] = {name: Map(fields) for name, fields in {
 }.items()}
 
 RANK_FRAMES = frozenset(("hello", "phase", "spans", "buckets", "event", "hb", "bye", "error"))
-APP_FRAMES = frozenset(("status", "exit", "gpu", "cpu", "reject", "drop"))
+APP_FRAMES = frozenset(("status", "exit", "gpu", "cpu", "reject", "drop", "node", "clock"))
 CONTROL_FRAMES = frozenset(("stop", "set"))
 RECORDED_FRAMES = RANK_FRAMES | APP_FRAMES
 

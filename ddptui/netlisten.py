@@ -1,0 +1,338 @@
+"""Multi-node: node 0's TCP listener (only with --listen), and the handshake both ends speak.
+
+Ranks on other hosts reach node 0 through `ddptui join` (ddptui/cmd_join.py), which opens
+one *control* connection for its node (settings, clock exchanges, the end of the run) and
+one *rank* connection per local rank (that rank's frames, forwarded byte for byte). Every
+connection starts with the same handshake; the token never crosses the wire:
+
+    node 0 -> {"t": "challenge", "v", "run", "nonce"}           fresh random nonce
+    client -> {"t": "join", "role", "node", "r"?, "host", "run", "cnonce", "mac"}
+    node 0 -> {"t": "welcome", "mac", "settings"?}              proves node 0 knows it too
+
+mac = HMAC-SHA256(token, the fields above joined), so a captured handshake is useless on a
+new connection (its nonce differs; a client nonce seen before is refused as a replay); a
+client of another run names another run id. Rejections are logged and recorded as
+``reject`` frames (the Feed's damage policy); the run goes on. After the handshake a rank
+connection is the collector's, exactly like a local Unix-socket one: the same frame limits,
+the same Feed and schema, the token check replaced by the handshake (ddptui/collector.py).
+
+Control connection after the handshake: node 0 sends ``{"t": "ping", "s", "t1"}`` bursts (at
+connect, then every few seconds), the join answers ``{"t": "pong", "s", "t1", "t2", "t3"}``
+on its own clock; ddptui/clocksync.py turns them into the host's offset, which goes into
+the store (and the recording) as ``clock`` frames. ``{"t": "end"}`` or a closed connection
+ends the join.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import stat
+import threading
+import time
+
+from ranks import schema, wire
+from ranks.clock import now_ns
+from ranks.schema import NAME, NODE, RANK, Int, Map, Str
+
+from .clocksync import ClockEstimate
+
+HANDSHAKE_MAX = 64 * 1024  # bytes of one handshake or control frame
+HANDSHAKE_TIMEOUT = 5.0
+MAX_PENDING = 16  # handshakes in progress at once
+HEX = Str(128)
+I64 = schema.I64
+
+NET = {  # the handshake's and the control connection's frames
+    "challenge": Map({"v": Int(0, 2**16), "run": Str(64), "nonce": HEX}),
+    "join": Map({"role": Str(8, ("ctl", "rank")), "node": NODE, "r?": RANK, "host": NAME, "run": Str(64),
+                 "cnonce": HEX, "mac": HEX}),
+    "welcome": Map({"mac": HEX, "settings?": Map({})}),
+    "ping": Map({"s": Int(0, 2**31), "t1": I64}),
+    "pong": Map({"s": Int(0, 2**31), "t1": I64, "t2": I64, "t3": I64}),
+    "end": Map({"why?": Str(200)}),
+}
+
+
+class NetError(Exception):
+    """A one-line reason a connection or handshake failed."""
+
+
+def read_token_file(path: str) -> bytes:
+    """The shared secret; refused when the file is readable or writable by others."""
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            data = f.read(4096)
+    except OSError as e:
+        raise NetError(f"--token-file {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise NetError(f"--token-file {path}: not a regular file")
+    if st.st_mode & 0o077:
+        raise NetError(f"--token-file {path}: readable by others (mode {st.st_mode & 0o777:o}); "
+                       f"chmod 600 {path}")
+    tok = data.strip()
+    if len(tok) < 16:
+        raise NetError(f"--token-file {path}: the token must be at least 16 characters")
+    return tok
+
+
+def parse_hostport(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise NetError(f"{what} {text!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+def mac(token: bytes, *parts) -> str:
+    msg = "|".join(str(p) for p in ("ddptui-join-1", *parts)).encode()
+    return hmac.new(token, msg, hashlib.sha256).hexdigest()
+
+
+def check_net(f, t: str) -> dict:
+    if type(f) is not dict or f.get("t") != t:
+        got = f.get("t") if type(f) is dict else type(f).__name__
+        raise NetError(f"expected a {t} frame, got {str(got)[:20]!r}")
+    try:
+        NET[t].check(f, "")
+    except schema.FrameError as e:
+        raise NetError(f"invalid {t} frame: {e}") from None
+    return f
+
+
+def recv_frame(sock: socket.socket, reader: wire.FrameReader, t: str, timeout: float,
+               strict: bool = False) -> dict:
+    """One frame of type t (blocking, bounded by timeout); what follows it stays in `reader`
+    (strict: nothing may follow it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            bodies = reader.feed(b"")
+        except ValueError as e:
+            raise NetError(str(e)) from None
+        if bodies:
+            if strict and (len(bodies) > 1 or reader.pending):
+                raise NetError("spoke out of turn")
+            reader.buf[:0] = b"".join(wire.LEN.pack(len(b)) + b for b in bodies[1:])
+            try:
+                return check_net(wire.unpack_body(bodies[0]), t)
+            except NetError:
+                raise
+            except Exception as e:  # noqa: BLE001 - undecodable
+                raise NetError(f"undecodable frame ({type(e).__name__})") from None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NetError(f"no {t} frame within {timeout:.0f} s")
+        sock.settimeout(left)
+        try:
+            data = sock.recv(HANDSHAKE_MAX)
+        except socket.timeout:
+            raise NetError(f"no {t} frame within {timeout:.0f} s") from None
+        except OSError as e:
+            raise NetError(f"connection failed ({e.strerror or e})") from None
+        if not data:
+            raise NetError("connection closed during the handshake")
+        reader.buf += data
+
+
+def client_handshake(sock: socket.socket, token: bytes, role: str, node: int, run: str | None = None,
+                     r: int | None = None, timeout: float = HANDSHAKE_TIMEOUT,
+                     reader: wire.FrameReader | None = None) -> dict:
+    """The client's side; returns node 0's welcome (with settings for role ctl). `run`: the run
+    this client belongs to (None: whichever node 0 runs, i.e. the first connection)."""
+    reader = reader or wire.FrameReader(HANDSHAKE_MAX)
+    ch = recv_frame(sock, reader, "challenge", timeout, strict=True)
+    if ch["v"] != wire.PROTOCOL_VERSION:
+        raise NetError(f"node 0 speaks protocol version {ch['v']}, this ddptui {wire.PROTOCOL_VERSION}")
+    run = ch["run"] if run is None else run
+    cnonce = secrets.token_hex(16)
+    host = socket.gethostname()[:200]
+    j = {"t": "join", "role": role, "node": node, "host": host, "run": run, "cnonce": cnonce,
+         "mac": mac(token, "c", ch["nonce"], cnonce, run, role, node, -1 if r is None else r, host)}
+    if r is not None:
+        j["r"] = r
+    sock.sendall(wire.pack(j))
+    w = recv_frame(sock, reader, "welcome", timeout)
+    if not hmac.compare_digest(w["mac"], mac(token, "s", cnonce, ch["nonce"], run, _canon(w.get("settings")))):
+        raise NetError("node 0 did not prove it knows the token")
+    w["run"] = run
+    return w
+
+
+class NetListener:
+    """Node 0's TCP listener. `settings` go to each join's control connection; rank
+    connections are handed to `collector.adopt(sock, node)`."""
+
+    def __init__(self, host: str, port: int, token: bytes, run_id: str, settings: dict, collector,
+                 feed, store, ping_every: float = 3.0):
+        self.token, self.run_id, self.settings = token, run_id, settings
+        self.collector, self.feed, self.store = collector, feed, store
+        self.ping_every = ping_every
+        self.clocks: dict[int, ClockEstimate] = {}
+        self.ctl: dict[int, socket.socket] = {}
+        self.seen_cnonces: set[str] = set()
+        self.lock = threading.Lock()
+        self._pending = threading.BoundedSemaphore(MAX_PENDING)
+        self._stop = threading.Event()
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise NetError(f"--listen {host}:{port}: {e.strerror}") from None
+        fam, _, _, _, addr = infos[0]
+        self.srv = socket.socket(fam, socket.SOCK_STREAM)
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.srv.bind(addr)
+        except OSError as e:
+            self.srv.close()
+            raise NetError(f"--listen {host}:{port}: {e.strerror}") from None
+        self.srv.listen(64)
+        self.address = self.srv.getsockname()[:2]
+        self._thread = threading.Thread(target=self._accept_loop, name="ddptui-net", daemon=True)
+        self._thread.start()
+
+    # -- public ----------------------------------------------------------------------
+    def close(self, why: str = "run ended") -> None:
+        self._stop.set()
+        try:
+            self.srv.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.srv.close()
+        with self.lock:
+            ctl = list(self.ctl.values())
+            self.ctl.clear()
+        for s in ctl:
+            try:
+                s.settimeout(1.0)
+                s.sendall(wire.pack({"t": "end", "why": why[:200]}))
+            except OSError:
+                pass
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        self._thread.join(2.0)
+
+    # -- accepting ---------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                s, peer = self.srv.accept()
+            except OSError:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.05)
+                continue
+            if not self._pending.acquire(blocking=False):
+                self._refuse(peer, "too many handshakes in progress")
+                s.close()
+                continue
+            threading.Thread(target=self._handshake, args=(s, peer), name="ddptui-net-hs", daemon=True).start()
+
+    def _refuse(self, peer, why: str) -> None:
+        self.feed.reject(None, "join", f"{_peer(peer)}: {why}")
+
+    def _handshake(self, s: socket.socket, peer) -> None:
+        try:
+            try:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                reader = wire.FrameReader(HANDSHAKE_MAX)
+                nonce = secrets.token_hex(16)
+                s.settimeout(HANDSHAKE_TIMEOUT)
+                s.sendall(wire.pack({"t": "challenge", "v": wire.PROTOCOL_VERSION, "run": self.run_id,
+                                     "nonce": nonce}))
+                j = recv_frame(s, reader, "join", HANDSHAKE_TIMEOUT, strict=True)
+                if j["run"] != self.run_id:
+                    raise NetError(f"a client of another run ({j['run'][:20]!r})")
+                want = mac(self.token, "c", nonce, j["cnonce"], j["run"], j["role"], j["node"],
+                           j.get("r", -1), j["host"])
+                if not hmac.compare_digest(j["mac"], want):
+                    with self.lock:
+                        replay = j["cnonce"] in self.seen_cnonces
+                    raise NetError("replayed handshake" if replay else "wrong token (handshake MAC does not match)")
+                with self.lock:
+                    if j["cnonce"] in self.seen_cnonces:
+                        raise NetError("replayed handshake")
+                    self.seen_cnonces.add(j["cnonce"])
+                if j["role"] == "rank" and "r" not in j:
+                    raise NetError("a rank connection without its rank")
+                if j["role"] == "rank" and j["node"] not in self.ctl:
+                    raise NetError(f"a rank connection of node {j['node']}, which has not joined")
+                settings = None
+                if j["role"] == "ctl":
+                    with self.lock:
+                        if j["node"] == 0:  # no --node-rank: the lowest free one
+                            j["node"] = min(set(range(1, self.settings["nnodes"] + 1)) - set(self.ctl))
+                        if j["node"] in self.ctl:
+                            raise NetError(f"node {j['node']} has joined already")
+                        if j["node"] >= self.settings["nnodes"]:
+                            raise NetError(f"node rank {j['node']} but the run has {self.settings['nnodes']} nodes")
+                        self.ctl[j["node"]] = s
+                    settings = {**self.settings, "node_rank": j["node"]}
+                w = {"t": "welcome", "mac": mac(self.token, "s", j["cnonce"], nonce, self.run_id, _canon(settings))}
+                if settings is not None:
+                    w["settings"] = settings
+                s.sendall(wire.pack(w))
+            except (NetError, OSError) as e:
+                why = str(e) if isinstance(e, NetError) else f"connection failed ({e.strerror or e})"
+                self._refuse(peer, why)
+                s.close()
+                return
+        finally:
+            self._pending.release()
+        if j["role"] == "rank":
+            s.settimeout(None)
+            self.collector.adopt(s, j["node"])
+            return
+        self.store.add_log(f"node {j['node']} ({j['host']}, {_peer(peer)}) joined", "info")
+        self._control(s, j["node"], j["host"], reader)
+
+    # -- the control connection: clock exchanges ----------------------------------------
+    def _control(self, s: socket.socket, node: int, host: str, reader: wire.FrameReader) -> None:
+        est = self.clocks.setdefault(node, ClockEstimate())
+        seq = 0
+        burst = 16
+        why = "closed"
+        try:
+            while not self._stop.is_set():
+                for _ in range(burst):
+                    seq += 1
+                    t1 = now_ns()
+                    s.sendall(wire.pack({"t": "ping", "s": seq, "t1": t1}))
+                    p = recv_frame(s, reader, "pong", 5.0)
+                    t4 = now_ns()
+                    if p["s"] == seq and p["t1"] == t1:
+                        est.add(t1, p["t2"], p["t3"], t4)
+                    time.sleep(0.005)
+                if est.end_burst():
+                    self.feed.note({"t": "clock", "node": node, "host": host, "off": est.offset_ns,
+                                    "unc": est.uncertainty_ns, "drift": est.drift, "ref": est.ref_ns,
+                                    "n": est.samples})
+                burst = 8
+                if self._stop.wait(self.ping_every):
+                    break
+        except (NetError, OSError) as e:
+            why = str(e) if isinstance(e, NetError) else (e.strerror or str(e))
+        finally:
+            with self.lock:
+                gone = self.ctl.pop(node, None) is s
+            if gone and not self._stop.is_set():
+                self.store.add_log(f"node {node} ({host}) control connection lost: {why}", "warn")
+                s.close()
+
+
+def _canon(settings) -> str:
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def _peer(peer) -> str:
+    try:
+        return f"{peer[0]}:{peer[1]}"
+    except (TypeError, IndexError):
+        return str(peer)

@@ -1,0 +1,283 @@
+"""Multi-node (issue 15): two torchrun agents on loopback as two "hosts", the second with a
+skewed clock (DDPTUI_CLOCK_SKEW_NS); node 0's TCP listener and its handshake; the clock
+estimate; `ddptui join` ending with node 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from ddptui.clocksync import ClockEstimate, map_ns
+from ddptui.collector import Collector
+from ddptui.feed import Feed
+from ddptui.netlisten import NetError, NetListener, client_handshake, mac, read_token_file, recv_frame
+from ddptui.store import Store
+from ranks import wire
+
+from .helpers import ROOT, wait_no_workers, worker_procs
+
+TOKEN = b"0123456789abcdef0123456789abcdef"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    p = tmp_path / "token"
+    p.write_bytes(TOKEN + b"\n")
+    p.chmod(0o600)
+    return str(p)
+
+
+# -- the clock estimate (pure) -------------------------------------------------------------------
+def test_clock_estimate_keeps_the_lowest_delay_and_fits_drift():
+    true_off, drift = 5_000_000_000, 20e-6  # their clock = ours + off + drift * ours
+    est = ClockEstimate()
+    for burst in range(8):
+        for i, (up, down) in enumerate([(300_000, 50_000), (40_000, 41_000), (900_000, 10_000)]):
+            t1 = burst * 3_000_000_000 + i * 10_000_000
+            t2 = int(t1 + up + true_off + drift * (t1 + up))
+            t3 = t2 + 5_000
+            t4 = int(t3 - true_off - drift * (t1 + up) + down)
+            est.add(t1, t2, t3, t4)
+        est.end_burst()
+    assert abs(est.drift - drift) < 1e-6
+    ours = 10_000_000_000
+    theirs = int(ours + true_off + drift * ours)
+    assert abs(map_ns({"off": est.offset_ns, "drift": est.drift, "ref": est.ref_ns}, theirs) - ours) <= 1_000
+    assert 40_000 <= est.uncertainty_ns < 45_000  # half the best round trip (81 µs)
+
+
+# -- the listener: who gets in ---------------------------------------------------------------
+@pytest.fixture
+def listener(tmp_path):
+    store = Store()
+    store.set_meta({"world": 2, "strategies": ["naive"]})
+    feed = Feed(store)
+    col = Collector(store, "local-token", feed=feed)
+    lst = NetListener("127.0.0.1", 0, TOKEN, "run-a", {"nnodes": 3, "x": 1}, col, feed, store, ping_every=0.2)
+    yield lst, store
+    lst.close()
+    col.close()
+
+
+def _connect(lst) -> socket.socket:
+    s = socket.create_connection(lst.address, timeout=5)
+    return s
+
+
+def _logged(store, text, timeout=3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in t for _, _, t in list(store.log)):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_good_join_gets_settings_and_a_clock_estimate(listener):
+    lst, store = listener
+    s = _connect(lst)
+    reader = wire.FrameReader()
+    w = client_handshake(s, TOKEN, "ctl", 0, reader=reader)
+    assert w["settings"]["x"] == 1 and w["settings"]["node_rank"] == 1
+    for _ in range(16):  # answer the first burst on a clock 3 s ahead
+        p = recv_frame(s, reader, "ping", 5)
+        t = time.monotonic_ns() + 3_000_000_000
+        s.sendall(wire.pack({"t": "pong", "s": p["s"], "t1": p["t1"], "t2": t, "t3": t}))
+    assert _logged(store, "clock +")
+    off = store.clock_offsets()[1]
+    assert abs(off["offset_ns"] - 3_000_000_000) <= max(off["uncertainty_ns"], 1) + 200_000
+    s.close()
+
+
+@pytest.mark.parametrize("case", ["wrong token", "other run", "replay", "mid-frame", "silent"])
+def test_bad_clients_are_refused_and_logged_without_affecting_the_listener(listener, case):
+    lst, store = listener
+    if case == "wrong token":
+        with pytest.raises(NetError):
+            client_handshake(_connect(lst), b"not-the-token-0123456789", "ctl", 1)
+        want = "wrong token"
+    elif case == "other run":
+        with pytest.raises(NetError):
+            client_handshake(_connect(lst), TOKEN, "ctl", 1, run="run-b")
+        want = "another run"
+    elif case == "replay":
+        # a good handshake captured on the wire, replayed on a new connection
+        s = _connect(lst)
+        reader = wire.FrameReader()
+        ch = recv_frame(s, reader, "challenge", 5)
+        j = {"t": "join", "role": "ctl", "node": 2, "host": "h", "run": ch["run"], "cnonce": "ab" * 16}
+        j["mac"] = mac(TOKEN, "c", ch["nonce"], j["cnonce"], j["run"], "ctl", 2, -1, "h")
+        s.sendall(wire.pack(j))
+        recv_frame(s, reader, "welcome", 5)
+        s2 = _connect(lst)
+        recv_frame(s2, wire.FrameReader(), "challenge", 5)
+        s2.sendall(wire.pack(j))
+        with pytest.raises(NetError):
+            recv_frame(s2, wire.FrameReader(), "welcome", 5)
+        want = "replayed handshake"
+    elif case == "mid-frame":
+        s = _connect(lst)
+        recv_frame(s, wire.FrameReader(), "challenge", 5)
+        s.sendall(wire.pack({"t": "join", "role": "ctl"})[:7])
+        s.close()
+        want = "connection closed during the handshake"
+    else:
+        import ddptui.netlisten as nl
+        old, nl.HANDSHAKE_TIMEOUT = nl.HANDSHAKE_TIMEOUT, 0.5
+        try:
+            lst2 = NetListener("127.0.0.1", 0, TOKEN, "run-a", {"nnodes": 3}, lst.collector, lst.feed, store)
+            silent = _connect(lst2)  # noqa: F841 - kept open, says nothing
+            want = "no join frame within"
+            assert _logged(store, want)
+        finally:
+            nl.HANDSHAKE_TIMEOUT = old
+            lst2.close()
+    assert _logged(store, want), [t for _, _, t in store.log]
+    assert store.rejected >= 1
+    # the listener still takes a good client
+    w = client_handshake(_connect(lst), TOKEN, "ctl", 1)
+    assert w["settings"]["node_rank"] == 1
+
+
+def test_token_file_readable_by_others_is_refused(token_file):
+    os.chmod(token_file, 0o644)
+    with pytest.raises(NetError, match="readable by others"):
+        read_token_file(token_file)
+
+
+def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
+    from ddptui.cli import main
+    cases = [
+        ["--headless", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--rdzv-endpoint", "h:1"],
+        ["--headless", "--nnodes", "2", "--nproc-per-node", "1"],
+        ["--headless", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "h:1", "--listen", "x:1"],
+        ["--headless", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "nope",
+         "--listen", "127.0.0.1:1", "--token-file", token_file],
+        ["join", "127.0.0.1:1", "--token-file", str(tmp_path / "missing")],
+        ["join", "127.0.0.1", "--token-file", token_file],
+        ["join", f"127.0.0.1:{_free_port()}", "--token-file", token_file],
+    ]
+    for argv in cases:
+        p = subprocess.run([sys.executable, "-m", "ddptui", *argv], capture_output=True, text=True, cwd=ROOT,
+                           timeout=60)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("ddptui: error: "), (argv, p.stderr)
+
+
+# -- two torchrun agents on loopback ---------------------------------------------------------
+def _env(skew: int = 0) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=ROOT)
+    env.pop("DDPTUI_CLOCK_SKEW_NS", None)
+    if skew:
+        env["DDPTUI_CLOCK_SKEW_NS"] = str(skew)
+    return env
+
+
+def _two_nodes(tmp_path, token_file, skew, steps=3, extra=()):
+    listen, rdzv = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    rec, js = tmp_path / "run.ddptui", tmp_path / "run.json"
+    node0 = subprocess.Popen(
+        [sys.executable, "-m", "ddptui", "--headless", "--nnodes", "2", "--node-rank", "0",
+         "--nproc-per-node", "1", "--rdzv-endpoint", rdzv, "--listen", listen, "--token-file", token_file,
+         "--steps", str(steps), "--strategies", "naive,ddp", "--batch-size", "256", "--record", str(rec),
+         "--json", str(js), *extra], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # the listener is up once it accepts
+        try:
+            socket.create_connection(("127.0.0.1", int(listen.split(":")[1])), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    join = subprocess.Popen([sys.executable, "-m", "ddptui", "join", listen, "--token-file", token_file],
+                            cwd=ROOT, env=_env(skew), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return node0, join, rec, js
+
+
+@pytest.mark.parametrize("skew", [250_000_000, -5_000_000_000], ids=["+250ms", "-5s"])
+def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew):
+    from ddptui.recording import load
+    from ranks.wire import BWD, COMM
+
+    node0, join, rec, js = _two_nodes(tmp_path, token_file, skew)
+    try:
+        out, err = node0.communicate(timeout=90)
+        jout, jerr = join.communicate(timeout=20)
+    finally:
+        for p in (node0, join):
+            if p.poll() is None:
+                p.kill()
+    assert node0.returncode == 0, err[-3000:]
+    assert join.returncode == 0, jerr[-3000:]
+    doc = json.load(open(js))
+    assert doc["world_size"] == 2
+    offs = {o["node_rank"]: o for o in doc["clock_offsets"]}
+    est, unc = offs[1]["offset_ns"], offs[1]["uncertainty_ns"]
+    assert abs(est - skew) <= 100_000, (est, skew, unc)  # within 100 µs
+    assert abs(est - skew) <= unc + 20_000, (est, skew, unc)
+    # the recording keeps raw times (and the clock frames); loading it corrects them again
+    got = load(str(rec))
+    st = got.store
+    assert st.node_of and set(st.hosts()) == {0, 1}
+    raw = st.raw["naive"]
+    checked, gaps = 0, []
+    for k, per in raw.items():
+        if len(per) < 2:
+            continue
+        bwd_end = max(b.base_ns + max(b.t1[i] for i in range(len(b)) if b.kind[i] == BWD) * 1000
+                      for b in per.values())
+        ends = {}
+        for r, b in per.items():
+            comm = [b.base_ns + b.t1[i] * 1000 for i in range(len(b)) if b.kind[i] == COMM]
+            # naive: a blocking AllReduce ends after *every* rank's backward (on the common axis)
+            assert min(comm) >= bwd_end - unc - 50_000, (k, r, min(comm) - bwd_end)
+            ends[r] = comm
+        # collective ends agree across the hosts (uncorrected they would be `skew` apart)
+        gaps += [abs(a - z) for a, z in zip(ends[0], ends[1])]
+        checked += 1
+    assert checked >= 2
+    gaps.sort()
+    # a loaded 2-core machine delays a rank's return from a blocking AllReduce by up to ms
+    assert gaps[len(gaps) // 2] < 3_000_000 and gaps[-1] < 50_000_000, gaps
+    assert not wait_no_workers(10)
+
+
+def test_join_exits_when_node0_goes_away(tmp_path, token_file):
+    node0, join, _, _ = _two_nodes(tmp_path, token_file, 250_000_000, steps=0)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait for both ranks to train
+            if len([p for p in worker_procs() if "ranks.worker" in " ".join(p.cmdline())]) >= 2:
+                break
+            time.sleep(0.2)
+        time.sleep(2)
+        kids = psutil.Process(node0.pid).children(recursive=True)
+        node0.kill()  # node 0 dies without a word; its own torchrun goes with it (killed here)
+        for k in kids:
+            try:
+                k.kill()
+            except psutil.Error:
+                pass
+        t0 = time.monotonic()
+        join.wait(timeout=10)
+        assert time.monotonic() - t0 < 10
+        _, jerr = join.communicate()
+        assert "node 0 went away" in jerr or "control connection failed" in jerr, jerr[-2000:]
+    finally:
+        for p in (node0, join):
+            if p.poll() is None:
+                p.kill()
+    assert not wait_no_workers(10)
