@@ -27,6 +27,10 @@ from ranks.wire import BWD, COMM
 # arrives last is scheduling noise (measured: README "Who waits for whom")
 MIN_CULPRIT_WAIT_MS = 2.0
 MIN_CULPRIT_SHARE = 0.05  # ... and at least this share of the step
+# a strategy names a culprit only when the same rank held the others up in this share of its
+# steps: on 2 busy cores, with no delay injected, either rank is now and then 10-30 ms late
+# (measured: README "Who waits for whom")
+MIN_CULPRIT_STEPS_PCT = 85.0
 
 
 def same_clock(rank: int, ns: int) -> int:
@@ -160,8 +164,9 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
     """A strategy's figures over its steps: `last_arriver_rank` (the rank the others waited for
     longest, most often) and `last_arriver_pct` (in how many steps), `wait_ms_median` per rank,
     `transfer_ms_median`, `culprit_layer` (that rank's most frequent culprit layer, among the
-    steps where it clearly held the others up), `culprit` (in words), `named_pct` (share of
-    steps where a culprit was clear)."""
+    steps where it clearly held the others up) and `culprit` (in words) — only when that rank
+    was last in at least MIN_CULPRIT_STEPS_PCT % of the steps —, `named_pct` (share of steps
+    where a culprit was clear)."""
     steps = [s for s in steps if s is not None]
     if not steps:
         return None
@@ -186,7 +191,7 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
     for s in steps:
         if s.culprit is not None and s.culprit[0] == rank:
             layers.setdefault(s.culprit[1], []).append(s.culprit[2])
-    if layers:
+    if layers and out["last_arriver_pct"] >= MIN_CULPRIT_STEPS_PCT:
         layer = max(layers, key=lambda k: (len(layers[k]), median(layers[k])))
         out["culprit_layer"] = layer_names[layer] if 0 <= layer < len(layer_names) else str(layer)
         out["culprit"] = culprit_text((rank, layer, median(layers[layer])), layer_names)

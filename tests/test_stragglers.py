@@ -53,9 +53,12 @@ def test_summary_names_the_rank_the_others_waited_for_most_often():
                          1: batch(1, {1: (0, 10)}, [(0, 10, 20)])}, step_ms=60)
     got = S.summarize([slow, slow, slow, fast], spec.layer_names("small"))
     assert got["last_arriver_rank"] == 1 and got["last_arriver_pct"] == 75.0
+    assert got["culprit_layer"] is None  # 3 steps in 4: not enough to name a culprit
+    got = S.summarize([slow] * 7 + [fast], spec.layer_names("small"))
+    assert got["last_arriver_pct"] == 87.5
     assert got["culprit_layer"] == "fc2" and got["culprit"].startswith("rank 1 · fc2 backward +40")
     assert got["wait_ms_median"] == {"0": 40.0, "1": 0.0}
-    assert got["named_pct"] == 75.0
+    assert got["named_pct"] == 87.5
 
 
 def test_clock_mapping_is_a_separate_step():
@@ -93,9 +96,9 @@ def test_slow_rank_is_found_on_two_real_ranks(tmp_path):
     doc = json.loads(out.read_text())
     for s in doc["strategies"]:
         st = s["stragglers"]
-        # (other work on a 2-core machine now and then delays rank 0 as much as the injected
-        # delay does rank 1: the bounds leave room for that; README quotes quiet-machine figures)
-        assert st["last_arriver_rank"] == 1 and st["last_arriver_pct"] >= 60, (s["strategy"], st)
+        # (measured on an idle 2-core machine: 100 %, rank 0 waits 40 ms, rank 1 under 1.1 ms;
+        # other work on the machine delays rank 0 now and then: the bounds leave room for that)
+        assert st["last_arriver_rank"] == 1 and st["last_arriver_pct"] >= 85, (s["strategy"], st)
         assert st["wait_ms_median"]["0"] >= 15, (s["strategy"], st)  # ~40 on a quiet machine
         assert st["wait_ms_median"]["1"] < 10 and st["wait_ms_median"]["1"] * 3 < st["wait_ms_median"]["0"], \
             (s["strategy"], st)
@@ -156,7 +159,8 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
         k, ms, rank, layer = st.slow_changes[0]
         assert ms > 0 and rank == 1 and layer == 1
         await until(lambda: (st.latest_complete("ddp") or 0) >= k + 8, 90, "8 steps with the straggler")
-        got = st.summary("ddp")["stragglers"]
+        since = [w for w in st.recent_waits("ddp", n=1000) if w is not None]
+        got = S.summarize(since[-8:], spec.layer_names("small"))  # the 8 steps since (or later)
         assert got["last_arriver_rank"] == 1 and got["culprit_layer"] == "fc2", got
         view = st.view("ddp", k)
         assert view.marks and view.marks[0].startswith("straggler rank 1 fc2")
