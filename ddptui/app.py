@@ -241,6 +241,8 @@ class DdpApp(App):
             if s not in self.panes:
                 self.panes[s] = TimelinePane(s, layers, params, id=f"pane-{s}")
                 self.grid.mount(self.panes[s])
+            else:  # names known only once a rank said hello (ddptui run: the user's modules)
+                self.panes[s].set_names(layers, params)
 
     def _sync_layout(self, store: Store, strategies: list[str]) -> None:
         w, h = self.size

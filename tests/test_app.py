@@ -527,3 +527,20 @@ async def test_paused_scale_does_not_shrink_while_new_steps_arrive():
             app.redraw()
             await pilot.pause()
         assert pane.state.ms_per_cell == before and "PAUSED" in drawn(app.status_bar)[0]
+
+
+@pytest.mark.asyncio
+async def test_layer_names_that_arrive_late_label_the_lanes():
+    """ddptui run: the user's module names are known only once a rank says hello; the panes
+    label their layers with them from then on."""
+    src = SyntheticSource()
+    app = DdpApp(src)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot)
+        n = len(src.store.meta["layers"])
+        src.store.meta["layers"] = [f"blk{i}" for i in range(n)]
+        app.redraw()
+        await pilot.pause()
+        pane = app.query_one("#pane-naive", TimelinePane)
+        assert pane.layer_names[0] == "blk0"
+        assert any("blk" in line for line in drawn(pane))

@@ -91,6 +91,14 @@ class TimelinePane(Widget):
         self._cache: LRUCache[tuple, Strip] = LRUCache(2048)
         self._fit: tuple[tuple, tuple] = ((), ([], [], 1, 0, 2))
 
+    def set_names(self, layers: list[str], params: list[str]) -> None:
+        """Layer and parameter names for labels; redraws only when they changed."""
+        short = [short_param(p) for p in params]
+        if layers != self.layer_names or short != self.params:
+            self.layer_names, self.params = layers, short
+            self._cache.clear()
+            self.refresh()
+
     def render_lines(self, crop):
         self.geom = (self.size.width, self.size.height)
         return super().render_lines(crop)
