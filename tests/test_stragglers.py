@@ -151,21 +151,29 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
                 raise AssertionError(f"timed out waiting for {what}")
             await asyncio.sleep(0.2)
 
-    async with app.run_test(size=(160, 45)) as pilot:
-        st = run.store
-        await until(lambda: len(st.complete_steps("ddp")) >= 3, 90, "three DDP steps")
-        await pilot.press("d")
-        await until(lambda: len(st.slow_changes) >= 1, 30, "the straggler to be applied")
-        k, ms, rank, layer = st.slow_changes[0]
-        assert ms > 0 and rank == 1 and layer == 1
-        await until(lambda: (st.latest_complete("ddp") or 0) >= k + 8, 90, "8 steps with the straggler")
-        since = [w for w in st.recent_waits("ddp", n=1000) if w is not None]
-        got = S.summarize(since[-8:], spec.layer_names("small"))  # the 8 steps since (or later)
-        assert got["last_arriver_rank"] == 1 and got["culprit_layer"] == "fc2", got
-        view = st.view("ddp", k)
-        assert view.marks and view.marks[0].startswith("straggler rank 1 fc2")
-        await pilot.press("d")
-        await until(lambda: len(st.slow_changes) >= 2, 30, "the straggler to be switched off")
-        assert st.slow_changes[1][1] == 0
-        await pilot.press("q")
+    try:
+        async with app.run_test(size=(160, 45)) as pilot:
+            st = run.store
+            await until(lambda: len(st.complete_steps("ddp")) >= 3, 90, "three DDP steps")
+            await pilot.press("d")
+            await until(lambda: len(st.slow_changes) >= 1, 30, "the straggler to be applied")
+            k, ms, rank, layer = st.slow_changes[0]
+            assert ms > 0 and rank == 1 and layer == 1
+            await until(lambda: (st.latest_complete("ddp") or 0) >= k + 10, 90, "10 steps with the straggler")
+            since = [w for w in st.recent_waits("ddp", n=1000) if w is not None][-10:]
+            got = S.summarize(since, spec.layer_names("small"))
+            assert got["last_arriver_rank"] == 1, got
+            # the steps that clearly had a culprit name rank 1's fc2 (small steps: the delay is
+            # half of one, so a busy core now and then hides it)
+            named = [w.culprit[:2] for w in since if w.culprit]
+            assert len(named) >= 6 and sum(1 for c in named if c == (1, 1)) >= 0.8 * len(named), named
+            view = st.view("ddp", k)
+            assert view.marks and view.marks[0].startswith("straggler rank 1 fc2")
+            await pilot.press("d")
+            await until(lambda: len(st.slow_changes) >= 2, 30, "the straggler to be switched off")
+            assert st.slow_changes[1][1] == 0
+            await pilot.press("q")
+    finally:
+        if run.state in ("running", "starting"):
+            run.stop("test ended")
     assert wait_no_workers(15) == []
