@@ -137,7 +137,7 @@ def summarize(strategy: str, steps: list[StepFigures], batch: int, world: int,
         "overlap_pct": overlap_pct(comm_ms, exposed),
         "allreduce_calls_per_step": med("calls"),
         "bytes_per_step": nbytes,
-        "samples_per_s": batch / (step_ms / 1e3) if step_ms > 0 else None,
+        "samples_per_s": batch / (step_ms / 1e3) if step_ms > 0 and batch > 0 else None,
         "bus_bw_gbps": bus_bandwidth_gbps(nbytes, comm_ms, ranks),
     }
 

@@ -17,8 +17,8 @@ def _f(v, fmt="{:.2f}", na="—"):
 
 def run_title(meta: dict) -> str:
     """The title of a run's figures table (live headless, summary, replay --headless)."""
-    return (f"{meta.get('model')} · {meta.get('world')} rank(s) · "
-            f"{meta.get('backend') or ''} · global batch {meta.get('batch')}")
+    batch = f" · global batch {meta['batch']}" if meta.get("batch") else " · global batch unknown"
+    return f"{meta.get('model')} · {meta.get('world')} rank(s) · {meta.get('backend') or ''}{batch}"
 
 
 def summary_table(rows: list[dict], title: str = "") -> Table:

@@ -423,7 +423,8 @@ class Handle:
             "local_rank": int(os.environ.get("LOCAL_RANK", self.rank)), "pid": os.getpid(),
             "host": socket.gethostname(), "device": dev, "backend": self.backend, "note": "",
             "torch": torch.__version__, "model": self.name[:32], "layers": self.layers,
-            "params": params, "strategies": [STRATEGY], "batch": int(self.batch or 1),
+            "params": params, "strategies": [STRATEGY],
+            **({"batch": int(self.batch)} if self.batch else {}),  # unknown: no samples/s
             "steps": 0, "bucket_cap_mb": _cap_mb(self.ddp), "threads": torch.get_num_threads(),
         })
         self._sink.phase = "training"
