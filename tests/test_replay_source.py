@@ -50,7 +50,7 @@ def test_start_takes_in_the_start_up_then_plays_on_the_clock(clock):
     assert sorted(src.store.ranks) == [0, 1]  # hellos and phases are in
     assert src.position_step == -1
     assert not src.poll()
-    clock.advance(3.0)  # CPU steps of the demo take ~0.3 s per strategy
+    clock.advance(6.0)  # start-up, then CPU steps of ~0.4 s per strategy
     assert not src.poll()
     reached = src.position_step
     assert 0 <= reached < 29
