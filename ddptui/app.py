@@ -539,10 +539,11 @@ class DdpApp(App):
         self.redraw()
 
 
-def run_live_app(opts, plan) -> int:
-    """Launch the ranks and show them; 0 after a normal quit, 1 if the run failed."""
+def run_live_app(opts, plan, run=None) -> int:
+    """Launch the ranks (a LiveRun, or the given run) and show them; 0 after a normal quit,
+    1 if the run failed. Whatever happens, no rank is left running."""
     from .session import LiveRun
-    run = LiveRun(opts, plan)
+    run = run or LiveRun(opts, plan)
     app = DdpApp(run, record=opts.record)
     try:
         app.run()

@@ -112,6 +112,20 @@ def _check_writable_path(path: str, what: str) -> str:
     return path
 
 
+def record_path(a, stem: str, ranks: int) -> str | None:
+    """Where a live run records: --record, else a new file in --runs-dir (None: --no-record)."""
+    if a.no_record:
+        return None
+    if a.record:
+        return _check_writable_path(a.record, "--record")
+    try:
+        os.makedirs(a.runs_dir, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"--runs-dir {a.runs_dir}: cannot create ({e.strerror})") from None
+    name = time.strftime("%Y%m%d-%H%M%S") + f"-{stem}-{ranks}r.ddptui"
+    return _check_writable_path(os.path.join(a.runs_dir, name), "--runs-dir")
+
+
 def build_live(argv: list[str]):
     from .launcher import plan as make_plan
     from .session import RunOptions
@@ -152,17 +166,7 @@ def build_live(argv: list[str]):
         if a.batch_size % plan.ranks:
             raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
     steps = a.steps if a.steps is not None else (10 if a.headless else 0)
-    record = None
-    if not a.no_record:
-        if a.record:
-            record = _check_writable_path(a.record, "--record")
-        else:
-            try:
-                os.makedirs(a.runs_dir, exist_ok=True)
-            except OSError as e:
-                raise CliError(f"--runs-dir {a.runs_dir}: cannot create ({e.strerror})") from None
-            name = time.strftime("%Y%m%d-%H%M%S") + f"-{a.model}-{plan.ranks}r.ddptui"
-            record = _check_writable_path(os.path.join(a.runs_dir, name), "--runs-dir")
+    record = record_path(a, a.model, plan.ranks)
     if a.json:
         _check_writable_path(a.json, "--json")
     opts = RunOptions(model=a.model, strategies=strategies, steps=steps, batch_size=a.batch_size,

@@ -17,7 +17,7 @@ import time
 
 from ranks import user
 
-from .cli import CliError, _check_writable_path, _Parser, _sigterm_to_interrupt, check_environment
+from .cli import CliError, _check_writable_path, _Parser, _sigterm_to_interrupt, check_environment, record_path
 from .options import add_numeric
 from .session import LiveRun, RunOptions
 
@@ -115,18 +115,7 @@ def build(argv: list[str]):
     except ValueError as e:
         raise CliError(str(e).replace("--gpus", "--nproc-per-node")) from None
     plan.note = plan.note.replace("--gpus", "--nproc-per-node")
-    record = None
-    if not a.no_record:
-        if a.record:
-            record = _check_writable_path(a.record, "--record")
-        else:
-            try:
-                os.makedirs(a.runs_dir, exist_ok=True)
-            except OSError as e:
-                raise CliError(f"--runs-dir {a.runs_dir}: cannot create ({e.strerror})") from None
-            stem = os.path.splitext(os.path.basename(script))[0]
-            name = time.strftime("%Y%m%d-%H%M%S") + f"-{stem}-{plan.ranks}r.ddptui"
-            record = _check_writable_path(os.path.join(a.runs_dir, name), "--runs-dir")
+    record = record_path(a, os.path.splitext(os.path.basename(script))[0], plan.ranks)
     if a.json:
         _check_writable_path(a.json, "--json")
     opts = RunOptions(model=os.path.basename(script), strategies=[user.STRATEGY], steps=0,
@@ -142,16 +131,11 @@ def main(argv: list[str]) -> int:
         return headless(run, opts, a.json)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CliError("the live UI needs a terminal; use --headless to run without one")
-    from .app import DdpApp
-    app = DdpApp(run, record=opts.record)
-    try:
-        app.run()
-    finally:
-        if run.state in ("running", "starting"):
-            run.stop("the UI closed")
+    from .app import run_live_app
+    code = run_live_app(opts, plan, run)
     if opts.record and os.path.exists(opts.record):
         print(f"ddptui: recorded to {opts.record} (ddptui replay {opts.record})", file=sys.stderr)
-    return app.exit_code()
+    return code
 
 
 def headless(run: UserRun, opts: RunOptions, json_path: str | None) -> int:

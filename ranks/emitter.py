@@ -20,30 +20,15 @@ from .clock import now_ns
 EXIT_APP_GONE = 3
 
 
-class Emitter:
-    def __init__(self, path: str, token: str, rank: int, maxsize: int = 256,
-                 on_control=None, exit_grace_s: float = 3.0):
-        self.rank = rank
+class FrameQueue:
+    """The training thread's side of a frame sink: a bounded queue that never blocks training
+    (put drops and counts) except for the frames that must arrive (send_now waits a little)."""
+
+    def __init__(self, maxsize: int):
         self.q: queue.Queue = queue.Queue(maxsize=maxsize)
         self.dropped_spans = 0
         self.dropped_frames = 0
-        self.on_control = on_control
-        self.exit_grace_s = exit_grace_s
-        self.closed = threading.Event()
-        self.app_gone = threading.Event()
-        self.step = -1
-        self.phase = "starting"
-        self.clock_residual_ns = None  # CUDA: GPU-timer mapping error at the last calibration
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.sock.sendall(wire.pack({"t": "auth", "token": token, "r": rank, "pid": os.getpid(),
-                                     "v": wire.PROTOCOL_VERSION}))
-        self._tx = threading.Thread(target=self._send_loop, name="ddptui-tx", daemon=True)
-        self._rx = threading.Thread(target=self._recv_loop, name="ddptui-rx", daemon=True)
-        self._hb = threading.Thread(target=self._heartbeat, name="ddptui-hb", daemon=True)
-        self._tx.start(); self._rx.start(); self._hb.start()
 
-    # -- called from the training thread ------------------------------------------
     def put(self, frame, n_spans: int = 0) -> bool:
         """Queue a frame (a dict, or a ('spans', ...) tuple encoded off-thread)."""
         try:
@@ -61,6 +46,29 @@ class Emitter:
         except queue.Full:
             self.dropped_frames += 1
 
+
+class Emitter(FrameQueue):
+    def __init__(self, path: str, token: str, rank: int, maxsize: int = 256,
+                 on_control=None, exit_grace_s: float = 3.0):
+        super().__init__(maxsize)
+        self.rank = rank
+        self.on_control = on_control
+        self.exit_grace_s = exit_grace_s
+        self.closed = threading.Event()
+        self.app_gone = threading.Event()
+        self.step = -1
+        self.phase = "starting"
+        self.clock_residual_ns = None  # CUDA: GPU-timer mapping error at the last calibration
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.sock.sendall(wire.pack({"t": "auth", "token": token, "r": rank, "pid": os.getpid(),
+                                     "v": wire.PROTOCOL_VERSION}))
+        self._tx = threading.Thread(target=self._send_loop, name="ddptui-tx", daemon=True)
+        self._rx = threading.Thread(target=self._recv_loop, name="ddptui-rx", daemon=True)
+        self._hb = threading.Thread(target=self._heartbeat, name="ddptui-hb", daemon=True)
+        self._tx.start(); self._rx.start(); self._hb.start()
+
+    # -- called from the training thread (put, send_now: FrameQueue) ---------------
     def close(self, timeout: float = 3.0) -> None:
         """Flush what is queued (bounded by timeout) and close the socket."""
         deadline = time.monotonic() + timeout

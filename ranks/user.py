@@ -48,6 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import spec, wire
+from .emitter import FrameQueue
 from .instrument import CpuClock, CudaClock, Recorder
 
 STRATEGY = "ddp"  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
@@ -189,34 +190,18 @@ def attach_module_hooks(chosen, rec: Recorder, param_layer: dict) -> list:
 
 
 # -- where frames go -------------------------------------------------------------------------
-class FileSink:
+class FileSink(FrameQueue):
     """A rank's own recording (no app): the Emitter's interface (put, send_now, close),
     frames written by a background thread; the file is opened at the first hello."""
 
     def __init__(self, path: str, rank: int, meta: dict):
+        super().__init__(1024)
         self.path, self.rank, self.meta = path, rank, meta
-        self.q: queue.Queue = queue.Queue(maxsize=1024)
-        self.dropped_spans = self.dropped_frames = 0
         self.step, self.phase, self.clock_residual_ns = -1, "starting", None
         self.app_gone = threading.Event()
         self.writer = None
         self._t = threading.Thread(target=self._loop, name="ddptui-file", daemon=True)
         self._t.start()
-
-    def put(self, frame, n_spans: int = 0) -> bool:
-        try:
-            self.q.put_nowait(frame)
-            return True
-        except queue.Full:
-            self.dropped_frames += 1
-            self.dropped_spans += n_spans
-            return False
-
-    def send_now(self, frame: dict, timeout: float = 2.0) -> None:
-        try:
-            self.q.put(frame, timeout=timeout)
-        except queue.Full:
-            self.dropped_frames += 1
 
     def close(self, timeout: float = 3.0) -> None:
         self.q.put(None)
