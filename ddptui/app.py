@@ -44,13 +44,14 @@ from .widgets import theme as T
 from .widgets.panel import Frame, Panel
 from .widgets import waits
 from .widgets.waits import WaitsPanel
+from .widgets.hosts import HostsPanel
 
 FPS = 15
 SPEEDS = spec.SPEED_LADDER
 # the panels below the lanes, in order of priority: (id, class)
 PANELS: tuple[tuple[str, type[Panel]], ...] = (
-    ("figures", FiguresPanel), ("gpu", GpuPanel), ("buckets", BucketsPanel), ("waits", WaitsPanel),
-    ("history", HistoryPanel))
+    ("figures", FiguresPanel), ("hosts", HostsPanel), ("gpu", GpuPanel), ("buckets", BucketsPanel),
+    ("waits", WaitsPanel), ("history", HistoryPanel))
 
 
 class DdpApp(App):
@@ -208,9 +209,12 @@ class DdpApp(App):
         views = {s: self._view(store, s, k) for s, k in shown.items()}
         mpc = self._ms_per_cell(views)
         cap_since = store.cap_changed_at(shown.get("ddp") or 0)
+        hosts = store.hosts()
+        nodes = tuple((r, n) for n, rs in sorted(hosts.items()) for r in rs) if len(hosts) > 1 else None
         for s, pane in self.panes.items():
             ddp = s == "ddp"
-            pane.show(PaneState(views.get(s), mpc, self._cap_note() if ddp else "", cap_since if ddp else None))
+            pane.show(PaneState(views.get(s), mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
+                                nodes))
         rows = figures_panel.compare_rows(store, shown)
         frame = Frame(store, shown, views, rows)
         for panel in self.panels.values():

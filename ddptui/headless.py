@@ -5,6 +5,7 @@ import sys
 import time
 
 from .launcher import Plan
+from .hostfigs import host_rows, span_text
 from .report import report_run
 from .session import LiveRun, RunOptions
 from .store import Store
@@ -84,11 +85,28 @@ def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=No
                                                   "recording": opts.record, "dropped_spans": dropped,
                                                   **_clock_offsets(store)},
                out=out, err=err)
+    if len(store.hosts()) > 1:  # multi-node: a line per host
+        print("per host (last steps of the strategy with collectives; clocks on node 0's axis):", file=out)
+        for h in host_rows(store, {}):
+            off = "reference" if h["node"] == 0 else (
+                "?" if h["offset_ns"] is None else
+                f"{h['offset_ns'] / 1e6:+.3f} ms ± {h['uncertainty_ns'] / 1e3:.0f} µs")
+            last = "–" if h["last_pct"] is None else f"{h['last_pct']:.0f} %"
+            print(f"  node {h['node']} {h['host']} {span_text(h['ranks'])} · clock {off} · "
+                  f"last arriver {last} · waits {_fmt(h['wait_ms'])} ms · step {_fmt(h['step_ms'])} ms",
+                  file=out)
     if opts.record:
         print(f"ddptui: recorded to {opts.record}", file=err or sys.stderr)
 
 
 def _clock_offsets(store: Store) -> dict:
-    """Multi-node: each host's clock offset onto node 0's and its uncertainty."""
+    """Multi-node: each host's clock offset onto node 0's and its uncertainty, and the
+    figures per host (`hosts`)."""
     co = store.clock_offsets()
-    return {"clock_offsets": co} if co else {}
+    if not co:
+        return {}
+    return {"clock_offsets": co, "hosts": host_rows(store, {})}
+
+
+def _fmt(v) -> str:
+    return "–" if v is None else f"{v:.1f}"

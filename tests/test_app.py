@@ -544,3 +544,26 @@ async def test_layer_names_that_arrive_late_label_the_lanes():
         pane = app.query_one("#pane-naive", TimelinePane)
         assert pane.layer_names[0] == "blk0"
         assert any("blk" in line for line in drawn(pane))
+
+
+@pytest.mark.asyncio
+async def test_two_hosts_lanes_grouped_and_labelled_and_a_row_per_host():
+    """Multi-node: ranks 1 and 3 on node 1 (with its clock estimate), 0 and 2 on node 0:
+    lanes are grouped by host and their comm rows name it; the hosts panel has a row per host
+    with its ranks, clock offset and figures."""
+    src = SyntheticSource(world=4)
+    st = src.store
+    for r, node in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        st.ingest({"t": "node", "r": r, "node": node, "host": f"host{node}"})
+    st.ingest({"t": "clock", "node": 1, "host": "host1", "off": 250_013_000, "unc": 66_000})
+    app = DdpApp(src)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await settle(pilot)
+        pane = app.query_one("#pane-naive", TimelinePane)
+        assert pane.ranks() == [0, 2, 1, 3]
+        lines = drawn(pane)
+        comm = [ln[:9] for ln in lines if "comm" in ln[:9]]
+        assert comm == ["n0  comm ", "n0  comm ", "n1  comm ", "n1  comm "]
+        text = "\n".join(drawn(app.panels["hosts"]))
+        assert re.search(r"node 0\s+\S+\s+ranks 0,2\s+clock reference\s+last \d+ % · waits \d", text), text
+        assert re.search(r"node 1\s+host1\s+ranks 1,3\s+clock \+250\.013 ms ± 66 µs\s+last \d+ % · waits \d+\.\d · step \d", text), text

@@ -228,6 +228,11 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew):
     est, unc = offs[1]["offset_ns"], offs[1]["uncertainty_ns"]
     assert abs(est - skew) <= 100_000, (est, skew, unc)  # within 100 µs
     assert abs(est - skew) <= unc + 20_000, (est, skew, unc)
+    # figures per host: JSON rows and a line per host on stdout
+    hosts = {h["node"]: h for h in doc["hosts"]}
+    assert set(hosts) == {0, 1} and hosts[1]["offset_ns"] == est and hosts[0]["ranks"] and hosts[1]["ranks"]
+    assert hosts[1]["step_ms"] > 0 and hosts[1]["last_pct"] is not None
+    assert "per host" in out and "node 1 " in out and "last arriver" in out
     # the recording keeps raw times (and the clock frames); loading it corrects them again
     got = load(str(rec))
     st = got.store

@@ -48,11 +48,12 @@ class PaneState:
     ms_per_cell: float
     cap_note: str = ""  # DDP: a bucket cap asked for but not applied yet
     cap_since: int | None = None  # DDP: step where the current cap took effect
+    nodes: tuple | None = None  # multi-node: ((rank, node), ...) — lanes grouped and labelled by host
 
     def key(self) -> tuple:
         v = self.view
         shown = (v.step, v.n_buckets, v.bucket_cap_mb, tuple(v.marks)) if v else None
-        return shown, self.ms_per_cell, self.cap_note, self.cap_since
+        return shown, self.ms_per_cell, self.cap_note, self.cap_since, self.nodes
 
 
 class TimelinePane(Widget):
@@ -87,6 +88,7 @@ class TimelinePane(Widget):
         self.params = [short_param(p) for p in params]
         self.state = PaneState(None, 1.0)
         self._ranks: list[int] = []
+        self._node: dict[int, int] = {}
         self.geom = (0, 0)  # (width, height) as of this render: cheaper than self.size per line
         self._cache: LRUCache[tuple, Strip] = LRUCache(2048)
         self._fit: tuple[tuple, tuple] = ((), ([], [], 1, 0, 2))
@@ -107,8 +109,11 @@ class TimelinePane(Widget):
     def show(self, state: PaneState) -> None:
         if state.key() != self.state.key():
             self.refresh()
-        if state.view is not self.state.view:
-            self._ranks = sorted(state.view.spans) if state.view else []
+        if state.view is not self.state.view or state.nodes != self.state.nodes:
+            node = dict(state.nodes or ())
+            self._ranks = sorted(state.view.spans, key=lambda r: (node.get(r, 0), r)) if state.view else []
+            self._node = node
+            self._cache.clear()
         self.state = state
 
     def ranks(self) -> list[int]:
@@ -263,7 +268,9 @@ class TimelinePane(Widget):
             labels = first
         else:
             # concurrent AllReduces get the lane's rows (each row labels its own bars)
-            gutter = Segment("    comm " if first else " " * GUTTER, T.style(T.DIM))
+            # multi-node: the comm row names the rank's host (node) under its rank label
+            label = f"n{self._node[rank]:<2} comm " if self.state.nodes and rank in self._node else "    comm "
+            gutter = Segment(label[:GUTTER] if first else " " * GUTTER, T.style(T.DIM))
             bars = comm_bars(spans, self._comm_label, row, rows)
             labels = True
         lane_w = width - GUTTER
