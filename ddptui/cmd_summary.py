@@ -17,6 +17,7 @@ import os
 
 from .cli import CliError, _check_writable_path, _Parser
 from .recording import Loaded, RecordingError, load
+from .headless import clock_offsets
 from .report import report_run
 
 
@@ -67,7 +68,8 @@ def report(got: Loaded, json_path: str | None, title: str | None = None,
         return {"state": state, "message": message, "recording": os.path.abspath(got.path),
                 "dropped_spans": dropped, "damage": got.damage, "skipped_frames": len(got.rejected),
                 "frames": got.frames, "spans": got.spans,
-                "steps_read": {s: len(ks) for s, ks in got.steps_read().items()}}
+                "steps_read": {s: len(ks) for s, ks in got.steps_read().items()},
+                **clock_offsets(got.store)}
     report_run(got.store, json_path, extra, title=title, out=out, err=err, notes=notes,
                empty=None if got.damage else f"{got.path}: no complete step in this recording",
                when=" during the recorded run")

@@ -83,7 +83,7 @@ def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, 
 def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=None) -> None:
     report_run(store, json_path, lambda dropped: {"state": run.state, "message": run.message,
                                                   "recording": opts.record, "dropped_spans": dropped,
-                                                  **_clock_offsets(store)},
+                                                  **clock_offsets(store)},
                out=out, err=err)
     if len(store.hosts()) > 1:  # multi-node: a line per host
         print("per host (last steps of the strategy with collectives; clocks on node 0's axis):", file=out)
@@ -99,7 +99,7 @@ def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=No
         print(f"ddptui: recorded to {opts.record}", file=err or sys.stderr)
 
 
-def _clock_offsets(store: Store) -> dict:
+def clock_offsets(store: Store) -> dict:
     """Multi-node: each host's clock offset onto node 0's and its uncertainty, and the
     figures per host (`hosts`)."""
     co = store.clock_offsets()

@@ -233,7 +233,12 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew):
     assert set(hosts) == {0, 1} and hosts[1]["offset_ns"] == est and hosts[0]["ranks"] and hosts[1]["ranks"]
     assert hosts[1]["step_ms"] > 0 and hosts[1]["last_pct"] is not None
     assert "per host" in out and "node 1 " in out and "last arriver" in out
-    # the recording keeps raw times (and the clock frames); loading it corrects them again
+    # the recording keeps raw times (and the clock frames); loading it corrects them again,
+    # and its summary reports the same offsets
+    sj = tmp_path / "summary.json"
+    assert subprocess.run([sys.executable, "-m", "ddptui", "summary", str(rec), "--json", str(sj)], cwd=ROOT,
+                          capture_output=True, timeout=60).returncode == 0
+    assert {o["node_rank"]: o["offset_ns"] for o in json.load(open(sj))["clock_offsets"]}[1] == est
     got = load(str(rec))
     st = got.store
     assert st.node_of and set(st.hosts()) == {0, 1}
