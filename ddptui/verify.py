@@ -26,8 +26,8 @@ range ddptui opened itself (ddptui adds none to the profile):
   ``zero_grad`` and is therefore never inside a step.
 - optimizer: ``aten::_foreach_add_``.
 
-On CUDA (written against PyTorch's profiler data model; NOT run where this was written, no
-GPU): the times are those of the device work: kernels (and memcpys) linked to their launching
+On CUDA (written against PyTorch's profiler data model; not yet run on a GPU —
+the gpu_pass script runs it): the times are those of the device work: kernels (and memcpys) linked to their launching
 CPU op by the profiler's correlation ids; layer j's kernels are those launched by layer j's
 ops above; an allreduce is the NCCL kernel launched inside its ``c10d::allreduce_`` (NCCL) or
 the device copies made inside its ``gloo:all_reduce`` record (gloo with CUDA tensors).
@@ -266,7 +266,7 @@ def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
 
 def _device_times(ps: PStep, evs, mainev, inside, fwd_ops, bwd_nodes, colls, add, by_linked) -> None:
     """CUDA: replace host times by the times of the device work each part launched.
-    Not run where this was written (no GPU); see the module docstring."""
+    Not yet run on a GPU; see the module docstring."""
     sp = _device_span(evs, inside, by_linked)
     if sp is not None:
         ps.t0, ps.t1 = sp

@@ -22,7 +22,7 @@ Checked by experiment: with that offset, 2000 ``torch.relu`` calls each brackete
 opening read, latest end 0.44 µs before the closing read), i.e. the mapping is good to well
 under 1 µs. The JSON records both offsets; a difference between them (wall-clock slewing)
 is reported by the app. GPU activity (kineto/CUPTI) is put on the same host axis by kineto
-itself; that path could not be run where this was written (no GPU).
+itself; that path has not yet run on a GPU.
 """
 from __future__ import annotations
 
