@@ -31,7 +31,7 @@ def host_rows(store: Store, shown: dict) -> list[dict]:
                "step_ms": None, "exposed_ms": None, "wait_ms": None, "last_pct": None}
         if waits:
             steps, exposed = [], []
-            for k in [w for w in store.complete_steps(strategy) if w > 0][-RECENT:]:
+            for k in [f.step for f in store.recent_figures(strategy, shown.get(strategy), RECENT, since=1)]:
                 figs = [store.rank_figures(strategy, k, r) for r in ranks]
                 figs = [f for f in figs if f is not None]
                 if figs:

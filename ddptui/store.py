@@ -505,28 +505,20 @@ class Store:
             spans, figs = {}, {}
             dur = 0.0
             waits = self.waits.get(strategy, {}).get(step)
-            arrivals = {}  # (idx, n-th time) -> (last ready, ms after origin; last arriver)
-            for c in (waits.collectives if waits else []):
-                n = sum(1 for key in arrivals if key[0] == c.idx)
-                arrivals[(c.idx, n)] = ((c.last_ready - origin) / 1e6, c.last)
+            # (idx, nth) -> (last arriver's ready, ms after origin; the last arriver)
+            arrivals = {(c.idx, c.nth): ((c.last_ready - origin) / 1e6, c.last)
+                        for c in (waits.collectives if waits else [])}
             for r, b in sorted(ranks.items()):
                 off = (b.base_ns - origin) / 1e6
-                lst = []
-                ci = 0
-                seen: dict[int, int] = {}
-                for i in range(len(b.kind)):
-                    k = b.kind[i]
-                    s = Span(k, b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3)
-                    if k == wire.COMM:
-                        s.issued_ms = off + b.iss[ci] / 1e3
-                        ci += 1
-                        n = seen.get(s.idx, 0)
-                        seen[s.idx] = n + 1
-                        got = arrivals.get((s.idx, n))
-                        if got is not None:
-                            s.others_ms, s.last = got[0], got[1] == r
-                    lst.append(s)
-                    dur = max(dur, s.end_ms)
+                lst = [Span(b.kind[i], b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3)
+                       for i in range(len(b.kind))]
+                for i, ready_us, key in ST.comm_spans(b):
+                    s = lst[i]
+                    s.issued_ms = off + ready_us / 1e3
+                    got = arrivals.get(key)
+                    if got is not None:
+                        s.others_ms, s.last = got[0], got[1] == r
+                dur = max([dur, *(s.end_ms for s in lst)])
                 spans[r] = lst
                 figs[r] = self.rank_figures(strategy, step, r)
             layout = self.bucket_layout(strategy, step) if strategy == "ddp" else None

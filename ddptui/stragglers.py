@@ -40,6 +40,7 @@ def same_clock(rank: int, ns: int) -> int:
 @dataclass
 class Collective:
     idx: int
+    nth: int  # the nth AllReduce of this parameter/bucket in the step (see comm_spans)
     ready: dict[int, int]  # rank -> ns
     end: dict[int, int]
     last: int  # the last arriver
@@ -65,23 +66,28 @@ class StepWaits:
     layer_excess_ms: dict[int, float] = field(default_factory=dict)
 
 
+def comm_spans(b):
+    """A span batch's AllReduces: (span index, ready time in µs after the batch's base,
+    (idx, nth)). (idx, nth) — the nth AllReduce of that parameter or bucket in the step — is
+    what names the same collective on every rank."""
+    seen: dict[int, int] = {}
+    ci = 0
+    for i in range(len(b.kind)):
+        if b.kind[i] == COMM:
+            idx = b.idx[i]
+            n = seen.get(idx, 0)
+            seen[idx] = n + 1
+            yield i, b.iss[ci], (idx, n)
+            ci += 1
+
+
 def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
     """The step's collectives present on every rank, in the first rank's issue order."""
     per_rank: dict[int, dict[tuple[int, int], tuple[int, int]]] = {}
     order: list[tuple[int, int]] = []
     for r, b in sorted(batches.items()):
-        got: dict[tuple[int, int], tuple[int, int]] = {}
-        seen: dict[int, int] = {}
-        ci = 0
-        for i in range(len(b.kind)):
-            if b.kind[i] != COMM:
-                continue
-            idx = b.idx[i]
-            n = seen.get(idx, 0)
-            seen[idx] = n + 1
-            ready = b.base_ns + b.iss[ci] * 1000 if ci < len(b.iss) else b.base_ns + b.t0[i] * 1000
-            ci += 1
-            got[(idx, n)] = (to_common(r, ready), to_common(r, b.base_ns + b.t1[i] * 1000))
+        got = {key: (to_common(r, b.base_ns + ready_us * 1000), to_common(r, b.base_ns + b.t1[i] * 1000))
+               for i, ready_us, key in comm_spans(b)}
         per_rank[r] = got
         if not order:
             order = list(got)
@@ -92,7 +98,7 @@ def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
         ready = {r: g[key][0] for r, g in per_rank.items()}
         end = {r: g[key][1] for r, g in per_rank.items()}
         last = max(ready, key=lambda r: (ready[r], -r))
-        out.append(Collective(key[0], ready, end, last, ready[last]))
+        out.append(Collective(key[0], key[1], ready, end, last, ready[last]))
     return out
 
 

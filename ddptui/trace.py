@@ -36,6 +36,7 @@ from . import __version__
 from .clocksync import HostClocks
 from .recording import FORMAT_VERSION, Reader, RecordingError, load
 from .store import in_force
+from .stragglers import comm_spans
 
 # lane: (tid offset, thread name, category)
 LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "communication"),
@@ -74,16 +75,9 @@ class Scan:
 
     def _arrivals(self, f: dict) -> None:
         b = wire.decode_spans(f)
-        seen: dict[int, int] = {}
-        ci = 0
-        for i in range(len(b)):
-            if b.kind[i] != COMM:
-                continue
-            idx = b.idx[i]
-            n = seen.get(idx, 0)
-            seen[idx] = n + 1
-            ready = self.clocks.to_common(b.rank, b.base_ns) + b.iss[ci] * 1000
-            ci += 1
+        base = self.clocks.to_common(b.rank, b.base_ns)
+        for _, ready_us, (idx, n) in comm_spans(b):
+            ready = base + ready_us * 1000
             key = (b.strategy, b.step, idx, n)
             got = self.arrivals.get(key)
             if got is None or ready > got[0]:
@@ -242,20 +236,14 @@ class TraceWriter:
         r, s, k = b.rank, b.strategy, b.step
         off = self.clocks.to_common(r, b.base_ns) - self.origin
         layout = self.scan.layout(r, s, k) if s == "ddp" else None
+        comm = {i: (off + ready_us * 1000, self.scan.arrivals.get((s, k, *key)))
+                for i, ready_us, key in comm_spans(b)}
         items = []
-        ci = 0
-        seen: dict[int, int] = {}
         for i in range(len(b)):
             kind = b.kind[i]
             a = off + b.t0[i] * 1000
             z = max(a, off + b.t1[i] * 1000)
-            iss = last = None
-            if kind == COMM:
-                iss = off + b.iss[ci] * 1000
-                ci += 1
-                n = seen.get(b.idx[i], 0)
-                seen[b.idx[i]] = n + 1
-                last = self.scan.arrivals.get((s, k, b.idx[i], n))
+            iss, last = comm.get(i, (None, None))
             items.append((a, -(z - a), i, kind, z, iss, last))
         items.sort()
         for a, _neg, i, kind, z, iss, last in items:

@@ -258,13 +258,9 @@ def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool) -> li
     threads (gloo): when it was ready and the previous collective that ran on the same backend
     thread (the thread its completion callback ran on) had ended: gloo's worker threads take
     queued works first come, first served, and run them to completion."""
+    if serial:  # as if one thread ran them all
+        thr = [None] * len(ready)
     out = []
-    if serial:
-        prev = 0
-        for r, e in zip(ready, end):
-            out.append(min(max(r, prev), e))
-            prev = max(prev, e)
-        return out
     last: dict = {}
     for r, e, t in zip(ready, end, thr):
         out.append(min(max(r, last.get(t, 0)), e))
@@ -309,10 +305,14 @@ class Recorder:
         # parameter gradients is accumulated: the last call wins
         c = self.cur
         if c is not None:
-            old = c.bwd_e[layer]
-            c.bwd_e[layer] = self.clock.mark()
-            if old is not None and self._recycle is not None:
-                self._recycle(old)
+            self._mark_again(c.bwd_e, layer)
+
+    def _mark_again(self, slots: list, i: int) -> None:
+        """slots[i] = now, where the last call wins; a superseded CUDA event goes back to the pool."""
+        old = slots[i]
+        slots[i] = self.clock.mark()
+        if old is not None and self._recycle is not None:
+            self._recycle(old)
 
     def comm_issue(self, idx: int) -> int:
         """An AllReduce is handed to the backend now; returns its slot."""
@@ -380,7 +380,7 @@ class Recorder:
             kinds.append(OPT); idxs.append(0); t0s.append(ns(r.opt_s)); t1s.append(ns(r.opt_e))
         # the "issue" column is when each collective was READY: handed to the backend on CPU,
         # reached by the training stream on GPU (the host's issue time runs ahead there)
-        iss = ready if r.comm_idx else []
+        iss = ready
         if clock.cuda:
             for tok in [r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
                         *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end]:

@@ -119,10 +119,7 @@ class UserRecorder(Recorder):
     def fwd_end(self, layer: int) -> None:
         c = self.cur
         if c is not None:
-            old = c.fwd_e[layer]
-            c.fwd_e[layer] = self.clock.mark()
-            if old is not None and self._recycle is not None:
-                self._recycle(old)
+            self._mark_again(c.fwd_e, layer)
 
     def bwd_begin(self, layer: int) -> None:
         c = self.cur

@@ -20,11 +20,6 @@ def _strategies(store: Store) -> list[str]:
     return [s for s in store.strategies() if store.waits_kept(s)]
 
 
-def _med(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else 0.0
-
-
 def summary_line(store: Store, shown: dict) -> Parts:
     """'who waits · naive: rank 1 last 92 % · culprit rank 1 · fc2 backward +40 ms · ddp: …'."""
     parts: Parts = [("who waits ", T.style(T.TEXT, bold=True))]
