@@ -13,13 +13,28 @@ through those (drift = its slope) once they span long enough, else the best samp
 
 `to_ours(ns)` maps a time of that host onto ours; `uncertainty_ns` is half the best delay
 plus how far the kept samples stray from the line.
+
+An asymmetric path (one way slower than the other) puts the NTP offset anywhere in that
+± half-delay, so it is then refined from the run's own collectives (`refine`): an AllReduce
+ends at nearly the same moment on every rank, so each collective's end there minus its end
+here reads the offset (noisy: a rank returns from a collective when its thread runs, but
+with no preferred sign; the median of many is taken). And no rank's AllReduce can end
+before every rank was ready for it, which bounds the offset hard on both sides (`CollSample`
+lo/hi). The refined offset is the NTP line shifted by the inverse-variance mean of the two
+readings, kept inside both hard bounds; its uncertainty is twice the combined standard
+error, never more than the distance to the hard bounds.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from statistics import median
 
 MIN_DRIFT_SPAN_NS = 5_000_000_000  # fit drift only over samples this far apart
 MAX_DRIFT = 500e-6  # |drift| above 500 ppm is not a clock: ignore it
+MIN_COLLECTIVES = 16  # refine from collectives only with at least this many
+KEEP_COLLECTIVES = 4096  # per host, the latest collectives kept for the refinement
+END_FLOOR_NS = 1_000  # collective ends are never closer than this: the readings' error floor
 
 
 @dataclass
@@ -105,6 +120,66 @@ class ClockEstimate:
                 "drift_ppm": round(self.drift * 1e6, 3), "ref_ns": self.ref_ns, "samples": self.samples}
 
 
+@dataclass
+class CollSample:
+    """One collective between node 0 and another host, in raw times (ns)."""
+    at: int  # its end on node 0 (our clock)
+    d: int  # its end there (their clock) minus its end here: an offset reading
+    lo: int  # the offset is at least this: a rank there was ready before our end
+    hi: int  # ... and at most this: their end came after our ready
+
+
+def coll_sample(ready0: list[int], end0: list[int], ready_h: list[int], end_h: list[int]) -> CollSample:
+    """From one collective's ready and end times on node 0's ranks (our clock) and on one
+    host's ranks (its clock). With theta = their clock minus ours: a rank b there was ready
+    before any rank a here ended, ready_b - theta <= end_a, so theta >= ready_b - end_a;
+    likewise theta <= end_b - ready_a."""
+    e0 = median(end0)
+    return CollSample(at=int(e0), d=int(median(end_h) - e0), lo=max(ready_h) - min(end0),
+                      hi=min(end_h) - max(ready0))
+
+
+@dataclass
+class Refined:
+    offset_ns: int  # NTP offset + residual
+    uncertainty_ns: int
+    residual_ns: int  # what the collectives moved the NTP offset by
+    n: int  # collectives used
+
+
+def refine(est: ClockEstimate, samples) -> Refined | None:
+    """The NTP estimate refined from collectives (module docstring); None while there are
+    too few, or when they contradict the NTP bound (then the NTP estimate stands)."""
+    if not est.known or len(samples) < MIN_COLLECTIVES:
+        return None
+    u = max(est.uncertainty_ns, 1)
+    # residuals against the NTP line at each collective's time (the line carries the drift)
+    res = [s.d - est.offset_at(s.at) for s in samples]
+    lo = max(-u, max(s.lo - est.offset_at(s.at) for s in samples))
+    hi = min(u, min(s.hi - est.offset_at(s.at) for s in samples))
+    if lo > hi:
+        return None
+    m = median(res)
+    mad = median(abs(r - m) for r in res)
+    # the standard error of a median: 1.2533 sigma / sqrt(n), sigma from the MAD (1.4826)
+    se_c = max(1.2533 * 1.4826 * mad / math.sqrt(len(res)), END_FLOOR_NS)
+    se_n = u / math.sqrt(3)  # NTP: anywhere within +-u
+    w_c, w_n = 1 / se_c ** 2, 1 / se_n ** 2
+    r = min(max(m * w_c / (w_c + w_n), lo), hi)
+    unc = min(2 / math.sqrt(w_c + w_n), max(r - lo, hi - r))
+    return Refined(est.offset_ns + int(round(r)), max(int(math.ceil(unc)), 1), int(round(r)), len(res))
+
+
+def clock_frame(node: int, host: str, est: ClockEstimate, ref: Refined | None) -> dict:
+    """The `clock` frame for a host: the NTP line, shifted by the refinement when there is one."""
+    f = {"t": "clock", "node": node, "host": host, "off": est.offset_ns, "unc": est.uncertainty_ns,
+         "drift": est.drift, "ref": est.ref_ns, "n": est.samples}
+    if ref is not None:
+        f.update(off=ref.offset_ns, unc=ref.uncertainty_ns, ntp_off=est.offset_ns, ntp_unc=est.uncertainty_ns,
+                 coll=ref.n)
+    return f
+
+
 def map_ns(clock: dict | None, ns: int) -> int:
     """A time of a host whose ``clock`` frame (off, drift, ref) is given, on node 0's axis."""
     if clock is None:
@@ -140,5 +215,9 @@ def offsets(node_of: dict, clocks: dict, host0) -> list[dict]:
     out = [{"host": str(host0 or "node0"), "node_rank": 0, "offset_ns": 0, "uncertainty_ns": 0}]
     for n, c in sorted(clocks.items()):
         if n:
-            out.append({"host": c["host"], "node_rank": n, "offset_ns": c["off"], "uncertainty_ns": c["unc"]})
+            o = {"host": c["host"], "node_rank": n, "offset_ns": c["off"], "uncertainty_ns": c["unc"],
+                 "collectives": c.get("coll", 0)}
+            if "ntp_off" in c:  # refined from collectives: what the exchanges alone said
+                o.update(ntp_offset_ns=c["ntp_off"], ntp_uncertainty_ns=c["ntp_unc"])
+            out.append(o)
     return out

@@ -27,6 +27,19 @@ from .options import add_numeric
 STR_ARGS_MAX = 64
 
 
+def _asym_ns() -> int:
+    """Test seam: DDPTUI_NET_ASYM_NS makes node 0's pings look this much slower on the way
+    here than back (an asymmetric path, which no exchange can see): the join stamps a ping's
+    arrival this late. The clock refinement from collectives is what corrects it."""
+    try:
+        return max(0, int(os.environ.get("DDPTUI_NET_ASYM_NS", "0") or 0))
+    except ValueError:
+        return 0
+
+
+ASYM_NS = _asym_ns()
+
+
 # -- node 0's options (ddptui --nnodes N --node-rank 0 ...) ----------------------------------
 def add_node0_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("multi-node (node 0; other nodes run `ddptui join`)")
@@ -218,6 +231,8 @@ class Join:
                         return self._end(f"node 0: {f.get('why', 'run ended')}")
                     s.sendall(wire.pack({"t": "pong", "s": f["s"], "t1": f["t1"], "t2": t2, "t3": now_ns()}))
                 data = s.recv(HANDSHAKE_MAX)
+                if ASYM_NS:
+                    time.sleep(ASYM_NS / 1e9)
                 t2 = now_ns()  # the ping's arrival, as close to the wire as Python gets
                 if not data:
                     return self._end("node 0 went away")

@@ -90,7 +90,8 @@ def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=No
         for h in host_rows(store, {}):
             off = "reference" if h["node"] == 0 else (
                 "?" if h["offset_ns"] is None else
-                f"{h['offset_ns'] / 1e6:+.3f} ms ± {h['uncertainty_ns'] / 1e3:.0f} µs")
+                f"{h['offset_ns'] / 1e6:+.3f} ms ± {h['uncertainty_ns'] / 1e3:.0f} µs"
+                + (f" (refined from {h['collectives']} collectives)" if h["collectives"] else ""))
             last = "–" if h["last_pct"] is None else f"{h['last_pct']:.0f} %"
             print(f"  node {h['node']} {h['host']} {span_text(h['ranks'])} · clock {off} · "
                   f"last arriver {last} · waits {_fmt(h['wait_ms'])} ms · step {_fmt(h['step_ms'])} ms",

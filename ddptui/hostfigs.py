@@ -28,6 +28,7 @@ def host_rows(store: Store, shown: dict) -> list[dict]:
         row = {"node": node, "host": o.get("host") or "", "ranks": ranks, "strategy": strategy,
                "offset_ns": o.get("offset_ns", 0 if node == 0 else None),
                "uncertainty_ns": o.get("uncertainty_ns", 0 if node == 0 else None),
+               "collectives": o.get("collectives", 0),
                "step_ms": None, "exposed_ms": None, "wait_ms": None, "last_pct": None}
         if waits:
             steps, exposed = [], []

@@ -18,8 +18,8 @@ the same Feed and schema, the token check replaced by the handshake (ddptui/coll
 
 Control connection after the handshake: node 0 sends ``{"t": "ping", "s", "t1"}`` bursts (at
 connect, then every few seconds), the join answers ``{"t": "pong", "s", "t1", "t2", "t3"}``
-on its own clock; ddptui/clocksync.py turns them into the host's offset, which goes into
-the store (and the recording) as ``clock`` frames. ``{"t": "end"}`` or a closed connection
+on its own clock; ddptui/clocksync.py turns them, refined from the run's collectives, into
+the host's offset, which goes into the store (and the recording) as ``clock`` frames. ``{"t": "end"}`` or a closed connection
 ends the join.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ranks import schema, wire
 from ranks.clock import now_ns
 from ranks.schema import NAME, NODE, RANK, Int, Map, Str
 
-from .clocksync import ClockEstimate
+from .clocksync import ClockEstimate, clock_frame, refine
 
 HANDSHAKE_MAX = 64 * 1024  # bytes of one handshake or control frame
 HANDSHAKE_TIMEOUT = 5.0
@@ -295,27 +295,37 @@ class NetListener:
 
     # -- the control connection: clock exchanges ----------------------------------------
     def _control(self, s: socket.socket, node: int, host: str, reader: wire.FrameReader) -> None:
+        """A burst of pings at connect and every `ping_every` s; in between, once a second,
+        the estimate is refined from the collectives the store has seen. A `clock` frame goes
+        out when the estimate moves (ddptui/clocksync.py)."""
         est = self.clocks.setdefault(node, ClockEstimate())
         seq = 0
         burst = 16
         why = "closed"
+        last: tuple | None = None
+        next_burst = 0.0
         try:
             while not self._stop.is_set():
-                for _ in range(burst):
-                    seq += 1
-                    t1 = now_ns()
-                    s.sendall(wire.pack({"t": "ping", "s": seq, "t1": t1}))
-                    p = recv_frame(s, reader, "pong", 5.0)
-                    t4 = now_ns()
-                    if p["s"] == seq and p["t1"] == t1:
-                        est.add(t1, p["t2"], p["t3"], t4)
-                    time.sleep(0.005)
-                if est.end_burst():
-                    self.feed.note({"t": "clock", "node": node, "host": host, "off": est.offset_ns,
-                                    "unc": est.uncertainty_ns, "drift": est.drift, "ref": est.ref_ns,
-                                    "n": est.samples})
-                burst = 8
-                if self._stop.wait(self.ping_every):
+                if time.monotonic() >= next_burst:
+                    for _ in range(burst):
+                        seq += 1
+                        t1 = now_ns()
+                        s.sendall(wire.pack({"t": "ping", "s": seq, "t1": t1}))
+                        p = recv_frame(s, reader, "pong", 5.0)
+                        t4 = now_ns()
+                        if p["s"] == seq and p["t1"] == t1:
+                            est.add(t1, p["t2"], p["t3"], t4)
+                        time.sleep(0.005)
+                    est.end_burst()
+                    burst = 8
+                    next_burst = time.monotonic() + self.ping_every
+                if est.known:
+                    f = clock_frame(node, host, est, refine(est, self.store.clock_samples(node)))
+                    key = (f["off"] // 1000, f["unc"] // 1000, est.samples)
+                    if key != last:  # moved by a microsecond, or a new burst
+                        last = key
+                        self.feed.note(f)
+                if self._stop.wait(min(1.0, self.ping_every)):
                     break
         except (NetError, OSError) as e:
             why = str(e) if isinstance(e, NetError) else (e.strerror or str(e))

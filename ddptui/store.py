@@ -20,7 +20,7 @@ from ranks.wire import SpanBatch
 
 from . import figures as F
 from . import stragglers as ST
-from .clocksync import map_ns, offsets
+from .clocksync import KEEP_COLLECTIVES, coll_sample, map_ns, offsets
 
 
 def in_force(entries, step: int, default=None, first: bool = False):
@@ -108,6 +108,8 @@ class Store:
         # multi-node: rank -> node, node -> clock frame (its offset onto node 0's axis)
         self.node_of: dict[int, int] = {}
         self.clocks: dict[int, dict] = {}
+        self._shift: dict[tuple[str, int], dict[int, int]] = {}  # (strategy, step) -> rank -> raw - mapped
+        self._coll: dict[int, deque] = {}  # node -> its latest collectives against node 0 (CollSample)
 
     # -- ingest ------------------------------------------------------------------------
     def ingest(self, f: dict) -> None:
@@ -254,14 +256,42 @@ class Store:
         self.node_of[f["r"]] = f["node"]
 
     def _on_clock(self, f: dict) -> None:  # multi-node: a host's clock against node 0's
-        if f["node"] not in self.clocks:
+        prev = self.clocks.get(f["node"])
+        if prev is None:
             self.add_log(f"node {f['node']} ({f['host']}): clock {f['off'] / 1e6:+.3f} ms "
                          f"± {f['unc'] / 1e3:.0f} µs against node 0", "info")
+        if "coll" in f and (prev is None or "coll" not in prev):
+            self.add_log(f"node {f['node']} ({f['host']}): clock refined from {f['coll']} collectives: "
+                         f"{f['off'] / 1e6:+.3f} ms ± {f['unc'] / 1e3:.0f} µs "
+                         f"(exchanges alone: {f['ntp_off'] / 1e6:+.3f} ms ± {f['ntp_unc'] / 1e3:.0f} µs)", "info")
         self.clocks[f["node"]] = f
 
     def to_common(self, rank: int, ns: int) -> int:
         """A time of `rank`'s host clock on node 0's axis (identity on one host)."""
         return map_ns(self.clocks.get(self.node_of.get(rank, 0)), ns)
+
+    def _collect_clock_samples(self, w: ST.StepWaits, shift: dict[int, int]) -> None:
+        """Multi-node: each collective of a step, per host against node 0, in raw host times
+        (what the clock refinement reads; ddptui/clocksync.py)."""
+        by_node: dict[int, list[int]] = {}
+        for r in shift:
+            by_node.setdefault(self.node_of.get(r, 0), []).append(r)
+        here = by_node.pop(0, None)
+        if not here or not by_node:
+            return
+        for c in w.collectives:
+            r0, e0 = [c.ready[r] for r in here], [c.end[r] for r in here]
+            for node, rs in by_node.items():
+                got = self._coll.get(node)
+                if got is None:
+                    got = self._coll[node] = deque(maxlen=KEEP_COLLECTIVES)
+                got.append(coll_sample(r0, e0, [c.ready[r] + shift[r] for r in rs],
+                                       [c.end[r] + shift[r] for r in rs]))
+
+    def clock_samples(self, node: int) -> list:
+        """Multi-node: the latest collectives between `node` and node 0 (CollSample, raw times)."""
+        with self.lock:
+            return list(self._coll.get(node, ()))
 
     def clock_offsets(self) -> list[dict]:
         """Per host: its offset onto node 0's clock and the uncertainty (JSON `clock_offsets`)."""
@@ -279,7 +309,9 @@ class Store:
     def _spans(self, b: SpanBatch) -> None:
         strategy, step, r = b.strategy, b.step, b.rank
         if self.clocks:  # multi-node: onto node 0's axis (recordings keep the raw time)
-            b.base_ns = self.to_common(r, b.base_ns)
+            raw = b.base_ns
+            b.base_ns = self.to_common(r, raw)
+            self._shift.setdefault((strategy, step), {})[r] = raw - b.base_ns
         info = self.ranks.get(r)
         if info is None:
             info = self._rank(r)
@@ -300,7 +332,7 @@ class Store:
             dirty = self._dirty[strategy] = set()
         dirty.add(step)
         if len(per) > self.keep_steps * 4:  # nobody called update(): drop the oldest anyway
-            per.popitem(last=False)
+            self._shift.pop((strategy, per.popitem(last=False)[0]), None)
 
     def add_log(self, text: str, level: str = "info") -> None:
         with self.lock:
@@ -349,9 +381,12 @@ class Store:
                     figs[k] = F.combine(k, rs)
                     waits = self.waits.setdefault(strategy, OrderedDict())
                     waits[k] = ST.step_waits(ranks, figs[k].step_ms)
+                    if waits[k] is not None and self.clocks:
+                        self._collect_clock_samples(waits[k], self._shift.get((strategy, k), {}))
                     dirty.discard(k)
                 while len(per) > self.keep_steps:
                     k, ranks = per.popitem(last=False)
+                    self._shift.pop((strategy, k), None)
                     self.waits.get(strategy, {}).pop(k, None)
                     for r in ranks:
                         self.rank_figs.pop((strategy, k, r), None)

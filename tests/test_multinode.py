@@ -14,14 +14,15 @@ import time
 import psutil
 import pytest
 
-from ddptui.clocksync import ClockEstimate, map_ns
+from ddptui import stragglers as ST
+from ddptui.clocksync import MIN_COLLECTIVES, ClockEstimate, CollSample, map_ns, refine
 from ddptui.collector import Collector
 from ddptui.feed import Feed
 from ddptui.netlisten import NetError, NetListener, client_handshake, mac, read_token_file, recv_frame
 from ddptui.store import Store
 from ranks import wire
 
-from .helpers import ROOT, wait_no_workers, worker_procs
+from .helpers import ROOT, store_of, synthetic_frames, wait_no_workers, worker_procs
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
 
@@ -57,6 +58,98 @@ def test_clock_estimate_keeps_the_lowest_delay_and_fits_drift():
     theirs = int(ours + true_off + drift * ours)
     assert abs(map_ns({"off": est.offset_ns, "drift": est.drift, "ref": est.ref_ns}, theirs) - ours) <= 1_000
     assert 40_000 <= est.uncertainty_ns < 45_000  # half the best round trip (81 µs)
+
+
+# -- the refinement from collectives (pure) --------------------------------------------------------
+def _ntp(offset_ns: int, unc_ns: int, drift: float = 0.0) -> ClockEstimate:
+    est = ClockEstimate()
+    est.offset_ns, est.uncertainty_ns, est.drift, est.ref_ns = offset_ns, unc_ns, drift, 0
+    return est
+
+
+def _collectives(theta, n=600, noise_us=300, bias_ns=0, seed=1, drift=0.0, slack=(50_000, 500_000)):
+    """n collectives 10 ms apart between node 0 and a host whose clock is ours + theta (+
+    drift * t). Each truly ends at T on both; each side records its end a random delay
+    later (its thread runs late; now and then by 20 ms), the host `bias_ns` later still; every
+    rank was ready `slack` before T."""
+    import random
+    rnd = random.Random(seed)
+
+    def late():
+        return int(rnd.expovariate(1 / (noise_us * 1000))) + (20_000_000 if rnd.random() < 0.05 else 0)
+
+    out = []
+    for k in range(n):
+        t = 1_000_000_000 + k * 10_000_000
+        th = theta + int(drift * t)
+        e0, eh = t + late(), t + late() + bias_ns  # eh on our clock
+        r0, rh = t - rnd.randint(*slack), t - rnd.randint(*slack)
+        out.append(CollSample(at=e0, d=eh + th - e0, lo=rh + th - e0, hi=eh + th - r0))
+    return out
+
+
+def test_refine_corrects_an_asymmetric_path_from_collective_ends():
+    theta = 250_000_000
+    # an asymmetric path put the exchanges' offset 800 µs off, inside its ± 1 ms
+    est = _ntp(theta + 800_000, 1_000_000)
+    got = refine(est, _collectives(theta))
+    assert abs(got.offset_ns - theta) < 40_000, got
+    assert abs(got.offset_ns - theta) <= got.uncertainty_ns < 100_000, got
+    assert got.n == 600 and abs(got.residual_ns + 800_000) < 40_000
+
+
+def test_refine_follows_the_drift_of_the_exchanges_line():
+    theta, drift = -5_000_000_000, 20e-6  # 120 µs of drift over the 6 s of collectives
+    got = refine(_ntp(theta + 500_000, 700_000, drift), _collectives(theta, drift=drift))
+    at = 4_000_000_000
+    assert abs(got.offset_ns + int(drift * at) - (theta + int(drift * at))) < 40_000, got
+
+
+def test_refine_stays_inside_the_hard_bounds():
+    """Most collectives read +400 µs (the host returns late from them: the median is biased),
+    but in some the host returned within 50 µs of node 0's last ready: no offset above +50 µs
+    keeps those causal, so the refinement stops there."""
+    theta = 1_000_000
+    samples = [CollSample(at=k * 1_000_000, d=theta + 400_000 + (k % 7) * 1_000, lo=theta - 300_000,
+                          hi=theta + 900_000) for k in range(540)]
+    samples += [CollSample(at=k * 1_000_000, d=theta + 10_000, lo=theta - 300_000, hi=theta + 50_000)
+                for k in range(60)]
+    got = refine(_ntp(theta, 1_000_000), samples)
+    assert got.offset_ns - theta == 50_000, got
+    assert refine(_ntp(theta, 1_000_000), samples[:540]).offset_ns - theta > 390_000  # without them
+
+
+def test_refine_needs_enough_collectives_that_agree_with_the_exchanges():
+    theta = 1_000_000
+    assert refine(_ntp(theta, 100_000), _collectives(theta, n=MIN_COLLECTIVES - 1)) is None
+    assert refine(_ntp(theta, 100_000), _collectives(theta, n=MIN_COLLECTIVES)) is not None
+    assert refine(ClockEstimate(), _collectives(theta)) is None  # no exchange yet
+    # collectives whose hard bounds lie outside the exchanges' bound: the exchanges stand
+    assert refine(_ntp(theta + 5_000_000, 1_000_000), _collectives(theta)) is None
+
+
+def test_store_reads_collectives_in_each_hosts_raw_clock():
+    """Rank 1 runs on node 1, whose clock is theta ahead; the store maps its spans with the
+    clock frame in force (here a wrong one), but the collectives it keeps for the refinement
+    are in raw host times: their offset readings are theta plus the ends' true difference."""
+    theta, wrong = 7_000_000_000, 123_000
+    frames = synthetic_frames(steps=5)
+    plain = store_of(frames)
+    skewed = [{"t": "node", "r": 1, "node": 1, "host": "h1"},
+              {"t": "clock", "node": 1, "host": "h1", "off": theta + wrong, "unc": 200_000}]
+    for f in frames:
+        if f["t"] == "spans" and f["r"] == 1:
+            f = dict(f, b=f["b"] + theta)
+        skewed.append(f)
+    st = store_of(skewed)
+    want = []
+    for strategy in st.strategies():
+        for k, batches in plain.raw[strategy].items():
+            for c in ST.collectives(batches):
+                want.append(c.end[1] - c.end[0])
+    got = [s.d - theta for s in st.clock_samples(1)]
+    assert got == want and len(got) >= 20
+    assert st.clock_samples(0) == []
 
 
 # -- the listener: who gets in ---------------------------------------------------------------
@@ -178,15 +271,18 @@ def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
 
 
 # -- two torchrun agents on loopback ---------------------------------------------------------
-def _env(skew: int = 0) -> dict:
+def _env(skew: int = 0, asym: int = 0) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=ROOT)
     env.pop("DDPTUI_CLOCK_SKEW_NS", None)
+    env.pop("DDPTUI_NET_ASYM_NS", None)
     if skew:
         env["DDPTUI_CLOCK_SKEW_NS"] = str(skew)
+    if asym:
+        env["DDPTUI_NET_ASYM_NS"] = str(asym)
     return env
 
 
-def _two_nodes(tmp_path, token_file, skew, steps=3, extra=()):
+def _two_nodes(tmp_path, token_file, skew, steps=3, extra=(), asym=0):
     listen, rdzv = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
     rec, js = tmp_path / "run.ddptui", tmp_path / "run.json"
     node0 = subprocess.Popen(
@@ -203,16 +299,19 @@ def _two_nodes(tmp_path, token_file, skew, steps=3, extra=()):
         except OSError:
             time.sleep(0.1)
     join = subprocess.Popen([sys.executable, "-m", "ddptui", "join", listen, "--token-file", token_file],
-                            cwd=ROOT, env=_env(skew), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=_env(skew, asym), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return node0, join, rec, js
 
 
-@pytest.mark.parametrize("skew", [250_000_000, -5_000_000_000], ids=["+250ms", "-5s"])
-def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew):
+@pytest.mark.parametrize("skew,asym,steps", [(250_000_000, 0, 3), (-5_000_000_000, 0, 3), (250_000_000, 2_000_000, 30)],
+                         ids=["+250ms", "-5s", "+250ms-asymmetric-path"])
+def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
+    """With an asymmetric path (pings 2 ms slower on the way out) the exchanges alone are
+    ~1 ms off, within their ± bound; the run's collectives bring the offset back."""
     from ddptui.recording import load
     from ranks.wire import BWD, COMM
 
-    node0, join, rec, js = _two_nodes(tmp_path, token_file, skew)
+    node0, join, rec, js = _two_nodes(tmp_path, token_file, skew, steps=steps, asym=asym)
     try:
         out, err = node0.communicate(timeout=90)
         jout, jerr = join.communicate(timeout=20)
@@ -228,6 +327,10 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew):
     est, unc = offs[1]["offset_ns"], offs[1]["uncertainty_ns"]
     assert abs(est - skew) <= 100_000, (est, skew, unc)  # within 100 µs
     assert abs(est - skew) <= unc + 20_000, (est, skew, unc)
+    if asym:
+        assert offs[1]["ntp_offset_ns"] - skew > asym // 4, offs[1]  # the exchanges alone are off
+        assert offs[1]["collectives"] >= MIN_COLLECTIVES and unc < offs[1]["ntp_uncertainty_ns"] // 4, offs[1]
+        assert "clock refined from" in err
     # figures per host: JSON rows and a line per host on stdout
     hosts = {h["node"]: h for h in doc["hosts"]}
     assert set(hosts) == {0, 1} and hosts[1]["offset_ns"] == est and hosts[0]["ranks"] and hosts[1]["ranks"]
