@@ -22,7 +22,7 @@ from ddptui.netlisten import NetError, NetListener, client_handshake, mac, read_
 from ddptui.store import Store
 from ranks import wire
 
-from .helpers import ROOT, store_of, synthetic_frames, wait_no_workers, worker_procs
+from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, wait_no_workers, worker_procs
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
 
@@ -128,27 +128,36 @@ def test_refine_needs_enough_collectives_that_agree_with_the_exchanges():
     assert refine(_ntp(theta + 5_000_000, 1_000_000), _collectives(theta)) is None
 
 
-def test_store_reads_collectives_in_each_hosts_raw_clock():
-    """Rank 1 runs on node 1, whose clock is theta ahead; the store maps its spans with the
-    clock frame in force (here a wrong one), but the collectives it keeps for the refinement
-    are in raw host times: their offset readings are theta plus the ends' true difference."""
-    theta, wrong = 7_000_000_000, 123_000
-    frames = synthetic_frames(steps=5)
-    plain = store_of(frames)
-    skewed = [{"t": "node", "r": 1, "node": 1, "host": "h1"},
-              {"t": "clock", "node": 1, "host": "h1", "off": theta + wrong, "unc": 200_000}]
+@pytest.mark.parametrize("world,nodes", [(2, {1: 1}), (4, {1: 1, 2: 2, 3: 1})], ids=["2-hosts", "3-hosts"])
+def test_store_reads_collectives_in_each_hosts_raw_clock(world, nodes):
+    """Ranks on other nodes, whose clocks are ahead by theta[node]; the store maps their spans
+    with the clock frame in force (here a wrong one), but the collectives it keeps for the
+    refinement are in raw host times: per host against node 0, the medians of the ends there
+    and here, theta plus the ends' true difference."""
+    from ddptui.clocksync import coll_sample
+    theta = {1: 7_000_000_000, 2: 3_000_000_000}
+    frames = synthetic_frames(steps=5, world=world)
+    meta = synthetic_meta(world=world)
+    plain = store_of(frames, meta)
+    skewed = [{"t": "node", "r": r, "node": n, "host": f"h{n}"} for r, n in nodes.items()]
+    skewed += [{"t": "clock", "node": n, "host": f"h{n}", "off": th + 123_000, "unc": 200_000}
+               for n, th in theta.items() if n in nodes.values()]
     for f in frames:
-        if f["t"] == "spans" and f["r"] == 1:
-            f = dict(f, b=f["b"] + theta)
+        if f["t"] == "spans" and f["r"] in nodes:
+            f = dict(f, b=f["b"] + theta[nodes[f["r"]]])
         skewed.append(f)
-    st = store_of(skewed)
-    want = []
-    for strategy in st.strategies():
-        for k, batches in plain.raw[strategy].items():
-            for c in ST.collectives(batches):
-                want.append(c.end[1] - c.end[0])
-    got = [s.d - theta for s in st.clock_samples(1)]
-    assert got == want and len(got) >= 20
+    st = store_of(skewed, meta)
+    for node in set(nodes.values()):
+        here = [r for r in range(world) if r not in nodes]
+        there = [r for r, n in nodes.items() if n == node]
+        want = []
+        for strategy in st.strategies():
+            for k, batches in plain.raw[strategy].items():
+                for c in ST.collectives(batches):
+                    want.append(coll_sample([c.ready[r] for r in here], [c.end[r] for r in here],
+                                            [c.ready[r] + theta[node] for r in there],
+                                            [c.end[r] + theta[node] for r in there]))
+        assert st.clock_samples(node) == want and len(want) >= 20
     assert st.clock_samples(0) == []
 
 
