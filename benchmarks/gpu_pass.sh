@@ -12,6 +12,9 @@
 #                                         the live UI in tmux (SVG); collects the clock run
 #   benchmarks/gpu_pass.sh all [OUTDIR]
 #
+# GPU_PASS_QUICK=1 rehearses the plumbing (small model, 3 steps, short clock/NVML runs, one
+# test file instead of the suite) — on a CPU machine too, where the CUDA-only steps say so.
+#
 # OUTDIR defaults to $OUT (the device tool's folder) or ./gpu-pass. What the machine lacks comes
 # as wheels in .whl/ (pure-Python: Textual and its needs, the snapshot plugin); torch, NVML
 # bindings, msgpack, psutil, rich and pytest are usually there (env.txt says).
@@ -24,7 +27,7 @@ out=$(cd "$out" && pwd)
 work=/tmp/ddptui-gpu-pass
 mkdir -p "$work"
 export OMP_NUM_THREADS=4 PYTHONUNBUFFERED=1 DDPTUI_RUNS_DIR="$work/runs"
-PY=python3
+PY=${GPU_PASS_PYTHON:-python3}
 if ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
@@ -32,6 +35,10 @@ else
   export PYTHONPATH=$PWD
 fi
 DDPTUI=($PY -m ddptui.cli)
+QUICK=${GPU_PASS_QUICK:-}
+BIG=xlarge; CLOCK_S=900; NVML_S=20; POOL=1000; SUITE=tests
+if [ -n "$QUICK" ]; then BIG=small; CLOCK_S=10; NVML_S=3; POOL=20; SUITE=tests/test_pipeline.py; fi
+n() { if [ -n "$QUICK" ]; then echo 3; else echo "$1"; fi; }  # steps
 
 step() { echo "== $(date +%T) $*" | tee -a "$work/summary.txt"; }
 note() { echo "$*" | tee -a "$work/summary.txt"; }
@@ -82,38 +89,38 @@ verify() {
 
 phase_a() {
   env_report
-  step "clock residual run (background, 900 s)"
-  setsid nohup $PY benchmarks/gpu_clock.py --seconds 900 --out "$work/clock.csv" \
+  step "clock residual run (background, $CLOCK_S s)"
+  setsid nohup $PY benchmarks/gpu_clock.py --seconds $CLOCK_S --out "$work/clock.csv" \
     > "$work/clock.log" 2>&1 < /dev/null &
   step "tests marked gpu"
   timeout 400 $PY -m pytest -q -m gpu -p no:cacheprovider tests > "$work/tests-gpu.txt" 2>&1
   note "  $(tail -n 1 "$work/tests-gpu.txt")"
   local s="naive,interleaved,ddp,single"
-  headless nccl-small --gpus 1 --model small --strategies $s --steps 30
-  headless gloo-small --gpus 1 --ranks 2 --model small --strategies $s --steps 30
-  headless nccl-xlarge --gpus 1 --model xlarge --strategies $s --steps 20
-  headless gloo-xlarge --gpus 1 --ranks 2 --model xlarge --strategies naive,interleaved,ddp --steps 10
-  verify nccl --gpus 1 --model xlarge --strategies naive,interleaved,ddp,single --steps 6
+  headless nccl-small --gpus 1 --model small --strategies $s --steps "$(n 30)"
+  headless gloo-small --gpus 1 --ranks 2 --model small --strategies $s --steps "$(n 30)"
+  headless nccl-$BIG --gpus 1 --model $BIG --strategies $s --steps "$(n 20)"
+  headless gloo-$BIG --gpus 1 --ranks 2 --model $BIG --strategies naive,interleaved,ddp --steps "$(n 10)"
+  verify nccl --gpus 1 --model $BIG --strategies naive,interleaved,ddp,single --steps 6
   verify gloo --gpus 1 --ranks 2 --model small --strategies naive,interleaved,ddp --steps 6
 }
 
 phase_b() {
   [ -f "$work/env.txt" ] || env_report
   step "whole suite with CUDA visible"
-  timeout 420 $PY -m pytest -q -x -p no:cacheprovider tests > "$work/tests-all.txt" 2>&1
+  timeout 420 $PY -m pytest -q -x -p no:cacheprovider $SUITE > "$work/tests-all.txt" 2>&1
   note "  $(tail -n 1 "$work/tests-all.txt")"
-  step "P1 on xlarge (1 rank, NCCL)"
-  timeout 300 $PY benchmarks/p1_overhead.py --model xlarge --device cuda --ranks 1 > "$work/p1.txt" 2>&1
+  step "P1 on $BIG (1 rank, NCCL)"
+  timeout 300 $PY benchmarks/p1_overhead.py --model $BIG --device cuda --ranks 1 ${QUICK:+--quick} > "$work/p1.txt" 2>&1
   note "  $(grep -E '^P1|ratio' "$work/p1.txt" | tail -n 3 | tr '\n' ' ')"
   step "NVML next to nvidia-smi"
-  timeout 120 $PY benchmarks/gpu_nvml.py --seconds 20 --out "$work/nvml.csv" > "$work/nvml.txt" 2>&1
+  timeout 120 $PY benchmarks/gpu_nvml.py --seconds $NVML_S --out "$work/nvml.csv" > "$work/nvml.txt" 2>&1
   note "  $(tail -n 1 "$work/nvml.txt")"
-  headless pool-1000 --gpus 1 --model small --strategies naive,ddp --steps 1000
+  headless pool-$POOL --gpus 1 --model small --strategies naive,ddp --steps $POOL
   if command -v tmux >/dev/null 2>&1; then
     step "live UI in tmux (SVG screenshot)"
     mkdir -p "$work/shots"
     tmux new-session -d -s gpupass -x 200 -y 50 -c "$work/shots" \
-      "env PYTHONPATH=$PYTHONPATH $PY -m ddptui.cli --gpus 1 --ranks 2 --model xlarge --strategies naive,ddp"
+      "env PYTHONPATH=$PYTHONPATH $PY -m ddptui.cli --gpus 1 --ranks 2 --model $BIG --strategies naive,ddp"
     sleep 40; tmux send-keys -t gpupass s; sleep 3
     tmux capture-pane -p -t gpupass > "$work/shots/pane.txt"
     tmux send-keys -t gpupass q; sleep 8

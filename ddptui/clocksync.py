@@ -18,11 +18,12 @@ An asymmetric path (one way slower than the other) puts the NTP offset anywhere 
 ± half-delay, so it is then refined from the run's own collectives (`refine`): an AllReduce
 ends at nearly the same moment on every rank, so each collective's end there minus its end
 here reads the offset (noisy: a rank returns from a collective when its thread runs, but
-with no preferred sign; the median of many is taken). And no rank's AllReduce can end
+with no preferred sign; the median over many steps is taken). And no rank's AllReduce can end
 before every rank was ready for it, which bounds the offset hard on both sides (`CollSample`
 lo/hi). The refined offset is the NTP line shifted by the inverse-variance mean of the two
 readings, kept inside both hard bounds; its uncertainty is twice the combined standard
-error, never more than the distance to the hard bounds.
+error, never more than the distance to the hard bounds — and, when a hard bound stopped the
+mean (the readings are then biased), that distance itself.
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ from statistics import median
 
 MIN_DRIFT_SPAN_NS = 5_000_000_000  # fit drift only over samples this far apart
 MAX_DRIFT = 500e-6  # |drift| above 500 ppm is not a clock: ignore it
-MIN_COLLECTIVES = 16  # refine from collectives only with at least this many
+MIN_STEPS = 8  # refine from collectives only once they come from at least this many steps
 KEEP_COLLECTIVES = 4096  # per host, the latest collectives kept for the refinement
-END_FLOOR_NS = 1_000  # collective ends are never closer than this: the readings' error floor
+STAMP_NS = 1_000  # spans carry µs: each time is up to this much early
 
 
 @dataclass
@@ -127,16 +128,18 @@ class CollSample:
     d: int  # its end there (their clock) minus its end here: an offset reading
     lo: int  # the offset is at least this: a rank there was ready before our end
     hi: int  # ... and at most this: their end came after our ready
+    step: tuple = ()  # (strategy, step): the collectives of one step err together
 
 
-def coll_sample(ready0: list[int], end0: list[int], ready_h: list[int], end_h: list[int]) -> CollSample:
+def coll_sample(ready0: list[int], end0: list[int], ready_h: list[int], end_h: list[int],
+                step: tuple = ()) -> CollSample:
     """From one collective's ready and end times on node 0's ranks (our clock) and on one
     host's ranks (its clock). With theta = their clock minus ours: a rank b there was ready
     before any rank a here ended, ready_b - theta <= end_a, so theta >= ready_b - end_a;
-    likewise theta <= end_b - ready_a."""
+    likewise theta <= end_b - ready_a. Each bound is widened by the µs the times were cut to."""
     e0 = median(end0)
-    return CollSample(at=int(e0), d=int(median(end_h) - e0), lo=max(ready_h) - min(end0),
-                      hi=min(end_h) - max(ready0))
+    return CollSample(at=int(e0), d=int(median(end_h) - e0), lo=max(ready_h) - min(end0) - STAMP_NS,
+                      hi=min(end_h) - max(ready0) + STAMP_NS, step=step)
 
 
 @dataclass
@@ -145,29 +148,45 @@ class Refined:
     uncertainty_ns: int
     residual_ns: int  # what the collectives moved the NTP offset by
     n: int  # collectives used
+    steps: int  # the steps they came from
 
 
 def refine(est: ClockEstimate, samples) -> Refined | None:
-    """The NTP estimate refined from collectives (module docstring); None while there are
-    too few, or when they contradict the NTP bound (then the NTP estimate stands)."""
-    if not est.known or len(samples) < MIN_COLLECTIVES:
+    """The NTP estimate refined from collectives (module docstring); None while they come
+    from too few steps, or when they contradict the NTP bound (then the NTP estimate stands).
+
+    The collectives of one step share its scheduling, so they are not independent readings:
+    each step gives one (the median of its collectives' residuals), and the standard error
+    comes from the spread of those over the steps."""
+    if not est.known or not samples:
+        return None
+    by_step: dict[tuple, list[int]] = {}
+    lo, hi = -math.inf, math.inf
+    for s in samples:  # residuals against the NTP line at each collective's time (it carries the drift)
+        line = est.offset_at(s.at)
+        by_step.setdefault(s.step, []).append(s.d - line)
+        lo, hi = max(lo, s.lo - line), min(hi, s.hi - line)
+    if len(by_step) < MIN_STEPS:
         return None
     u = max(est.uncertainty_ns, 1)
-    # residuals against the NTP line at each collective's time (the line carries the drift)
-    res = [s.d - est.offset_at(s.at) for s in samples]
-    lo = max(-u, max(s.lo - est.offset_at(s.at) for s in samples))
-    hi = min(u, min(s.hi - est.offset_at(s.at) for s in samples))
+    lo, hi = max(-u, lo), min(u, hi)
     if lo > hi:
         return None
+    res = [median(v) for v in by_step.values()]
     m = median(res)
     mad = median(abs(r - m) for r in res)
     # the standard error of a median: 1.2533 sigma / sqrt(n), sigma from the MAD (1.4826)
-    se_c = max(1.2533 * 1.4826 * mad / math.sqrt(len(res)), END_FLOOR_NS)
+    se_c = max(1.2533 * 1.4826 * mad / math.sqrt(len(res)), STAMP_NS)
     se_n = u / math.sqrt(3)  # NTP: anywhere within +-u
     w_c, w_n = 1 / se_c ** 2, 1 / se_n ** 2
-    r = min(max(m * w_c / (w_c + w_n), lo), hi)
-    unc = min(2 / math.sqrt(w_c + w_n), max(r - lo, hi - r))
-    return Refined(est.offset_ns + int(round(r)), max(int(math.ceil(unc)), 1), int(round(r)), len(res))
+    mean = m * w_c / (w_c + w_n)
+    r = min(max(mean, lo), hi)
+    if r != mean:  # a hard bound stopped it: the readings are biased, only the bounds hold
+        unc = max(r - lo, hi - r)
+    else:
+        unc = min(2 / math.sqrt(w_c + w_n), max(r - lo, hi - r))
+    return Refined(est.offset_ns + int(round(r)), max(int(math.ceil(unc)), 1), int(round(r)),
+                   len(samples), len(res))
 
 
 def clock_frame(node: int, host: str, est: ClockEstimate, ref: Refined | None) -> dict:
@@ -176,7 +195,7 @@ def clock_frame(node: int, host: str, est: ClockEstimate, ref: Refined | None) -
          "drift": est.drift, "ref": est.ref_ns, "n": est.samples}
     if ref is not None:
         f.update(off=ref.offset_ns, unc=ref.uncertainty_ns, ntp_off=est.offset_ns, ntp_unc=est.uncertainty_ns,
-                 coll=ref.n)
+                 coll=ref.n, steps=ref.steps)
     return f
 
 
@@ -212,11 +231,12 @@ def offsets(node_of: dict, clocks: dict, host0) -> list[dict]:
     """The JSON `clock_offsets` list: node 0 itself, then every host with an estimate ([] on one host)."""
     if not node_of and not clocks:
         return []
-    out = [{"host": str(host0 or "node0"), "node_rank": 0, "offset_ns": 0, "uncertainty_ns": 0}]
+    out = [{"host": str(host0 or "node0"), "node_rank": 0, "offset_ns": 0, "uncertainty_ns": 0,
+            "collectives": 0, "steps": 0}]
     for n, c in sorted(clocks.items()):
         if n:
             o = {"host": c["host"], "node_rank": n, "offset_ns": c["off"], "uncertainty_ns": c["unc"],
-                 "collectives": c.get("coll", 0)}
+                 "collectives": c.get("coll", 0), "steps": c.get("steps", 0)}
             if "ntp_off" in c:  # refined from collectives: what the exchanges alone said
                 o.update(ntp_offset_ns=c["ntp_off"], ntp_uncertainty_ns=c["ntp_unc"])
             out.append(o)

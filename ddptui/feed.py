@@ -16,6 +16,7 @@ not frames at all: the Reader stops there and calls it damage.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from ranks import schema, wire
@@ -33,6 +34,9 @@ class Feed:
         self.seen = 0  # frames offered
         self.rejected = 0  # frames rejected
         self.first_reject: str | None = None  # "after N frames: why" of the first one
+        # the store and the sink see frames in one order (a clock frame from the listener's
+        # thread and a rank's spans: the recording must map every batch as the live run did)
+        self._order = threading.RLock()
 
     def body(self, body: bytes, rank: int | None = None, types=schema.RECORDED_FRAMES) -> dict | None:
         """Decode and take one frame body; returns the frame, or None when rejected."""
@@ -54,7 +58,16 @@ class Feed:
                 raise schema.FrameError(f"unexpected frame type {str(t)[:20]!r}")
             if rank is not None and f.get("r") != rank:
                 raise schema.FrameError(f"rank {rank} sent a frame for rank {str(f.get('r'))[:20]}")
-            self.store.ingest(f)
+            with self._order:
+                self.store.ingest(f)
+                if self.sink is not None:
+                    try:
+                        self.sink(body if body is not None else wire.pack(f)[4:], f)
+                    except Exception as e:  # noqa: BLE001
+                        raise _SinkError(e) from e
+        except _SinkError as e:
+            self.reject(rank, t, f"internal error recording a {str(t)[:20]} frame ({_why(e.__cause__)})")
+            return False
         except schema.FrameError as e:
             why = str(e) if str(e).startswith(("unexpected", "rank ")) else f"invalid {t} frame: {e}"
             self.reject(self._rank_of(f, rank), t, why)
@@ -62,12 +75,6 @@ class Feed:
         except Exception as e:  # noqa: BLE001 - a bug must not stop ingestion of the rest
             self.reject(self._rank_of(f, rank), t, f"internal error on a {str(t)[:20]} frame ({_why(e)})")
             return False
-        if self.sink is not None:
-            try:
-                self.sink(body if body is not None else wire.pack(f)[4:], f)
-            except Exception as e:  # noqa: BLE001
-                self.reject(rank, t, f"internal error recording a {str(t)[:20]} frame ({_why(e)})")
-                return False
         return True
 
     def _rank_of(self, f: dict, rank: int | None) -> int | None:
@@ -89,12 +96,17 @@ class Feed:
 
     def note(self, f: dict) -> None:
         """A frame the app itself makes (reject, drop): into the store and the sink."""
-        self.store.ingest(f)
-        if self.sink is not None:
-            try:
-                self.sink(wire.pack(f)[4:], f)
-            except Exception:  # noqa: BLE001 - the store has it; a failing recorder is logged elsewhere
-                pass
+        with self._order:
+            self.store.ingest(f)
+            if self.sink is not None:
+                try:
+                    self.sink(wire.pack(f)[4:], f)
+                except Exception:  # noqa: BLE001 - the store has it; a failing recorder is logged elsewhere
+                    pass
+
+
+class _SinkError(Exception):
+    """The sink (the recorder) failed on a frame the store took."""
 
 
 def _why(e: BaseException) -> str:

@@ -303,6 +303,7 @@ class NetListener:
         burst = 16
         why = "closed"
         last: tuple | None = None
+        refined = False
         next_burst = 0.0
         try:
             while not self._stop.is_set():
@@ -320,9 +321,12 @@ class NetListener:
                     burst = 8
                     next_burst = time.monotonic() + self.ping_every
                 if est.known:
-                    f = clock_frame(node, host, est, refine(est, self.store.clock_samples(node)))
-                    key = (f["off"] // 1000, f["unc"] // 1000, est.samples)
-                    if key != last:  # moved by a microsecond, or a new burst
+                    ref = refine(est, self.store.clock_samples(node))
+                    refined = refined or ref is not None
+                    # once refined, a refinement that fails keeps the last one (no jump back)
+                    f = clock_frame(node, host, est, ref) if ref is not None or not refined else None
+                    key = f and (f["off"] // 1000, f["unc"] // 1000, est.samples)
+                    if f and key != last:  # moved by a microsecond, or a new burst
                         last = key
                         self.feed.note(f)
                 if self._stop.wait(min(1.0, self.ping_every)):

@@ -270,7 +270,7 @@ class Store:
         """A time of `rank`'s host clock on node 0's axis (identity on one host)."""
         return map_ns(self.clocks.get(self.node_of.get(rank, 0)), ns)
 
-    def _collect_clock_samples(self, w: ST.StepWaits, shift: dict[int, int]) -> None:
+    def _collect_clock_samples(self, w: ST.StepWaits, shift: dict[int, int], step: tuple) -> None:
         """Multi-node: each collective of a step, per host against node 0, in raw host times
         (what the clock refinement reads; ddptui/clocksync.py)."""
         by_node: dict[int, list[int]] = {}
@@ -286,7 +286,7 @@ class Store:
                 if got is None:
                     got = self._coll[node] = deque(maxlen=KEEP_COLLECTIVES)
                 got.append(coll_sample(r0, e0, [c.ready[r] + shift[r] for r in rs],
-                                       [c.end[r] + shift[r] for r in rs]))
+                                       [c.end[r] + shift[r] for r in rs], step))
 
     def clock_samples(self, node: int) -> list:
         """Multi-node: the latest collectives between `node` and node 0 (CollSample, raw times)."""
@@ -382,7 +382,7 @@ class Store:
                     waits = self.waits.setdefault(strategy, OrderedDict())
                     waits[k] = ST.step_waits(ranks, figs[k].step_ms)
                     if waits[k] is not None and self.clocks:
-                        self._collect_clock_samples(waits[k], self._shift.get((strategy, k), {}))
+                        self._collect_clock_samples(waits[k], self._shift.get((strategy, k), {}), (strategy, k))
                     dirty.discard(k)
                 while len(per) > self.keep_steps:
                     k, ranks = per.popitem(last=False)

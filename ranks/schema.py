@@ -194,7 +194,8 @@ SCHEMA: dict[str, Map] = {name: Map(fields) for name, fields in {
     # multi-node (ddptui/netlisten.py): a rank's host, and a host's clock estimate
     "node": {"r": RANK, "node": NODE, "host?": NAME},
     "clock": {"node": NODE, "host": NAME, "off": I64, "unc": COUNT, "drift?": Num(-1, 1), "ref?": I64,
-              "n?": COUNT, "ntp_off?": I64, "ntp_unc?": COUNT, "coll?": COUNT},
+              "n?": COUNT, "ntp_off?": I64, "ntp_unc?": COUNT, "coll?": COUNT,
+              "steps?": COUNT},
     # from the app to ranks
     "stop": {"why?": Str(200)},
     "set": {"key": Str(32, ("bucket_cap_mb", "slow_ms")), "value": Num(0, 60_000),

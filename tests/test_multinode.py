@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from ddptui import stragglers as ST
-from ddptui.clocksync import MIN_COLLECTIVES, ClockEstimate, CollSample, map_ns, refine
+from ddptui.clocksync import MIN_STEPS, ClockEstimate, CollSample, coll_sample, map_ns, refine
 from ddptui.collector import Collector
 from ddptui.feed import Feed
 from ddptui.netlisten import NetError, NetListener, client_handshake, mac, read_token_file, recv_frame
@@ -69,7 +69,7 @@ def _ntp(offset_ns: int, unc_ns: int, drift: float = 0.0) -> ClockEstimate:
 
 def _collectives(theta, n=600, noise_us=300, bias_ns=0, seed=1, drift=0.0, slack=(50_000, 500_000)):
     """n collectives 10 ms apart between node 0 and a host whose clock is ours + theta (+
-    drift * t). Each truly ends at T on both; each side records its end a random delay
+    drift * t), 8 per step. Each truly ends at T on both; each side records its end a random delay
     later (its thread runs late; now and then by 20 ms), the host `bias_ns` later still; every
     rank was ready `slack` before T."""
     import random
@@ -84,7 +84,7 @@ def _collectives(theta, n=600, noise_us=300, bias_ns=0, seed=1, drift=0.0, slack
         th = theta + int(drift * t)
         e0, eh = t + late(), t + late() + bias_ns  # eh on our clock
         r0, rh = t - rnd.randint(*slack), t - rnd.randint(*slack)
-        out.append(CollSample(at=e0, d=eh + th - e0, lo=rh + th - e0, hi=eh + th - r0))
+        out.append(CollSample(at=e0, d=eh + th - e0, lo=rh + th - e0, hi=eh + th - r0, step=("naive", k // 8)))
     return out
 
 
@@ -95,34 +95,50 @@ def test_refine_corrects_an_asymmetric_path_from_collective_ends():
     got = refine(est, _collectives(theta))
     assert abs(got.offset_ns - theta) < 40_000, got
     assert abs(got.offset_ns - theta) <= got.uncertainty_ns < 100_000, got
-    assert got.n == 600 and abs(got.residual_ns + 800_000) < 40_000
+    assert got.n == 600 and got.steps == 75 and abs(got.residual_ns + 800_000) < 40_000
 
 
 def test_refine_follows_the_drift_of_the_exchanges_line():
-    theta, drift = -5_000_000_000, 20e-6  # 120 µs of drift over the 6 s of collectives
+    """Residuals are taken against the exchanges' line at each collective's time: with 20 ppm
+    of drift (120 µs over the 6 s of collectives) ignoring it would be ~70 µs off."""
+    theta, drift = -5_000_000_000, 20e-6
     got = refine(_ntp(theta + 500_000, 700_000, drift), _collectives(theta, drift=drift))
-    at = 4_000_000_000
-    assert abs(got.offset_ns + int(drift * at) - (theta + int(drift * at))) < 40_000, got
+    assert abs(got.offset_ns - theta) < 30_000, got
 
 
 def test_refine_stays_inside_the_hard_bounds():
     """Most collectives read +400 µs (the host returns late from them: the median is biased),
     but in some the host returned within 50 µs of node 0's last ready: no offset above +50 µs
-    keeps those causal, so the refinement stops there."""
+    keeps those causal, so the refinement stops there, and its uncertainty is what the bounds
+    leave (the readings no longer count)."""
     theta = 1_000_000
     samples = [CollSample(at=k * 1_000_000, d=theta + 400_000 + (k % 7) * 1_000, lo=theta - 300_000,
-                          hi=theta + 900_000) for k in range(540)]
-    samples += [CollSample(at=k * 1_000_000, d=theta + 10_000, lo=theta - 300_000, hi=theta + 50_000)
-                for k in range(60)]
+                          hi=theta + 900_000, step=("naive", k // 9)) for k in range(540)]
+    samples += [CollSample(at=k * 1_000_000, d=theta + 10_000, lo=theta - 300_000, hi=theta + 50_000,
+                           step=("naive", k)) for k in range(6)]
     got = refine(_ntp(theta, 1_000_000), samples)
     assert got.offset_ns - theta == 50_000, got
+    assert got.uncertainty_ns == 350_000 and abs(got.offset_ns - theta) <= got.uncertainty_ns, got
     assert refine(_ntp(theta, 1_000_000), samples[:540]).offset_ns - theta > 390_000  # without them
 
 
-def test_refine_needs_enough_collectives_that_agree_with_the_exchanges():
+def test_a_collectives_bounds_and_reading():
+    """Node 0's two ranks ready at 100/120 and done at 200/204 (µs, our clock); the host's one
+    rank, whose clock is ours + 1 s, ready at 150 and done at 202: its end reads +1 s - 0 µs;
+    it was ready 50 µs before node 0's first end, node 0's last was ready 82 µs before its end."""
+    us, s = 1_000, 1_000_000_000
+    c = coll_sample([100 * us, 120 * us], [200 * us, 204 * us], [s + 150 * us], [s + 202 * us], ("ddp", 3))
+    assert (c.at, c.d, c.step) == (202 * us, s, ("ddp", 3))
+    assert (c.lo, c.hi) == (s - 50 * us - 1_000, s + 82 * us + 1_000)
+
+
+def test_refine_needs_enough_steps_that_agree_with_the_exchanges():
     theta = 1_000_000
-    assert refine(_ntp(theta, 100_000), _collectives(theta, n=MIN_COLLECTIVES - 1)) is None
-    assert refine(_ntp(theta, 100_000), _collectives(theta, n=MIN_COLLECTIVES)) is not None
+    assert refine(_ntp(theta, 100_000), _collectives(theta, n=8 * (MIN_STEPS - 1))) is None
+    assert refine(_ntp(theta, 100_000), _collectives(theta, n=8 * MIN_STEPS)) is not None
+    # many collectives of one step are one reading, not many
+    one_step = [CollSample(s.at, s.d, s.lo, s.hi, ("naive", 0)) for s in _collectives(theta)]
+    assert refine(_ntp(theta, 100_000), one_step) is None
     assert refine(ClockEstimate(), _collectives(theta)) is None  # no exchange yet
     # collectives whose hard bounds lie outside the exchanges' bound: the exchanges stand
     assert refine(_ntp(theta + 5_000_000, 1_000_000), _collectives(theta)) is None
@@ -134,7 +150,6 @@ def test_store_reads_collectives_in_each_hosts_raw_clock(world, nodes):
     with the clock frame in force (here a wrong one), but the collectives it keeps for the
     refinement are in raw host times: per host against node 0, the medians of the ends there
     and here, theta plus the ends' true difference."""
-    from ddptui.clocksync import coll_sample
     theta = {1: 7_000_000_000, 2: 3_000_000_000}
     frames = synthetic_frames(steps=5, world=world)
     meta = synthetic_meta(world=world)
@@ -156,7 +171,7 @@ def test_store_reads_collectives_in_each_hosts_raw_clock(world, nodes):
                 for c in ST.collectives(batches):
                     want.append(coll_sample([c.ready[r] for r in here], [c.end[r] for r in here],
                                             [c.ready[r] + theta[node] for r in there],
-                                            [c.end[r] + theta[node] for r in there]))
+                                            [c.end[r] + theta[node] for r in there], (strategy, k)))
         assert st.clock_samples(node) == want and len(want) >= 20
     assert st.clock_samples(0) == []
 
@@ -338,7 +353,7 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     assert abs(est - skew) <= unc + 20_000, (est, skew, unc)
     if asym:
         assert offs[1]["ntp_offset_ns"] - skew > asym // 4, offs[1]  # the exchanges alone are off
-        assert offs[1]["collectives"] >= MIN_COLLECTIVES and unc < offs[1]["ntp_uncertainty_ns"] // 4, offs[1]
+        assert offs[1]["steps"] >= MIN_STEPS and unc < offs[1]["ntp_uncertainty_ns"] // 4, offs[1]
         assert "clock refined from" in err
     # figures per host: JSON rows and a line per host on stdout
     hosts = {h["node"]: h for h in doc["hosts"]}
@@ -350,7 +365,10 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     sj = tmp_path / "summary.json"
     assert subprocess.run([sys.executable, "-m", "ddptui", "summary", str(rec), "--json", str(sj)], cwd=ROOT,
                           capture_output=True, timeout=60).returncode == 0
-    assert {o["node_rank"]: o["offset_ns"] for o in json.load(open(sj))["clock_offsets"]}[1] == est
+    replayed = json.load(open(sj))
+    assert {o["node_rank"]: o["offset_ns"] for o in replayed["clock_offsets"]}[1] == est
+    # ... and the same figures per host: every batch mapped with the clock frame it had live
+    assert replayed["hosts"] == doc["hosts"], (replayed["hosts"], doc["hosts"])
     got = load(str(rec))
     st = got.store
     assert st.node_of and set(st.hosts()) == {0, 1}
