@@ -48,6 +48,9 @@ def main(argv=None) -> int:
         cuda = a.device != "cpu" and torch.cuda.is_available()
     except ImportError:
         cuda = False
+    if a.device == "cuda" and not cuda:
+        print("p1_overhead: --device cuda, but CUDA is not available here", file=sys.stderr)
+        return 2
     model = a.model or ("xlarge" if cuda else "medium")
     goal = 1.01 if cuda else 1.03
     with tempfile.TemporaryDirectory(prefix="ddptui-p1-") as tmp:
