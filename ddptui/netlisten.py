@@ -19,8 +19,8 @@ the same Feed and schema, the token check replaced by the handshake (ddptui/coll
 Control connection after the handshake: node 0 sends ``{"t": "ping", "s", "t1"}`` bursts (at
 connect, then every few seconds), the join answers ``{"t": "pong", "s", "t1", "t2", "t3"}``
 on its own clock; ddptui/clocksync.py turns them, refined from the run's collectives, into
-the host's offset, which goes into the store (and the recording) as ``clock`` frames. ``{"t": "end"}`` or a closed connection
-ends the join.
+the host's offset, which goes into the store (and the recording) as ``clock`` frames.
+``{"t": "end"}`` or a closed connection ends the join.
 """
 from __future__ import annotations
 
@@ -322,13 +322,14 @@ class NetListener:
                     next_burst = time.monotonic() + self.ping_every
                 if est.known:
                     ref = refine(est, self.store.clock_samples(node))
-                    refined = refined or ref is not None
                     # once refined, a refinement that fails keeps the last one (no jump back)
-                    f = clock_frame(node, host, est, ref) if ref is not None or not refined else None
-                    key = f and (f["off"] // 1000, f["unc"] // 1000, est.samples)
-                    if f and key != last:  # moved by a microsecond, or a new burst
-                        last = key
-                        self.feed.note(f)
+                    if ref is not None or not refined:
+                        refined = refined or ref is not None
+                        f = clock_frame(node, host, est, ref)
+                        key = (f["off"] // 1000, f["unc"] // 1000, est.samples)
+                        if key != last:  # moved by a microsecond, or a new burst
+                            last = key
+                            self.feed.note(f)
                 if self._stop.wait(min(1.0, self.ping_every)):
                     break
         except (NetError, OSError) as e:

@@ -219,6 +219,55 @@ def test_a_good_join_gets_settings_and_a_clock_estimate(listener):
     s.close()
 
 
+def test_the_listener_refines_from_the_stores_collectives_and_keeps_it(listener):
+    """A join on a clock 3 s ahead that answers every ping 2 ms late: the exchanges alone are
+    ~1 ms off (± ~1 ms). Once the store holds collectives, the listener's clock frame is
+    refined to within 50 µs; when they are gone, it keeps that refinement."""
+    import threading
+    from collections import deque
+    lst, store = listener
+    theta = 3_000_000_000
+    s = _connect(lst)
+    reader = wire.FrameReader()
+    client_handshake(s, TOKEN, "ctl", 0, reader=reader)
+    stop = threading.Event()
+
+    def answer():
+        try:
+            while not stop.is_set():
+                p = recv_frame(s, reader, "ping", 5)
+                t = time.monotonic_ns() + theta
+                time.sleep(0.002)
+                s.sendall(wire.pack({"t": "pong", "s": p["s"], "t1": p["t1"], "t2": t, "t3": t}))
+        except (NetError, OSError):
+            pass
+
+    th = threading.Thread(target=answer, daemon=True)
+    th.start()
+    try:
+        assert _logged(store, "clock +")
+        ntp = store.clock_offsets()[1]
+        assert ntp["offset_ns"] - theta < -500_000 and "ntp_offset_ns" not in ntp, ntp
+        with store.lock:
+            store._coll[1] = deque(_collectives(theta))
+        assert _logged(store, "clock refined from 600 collectives")
+        got = store.clock_offsets()[1]
+        assert abs(got["offset_ns"] - theta) < 50_000 and got["steps"] == 75, got
+        with store.lock:
+            store._coll[1] = deque()
+        n = lst.clocks[1].samples
+        deadline = time.monotonic() + 5
+        while lst.clocks[1].samples < n + 16 and time.monotonic() < deadline:  # two bursts later ...
+            time.sleep(0.05)
+        assert lst.clocks[1].samples >= n + 16
+        kept = store.clock_offsets()[1]
+        assert kept["offset_ns"] == got["offset_ns"] and kept["collectives"] == 600, kept  # ... still refined
+    finally:
+        stop.set()
+        s.close()
+        th.join(5)
+
+
 @pytest.mark.parametrize("case", ["wrong token", "other run", "replay", "mid-frame", "silent"])
 def test_bad_clients_are_refused_and_logged_without_affecting_the_listener(listener, case):
     lst, store = listener
