@@ -219,14 +219,15 @@ def main(argv: list[str]) -> int:
 def _collect(model, plan, store, rows, infos, runs_meta, state: str, record=None) -> None:
     summaries = store.summaries()
     meta = dict(store.meta)
-    if store.ranks:
-        first = store.ranks[min(store.ranks)]
+    ranks = store.rank_snapshot()
+    if ranks:
+        first = ranks[min(ranks)]
         runs_meta.setdefault("backend", first.backend or meta.get("backend"))
     if meta.get("torch") and meta.get("torch") != "synthetic":
         runs_meta.setdefault("torch", meta.get("torch"))
     r, info = model_figures(model, plan.ranks, summaries, plan.device)
     info["state"] = state
     info["recording"] = record
-    info["dropped_spans"] = sum(i.dropped_spans for i in store.ranks.values())
+    info["dropped_spans"] = sum(i.dropped_spans for i in ranks.values())
     rows.extend(r)
     infos.append(info)

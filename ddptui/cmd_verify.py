@@ -108,9 +108,8 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
     n_layers = len(spec.MODEL_WIDTHS[model]) - 1
     notes: list[str] = []
     pairs: list[V.Pair] = []
-    with store.lock:
-        ranks = dict(store.ranks)
-        raw = {s: dict(d) for s, d in store.raw.items()}
+    ranks = store.rank_snapshot()
+    raw = store.span_batches()
     paths = sorted(glob.glob(os.path.join(prof_dir, "profile.rank*.json")))
     have = set()
     cuda = False

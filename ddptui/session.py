@@ -182,7 +182,7 @@ class LiveRun:
         while not self._stop_ev.wait(self.opts.sample_every_s):
             try:
                 if gpu is not None and not selected:  # the run's GPUs, once every rank said
-                    uuids = [i.uuid for i in self.store.ranks.values()]
+                    uuids = [i.uuid for i in self.store.rank_snapshot().values()]
                     if len(uuids) == self.plan.ranks and all(uuids):
                         gpu.select(uuids)
                         selected = True

@@ -461,6 +461,12 @@ class Store:
         with self.lock:
             return {r: copy.copy(i) for r, i in self.ranks.items()}
 
+    def span_batches(self) -> dict[str, dict[int, dict[int, SpanBatch]]]:
+        """strategy -> step -> rank -> its span batch, for every kept step (a copy of the
+        mappings, taken under the lock; the batches themselves are never changed once in)."""
+        with self.lock:
+            return {s: {k: dict(ranks) for k, ranks in per.items()} for s, per in self.raw.items()}
+
     def last_complete(self, strategy: str, upto: int | None = None, lookback: int = 10_000) -> int | None:
         """The newest complete step of a strategy at or before `upto` (None: the newest)."""
         with self.lock:
