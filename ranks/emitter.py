@@ -30,7 +30,8 @@ class FrameQueue:
         self.dropped_frames = 0
 
     def put(self, frame, n_spans: int = 0) -> bool:
-        """Queue a frame (a dict, or a ('spans', ...) tuple encoded off-thread)."""
+        """Queue a frame (a dict, a span-batch tuple from Recorder.poll, or a callable that
+        returns one: resolved and encoded off the training thread)."""
         try:
             self.q.put_nowait(frame)
             return True
@@ -88,6 +89,8 @@ class Emitter(FrameQueue):
 
     # -- background ----------------------------------------------------------------
     def _encode(self, item) -> bytes:
+        if callable(item):  # a step to resolve here, off the training thread (poll(lazy=True))
+            item = item()
         if isinstance(item, tuple):  # resolved span batch from Recorder.poll
             strategy, step, base, kinds, idxs, t0, t1, iss = item
             return wire.pack(wire.encode_spans(self.rank, strategy, step, base, kinds, idxs,

@@ -2,7 +2,10 @@
 
 Hot path rule: hooks only take a timestamp (CPU) or record a pooled CUDA event (GPU) into
 preallocated slots. Turning slots into spans happens later, off the critical path: on CUDA
-a step is resolved only once its last event has completed (no per-step synchronize).
+a step is resolved only once its last event has completed (no per-step synchronize), and the
+workers resolve it on the sender thread (`poll(lazy=True)`), not the training thread. On CUDA a
+mark records a pooled event on the step's stream, looked up once per step, through the C
+method (no Python Stream object per mark), and each moment is marked once (`bwd_end`).
 
 Clocks. Every span ends up in ns of the host's CLOCK_MONOTONIC (one axis for all ranks of a
 host). On CPU that is what the hooks read. On CUDA the hooks record events; a step's events
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from functools import partial
 
 from .clock import now_ns
 from .wire import BWD, COMM, FWD, OPT, STEP
@@ -37,6 +41,12 @@ class CpuClock:
         return now_ns()
 
     mark_comm_end = mark
+
+    def begin_step(self) -> None:
+        pass
+
+    def comm_host_end(self):
+        return None  # the drawn end is a host reading already
 
     def done(self, tok) -> bool:
         return True
@@ -122,10 +132,12 @@ class CalPoint:
 class CudaClock:
     """CUDA events on the current stream, mapped to host time (see GpuTimeMap).
 
-    `comm_on_host`: gloo with CUDA tensors runs the collective on the host (its completion
-    callback runs on a gloo thread, whose current stream is not ours), so comm ends are host
-    readings there; with NCCL the callback runs at enqueue on a stream made to wait for the
-    NCCL work, and an event recorded on *that* stream (of our device) marks the end.
+    `comm_on_host`: gloo with CUDA tensors runs the collective on the host, on gloo's worker
+    threads, then copies the result back to the GPU. Its end is still an event (see
+    `mark_comm_end`); a host reading of when the gloo thread was done is kept beside it, only to
+    chain the next start on that thread (`comm_starts`). With NCCL the callback runs at enqueue
+    on a stream made to wait for the NCCL work, and an event recorded on *that* stream (of our
+    device) marks the end.
 
     `torch_cuda` / `host_ns` are seams: tests pass a fake GPU timer (drift, float32 rounding).
     """
@@ -148,10 +160,29 @@ class CudaClock:
         self.map = GpuTimeMap()
         self.cal: CalPoint | None = None
         self.next_cal = 0
-        self.side = torch_cuda.Stream(device)  # idle: an event on it is stamped at once
+        # The calibration stream must be idle whenever it is used. torch.cuda.Stream(device)
+        # with the default priority hands out the low-priority pool's streams in turn, the
+        # pool a CUDA future's `then` callbacks (and ProcessGroupNCCL's and gloo's copy
+        # streams) draw from: a calibration could land behind an AllReduce in flight. A
+        # high-priority stream comes from a separate pool none of them use.
+        self.side = torch_cuda.Stream(device, priority=-1)
+        # The training stream, looked up once per step (begin_step) rather than per mark:
+        # torch.cuda.current_stream builds a Python Stream object under a device guard, the
+        # largest part of a mark's host cost. The autograd engine runs backward on the stream
+        # of the forward ops, so the same stream serves forward, backward and the optimizer.
+        self.stream = torch_cuda.current_stream(device)
+        ev_cls = torch_cuda.Event
+        # Event.record(stream) is a Python wrapper over the C method: call the C one directly
+        base = getattr(ev_cls, "__mro__", (ev_cls,))
+        self._record = next((c.__dict__["record"] for c in base[1:] if "record" in c.__dict__),
+                            ev_cls.record)
         self.calibrate()
 
     # -- hot path -------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Before a step's first mark, on the training thread: the stream it runs on."""
+        self.stream = self.tc.current_stream(self.device)
+
     def _event(self):
         try:
             return self.pool.pop()
@@ -160,14 +191,30 @@ class CudaClock:
             return self.tc.Event(enable_timing=True)
 
     def mark(self):
-        ev = self._event()
-        ev.record(self.tc.current_stream(self.device))
+        try:
+            ev = self.pool.pop()
+        except IndexError:
+            ev = self._event()
+        self._record(ev, self.stream)
         return ev
 
     def mark_comm_end(self):
-        if self.comm_on_host:
-            return self.host_ns()
-        return self.mark()  # the current stream of *our* device, whatever thread this is
+        """The end of a collective, from its completion callback (or, naive, after the
+        blocking call): an event on the *current* stream of our device, whatever thread this
+        is. NCCL: the callback's stream waits on the NCCL work. gloo with CUDA tensors: gloo
+        reduces on the host and copies the result back to the GPU asynchronously; the future
+        completes (and callbacks run) before that copy lands, on a stream made to wait for it:
+        an event there is stamped once the copy has landed. (gloo completes its future on the
+        device's default stream, so the event also waits for the work queued there before it:
+        never early, late by at most the compute queued ahead of the completion.)"""
+        ev = self._event()
+        self._record(ev, self.tc.current_stream(self.device))
+        return ev
+
+    def comm_host_end(self):
+        """gloo with CUDA tensors: when the backend thread was done with the collective (a
+        host reading), used only to chain the next collective's start on that thread."""
+        return self.host_ns() if self.comm_on_host else None
 
     def done(self, tok) -> bool:
         return type(tok) is int or tok.query()
@@ -188,24 +235,30 @@ class CudaClock:
         if self.host_ns() >= self.next_cal:
             self.calibrate()
 
-    def _bracket(self):
+    SPIN_NS = 200_000  # an event on an idle stream is stamped within µs; give up after this
+
+    def _bracket(self, block: bool = False):
         ev = self.tc.Event(enable_timing=True)
         h0 = self.host_ns()
         ev.record(self.side)
-        spins = 0
+        give_up = h0 + self.SPIN_NS
         while not ev.query():
-            spins += 1
-            if spins > 20000:  # the GPU is busy elsewhere: wait (late, so a wide bracket)
-                ev.synchronize()
+            if self.host_ns() > give_up:  # not stamped at once: no use as a calibration point
+                if not block:
+                    return None
+                ev.synchronize()  # the first point, before training: a wide bracket will do
                 break
         return ev, h0, self.host_ns()
 
     def calibrate(self, samples: int = 3) -> None:
         best = None
-        for _ in range(samples):
-            ev, h0, h1 = self._bracket()
-            if best is None or h1 - h0 < best[2] - best[1]:
-                best = (ev, h0, h1)
+        for i in range(samples):
+            got = self._bracket(block=self.cal is None and i == samples - 1 and best is None)
+            if got is not None and (best is None or got[2] - got[1] < best[2] - best[1]):
+                best = got
+        if best is None:  # the side stream was not idle (a GPU shared with other work):
+            self.next_cal = self.host_ns() + 10_000_000  # try again a little later, never block
+            return
         ev, h0, h1 = best
         g = 0.0 if self.cal is None else self.cal.g_ns + self.cal.event.elapsed_time(ev) * 1e6
         self.map.add(g, h0, h1)
@@ -235,8 +288,8 @@ class StepRecord:
     """Slots for one (strategy, step) on one rank."""
 
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
-                 "bwd_s", "bwd_e", "comm_idx", "comm_ready", "comm_end",
-                 "comm_thr", "opt_s", "opt_e", "ref")
+                 "bwd_s", "bwd_e", "bwd_n", "comm_idx", "comm_ready", "comm_end",
+                 "comm_hend", "comm_thr", "opt_s", "opt_e", "ref")
 
     def __init__(self, strategy: str, step: int, n_layers: int):
         self.strategy, self.step, self.n_layers = strategy, step, n_layers
@@ -245,26 +298,34 @@ class StepRecord:
         self.fwd_e = [None] * n_layers
         self.bwd_s = [None] * n_layers
         self.bwd_e = [None] * n_layers
+        self.bwd_n = [0] * n_layers  # bwd_end calls so far this step
         self.comm_idx: list[int] = []
         self.comm_ready: list = []
         self.comm_end: list = []
+        self.comm_hend: list = []  # gloo with CUDA tensors: host ends, to chain starts
         self.comm_thr: list = []
 
 
-def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool) -> list[int]:
+def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool,
+                free: list | None = None) -> list[int]:
     """When each collective (in issue order) started running.
 
     serial (one stream, NCCL): when it was ready and the previous one had ended.
     threads (gloo): when it was ready and the previous collective that ran on the same backend
     thread (the thread its completion callback ran on) had ended: gloo's worker threads take
-    queued works first come, first served, and run them to completion."""
+    queued works first come, first served, and run them to completion.
+    `free`: when the backend thread was done with each collective, where that differs from
+    its drawn end (gloo with CUDA tensors: the thread is free once the copy back to the GPU
+    is queued; the collective ends, drawn, when that copy lands)."""
     if serial:  # as if one thread ran them all
         thr = [None] * len(ready)
+    if free is None:
+        free = end
     out = []
     last: dict = {}
-    for r, e, t in zip(ready, end, thr):
+    for r, e, t, f in zip(ready, end, thr, free):
         out.append(min(max(r, last.get(t, 0)), e))
-        last[t] = max(last.get(t, 0), e)
+        last[t] = max(last.get(t, 0), f)
     return out
 
 
@@ -281,10 +342,12 @@ class Recorder:
         # CUDA: a layer's backward end is re-marked for each parameter; hand the superseded
         # event back to the pool at once (the pool would otherwise grow every step)
         self._recycle = clock.release if clock.cuda else None
+        self._bwd_calls: list = [None] * n_layers  # bwd_end calls per layer in the last step
 
     # -- hot path -------------------------------------------------------------------
     def begin(self, strategy: str, step: int) -> None:
         self.cur = c = StepRecord(strategy, step, self.n_layers)
+        self.clock.begin_step()
         c.ref = self.clock.ref()
         c.step_start = self.clock.mark()
 
@@ -302,10 +365,15 @@ class Recorder:
 
     def bwd_end(self, layer: int) -> None:
         # called when the layer's input gradient is ready and again as each of its
-        # parameter gradients is accumulated: the last call wins
+        # parameter gradients is accumulated: the last call wins. Each moment is marked
+        # once: calls before the number the last step made are only counted (a CUDA mark is
+        # a few µs of host time); the first step, and any call past that number, marks.
         c = self.cur
         if c is not None:
-            self._mark_again(c.bwd_e, layer)
+            n = c.bwd_n[layer] = c.bwd_n[layer] + 1
+            want = self._bwd_calls[layer]
+            if want is None or n >= want:
+                self._mark_again(c.bwd_e, layer)
 
     def _mark_again(self, slots: list, i: int) -> None:
         """slots[i] = now, where the last call wins; a superseded CUDA event goes back to the pool."""
@@ -320,11 +388,13 @@ class Recorder:
         c.comm_idx.append(idx)
         c.comm_ready.append(self.clock.mark())
         c.comm_end.append(None)
+        c.comm_hend.append(None)
         c.comm_thr.append(None)
         return len(c.comm_idx) - 1
 
     def comm_done(self, rec: StepRecord, slot: int) -> None:
         """The AllReduce in `slot` has finished (called on the thread that completed it)."""
+        rec.comm_hend[slot] = self.clock.comm_host_end()
         rec.comm_end[slot] = self.clock.mark_comm_end()
         rec.comm_thr[slot] = _get_ident()
 
@@ -339,10 +409,17 @@ class Recorder:
         c.step_end = self.clock.mark()
         self.pending.append(c)
         self.cur = None
+        calls = self._bwd_calls
+        for i, n in enumerate(c.bwd_n):
+            if n:
+                calls[i] = n
 
     # -- off the hot path -----------------------------------------------------------
-    def poll(self, wait: bool = False) -> list[tuple]:
-        """Finished steps as (strategy, step, base_ns, kinds, idxs, t0s, t1s, issues)."""
+    def poll(self, wait: bool = False, lazy: bool = False) -> list:
+        """Finished steps as (strategy, step, base_ns, kinds, idxs, t0s, t1s, issues), or with
+        `lazy` as callables that return that tuple: resolving a step (on CUDA, an
+        `elapsed_time` per event) is then done by whoever calls them, e.g. the thread that
+        encodes and sends frames, not the training thread."""
         out = []
         clock = self.clock
         while self.pending:
@@ -356,7 +433,7 @@ class Recorder:
                       all(t is None or clock.done(t) for t in rec.comm_end)):
                 break
             self.pending.pop(0)
-            out.append(self._resolve(rec))
+            out.append(partial(self._resolve, rec) if lazy else self._resolve(rec))
         return out
 
     def _resolve(self, r: StepRecord) -> tuple:
@@ -373,7 +450,10 @@ class Recorder:
         if r.comm_idx:
             ready = [ns(t) for t in r.comm_ready]
             end = [ns(t) if t is not None else rd for t, rd in zip(r.comm_end, ready)]
-            starts = comm_starts(ready, end, r.comm_thr, clock.serial_comm)
+            free = None
+            if any(h is not None for h in r.comm_hend):
+                free = [h if h is not None else e for h, e in zip(r.comm_hend, end)]
+            starts = comm_starts(ready, end, r.comm_thr, clock.serial_comm, free)
             n = len(r.comm_idx)
             kinds += [COMM] * n; idxs += r.comm_idx; t0s += starts; t1s += end
         if r.opt_s is not None and r.opt_e is not None:

@@ -67,18 +67,43 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
             p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i))
 
 
+def sleep_cycles_per_ms(tc, device, trials: int = 5, cycles: int = 2_000_000) -> int:
+    """How many cycles of `torch.cuda._sleep` take a millisecond on this GPU now, timed with
+    CUDA events (median of a few trials, after a warm-up). The device's `clock_rate` is its
+    maximum clock: under a power or thermal limit the SMs run slower (a delay sized from it
+    runs long), and builds without the attribute would have to guess. `tc` is torch.cuda (a
+    stand-in in tests)."""
+    stream = tc.current_stream(device)
+    tc._sleep(cycles // 10)  # warm-up: clocks ramp up from idle
+    got = []
+    for _ in range(trials):
+        a, b = tc.Event(enable_timing=True), tc.Event(enable_timing=True)
+        a.record(stream)
+        tc._sleep(cycles)
+        b.record(stream)
+        b.synchronize()
+        ms = a.elapsed_time(b)
+        if ms > 0:
+            got.append(cycles / ms)
+    if not got:
+        raise RuntimeError("torch.cuda._sleep could not be timed")
+    got.sort()
+    return int(got[len(got) // 2])
+
+
 class Straggle:
     """A straggler on demand: this rank's backward of one layer takes `ms` longer, every step.
     On GPU it is device work on the training stream (torch.cuda._sleep: the GPU timeline shows
-    the layer's kernels later), on CPU a busy wait (the core is taken, as by slow compute)."""
+    the layer's kernels later), sized by timing `_sleep` against CUDA events once, at start
+    (`sleep_cycles_per_ms`); on CPU a busy wait (the core is taken, as by slow compute)."""
 
-    def __init__(self, device, ms: float = 0.0, layer: int = -1):
+    def __init__(self, device, ms: float = 0.0, layer: int = -1, torch_cuda=None):
         self.device = device
         self.ms, self.layer = 0.0, -1
         self.cycles_per_ms = 0
+        self.tc = torch_cuda or (torch.cuda if device.type == "cuda" else None)
         if device.type == "cuda":
-            khz = getattr(torch.cuda.get_device_properties(device), "clock_rate", 0) or 1_500_000
-            self.cycles_per_ms = int(khz)  # kHz = cycles per ms
+            self.cycles_per_ms = sleep_cycles_per_ms(self.tc, device)
         self.set(ms, layer)
 
     def set(self, ms: float, layer: int) -> None:
@@ -87,7 +112,7 @@ class Straggle:
 
     def delay(self) -> None:
         if self.cycles_per_ms:
-            torch.cuda._sleep(int(self.ms * self.cycles_per_ms))
+            self.tc._sleep(int(self.ms * self.cycles_per_ms))
             return
         end = time.perf_counter_ns() + int(self.ms * 1e6)
         while time.perf_counter_ns() < end:

@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from datetime import timedelta
+from functools import partial
 
 from . import spec
 from .emitter import Emitter
@@ -243,10 +244,13 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         shift = parse_shift(os.environ["DDPTUI_VERIFY_SHIFT"])
 
     def emit(items):
+        # items resolve themselves on the sender thread (Recorder.poll(lazy=True)); a step
+        # has at most this many spans, counted if its frame is dropped
+        n_max = 2 * n_layers + 2 + len(spec.param_table(args.model))
         for item in items:
             if shift:
-                item = shift_item(item, shift)
-            em.put(item, n_spans=len(item[3]))
+                item = partial(shift_item, item, shift)
+            em.put(item, n_spans=n_max)
     # --- end verify ---
 
     from .strategies import Straggle
@@ -257,6 +261,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     probe = SyncProbe(os.environ["DDPTUI_SYNC_DEBUG"]) \
         if device.type == "cuda" and os.environ.get("DDPTUI_SYNC_DEBUG") else None
     ctl = torch.zeros(3, dtype=torch.int64)
+    sync_device = torch.cuda.synchronize if device.type == "cuda" else None
     applied_slow = 0
     applied_word = 0
     em.phase = "training"
@@ -267,6 +272,11 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         if pw is not None:
             pw.iteration_start(k)
         for strat in strategies:
+            if sync_device is not None:
+                # line up the GPUs, not only the hosts: without this, a rank whose GPU is
+                # still running its last step (single runs on rank 0 only) would make the
+                # others' next AllReduce wait, drawn as communication. Outside every span.
+                sync_device(device)
             with control.lock:
                 ctl[0] = 1 if control.stop else 0
                 ctl[1] = control.word
@@ -311,7 +321,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             rec.end()
             if probe is not None:
                 probe.after(strat.name, k)
-            emit(rec.poll())
+            emit(rec.poll(lazy=True))
             if isinstance(strat, DDPStrategy):
                 change = strat.take_layout_change()
                 if change is not None:
@@ -323,7 +333,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             pw.iteration_end(k, force=stopped)
         if stopped:
             break
-    emit(rec.poll(wait=True))
+    emit(rec.poll(wait=True, lazy=True))
     if probe is not None:
         probe.write(rank, clock)
     if args.save_weights:

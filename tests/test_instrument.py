@@ -55,7 +55,7 @@ class FakeGpu:
         self.host += self.read_ns
         return t
 
-    def Stream(self, device):  # noqa: N802 - the torch.cuda name
+    def Stream(self, device, priority=0):  # noqa: N802 - the torch.cuda name
         return object()
 
     def current_stream(self, device):

@@ -1,0 +1,124 @@
+"""A stand-in for `torch.cuda` that keeps the semantics ddptui's CUDA path depends on, for tests
+without a GPU (CudaClock, Recorder, Straggle take it through their `torch_cuda` seam):
+
+- time: one clock for host and GPU (ns), advanced by host reads (`read_ns` each) and by the
+  host waiting on the GPU (`synchronize`);
+- streams run their work in order: work enqueued on a stream starts when the stream is free
+  and the host has enqueued it; an event recorded on a stream is stamped when the stream
+  reaches it (at once on an idle stream, later behind work in flight);
+- `Stream(device, priority)` hands out pool streams in turn, as c10's CUDA stream pools do:
+  32 of the default (low) priority, the pool a CUDA future's `then` callbacks and the
+  backends' internal streams draw from, and 32 of high priority, which nothing else here
+  takes;
+- the current stream is per thread (the default stream unless a test sets another);
+- `_sleep(cycles)` runs at the SMs' actual clock (`sm_khz`), whatever the nominal
+  `clock_rate` says.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+
+POOL = 32
+
+
+def f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+class SimStream:
+    def __init__(self, sim: "SimCuda", name: str):
+        self.sim, self.name = sim, name
+        self.tail = 0  # when the work enqueued so far is done
+
+    def enqueue(self, dur_ns: int) -> int:
+        """Work of dur_ns on this stream, enqueued now; returns when it ends."""
+        start = max(self.tail, self.sim.now)
+        self.tail = start + dur_ns
+        return self.tail
+
+    def wait_event(self, ev: "SimEvent") -> None:
+        self.tail = max(self.tail, ev.t)
+
+    def __repr__(self) -> str:
+        return f"<SimStream {self.name}>"
+
+
+class SimCuda:
+    def __init__(self, read_ns: int = 200, sm_khz: int = 1_200_000, clock_rate_khz: int = 1_980_000):
+        self.now = 1_000_000_000
+        self.read_ns = read_ns
+        self.sm_khz = sm_khz
+        self.clock_rate_khz = clock_rate_khz
+        self.default = SimStream(self, "default")
+        self.low = [SimStream(self, f"low{i}") for i in range(POOL)]
+        self.high = [SimStream(self, f"high{i}") for i in range(POOL)]
+        self._next = {"low": 0, "high": 0}
+        self._tls = threading.local()
+        self.records = 0  # events recorded
+        self.current_calls = 0  # current_stream() lookups
+        self.created = 0
+        sim = self
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                sim.created += 1
+                self.t = None
+
+            def record(self, stream=None):
+                sim.records += 1
+                stream = stream if stream is not None else sim.current_stream(None)
+                self.t = max(stream.tail, sim.now)  # stamped when the stream reaches it
+
+            def query(self):
+                return self.t is not None and sim.now >= self.t
+
+            def synchronize(self):
+                sim.now = max(sim.now, self.t)
+
+            def elapsed_time(self, other):
+                return f32((other.t - self.t) / 1e6)
+
+        self.Event = Event
+
+    # -- torch.cuda's names ------------------------------------------------------------
+    def host_ns(self) -> int:
+        t = self.now
+        self.now += self.read_ns
+        return t
+
+    def Stream(self, device=None, priority=0):  # noqa: N802 - the torch.cuda name
+        kind = "high" if priority < 0 else "low"
+        i = self._next[kind]
+        self._next[kind] = i + 1
+        return (self.high if kind == "high" else self.low)[i % POOL]
+
+    def current_stream(self, device=None):
+        self.current_calls += 1
+        return getattr(self._tls, "stream", None) or self.default
+
+    def set_stream(self, stream) -> None:
+        self._tls.stream = stream
+
+    def _sleep(self, cycles: int) -> None:
+        self.current_stream(None).enqueue(int(cycles / self.sm_khz * 1e6))
+
+    def get_device_properties(self, device):
+        return type("Props", (), {"clock_rate": self.clock_rate_khz})()
+
+    # -- helpers for tests ---------------------------------------------------------------
+    def pool_stream(self) -> SimStream:
+        """What a CUDA future's `then` callback (or a backend) takes: the next low-priority
+        pool stream, in turn."""
+        return self.Stream(None, 0)
+
+    def host_work(self, ns: int) -> None:
+        self.now += ns
+
+
+class SimDevice:
+    type = "cuda"
+    index = 0
+
+    def __str__(self) -> str:
+        return "cuda:0"
