@@ -26,11 +26,26 @@ range ddptui opened itself (ddptui adds none to the profile):
   ``zero_grad`` and is therefore never inside a step.
 - optimizer: ``aten::_foreach_add_``.
 
-On CUDA (written against PyTorch's profiler data model; not yet run on a GPU —
-the gpu_pass script runs it): the times are those of the device work: kernels (and memcpys) linked to their launching
-CPU op by the profiler's correlation ids; layer j's kernels are those launched by layer j's
-ops above; an allreduce is the NCCL kernel launched inside its ``c10d::allreduce_`` (NCCL) or
-the device copies made inside its ``gloo:all_reduce`` record (gloo with CUDA tensors).
+On CUDA (written against PyTorch's profiler data model and tested on traces in the shape of
+real GPU ones; not yet run on a GPU — the gpu_pass script runs it): the times are those of the
+device work: kernels (and memcpys) linked to their launching CPU op by the profiler's
+correlation ids. The autograd engine runs a CUDA backward on its own device thread, not the
+training thread: backward nodes, and the ``c10d::allreduce_`` that DDP's and interleaved's
+hooks issue from them, are looked up on every thread. Layer j's kernels are those launched by
+layer j's ops above, less those launched under ``c10d::``/``nccl:``/``gloo:``/
+``record_param_comms`` (a hook's AllReduce inside an AccumulateGrad node is not the layer's
+compute), and of an AccumulateGrad node only its accumulating op (the node's first aten op)
+counts. An NCCL AllReduce is the kernel (``ncclKernel_*`` or ``ncclDevKernel_*``) launched
+inside its ``c10d::allreduce_``; with one rank NCCL launches no kernel for an in-place sum, so
+communication is not checked at world size 1 (said in the notes). gloo with CUDA tensors: the
+end is that of the copy back to the GPU made inside the ``gloo:all_reduce`` record.
+
+GPU tolerances. A CUDA event is stamped when its stream reaches it: on a stream that is
+waiting for the host, at once, while the kernel launched next starts 10–30 µs later. So on GPU
+every start is held one way (ddptui may draw it earlier than the first kernel, not later). The
+NCCL kernel's start also waits for free SMs, which no event can see: the gap between ddptui's
+start and the kernel's is reported as `queued` and not held. Spans shorter than
+`SHORT_SPAN_US` are counted apart: for them a 5 µs error is not a small one.
 """
 from __future__ import annotations
 
@@ -44,7 +59,13 @@ from ranks.wire import BWD, COMM, FWD, KIND_NAMES, OPT, STEP
 KINDS = KIND_NAMES  # forward, backward, allreduce, optimizer, step
 
 # tolerances in µs: (start, end); None = that edge is reported but not held to a tolerance
-GPU_TOL = {FWD: (5, 5), BWD: (5, 5), OPT: (5, 5), STEP: (5, 5), COMM: (None, 10)}
+GPU_TOL = {FWD: (5, 5), BWD: (5, 5), OPT: (5, 5), STEP: (5, 5), COMM: (5, 10)}
+GPU_LATE_ONLY = frozenset({FWD, BWD, OPT, STEP, COMM})  # every start, on GPU
+# gloo with CUDA tensors: the gloo thread's record starts before the copy to the host has
+# landed; ddptui's start is when the GPU reached the collective: reported, not held
+GLOO_CUDA_TOL = {**GPU_TOL, COMM: (None, 10)}
+SHORT_SPAN_US = 20
+COMM_RECORDS = ("c10d::", "nccl:", "gloo:", "record_param_comms")
 # CPU: from measurement on a 2-core VM, 2 ranks on gloo (README, "Verify"). A hook reads the
 # clock in Python; the profiler records the first/last op at the dispatcher: forward/backward
 # differ by the module call path (p95 <= 70 µs measured), optimizer/step starts by the Python
@@ -164,13 +185,7 @@ class PStep:
     notes: list = field(default_factory=list)
 
 
-def _children(evs: list[Ev], parent: Ev) -> list[Ev]:
-    """Events of parent's thread nested inside it (the profiler's own nesting)."""
-    return [e for e in evs if e.tid == parent.tid and e is not parent
-            and e.t0 >= parent.t0 and e.t1 <= parent.t1]
-
-
-def _device_span(evs: list[Ev], cpu_ops: list[Ev], by_linked: dict) -> tuple | None:
+def _device_span(cpu_ops: list[Ev], by_linked: dict) -> tuple | None:
     """Earliest start and latest end of the device work (kernels, copies) that these CPU
     ops launched, linked by correlation id; None if they launched none."""
     dev = []
@@ -187,23 +202,52 @@ def _numel(shapes) -> int | None:
     return math.prod(shapes[0]) if shapes[0] else None
 
 
+def _is_device_work(e: Ev) -> bool:
+    """A kernel, memcpy or memset: not a GPU-side annotation of a CPU range."""
+    return e.dev == 1 and not e.name.startswith(("nccl:", "gloo:", "ProfilerStep", "## "))
+
+
+def _nested(by_tid: dict, parent: Ev) -> list[Ev]:
+    """Events of parent's thread nested inside it (the profiler's own nesting)."""
+    return [e for e in by_tid.get(parent.tid, ()) if e is not parent
+            and e.t0 >= parent.t0 and e.t1 <= parent.t1]
+
+
+def _compute_ops(by_tid: dict, ops: list[Ev]) -> list[Ev]:
+    """ops less those inside a collective's records (their kernels are communication)."""
+    comm = [e for o in ops if o.name.startswith(COMM_RECORDS) for e in [o, *_nested(by_tid, o)]]
+    if not comm:
+        return ops
+    drop = {id(e) for e in comm}
+    return [o for o in ops if id(o) not in drop]
+
+
 def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
     """The steps of one rank's profile, each with its layers, allreduces and optimizer."""
     evs = prof.events
     host = [e for e in evs if e.dev == 0]
+    by_tid: dict = {}
+    for e in host:
+        by_tid.setdefault(e.tid, []).append(e)
     zeros = [e for e in host if e.name == "aten::_foreach_zero_"]
     if not zeros:
         return []
     main = zeros[0].tid
-    mainev = [e for e in host if e.tid == main]
+    mainev = by_tid[main]
     adds = [e for e in mainev if e.name == "aten::_foreach_add_"]
     by_linked: dict = {}
     if prof.cuda:
         for e in evs:
-            if e.dev == 1 and e.linked > 0:
+            if _is_device_work(e) and e.linked > 0:
                 by_linked.setdefault(e.linked, []).append(e)
     colls = sorted((e for e in host if e.name == "gloo:all_reduce"), key=lambda e: e.t0)
     coll_t0 = [e.t0 for e in colls]
+    c10d = sorted((e for e in host if e.name == "c10d::allreduce_"), key=lambda e: e.t0)
+    c10d_t0 = [e.t0 for e in c10d]
+    # backward nodes run on the training thread on CPU, on the autograd engine's device
+    # thread on CUDA: look for them on every thread
+    evals = sorted((e for e in host if e.name.startswith(EVAL)), key=lambda e: e.t0)
+    evals_t0 = [e.t0 for e in evals]
     steps = []
     for zi, z in enumerate(zeros):
         nxt = zeros[zi + 1].t0 if zi + 1 < len(zeros) else None
@@ -234,16 +278,27 @@ def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
         else:
             ps.notes.append(f"{len(linears)} aten::linear in the step, the model has {n_layers} layers")
         last_fwd = max((v[1] for v in ps.fwd.values()), default=z.t1)
-        nodes = [e for e in inside if e.name.startswith(EVAL) and e.t0 >= last_fwd]
+        lo, hi = bisect_left(evals_t0, last_fwd), bisect_left(evals_t0, add.t1)
+        nodes = [e for e in evals[lo:hi] if e.t1 <= add.t1]
         cur = None
         bwd_nodes: dict[int, list] = {}
+        bwd_ops: dict[int, list] = {}  # the ops whose kernels are the layer's compute (CUDA)
         for e in nodes:
-            if "AccumulateGrad" in e.name:
+            acc = "AccumulateGrad" in e.name
+            if acc:
                 layer = cur
             else:
                 layer = cur = seq_layer.get(e.seq)
-            if layer is not None:
-                bwd_nodes.setdefault(layer, []).append(e)
+            if layer is None:
+                continue
+            bwd_nodes.setdefault(layer, []).append(e)
+            kids = _nested(by_tid, e)
+            if acc:  # the accumulating op only: what follows in the node is its hooks
+                first = next((k for k in kids if k.name.startswith("aten::")), None)
+                ops = [first, *_nested(by_tid, first)] if first is not None else []
+            else:
+                ops = _compute_ops(by_tid, [e, *kids])
+            bwd_ops.setdefault(layer, []).extend(ops)
         for j, ns in bwd_nodes.items():
             end = max(e.t1 for e in ns)
             if j == 0 and "AccumulateGrad" in ns[-1].name:
@@ -251,49 +306,48 @@ def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
                 # its last parameter gradient is accumulated, i.e. at the end of the
                 # accumulating op inside the node, before the node's hooks (DDP's reducer,
                 # an interleaved all_reduce issue) run inside the same engine record
-                acc = [e for e in inside if e.name.startswith("aten::") and e.t0 >= ns[-1].t0
-                       and e.t1 <= ns[-1].t1]
+                acc = [e for e in _nested(by_tid, ns[-1]) if e.name.startswith("aten::")]
                 if acc:
                     end = acc[0].t1
             ps.bwd[j] = (min(e.t0 for e in ns), end)
         lo, hi = bisect_left(coll_t0, z.t0), bisect_left(coll_t0, add.t1)
         ps.comm = [(c.t0, c.t1, _numel(c.shapes)) for c in colls[lo:hi]]
         if prof.cuda:
-            _device_times(ps, evs, mainev, inside, fwd_ops, bwd_nodes, colls[lo:hi], add, by_linked)
+            lo2, hi2 = bisect_left(c10d_t0, z.t0), bisect_left(c10d_t0, add.t1)
+            _device_times(ps, by_tid, inside, fwd_ops, bwd_ops, colls[lo:hi], c10d[lo2:hi2],
+                          add, by_linked)
         steps.append(ps)
     return steps
 
 
-def _device_times(ps: PStep, evs, mainev, inside, fwd_ops, bwd_nodes, colls, add, by_linked) -> None:
-    """CUDA: replace host times by the times of the device work each part launched.
-    Not yet run on a GPU; see the module docstring."""
-    sp = _device_span(evs, inside, by_linked)
+def _device_times(ps: PStep, by_tid, inside, fwd_ops, bwd_ops, colls, c10d, add,
+                  by_linked) -> None:
+    """CUDA: replace host times by the times of the device work each part launched."""
+    sp = _device_span(_compute_ops(by_tid, inside), by_linked)
     if sp is not None:
         ps.t0, ps.t1 = sp
     for j, ops in fwd_ops.items():
-        sp = _device_span(evs, ops, by_linked)
+        sp = _device_span(ops, by_linked)
         if sp is not None:
             ps.fwd[j] = sp
-    for j, ns in bwd_nodes.items():
-        ops = [c for n in ns for c in [n, *_children(mainev, n)]]
-        sp = _device_span(evs, ops, by_linked)
+    for j, ops in bwd_ops.items():
+        sp = _device_span(ops, by_linked)
         if sp is not None:
             ps.bwd[j] = sp
-    sp = _device_span(evs, [add, *_children(mainev, add)], by_linked)
+    sp = _device_span([add, *_nested(by_tid, add)], by_linked)
     if sp is not None:
         ps.opt = sp
-    nccl = [e for e in inside if e.name == "c10d::allreduce_"]
     comm = []
-    for c in nccl:  # NCCL: the kernel launched inside each c10d::allreduce_, issue order
-        sp = _device_span(evs, [c, *_children(mainev, c)], by_linked)
-        if sp is not None:
-            comm.append((sp[0], sp[1], None))
+    for c in c10d:  # NCCL: the kernel launched inside each c10d::allreduce_, issue order
+        sp = _device_span([c, *_nested(by_tid, c)], by_linked)
+        if sp is not None and not colls:
+            comm.append((sp[0], sp[1], _numel(c.shapes)))
     if comm:
         ps.comm = comm
         return
     gl = []
-    for c in colls:  # gloo with CUDA tensors: the device copies made inside the gloo record
-        sp = _device_span(evs, [c, *_children([e for e in evs if e.dev == 0], c)], by_linked)
+    for c in colls:  # gloo with CUDA tensors: the copy back made inside the gloo record
+        sp = _device_span([c, *_nested(by_tid, c)], by_linked)
         gl.append((c.t0, sp[1] if sp else c.t1, _numel(c.shapes)))
     ps.comm = gl
 
@@ -305,12 +359,14 @@ class Pair:
     kind: int
     d_start: int | None  # ddptui - profiler, ns; None: unmatched
     d_end: int | None
+    dur: int | None = None  # the profiler's span, ns
 
 
 def match_rank(dsteps: list[DStep], psteps: list[PStep], comm_bytes, elem_size: int = 4,
-               n_layers: int | None = None) -> tuple[list[Pair], list[str]]:
+               n_layers: int | None = None, check_comm: bool = True) -> tuple[list[Pair], list[str]]:
     """Pair one rank's ddptui steps with its profiler steps; comm_bytes(strategy, step, idx)
-    gives the bytes ddptui says an allreduce carried."""
+    gives the bytes ddptui says an allreduce carried. `check_comm` False (NCCL at world size
+    1: no kernel to compare with) leaves AllReduces out."""
     pairs: list[Pair] = []
     notes: list[str] = []
 
@@ -324,23 +380,25 @@ def match_rank(dsteps: list[DStep], psteps: list[PStep], comm_bytes, elem_size: 
             miss(d.strategy, STEP)
             miss(d.strategy, FWD, len(d.fwd))
             miss(d.strategy, BWD, len(d.bwd))
-            miss(d.strategy, COMM, len(d.comm))
+            miss(d.strategy, COMM, len(d.comm) if check_comm else 0)
             if d.opt:
                 miss(d.strategy, OPT)
         return pairs, notes
     for d, p in zip(dsteps, psteps):
         s = d.strategy
         notes.extend(f"{s} step {d.step}: {n}" for n in p.notes)
-        pairs.append(Pair(s, STEP, d.t0 - p.t0, d.t1 - p.t1))
+        pairs.append(Pair(s, STEP, d.t0 - p.t0, d.t1 - p.t1, p.t1 - p.t0))
         if d.opt:
-            pairs.append(Pair(s, OPT, d.opt[0] - p.opt[0], d.opt[1] - p.opt[1]))
+            pairs.append(Pair(s, OPT, d.opt[0] - p.opt[0], d.opt[1] - p.opt[1], p.opt[1] - p.opt[0]))
         for kind, dd, pp in ((FWD, d.fwd, p.fwd), (BWD, d.bwd, p.bwd)):
             for j, (t0, t1) in sorted(dd.items()):
                 got = pp.get(j)
                 if got is None:
                     miss(s, kind)
                 else:
-                    pairs.append(Pair(s, kind, t0 - got[0], t1 - got[1]))
+                    pairs.append(Pair(s, kind, t0 - got[0], t1 - got[1], got[1] - got[0]))
+        if not check_comm:
+            continue
         pc = list(p.comm)
         for i, (idx, t0, t1, _iss) in enumerate(d.comm):
             want = comm_bytes(s, d.step, idx)
@@ -358,11 +416,18 @@ def match_rank(dsteps: list[DStep], psteps: list[PStep], comm_bytes, elem_size: 
                              f"in the profile, ddptui says {want} B")
                 miss(s, COMM)
                 continue
-            pairs.append(Pair(s, COMM, t0 - c0, t1 - c1))
+            pairs.append(Pair(s, COMM, t0 - c0, t1 - c1, c1 - c0))
         if len(pc) > len(d.comm):
             notes.append(f"{s} step {d.step}: {len(pc) - len(d.comm)} profiled allreduce(s) "
                          f"without a ddptui span")
     return pairs, notes
+
+
+def tolerances(cuda: bool, backend: str) -> tuple[dict, frozenset]:
+    """(tolerances, kinds whose start is held only when late) for a run's device and backend."""
+    if not cuda:
+        return CPU_TOL, LATE_ONLY_START
+    return (GLOO_CUDA_TOL if backend == "gloo" else GPU_TOL), GPU_LATE_ONLY
 
 
 def _pct(vals: list[float], q: float) -> float:
@@ -394,8 +459,13 @@ def summarize(pairs: list[Pair], tol: dict, strategies: list[str], late_only=fro
             ok = sum(1 for a, b in zip(js, de)
                      if (ts is None or a <= ts) and (te is None or b <= te))
             within = 100.0 * ok / len(ps)
+            short = sum(1 for p in m if p.dur is not None and p.dur < SHORT_SPAN_US * 1000)
+            # the profiled start minus ddptui's, where ddptui's is earlier: on GPU, for an
+            # NCCL AllReduce, the wait of the ready collective for its stream and for SMs
+            queued = [max(0, -p.d_start) / 1000 for p in m]
             rows.append({
                 "strategy": s, "kind": KINDS[kind], "n": len(m), "unmatched": len(ps) - len(m),
+                "short": short, "median_early_start_us": _r(_pct(queued, 50)),
                 "median_abs_err_us": _r(_pct(err, 50)), "p95_abs_err_us": _r(_pct(err, 95)),
                 "within_tol_pct": round(within, 1),
                 "tol_us": te if te is not None else ts,
@@ -434,3 +504,38 @@ def format_table(rows: list[dict], title: str) -> str:
 
 def _f(x) -> str:
     return "-" if x is None else f"{x:.1f}"
+
+
+# -- Kineto traces -----------------------------------------------------------------------------
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def profile_from_kineto(doc: dict, window: tuple[int, int] = (0, 0), offset_ns: int = 0) -> Profile:
+    """A torch.profiler (Kineto) JSON trace of one rank as the profile `--profile-steps` writes:
+    CPU ops with their thread, sequence number, input shapes and correlation id (Kineto's
+    "External id"); kernels, copies and sets linked to the CPU op that launched them by their
+    "External id". Times: Kineto's µs minus `offset_ns`, in ns."""
+    try:
+        rank = int((doc.get("distributedInfo") or {}).get("rank", 0))
+        evs = []
+        cuda = False
+        for e in doc["traceEvents"]:
+            if e.get("ph") != "X":
+                continue
+            cat = e.get("cat", "")
+            a = e.get("args") or {}
+            t0 = int(round(float(e["ts"]) * 1000)) - offset_ns
+            t1 = t0 + int(round(float(e.get("dur", 0)) * 1000))
+            ext = int(a.get("External id", 0) or 0)
+            if cat in ("cpu_op", "user_annotation"):
+                dims = a.get("Input Dims")
+                evs.append(Ev(e["name"], int(e.get("tid", 0)), t0, t1,
+                              int(a.get("Sequence number", -1)), 0, ext, 0,
+                              dims if isinstance(dims, list) else None))
+            elif cat in _DEVICE_CATS:
+                cuda = True
+                evs.append(Ev(e["name"], int(e.get("tid", 0)), t0, t1, -1, 1,
+                              int(a.get("correlation", 0) or 0), ext, None))
+        return Profile(rank, tuple(window), cuda, 0, sorted(evs, key=lambda e: (e.t0, -e.t1)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise VerifyError(f"not a Kineto trace ({type(e).__name__}: {e})") from None

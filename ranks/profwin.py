@@ -79,6 +79,11 @@ def shift_item(item: tuple, shift: dict[int, int]) -> tuple:
     return (strategy, step, min(base, min(t0s)), kinds, idxs, t0s, t1s, iss)
 
 
+def shift_lazy(item, shift: dict[int, int]) -> tuple:
+    """shift_item of a step that resolves itself (Recorder.poll(lazy=True))."""
+    return shift_item(item(), shift)
+
+
 _KEEP_SHAPES = ("gloo:", "nccl:", "aten::linear", "aten::_foreach")
 
 

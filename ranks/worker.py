@@ -240,7 +240,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         pw = ProfileWindow(parse_window(args.profile_steps), args.profile_dir or ".", rank,
                            device.type == "cuda")
     if os.environ.get("DDPTUI_VERIFY_SHIFT"):
-        from .profwin import parse_shift, shift_item
+        from .profwin import parse_shift, shift_lazy
         shift = parse_shift(os.environ["DDPTUI_VERIFY_SHIFT"])
 
     def emit(items):
@@ -249,7 +249,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         n_max = 2 * n_layers + 2 + len(spec.param_table(args.model))
         for item in items:
             if shift:
-                item = partial(shift_item, item, shift)
+                item = partial(shift_lazy, item, shift)
             em.put(item, n_spans=n_max)
     # --- end verify ---
 
