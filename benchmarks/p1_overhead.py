@@ -41,7 +41,13 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--steps", type=int, default=None, help="timed steps of each side")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--block", type=int, default=0,
+                   help="steps back to back per turn (default 1 on CPU, 8 on CUDA: no per-step sync)")
+    p.add_argument("--host-bound", action="store_true",
+                   help="global batch 16: steps as short as the host's own work (the ~1 ms GPU case)")
     a = p.parse_args(argv)
+    if a.host_bound:
+        a.batch_size = 16 if a.ranks <= 16 else a.ranks
     steps = a.steps or (16 if a.quick else 60)
     try:
         import torch
@@ -59,7 +65,7 @@ def main(argv=None) -> int:
                "--nproc-per-node", str(a.ranks), "-m", "ranks.bench_overhead",
                "--model", model, "--strategy", a.strategy, "--batch-size", str(a.batch_size),
                "--steps", str(steps), "--warmup", "2" if a.quick else "4", "--out", out,
-               "--device", "cuda" if cuda else "cpu"]
+               "--device", "cuda" if cuda else "cpu", "--block", str(a.block)]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, cwd=ROOT, env=env_for_ranks(1), capture_output=True, text=True)
         wall = time.monotonic() - t0
@@ -72,7 +78,8 @@ def main(argv=None) -> int:
             doc = json.load(f)
     print(f"P1 instrumentation overhead: {doc['strategy']} on {model}, {doc['world']} ranks, "
           f"{doc['backend']} on {doc['device']}, global batch {doc['batch']}, torch {doc['torch']}, "
-          f"{steps} timed steps of each side after {doc['warmup']} warm-up, alternating ({wall:.1f} s)")
+          f"{steps} timed turns of {doc.get('block', 1)} step(s) of each side after {doc['warmup']} "
+          f"warm-up, alternating ({wall:.1f} s)")
     for r in doc["ranks"]:
         mi, mp = median(r["instrumented_s"]), median(r["plain_s"])
         pr, _ = paired(r["instrumented_s"], r["plain_s"])

@@ -17,7 +17,9 @@ range ddptui opened itself (ddptui adds none to the profile):
 - backward layer j: the autograd engine's ``autograd::engine::evaluate_function: X`` records
   whose sequence number is that of one of layer j's forward ops (the profiler links a
   backward node to the forward op that created it by that number); ``AccumulateGrad`` nodes,
-  which have none, belong to the layer of the linked node before them.
+  which have none, belong to the layer of the linked node before them. A layer ends with its
+  last AccumulateGrad's accumulating op (before the node's hooks: DDP's, interleaved's), and
+  the layer below starts at that moment (ddptui marks the two with one timestamp).
 - allreduce: the ``gloo:all_reduce`` records (gloo worker threads, two of them) that start
   inside the step, in start order (= the order the worker threads took them off gloo's
   queue = issue order), paired with ddptui's COMM spans in issue order; the tensor size the
@@ -301,15 +303,18 @@ def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
             bwd_ops.setdefault(layer, []).extend(ops)
         for j, ns in bwd_nodes.items():
             end = max(e.t1 for e in ns)
-            if j == 0 and "AccumulateGrad" in ns[-1].name:
-                # the first block's input needs no gradient: ddptui ends its backward when
-                # its last parameter gradient is accumulated, i.e. at the end of the
-                # accumulating op inside the node, before the node's hooks (DDP's reducer,
-                # an interleaved all_reduce issue) run inside the same engine record
+            if "AccumulateGrad" in ns[-1].name:
+                # a block's backward ends when its (last) parameter gradient is accumulated,
+                # i.e. at the end of the accumulating op inside the node, before the node's
+                # hooks (DDP's reducer, an interleaved all_reduce issue) run inside the same
+                # engine record (ranks/strategies.attach_layer_hooks)
                 acc = [e for e in _nested(by_tid, ns[-1]) if e.name.startswith("aten::")]
                 if acc:
                     end = acc[0].t1
             ps.bwd[j] = (min(e.t0 for e in ns), end)
+        for j in sorted(ps.bwd):
+            if j + 1 in ps.bwd:  # the block below starts when this one has ended: one moment
+                ps.bwd[j] = (ps.bwd[j + 1][1], ps.bwd[j][1])
         lo, hi = bisect_left(coll_t0, z.t0), bisect_left(coll_t0, add.t1)
         ps.comm = [(c.t0, c.t1, _numel(c.shapes)) for c in colls[lo:hi]]
         if prof.cuda:

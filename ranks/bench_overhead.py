@@ -8,9 +8,9 @@ same batches, alternating step by step (ABBA order, so neither always goes first
 
   instrumented  the real strategy from ranks.strategies (layer hooks, per-parameter or DDP
                 comm hook, Recorder on the real clock), plus what the real worker does after
-                each step: Recorder.poll() (slots -> spans) and the spans frame encoding
-                (wire.encode_spans + wire.pack, done on the emitter's thread in a real run;
-                here on the training thread, so the figure is an upper bound)
+                each step: Recorder.poll(lazy=True) on the training thread, and the step's
+                resolution (slots -> spans) and frame encoding (wire.encode_spans +
+                wire.pack) on a sender thread, as the Emitter does
   plain         the same computation with no hook at all: DDP with its built-in AllReduce
                 (or, for naive/interleaved, the same all_reduce calls without timing)
   profiled      a third replica of the plain side, each of its steps run under torch.profiler
@@ -22,9 +22,14 @@ same batches, alternating step by step (ABBA order, so neither always goes first
 The three sides take turns in every order (all six permutations in rotation), so none is
 always first or always follows the same side.
 
-Each step is timed on the host by the wall clock (CUDA: synchronised at the step's end, on
-both sides) and by the CPU time of the rank process (all threads: training, autograd, gloo). Before
-every timed step the ranks line up with one small all_reduce, as the real worker does.
+Each side runs `--block` steps back to back per turn (default 1 on CPU, 8 on CUDA), timed
+on the host by the wall clock and by the CPU time of the rank process (all threads:
+training, autograd, gloo, sender); a turn's time divided by its steps is one sample. On CUDA
+only the turn's end is synchronised: a synchronize after every step would put the host's
+per-step work (poll, the layout check) inside the timed interval and let the GPU idle while
+the host catches up, which is not how training runs. Before every turn the ranks line up
+(device synchronised, one small all_reduce), as the real worker does before each step.
+A small `--batch-size` makes the host-bound case: steps as short as the host's own work.
 Rank 0 writes every rank's step times as JSON; the benchmark script does the statistics.
 """
 from __future__ import annotations
@@ -46,7 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--strategy", default="ddp", choices=("ddp", "naive", "interleaved"))
     p.add_argument("--batch-size", type=int, default=1024, help="global batch, split across ranks")
     p.add_argument("--steps", type=int, default=40, help="timed steps of each side")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each side first")
+    p.add_argument("--warmup", type=int, default=3, help="untimed turns of each side first")
+    p.add_argument("--block", type=int, default=0,
+                   help="steps back to back per turn (default: 1 on CPU, 8 on CUDA)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     return p.parse_args(argv)
@@ -148,29 +155,53 @@ def main(argv=None) -> None:
             torch.cuda.synchronize(device)
         dist.all_reduce(ctl, group=ctl_group)  # line the ranks up, outside the timed step
 
-    def run_instr(k, xb, yb) -> tuple[float, float]:
+    block = args.block or (8 if use_cuda else 1)
+    import queue
+    import threading
+    sendq: queue.Queue = queue.Queue()
+
+    def sender():  # the Emitter's job: resolve each step, encode its frame
         nonlocal spans
-        sync()
-        c0, t0 = time.process_time(), time.perf_counter()
-        rec.begin(instr.name, k)
-        instr.step(xb, yb)
-        rec.end()
-        if use_cuda:
-            torch.cuda.synchronize(device)
-        for strategy, step, b, kinds, idxs, t0s, t1s, iss in rec.poll():
+        while True:
+            item = sendq.get()
+            if item is None:
+                return
+            strategy, step, b, kinds, idxs, t0s, t1s, iss = item()
             wire.pack(wire.encode_spans(rank, strategy, step, b, kinds, idxs, t0s, t1s, iss))
             spans += len(kinds)
-        if isinstance(instr, DDPStrategy):
-            instr.take_layout_change()
-        return time.perf_counter() - t0, time.process_time() - c0
+            sendq.task_done()
+
+    tx = threading.Thread(target=sender, daemon=True)
+    tx.start()
+
+    def end_turn():
+        if use_cuda:
+            torch.cuda.synchronize(device)
+
+    def run_instr(k, xb, yb) -> tuple[float, float]:
+        sync()
+        c0, t0 = time.process_time(), time.perf_counter()
+        for j in range(block):
+            rec.begin(instr.name, k * block + j)
+            instr.step(xb, yb)
+            rec.end()
+            for item in rec.poll(lazy=True):
+                sendq.put(item)
+            if isinstance(instr, DDPStrategy):
+                instr.take_layout_change()
+        end_turn()
+        for item in rec.poll(wait=True, lazy=True):
+            sendq.put(item)
+        sendq.join()  # the sender's work is counted in the turn (its CPU time is anyway)
+        return (time.perf_counter() - t0) / block, (time.process_time() - c0) / block
 
     def run_plain(k, xb, yb) -> tuple[float, float]:
         sync()
         c0, t0 = time.process_time(), time.perf_counter()
-        plain.step(xb, yb)
-        if use_cuda:
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0, time.process_time() - c0
+        for _ in range(block):
+            plain.step(xb, yb)
+        end_turn()
+        return (time.perf_counter() - t0) / block, (time.process_time() - c0) / block
 
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
@@ -180,10 +211,10 @@ def main(argv=None) -> None:
         prof.start()
         sync()
         c0, t0 = time.process_time(), time.perf_counter()
-        profiled.step(xb, yb)
-        if use_cuda:
-            torch.cuda.synchronize(device)
-        out = time.perf_counter() - t0, time.process_time() - c0
+        for _ in range(block):
+            profiled.step(xb, yb)
+        end_turn()
+        out = (time.perf_counter() - t0) / block, (time.process_time() - c0) / block
         prof.stop()
         return out
 
@@ -202,12 +233,14 @@ def main(argv=None) -> None:
             "instrumented_cpu_s": cpus["i"], "plain_cpu_s": cpus["p"],
             "profiled_s": times["q"], "profiled_cpu_s": cpus["q"],
             "spans": spans, "threads": torch.get_num_threads()}
+    sendq.put(None)
     everyone = [None] * world
     dist.all_gather_object(everyone, mine, group=ctl_group)
     if rank == 0:
         doc = {"model": args.model, "strategy": args.strategy, "world": world,
                "batch": args.batch_size, "device": str(device), "backend": backend,
-               "torch": torch.__version__, "warmup": args.warmup, "ranks": everyone}
+               "torch": torch.__version__, "warmup": args.warmup, "block": block,
+               "ranks": everyone}
         with open(args.out, "w") as f:
             json.dump(doc, f)
     dist.barrier(group=ctl_group)

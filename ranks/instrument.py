@@ -363,6 +363,27 @@ class Recorder:
         if self.cur is not None:
             self.cur.bwd_s[layer] = self.clock.mark()
 
+    def fwd_between(self, layer: int) -> None:
+        """Layer `layer` ended and layer + 1 starts: one moment, one mark (-1: the first
+        layer starts; the last: the last ends)."""
+        c = self.cur
+        if c is not None:
+            t = self.clock.mark()
+            if layer >= 0:
+                c.fwd_e[layer] = t
+            if layer + 1 < self.n_layers:
+                c.fwd_s[layer + 1] = t
+
+    def bwd_between(self, layer: int) -> None:
+        """The gradient of layer `layer`'s output is ready: layer + 1's backward has ended and
+        `layer`'s starts. One moment, one mark."""
+        c = self.cur
+        if c is not None:
+            t = self.clock.mark()
+            c.bwd_s[layer] = t
+            if layer + 1 < self.n_layers:
+                c.bwd_e[layer + 1] = t
+
     def bwd_end(self, layer: int) -> None:
         # called when the layer's input gradient is ready and again as each of its
         # parameter gradients is accumulated: the last call wins. Each moment is marked
@@ -461,9 +482,11 @@ class Recorder:
         # the "issue" column is when each collective was READY: handed to the backend on CPU,
         # reached by the training stream on GPU (the host's issue time runs ahead there)
         iss = ready
-        if clock.cuda:
+        if clock.cuda:  # every event back to the pool, once (one mark may fill two slots)
+            seen = set()
             for tok in [r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
                         *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end]:
-                if tok is not None:
+                if tok is not None and id(tok) not in seen:
+                    seen.add(id(tok))
                     clock.release(tok)
         return (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)

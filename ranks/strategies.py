@@ -22,49 +22,57 @@ from .instrument import Recorder
 
 
 def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
-    """Forward/backward start and end for every block fcN of the model.
+    """Forward/backward start and end for every block fcN of the model, one mark per moment
+    and, but for one, hooks registered once rather than every step.
 
-    Backward uses tensor hooks (cheap) rather than full module backward hooks (which wrap
-    every block's inputs and outputs in an extra autograd Function each step): a block's
-    backward starts when the gradient of its output is ready and ends when the gradient of
-    its input is (or, for the first block, whose input needs no gradient, when its last
-    parameter gradient is accumulated)."""
+    Forward: the model's forward is the loop over its blocks (as nn.Sequential's), marking
+    between blocks: block i's end is block i+1's start (`Recorder.fwd_between`). No module
+    hooks: a module with hooks takes the slow call path every step.
+    Backward: a block (Linear, then ReLU) is done when its weight gradient is accumulated, and
+    the next block down starts then (`Recorder.bwd_between`): the engine's ready queue takes an
+    AccumulateGrad first (the largest sequence number; engine.cpp, CompareNodeTaskTime), so
+    after AddmmBackward it runs the bias's AccumulateGrad, then TBackward (the transposed
+    weight's node, made after the ReLU below in forward), then the weight's AccumulateGrad,
+    and only then the next block's first node (tests/test_instrument.py checks this order).
+    A post-accumulate-grad hook on each weight, registered once, marks it. The last block's
+    start (the loss's gradient) is a pre-hook on its output's node, the one hook registered
+    each step. An injected delay of block i (`--slow-rank`) runs right after the mark that
+    starts block i: inside it."""
     blocks = list(model.children())
     last = len(blocks) - 1
 
-    def delay(layer: int) -> None:
+    def delay(i: int) -> None:
         s = rec.straggle
-        if s is not None and s.layer == layer:
+        if s is not None and s.layer == i:
             s.delay()
 
+    def start_last(grad_outputs):
+        rec.bwd_begin(last)
+        delay(last)
+
+    fwd_between = rec.fwd_between
+
+    def forward(x):
+        fwd_between(-1)
+        for i, block in enumerate(blocks):
+            x = block(x)
+            fwd_between(i)
+        gf = x.grad_fn
+        if gf is not None:
+            gf.register_prehook(start_last)
+        return x
+
+    model.forward = forward
     for i, block in enumerate(blocks):
-        # Block i's output is block i+1's input: one tensor, whose gradient marks both the end
-        # of i+1's backward and the start of i's. Hooks run in registration order (i's start,
-        # then i+1's end), so an injected delay of layer i goes after i+1's end: inside i.
-        def end_of_next(g, i=i):
-            rec.bwd_end(i)
-            delay(i - 1)
-
-        def pre(m, args, i=i, end_of_next=end_of_next):
-            rec.fwd_begin(i)
-            x = args[0] if args else None
-            if isinstance(x, torch.Tensor) and x.requires_grad:
-                x.register_hook(end_of_next)
-
-        def begin(g, i=i):
-            rec.bwd_begin(i)
-            if i == last:  # the model's output: no next block to wait for
-                delay(i)
-
-        def post(m, args, out, i=i, begin=begin):
-            rec.fwd_end(i)
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(begin)
-
-        block.register_forward_pre_hook(pre)
-        block.register_forward_hook(post)
-        for p in block.parameters():
-            p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i))
+        weight = next(block.parameters())
+        if i > 0:
+            def done(p, i=i):
+                rec.bwd_between(i - 1)
+                delay(i - 1)
+        else:
+            def done(p):
+                rec.bwd_end(0)
+        weight.register_post_accumulate_grad_hook(done)
 
 
 def sleep_cycles_per_ms(tc, device, trials: int = 5, cycles: int = 2_000_000) -> int:

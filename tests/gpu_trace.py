@@ -129,8 +129,8 @@ class KinetoRank:
         with self.op("aten::_foreach_zero_", MAIN):
             self.kernel("multi_tensor_apply_kernel<zero>", MAIN, 30_000)
         seqs = []
+        rec.fwd_between(-1)
         for j in range(L):
-            rec.fwd_begin(j)
             fi, fo = self.widths[j], self.widths[j + 1]
             s = {}
             with self.op("aten::linear", MAIN):
@@ -141,7 +141,7 @@ class KinetoRank:
             if j < L - 1:
                 with self.op("aten::relu", MAIN, seq=-1) as s["relu"]:
                     self.kernel("vectorized_elementwise_kernel<4, relu>", MAIN, 15_000)
-            rec.fwd_end(j)
+            rec.fwd_between(j)
             seqs.append(s)
         with self.op("aten::cross_entropy_loss", MAIN, seq=-1) as loss_seq:
             self.kernel("cunn_SoftMaxForward<4, float>", MAIN, 12_000)
@@ -153,7 +153,8 @@ class KinetoRank:
         for j in reversed(range(L)):
             fi, fo = self.widths[j], self.widths[j + 1]
             s = seqs[j]
-            rec.bwd_begin(j)  # the block output's gradient hook
+            if j == L - 1:
+                rec.bwd_begin(j)  # the pre-hook on the model output's node
             if j < L - 1:
                 with self.node("ReluBackward0", s["relu"]):
                     with self.op("aten::threshold_backward", AUTOGRAD):
@@ -165,19 +166,24 @@ class KinetoRank:
                     self.kernel("ampere_sgemm_64x64_nt", AUTOGRAD, 40_000 + fi * fo // 40)
                 with self.op("aten::sum", AUTOGRAD):
                     self.kernel("reduce_kernel<sum>", AUTOGRAD, 10_000)
-            with self.node("TBackward0", s["t"]):
-                pass
-            for pname in ("weight", "bias"):
+            # the engine's order: the bias's AccumulateGrad, TBackward, the weight's
+            for pname in ("bias", "T", "weight"):
+                if pname == "T":
+                    with self.node("TBackward0", s["t"]):
+                        pass
+                    continue
                 with self.node("torch::autograd::AccumulateGrad"):
                     with self.op("aten::add_", AUTOGRAD):
                         self.kernel("vectorized_elementwise_kernel<4, add>", AUTOGRAD, 10_000)
-                    rec.bwd_end(j)  # the post-accumulate-grad hook
-                    if strategy == "ddp" and pname == "bias":  # a bucket per layer, ready now
-                        slot = rec.comm_issue(bucket)
-                        bucket += 1
-                        self.allreduce(AUTOGRAD, fi * fo + fo, slot, rec.cur, blocking=False)
-            if j > 0:
-                rec.bwd_end(j)  # the input gradient's hook (before the next block's nodes)
+                    if pname == "weight":  # the weight's post-accumulate-grad hook
+                        if j > 0:
+                            rec.bwd_between(j - 1)
+                        else:
+                            rec.bwd_end(0)
+                        if strategy == "ddp":  # the reducer's hook: a bucket per layer, ready
+                            slot = rec.comm_issue(bucket)
+                            bucket += 1
+                            self.allreduce(AUTOGRAD, fi * fo + fo, slot, rec.cur, blocking=False)
         if strategy == "ddp":  # the reducer's finalize: compute waits for every callback
             sim.default.tail = max([sim.default.tail] + [st.tail for st in sim.low])
         if strategy == "naive":

@@ -195,3 +195,48 @@ def test_interleaved_completion_keeps_the_tensors_for_the_optimizer_to_wait_on(t
         assert cur.comm_end[slot] is not None and cur.comm_thr[slot] is not None
     finally:
         dist.destroy_process_group()
+
+
+def test_engine_runs_a_blocks_weight_accumulation_last():
+    """What attach_layer_hooks rests on: in backward, a Linear+ReLU block's bias, then its
+    weight, are accumulated before the block below starts (its output's node runs)."""
+    from ranks.models import build_model
+    model = build_model("small")
+    blocks = list(model.children())
+    order = []
+    for i, b in enumerate(blocks):
+        w, bias = b.parameters()
+        w.register_post_accumulate_grad_hook(lambda p, i=i: order.append(("w", i)))
+        bias.register_post_accumulate_grad_hook(lambda p, i=i: order.append(("b", i)))
+    h = torch.randn(4, 784)
+    for i, b in enumerate(blocks):
+        h = b(h)
+        h.grad_fn.register_prehook(lambda g, i=i: order.append(("out", i)))
+    torch.nn.functional.cross_entropy(h, torch.zeros(4, dtype=torch.long)).backward()
+    want = [x for i in reversed(range(len(blocks))) for x in (("out", i), ("b", i), ("w", i))]
+    assert order == want
+
+
+def test_layer_marks_fill_every_span_once_per_moment():
+    """The hooks of the built-in models: every layer's forward and backward span, forward
+    spans end-to-end (one mark between two layers), backward spans likewise."""
+    from ranks.instrument import CpuClock
+    from ranks.models import build_model
+    from ranks.strategies import attach_layer_hooks
+    from ranks.wire import FWD
+    model = build_model("small")
+    rec = Recorder(CpuClock(), 4)
+    attach_layer_hooks(model, rec)
+    for k in range(2):
+        rec.begin("single", k)
+        torch.nn.functional.cross_entropy(model(torch.randn(8, 784)),
+                                          torch.zeros(8, dtype=torch.long)).backward()
+        rec.end()
+    for _, _, _, kinds, idxs, t0s, t1s, _ in rec.poll():
+        fwd = {i: (a, b) for k, i, a, b in zip(kinds, idxs, t0s, t1s) if k == FWD}
+        bwd = {i: (a, b) for k, i, a, b in zip(kinds, idxs, t0s, t1s) if k == BWD}
+        assert sorted(fwd) == sorted(bwd) == [0, 1, 2, 3]
+        for i in range(3):
+            assert fwd[i][1] == fwd[i + 1][0]  # one moment, one mark
+            assert bwd[i][0] == bwd[i + 1][1]
+        assert all(a <= b for a, b in [*fwd.values(), *bwd.values()])

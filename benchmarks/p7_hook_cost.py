@@ -1,0 +1,223 @@
+#!/usr/bin/env python
+"""P7 — host cost of the CUDA hook path per layer per step, on the training thread.
+
+On a GPU, what ddptui's hooks cost the host shows once steps are short (~1 ms for xlarge on
+8 GPUs or in bf16): the host then launches kernels no faster than it runs hooks. This
+measures that cost without a GPU: the real layer hooks (ranks.strategies.attach_layer_hooks),
+the real Recorder and CudaClock, with the CUDA calls replaced by stand-ins of the same Python
+shape as torch.cuda's (torch.cuda.Event is a Python subclass of a C class whose `record` goes
+through a Python method that may look up the current stream; torch.cuda.current_stream is a
+Python function that builds a Python Stream object; the stand-ins keep those layers and put a
+builtin call where torch calls into C).
+
+Figure: (instrumented step - plain step) / layers, median over steps, on a model of 40 small
+blocks (Linear 16x16 + ReLU, batch 1: compute is small next to the hooks), the instrumented and
+plain replicas taking turns. Printed side by side with the hook path as it was before the
+per-mark changes (`--vs REV`, default the last commit that had it), loaded from git. From the
+per-layer figure, an estimate of P1 on an 8-GPU xlarge step of ~1 ms, if the host is the
+critical path. The resolution of each step (on the sender thread in the workers) is timed
+apart. Goal: <= 3 µs per layer per step on the training thread.
+
+    python benchmarks/p7_hook_cost.py [--steps 400] [--vs REV]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import ROOT, result_line
+
+sys.path.insert(0, ROOT)
+
+OLD_REV = "ce340ac"  # the hook path before: a Python Stream per mark, bwd_end marked thrice
+
+
+def stand_in_cuda():
+    """A torch.cuda stand-in with torch.cuda's Python layers and builtins for its C calls."""
+    import operator
+
+    class _CudaEventBase:  # the C class: its record is a C function
+        record = staticmethod(operator.is_)
+        query = staticmethod(bool)
+
+        def elapsed_time(self, other):
+            return 0.5
+
+    class Event(_CudaEventBase):
+        def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+            pass
+
+        def record(self, stream=None):  # torch.cuda.Event.record's shape
+            if stream is None:
+                stream = current_stream()
+            super().record(self, stream)
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+    class _CudaStreamBase:
+        def __init__(self, *a, **kw):
+            pass
+
+    class Stream(_CudaStreamBase):
+        def __new__(cls, device=None, priority=0, **kwargs):  # torch.cuda.Stream's shape
+            if device is None or ("stream_id" in kwargs and "device_index" in kwargs):
+                return super().__new__(cls)
+            with _device(device):
+                return super().__new__(cls)
+
+    class _device:  # torch.cuda.device's shape: exchange the current device
+        def __init__(self, d):
+            self.idx = _get_device_index(d)
+
+        def __enter__(self):
+            self.prev = operator.index(0)
+
+        def __exit__(self, *a):
+            operator.index(self.prev)
+            return False
+
+    def _get_device_index(device, optional=False):
+        if isinstance(device, str):
+            return int(device.split(":")[-1]) if ":" in device else 0
+        return 0 if device is None else getattr(device, "index", device) or 0
+
+    def _lazy_init():
+        return None
+
+    def current_stream(device=None):  # torch.cuda.current_stream's shape
+        _lazy_init()
+        data = (0, _get_device_index(device, optional=True), 1)
+        return Stream(stream_id=data[0], device_index=data[1], device_type=data[2])
+
+    ns = type("cuda", (), {})()
+    ns.Event, ns.Stream, ns.current_stream = Event, Stream, current_stream
+    return ns
+
+
+def _load(rev: str, path: str, name: str, d: str):
+    src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    for a, b in (("from .clock", "from ranks.clock"), ("from .wire", "from ranks.wire"),
+                 ("from . import spec", "from ranks import spec"),
+                 ("from .instrument import", "from ranks.instrument import")):
+        src = src.replace(a, b)
+    file = os.path.join(d, f"{name}.py")
+    with open(file, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(name, file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_old(rev: str):
+    """(instrument, strategies) as they were at `rev`, as modules (None if git cannot)."""
+    d = tempfile.mkdtemp(prefix="ddptui-p7-")
+    try:
+        return (_load(rev, "ranks/instrument.py", "instrument_old", d),
+                _load(rev, "ranks/strategies.py", "strategies_old", d))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def measure(instrument, strategies, steps: int, layers: int, width: int):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    attach_layer_hooks = strategies.attach_layer_hooks
+    torch.manual_seed(0)
+    base = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
+    plain = copy.deepcopy(base)
+    timed = copy.deepcopy(base)
+    clock = instrument.CudaClock("cuda:0", torch_cuda=stand_in_cuda(), host_ns=time.monotonic_ns)
+    rec = instrument.Recorder(clock, layers)
+    attach_layer_hooks(timed, rec)
+    x = torch.randn(1, width)
+    y = torch.zeros(1, dtype=torch.long)
+    lazy = "lazy" in instrument.Recorder.poll.__code__.co_varnames
+
+    def step_plain():
+        t0 = time.perf_counter_ns()
+        F.cross_entropy(plain(x), y).backward()
+        return time.perf_counter_ns() - t0, 0
+
+    def step_timed(k):
+        t0 = time.perf_counter_ns()
+        rec.begin("ddp", k)
+        F.cross_entropy(timed(x), y).backward()
+        rec.end()
+        items = rec.poll(lazy=True) if lazy else rec.poll()
+        t1 = time.perf_counter_ns()
+        if lazy:  # what the sender thread does
+            for it in items:
+                it()
+        return t1 - t0, time.perf_counter_ns() - t1
+
+    for k in range(20):
+        step_plain(), step_timed(k)
+    diffs, resolve = [], []
+    for k in range(steps):
+        if k % 2:
+            a, _ = step_plain()
+            b, r = step_timed(k)
+        else:
+            b, r = step_timed(k)
+            a, _ = step_plain()
+        diffs.append((b - a) / layers / 1000)
+        resolve.append(r / 1000)
+    return statistics.median(diffs), statistics.median(resolve), clock
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--quick", action="store_true", help="100 steps")
+    p.add_argument("--vs", default=OLD_REV, help="git revision of the hook path to compare with")
+    a = p.parse_args(argv)
+    steps = 100 if a.quick else a.steps
+    import torch
+    torch.set_num_threads(1)
+    from ranks import instrument, strategies
+    layers, width = 40, 16
+    old = load_old(a.vs)
+    rows = []
+    for rnd in range(3):  # new and old in turn, three rounds
+        rows.append(("now", *measure(instrument, strategies, steps, layers, width)[:2]))
+        if old is not None:
+            rows.append((a.vs, *measure(*old, steps, layers, width)[:2]))
+    print(f"P7 host cost of the hook path: {layers} blocks (Linear {width}x{width} + ReLU), batch 1, "
+          f"CUDA calls by stand-ins of torch.cuda's Python shape, {steps} steps x 3 rounds, "
+          f"torch {torch.__version__}")
+    now = statistics.median(r[1] for r in rows if r[0] == "now")
+    res = statistics.median(r[2] for r in rows if r[0] == "now")
+    print(f"  now:        {now:6.2f} µs per layer per step on the training thread "
+          f"(rounds: {', '.join(f'{r[1]:.2f}' for r in rows if r[0] == 'now')}); "
+          f"resolving a step on the sender thread: {res:.0f} µs")
+    if old is not None:
+        before = statistics.median(r[1] for r in rows if r[0] == a.vs)
+        print(f"  at {a.vs}:    {before:6.2f} µs per layer per step, resolution included "
+              f"(rounds: {', '.join(f'{r[1]:.2f}' for r in rows if r[0] == a.vs)}); "
+              f"now / then = {now / before:.2f}")
+    # xlarge on 8 GPUs: 8 layers, a few buckets; a step of ~1 ms
+    est = 8 * now + 4 * 2 * now / 3  # per layer, plus ~4 buckets' issue and end marks
+    print(f"  estimate: xlarge (8 layers, ~4 DDP buckets) adds ~{est:.0f} µs of host time per "
+          f"step: P1 at a 1 ms step <= {1 + est / 1000:.3f} if the host is the critical path "
+          f"(goal on GPU 1.01; measured by the GPU pass)")
+    print(result_line("P7", "hook_cost", "us_per_layer", now, "<=", 3.0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
