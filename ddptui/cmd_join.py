@@ -25,6 +25,8 @@ from ranks.clock import now_ns
 from .options import add_numeric
 
 STR_ARGS_MAX = 64
+RETRY_FOR = 60.0  # seconds a join keeps trying to reach node 0 (--retry-for)
+RANK_RETRY_FOR = 20.0  # ... and each of its ranks' connections, once joined
 
 
 def _asym_ns() -> int:
@@ -100,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("address", metavar="ADDR:PORT", help="node 0's --listen address")
     p.add_argument("--token-file", required=True, metavar="F", help="the run's shared secret (mode 600)")
     add_numeric(p, "--node-rank", default=None, lo=1, help="this node's rank (default: node 0 assigns one)")
+    add_numeric(p, "--retry-for", default=RETRY_FOR, lo=0, metavar="S",
+                help=f"keep trying this many seconds while node 0 is not up yet or closes the connection "
+                     f"unanswered (busy, or flooded); a refusal (wrong token, another run) is final "
+                     f"(default {RETRY_FOR:g}; 0: one try)")
     return p
 
 
@@ -121,7 +127,8 @@ def _check_settings(s) -> dict:
 
 
 class Join:
-    def __init__(self, host: str, port: int, token: bytes, node_rank: int | None, log=None):
+    def __init__(self, host: str, port: int, token: bytes, node_rank: int | None, log=None,
+                 retry_for: float = RETRY_FOR):
         self.host, self.port, self.token = host, port, token
         self.log = log or (lambda text: print(f"ddptui join: {text}", file=sys.stderr, flush=True))
         self.stop_ev = threading.Event()
@@ -129,13 +136,43 @@ class Join:
         self.pids: set[int] = set()
         self.socks: list[socket.socket] = []
         self.lock = threading.Lock()
-        from .netlisten import HANDSHAKE_MAX, client_handshake
-        self.ctl = self._connect()
-        self.ctl_reader = wire.FrameReader(HANDSHAKE_MAX)  # the first pings may come with the welcome
-        w = client_handshake(self.ctl, token, "ctl", node_rank or 0, reader=self.ctl_reader)
+        self.ctl, self.ctl_reader, w = self._dial("ctl", node_rank or 0, retry_for=retry_for)
         self.run_id = w["run"]
         self.settings = _check_settings(w.get("settings"))
         self.node = self.settings["node_rank"]
+
+    def _dial(self, role: str, node: int, r: int | None = None, run: str | None = None,
+              retry_for: float = RETRY_FOR) -> tuple[socket.socket, wire.FrameReader, dict]:
+        """Connect and handshake; while node 0 cannot be reached or closes the connection
+        unanswered, try again with backoff (saying so) for `retry_for` s. Refused: final."""
+        from .netlisten import HANDSHAKE_MAX, NetError, Refused, client_handshake
+        give_up = time.monotonic() + retry_for
+        wait = 0.25
+        what = "this node" if role == "ctl" else f"rank {r}"
+        while True:
+            reader = wire.FrameReader(HANDSHAKE_MAX)  # the first pings may come with the welcome
+            s = None
+            try:
+                s = self._connect()
+                w = client_handshake(s, self.token, role, node, run=run, r=r, reader=reader)
+                return s, reader, w
+            except Refused:
+                if s is not None:
+                    s.close()
+                raise
+            except NetError as e:
+                if s is not None:
+                    s.close()
+                left = give_up - time.monotonic()
+                if left <= 0 or self.stop_ev.is_set():
+                    if retry_for > 0:
+                        raise NetError(f"{e} (gave up after {retry_for:g} s of retries)") from None
+                    raise
+                wait = min(wait, left)
+                self.log(f"{what}: {e}; retrying in {wait:.2g} s (gives up in {left:.0f} s)")
+                if self.stop_ev.wait(wait):
+                    raise NetError(f"{e} (stopped)") from None
+                wait = min(wait * 2, 4.0)
 
     def _connect(self) -> socket.socket:
         from .netlisten import NetError
@@ -249,7 +286,7 @@ class Join:
             threading.Thread(target=self._rank, args=(c,), name="join-rank", daemon=True).start()
 
     def _rank(self, c: socket.socket) -> None:
-        from .netlisten import NetError, client_handshake
+        from .netlisten import NetError
         reader = wire.FrameReader(wire.MAX_FRAME)
         try:
             c.settimeout(5.0)
@@ -266,8 +303,7 @@ class Join:
                 raise NetError("a local client without this node's token")
             if type(f.get("pid")) is int:
                 self.pids.add(f["pid"])
-            up = self._connect()
-            client_handshake(up, self.token, "rank", self.node, run=self.run_id, r=r)
+            up, _, _ = self._dial("rank", self.node, r=r, run=self.run_id, retry_for=RANK_RETRY_FOR)
             up.settimeout(None)
             c.settimeout(None)
             rest = b"".join(wire.LEN.pack(len(b)) + b for b in bodies[1:]) + bytes(reader.buf)
@@ -300,14 +336,17 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from .cli import CliError, check_environment
+    import signal
+
+    from .cli import CliError, _sigterm_to_interrupt, check_environment
     from .netlisten import NetError, parse_hostport, read_token_file
     a = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)  # stop this node's ranks, as Ctrl-C does
     try:
         host, port = parse_hostport(a.address, "address")
         token = read_token_file(a.token_file)
         check_environment()
-        j = Join(host, port, token, a.node_rank)
+        j = Join(host, port, token, a.node_rank, retry_for=a.retry_for)
     except NetError as e:
         raise CliError(str(e)) from None
     return j.run()

@@ -3,6 +3,13 @@
 Each connection must first send an ``auth`` frame carrying this run's random token; until
 then nothing it says reaches the store. Garbage, oversized frames, a rank speaking for
 another rank, or a silent client are rejected, logged, and have no effect on the run.
+
+Multi-node: a rank connection from another node (adopted after its handshake) speaks only
+for the rank its handshake named, and only for ranks of its node: the rendezvous gives
+each node one block of `per_node` consecutive ranks, the first rank a node's connections
+name fixes its block, a block is one node's only, and node 0's own ranks (local, with the
+local token) always own theirs. Anything else is rejected (a ``reject`` frame) and the
+connection dropped.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from .feed import Feed
 
 
 class _Conn:
-    __slots__ = ("sock", "reader", "rank", "opened", "bye", "owner", "last", "node")
+    __slots__ = ("sock", "reader", "rank", "opened", "bye", "owner", "last", "node", "claim")
 
     def __init__(self, sock, max_frame):
         self.sock = sock
@@ -32,6 +39,7 @@ class _Conn:
         self.owner = False  # sent its rank's hello: its close disconnects the rank
         self.last = None  # type of the frame being handled (for errors)
         self.node = None  # multi-node: a TCP connection of this node, its handshake done
+        self.claim = None  # ... for this rank (named in its handshake)
 
 
 class Collector:
@@ -55,7 +63,9 @@ class Collector:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.srv, selectors.EVENT_READ, None)
         self.conns: dict[socket.socket, _Conn] = {}
-        self._adopted: list[tuple[socket.socket, int]] = []  # multi-node (ddptui/netlisten.py)
+        self._adopted: list[tuple[socket.socket, int, int]] = []  # multi-node (ddptui/netlisten.py)
+        self.per_node = 1  # multi-node: ranks per node (set by the listener)
+        self.blocks: dict[int, int] = {}  # multi-node: block of ranks -> the node that runs it
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ddptui-collector", daemon=True)
@@ -81,12 +91,34 @@ class Collector:
                     pass
         return n
 
-    def adopt(self, sock: socket.socket, node: int) -> None:
+    def adopt(self, sock: socket.socket, node: int, rank: int) -> None:
         """Multi-node: a rank connection from another host whose handshake (ddptui/netlisten.py)
-        proved the token; from here on it is read like a local one (its auth frame's token is
-        not checked again)."""
+        proved the token, for `rank`; from here on it is read like a local one (its auth
+        frame's token is not checked again; its rank must be `rank`, one of its node's)."""
         with self.lock:
-            self._adopted.append((sock, node))
+            self._adopted.append((sock, node, rank))
+
+    def refuse_claim(self, node: int, rank: int) -> str | None:
+        """Multi-node: why node `node` may not speak for `rank` (None: it may), without
+        taking the rank's block."""
+        with self.lock:
+            return self._claim(node, rank, take=False)
+
+    def _claim(self, node: int, rank: int, take: bool = True) -> str | None:
+        blk = rank // max(1, self.per_node)
+        first, last = blk * self.per_node, blk * self.per_node + self.per_node - 1
+        who = self.blocks.get(blk)
+        if who is not None and who != node:
+            return f"node {node} spoke for rank {rank}, which node {who} runs (ranks {first}-{last})"
+        mine = [b for b, n in self.blocks.items() if n == node and b != blk]
+        if mine:
+            b = mine[0] * self.per_node
+            return f"node {node} spoke for rank {rank}, but its ranks are {b}-{b + self.per_node - 1}"
+        if any(c.rank == rank for c in self.conns.values()):
+            return f"node {node} spoke for rank {rank}, which is connected already"
+        if take:
+            self.blocks[blk] = node
+        return None
 
     def close(self) -> None:
         self._stop.set()
@@ -152,10 +184,10 @@ class Collector:
     def _take_adopted(self) -> None:
         with self.lock:
             adopted, self._adopted = self._adopted, []
-        for s, node in adopted:
+        for s, node, rank in adopted:
             s.setblocking(False)
             c = _Conn(s, self.max_frame)
-            c.node = node
+            c.node, c.claim = node, rank
             with self.lock:
                 self.conns[s] = c
             self.sel.register(s, selectors.EVENT_READ, c)
@@ -219,10 +251,35 @@ class Collector:
         except schema.FrameError as e:
             self._reject(c, f"invalid auth frame: {e}")
             return False
+        if c.node is not None:  # multi-node: only its own rank, of its node's block
+            if f["r"] != c.claim:
+                why = f"node {c.node}'s connection for rank {c.claim} spoke for rank {f['r']}"
+            else:
+                with self.lock:
+                    why = self._claim(c.node, f["r"])
+            if why:
+                self._reject(c, why)
+                return False
+        else:  # node 0's own rank (local token): its block is node 0's
+            self._take_for_node0(f["r"])
         c.rank = f["r"]
         if c.node is not None:  # multi-node: the store learns this rank's host
             self.feed.note({"t": "node", "r": c.rank, "node": c.node})
         return True
+
+    def _take_for_node0(self, rank: int) -> None:
+        """A rank of node 0 whose block another node claimed: that node lied; its connections
+        for the block are rejected and dropped."""
+        blk = rank // max(1, self.per_node)
+        with self.lock:
+            liar = self.blocks.get(blk)
+            self.blocks[blk] = 0
+            gone = [c for c in self.conns.values()
+                    if c.node is not None and c.node == liar and c.rank is not None
+                    and c.rank // max(1, self.per_node) == blk]
+        for c in gone:
+            self._reject(c, f"node {liar} spoke for rank {c.rank}, which node 0 runs")
+            self.feed.note({"t": "node", "r": c.rank, "node": 0})
 
     def _reject(self, c: _Conn, why: str) -> None:
         """Refuse a connection: a reject frame (logged, counted, recorded), then dropped."""

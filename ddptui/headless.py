@@ -17,7 +17,7 @@ class Progress:
     def __init__(self, store: Store, err=None):
         self.store = store
         self.err = err or sys.stderr
-        self.seen_log = 0
+        self.seen_log = 0  # the store's log sequence number printed up to
         self.phases: dict[int, str] = {}
         self.last_steps = 0.0
         self.last_text = ""
@@ -27,11 +27,12 @@ class Progress:
 
     def update(self, steps_total: int) -> None:
         st = self.store
-        logs = st.log_lines()
+        self.seen_log, logs, lost = st.log_since(self.seen_log)
         ranks = {r: i.phase for r, i in st.rank_snapshot().items()}
-        for ts, level, text in logs[self.seen_log:] if len(logs) > self.seen_log else []:
+        if lost:
+            self.say(f"warning: {lost} log line(s) came faster than they could be shown (not shown)")
+        for ts, level, text in logs:
             self.say(("warning: " if level == "warn" else "error: " if level == "error" else "") + text)
-        self.seen_log = len(logs)
         for r, ph in sorted(ranks.items()):
             if self.phases.get(r) != ph and ph in ("rendezvous", "building", "training"):
                 if ph != "training" or r == 0:

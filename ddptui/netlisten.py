@@ -12,7 +12,16 @@ connection starts with the same handshake; the token never crosses the wire:
 mac = HMAC-SHA256(token, the fields above joined), so a captured handshake is useless on a
 new connection (its nonce differs; a client nonce seen before is refused as a replay); a
 client of another run names another run id. Rejections are logged and recorded as
-``reject`` frames (the Feed's damage policy); the run goes on. After the handshake a rank
+``reject`` frames (the Feed's damage policy); the run goes on. A peer whose join frame is
+whole but refused (wrong token, another run, a node that has joined, a rank that is not its
+node's) is told why in an ``{"t": "end", "why"}`` frame, so `ddptui join` stops instead of
+retrying; anything else (silence, garbage) is just closed.
+
+Doors held open by idle peers: handshakes in progress cost a socket, no thread; a peer must
+send its join frame within JOIN_WITHIN s of the challenge, and with MAX_PENDING in progress
+the oldest is dropped for the newest. A legitimate join answers within a round trip, so
+idle connections cannot keep it out; `ddptui join` retries for a while when its connection
+is closed unanswered. After the handshake a rank
 connection is the collector's, exactly like a local Unix-socket one: the same frame limits,
 the same Feed and schema, the token check replaced by the handshake (ddptui/collector.py).
 
@@ -29,6 +38,7 @@ import hmac
 import json
 import os
 import secrets
+import selectors
 import socket
 import stat
 import threading
@@ -41,8 +51,9 @@ from ranks.schema import NAME, NODE, RANK, Int, Map, Str
 from .clocksync import ClockEstimate, clock_frame, refine
 
 HANDSHAKE_MAX = 64 * 1024  # bytes of one handshake or control frame
-HANDSHAKE_TIMEOUT = 5.0
-MAX_PENDING = 16  # handshakes in progress at once
+HANDSHAKE_TIMEOUT = 5.0  # a client's wait for each handshake frame
+JOIN_WITHIN = 2.0  # node 0: a peer's join frame must come this soon after the challenge
+MAX_PENDING = 256  # handshakes in progress at once (more: the oldest is dropped)
 HEX = Str(128)
 I64 = schema.I64
 
@@ -62,18 +73,25 @@ class NetError(Exception):
 
 
 def read_token_file(path: str) -> bytes:
-    """The shared secret; refused when the file is readable or writable by others."""
+    """The shared secret; refused when the file is not a regular file (a FIFO, a device, a
+    directory: opened without blocking and checked before anything is read) or is readable
+    or writable by others."""
     try:
-        st = os.stat(path)
-        with open(path, "rb") as f:
-            data = f.read(4096)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
         raise NetError(f"--token-file {path}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise NetError(f"--token-file {path}: not a regular file")
-    if st.st_mode & 0o077:
-        raise NetError(f"--token-file {path}: readable by others (mode {st.st_mode & 0o777:o}); "
-                       f"chmod 600 {path}")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NetError(f"--token-file {path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise NetError(f"--token-file {path}: readable by others (mode {st.st_mode & 0o777:o}); "
+                           f"chmod 600 {path}")
+        data = os.read(fd, 4096)
+    except OSError as e:
+        raise NetError(f"--token-file {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
     tok = data.strip()
     if len(tok) < 16:
         raise NetError(f"--token-file {path}: the token must be at least 16 characters")
@@ -94,6 +112,9 @@ def mac(token: bytes, *parts) -> str:
 
 
 def check_net(f, t: str) -> dict:
+    if t != "end" and type(f) is dict and f.get("t") == "end":  # node 0 refused, and says why
+        why = f.get("why")
+        raise Refused(f"node 0 refused: {why[:200] if isinstance(why, str) else 'no reason given'}")
     if type(f) is not dict or f.get("t") != t:
         got = f.get("t") if type(f) is dict else type(f).__name__
         raise NetError(f"expected a {t} frame, got {str(got)[:20]!r}")
@@ -165,7 +186,7 @@ def client_handshake(sock: socket.socket, token: bytes, role: str, node: int, ru
 
 class NetListener:
     """Node 0's TCP listener. `settings` go to each join's control connection; rank
-    connections are handed to `collector.adopt(sock, node)`."""
+    connections are handed to `collector.adopt(sock, node, rank)`."""
 
     def __init__(self, host: str, port: int, token: bytes, run_id: str, settings: dict, collector,
                  feed, store, ping_every: float = 3.0):
@@ -176,7 +197,9 @@ class NetListener:
         self.ctl: dict[int, socket.socket] = {}
         self.seen_cnonces: set[str] = set()
         self.lock = threading.Lock()
-        self._pending = threading.BoundedSemaphore(MAX_PENDING)
+        self.join_within = min(JOIN_WITHIN, HANDSHAKE_TIMEOUT)
+        if settings.get("nproc_per_node"):
+            collector.per_node = settings["nproc_per_node"]
         self._stop = threading.Event()
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -219,79 +242,169 @@ class NetListener:
             s.close()
         self._thread.join(2.0)
 
-    # -- accepting ---------------------------------------------------------------------
+    # -- accepting: one thread, every handshake in progress in one selector ------------------
     def _accept_loop(self) -> None:
-        while not self._stop.is_set():
+        """Handshakes in progress hold a socket and a small buffer, no thread: a peer that
+        says nothing is dropped after `join_within` s, and when MAX_PENDING are in progress
+        the oldest is dropped for the newest (a legitimate join answers the challenge within
+        a round trip, so idle connections, however many and however often reopened, cannot
+        keep it out)."""
+        sel = selectors.DefaultSelector()
+        self.srv.setblocking(False)
+        sel.register(self.srv, selectors.EVENT_READ, None)
+        pending: dict[socket.socket, _Handshake] = {}  # oldest first
+
+        def drop(hs: _Handshake, why: str | None, tell: bool = False) -> None:
+            pending.pop(hs.sock, None)
+            try:
+                sel.unregister(hs.sock)
+            except (KeyError, ValueError):
+                pass
+            if why is not None:
+                self._refuse(hs.peer, why)
+                if tell:  # the peer speaks the protocol: it learns why (and does not retry)
+                    try:
+                        hs.sock.send(wire.pack({"t": "end", "why": why[:200]}))
+                    except OSError:
+                        pass
+            hs.sock.close()
+
+        try:
+            while not self._stop.is_set():
+                for key, _ in sel.select(0.1):
+                    if key.data is None:
+                        self._accept_some(sel, pending, drop)
+                        continue
+                    hs = key.data
+                    try:
+                        done = self._handshake_read(hs)
+                    except _Refused as e:
+                        drop(hs, str(e), tell=True)
+                        continue
+                    except (NetError, OSError) as e:
+                        drop(hs, str(e) if isinstance(e, NetError) else f"connection failed ({e.strerror or e})")
+                        continue
+                    if done is not None:
+                        pending.pop(hs.sock, None)
+                        sel.unregister(hs.sock)
+                        self._joined(hs, *done)
+                now = time.monotonic()
+                for hs in [h for h in pending.values() if h.deadline < now]:
+                    drop(hs, f"no join frame within {self.join_within:g} s")
+        finally:
+            for hs in list(pending.values()):
+                drop(hs, None)
+            sel.close()
+
+    def _accept_some(self, sel, pending: dict, drop) -> None:
+        for _ in range(64):
             try:
                 s, peer = self.srv.accept()
-            except OSError:
-                if self._stop.is_set():
-                    return
-                time.sleep(0.05)
-                continue
-            if not self._pending.acquire(blocking=False):
-                self._refuse(peer, "too many handshakes in progress")
+            except BlockingIOError:
+                return
+            except OSError:  # out of descriptors, or closing: try again shortly
+                if not self._stop.is_set():
+                    time.sleep(0.05)
+                return
+            if len(pending) >= MAX_PENDING:
+                drop(next(iter(pending.values())), "too many handshakes in progress (the oldest is dropped)")
+            hs = _Handshake(s, peer, secrets.token_hex(16), time.monotonic() + self.join_within)
+            try:
+                s.setblocking(False)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.send(wire.pack({"t": "challenge", "v": wire.PROTOCOL_VERSION, "run": self.run_id,
+                                  "nonce": hs.nonce}))
+            except OSError as e:
+                self._refuse(peer, f"connection failed ({e.strerror or e})")
                 s.close()
                 continue
-            threading.Thread(target=self._handshake, args=(s, peer), name="ddptui-net-hs", daemon=True).start()
+            pending[s] = hs
+            sel.register(s, selectors.EVENT_READ, hs)
 
     def _refuse(self, peer, why: str) -> None:
         self.feed.reject(None, "join", f"{_peer(peer)}: {why}")
 
-    def _handshake(self, s: socket.socket, peer) -> None:
+    def _handshake_read(self, hs: "_Handshake"):
+        """What a peer in the handshake sent: None until its join frame is whole; then
+        (join frame, settings for a control connection or None). _Refused: a complete join
+        frame this listener refuses (its peer is told why); NetError: anything else."""
+        data = hs.sock.recv(HANDSHAKE_MAX)
+        if not data:
+            raise NetError("connection closed during the handshake")
         try:
-            try:
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                reader = wire.FrameReader(HANDSHAKE_MAX)
-                nonce = secrets.token_hex(16)
-                s.settimeout(HANDSHAKE_TIMEOUT)
-                s.sendall(wire.pack({"t": "challenge", "v": wire.PROTOCOL_VERSION, "run": self.run_id,
-                                     "nonce": nonce}))
-                j = recv_frame(s, reader, "join", HANDSHAKE_TIMEOUT, strict=True)
-                if j["run"] != self.run_id:
-                    raise NetError(f"a client of another run ({j['run'][:20]!r})")
-                want = mac(self.token, "c", nonce, j["cnonce"], j["run"], j["role"], j["node"],
-                           j.get("r", -1), j["host"])
-                if not hmac.compare_digest(j["mac"], want):
-                    with self.lock:
-                        replay = j["cnonce"] in self.seen_cnonces
-                    raise NetError("replayed handshake" if replay else "wrong token (handshake MAC does not match)")
+            bodies = hs.reader.feed(data)
+        except ValueError as e:
+            raise NetError(str(e)) from None
+        if not bodies:
+            return None
+        if len(bodies) > 1 or hs.reader.pending:
+            raise NetError("spoke out of turn")
+        try:
+            j = check_net(wire.unpack_body(bodies[0]), "join")
+        except NetError:
+            raise
+        except Exception as e:  # noqa: BLE001 - undecodable
+            raise NetError(f"undecodable frame ({type(e).__name__})") from None
+        if j["run"] != self.run_id:
+            raise _Refused(f"a client of another run ({j['run'][:20]!r})")
+        want = mac(self.token, "c", hs.nonce, j["cnonce"], j["run"], j["role"], j["node"], j.get("r", -1), j["host"])
+        if not hmac.compare_digest(j["mac"], want):
+            with self.lock:
+                replay = j["cnonce"] in self.seen_cnonces
+            raise _Refused("replayed handshake" if replay else "wrong token (handshake MAC does not match)")
+        with self.lock:
+            if j["cnonce"] in self.seen_cnonces:
+                raise _Refused("replayed handshake")
+            self.seen_cnonces.add(j["cnonce"])
+        settings = None
+        if j["role"] == "rank":
+            if "r" not in j:
+                raise _Refused("a rank connection without its rank")
+            if j["node"] not in self.ctl:
+                raise _Refused(f"a rank connection of node {j['node']}, which has not joined")
+            why = self.collector.refuse_claim(j["node"], j["r"])
+            if why:
+                raise _Refused(why)
+        else:
+            with self.lock:
+                if j["node"] == 0:  # no --node-rank: the lowest free one
+                    free = set(range(1, self.settings["nnodes"])) - set(self.ctl)
+                    if not free:
+                        raise _Refused(f"every node of the run's {self.settings['nnodes']} has joined")
+                    j["node"] = min(free)
+                if j["node"] in self.ctl:
+                    raise _Refused(f"node {j['node']} has joined already")
+                if j["node"] >= self.settings["nnodes"]:
+                    raise _Refused(f"node rank {j['node']} but the run has {self.settings['nnodes']} nodes")
+                self.ctl[j["node"]] = hs.sock
+            settings = {**self.settings, "node_rank": j["node"]}
+        return j, settings
+
+    def _joined(self, hs: "_Handshake", j: dict, settings: dict | None) -> None:
+        """The welcome; then a rank connection goes to the collector, a control connection
+        to its own thread."""
+        s = hs.sock
+        w = {"t": "welcome", "mac": mac(self.token, "s", j["cnonce"], hs.nonce, self.run_id, _canon(settings))}
+        if settings is not None:
+            w["settings"] = settings
+        try:
+            s.settimeout(HANDSHAKE_TIMEOUT)
+            s.sendall(wire.pack(w))
+        except OSError as e:
+            self._refuse(hs.peer, f"connection failed ({e.strerror or e})")
+            if settings is not None:
                 with self.lock:
-                    if j["cnonce"] in self.seen_cnonces:
-                        raise NetError("replayed handshake")
-                    self.seen_cnonces.add(j["cnonce"])
-                if j["role"] == "rank" and "r" not in j:
-                    raise NetError("a rank connection without its rank")
-                if j["role"] == "rank" and j["node"] not in self.ctl:
-                    raise NetError(f"a rank connection of node {j['node']}, which has not joined")
-                settings = None
-                if j["role"] == "ctl":
-                    with self.lock:
-                        if j["node"] == 0:  # no --node-rank: the lowest free one
-                            j["node"] = min(set(range(1, self.settings["nnodes"] + 1)) - set(self.ctl))
-                        if j["node"] in self.ctl:
-                            raise NetError(f"node {j['node']} has joined already")
-                        if j["node"] >= self.settings["nnodes"]:
-                            raise NetError(f"node rank {j['node']} but the run has {self.settings['nnodes']} nodes")
-                        self.ctl[j["node"]] = s
-                    settings = {**self.settings, "node_rank": j["node"]}
-                w = {"t": "welcome", "mac": mac(self.token, "s", j["cnonce"], nonce, self.run_id, _canon(settings))}
-                if settings is not None:
-                    w["settings"] = settings
-                s.sendall(wire.pack(w))
-            except (NetError, OSError) as e:
-                why = str(e) if isinstance(e, NetError) else f"connection failed ({e.strerror or e})"
-                self._refuse(peer, why)
-                s.close()
-                return
-        finally:
-            self._pending.release()
+                    if self.ctl.get(j["node"]) is s:
+                        del self.ctl[j["node"]]
+            s.close()
+            return
         if j["role"] == "rank":
             s.settimeout(None)
-            self.collector.adopt(s, j["node"])
+            self.collector.adopt(s, j["node"], j["r"])
             return
-        self.store.add_log(f"node {j['node']} ({j['host']}, {_peer(peer)}) joined", "info")
-        self._control(s, j["node"], j["host"], reader)
+        self.store.add_log(f"node {j['node']} ({j['host']}, {_peer(hs.peer)}) joined", "info")
+        threading.Thread(target=self._control, args=(s, j["node"], j["host"], hs.reader), name="ddptui-net-ctl",
+                         daemon=True).start()
 
     # -- the control connection: clock exchanges ----------------------------------------
     def _control(self, s: socket.socket, node: int, host: str, reader: wire.FrameReader) -> None:
@@ -340,6 +453,22 @@ class NetListener:
             if gone and not self._stop.is_set():
                 self.store.add_log(f"node {node} ({host}) control connection lost: {why}", "warn")
                 s.close()
+
+
+class _Refused(NetError):
+    """A complete, well-formed join frame that node 0 refuses (the peer is told why)."""
+
+
+class Refused(NetError):
+    """Node 0 refused this join and said why (a wrong token, another run ...): no retry helps."""
+
+
+class _Handshake:
+    __slots__ = ("sock", "peer", "nonce", "deadline", "reader")
+
+    def __init__(self, sock, peer, nonce: str, deadline: float):
+        self.sock, self.peer, self.nonce, self.deadline = sock, peer, nonce, deadline
+        self.reader = wire.FrameReader(HANDSHAKE_MAX)
 
 
 def _canon(settings) -> str:

@@ -82,6 +82,7 @@ NUMERIC: dict[str, Whole | Real] = {
     "--nnodes": Whole(1, 64),
     "--node-rank": Whole(0, 63),
     "--nproc-per-node": Whole(1, 64),
+    "--retry-for": Real(0, 3600, unit="s"),
 }
 
 

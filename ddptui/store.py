@@ -98,6 +98,7 @@ class Store:
         self.slow_changes: list[tuple[int, float, int, int]] = []  # (step, ms, rank, layer) as applied
         self.waits: dict[str, OrderedDict[int, ST.StepWaits | None]] = {}  # kept like raw spans
         self.log: deque[tuple[float, str, str]] = deque(maxlen=500)
+        self.log_seq = 0  # lines ever logged (the deque keeps the last 500): readers follow this
         self.gpu: deque[dict] = deque(maxlen=600)
         self.cpu: deque[dict] = deque(maxlen=600)
         self.spans = 0
@@ -337,6 +338,7 @@ class Store:
     def add_log(self, text: str, level: str = "info") -> None:
         with self.lock:
             self.log.append((time.time(), level, text))
+            self.log_seq += 1
             self.version += 1
 
     # -- figures -----------------------------------------------------------------------
@@ -536,6 +538,14 @@ class Store:
         """A copy of the kept log: (time, level, text), oldest first."""
         with self.lock:
             return list(self.log)
+
+    def log_since(self, seq: int) -> tuple[int, list[tuple[float, str, str]], int]:
+        """The lines logged after the reader's sequence number `seq` (0 at first):
+        (new seq, those still kept, how many of them the 500-line log no longer holds)."""
+        with self.lock:
+            new = self.log_seq - seq
+            kept = list(self.log)[-new:] if new > 0 else []
+            return self.log_seq, kept, max(0, new - len(kept))
 
     def view(self, strategy: str, step: int) -> StepView | None:
         with self.lock:

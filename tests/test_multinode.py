@@ -334,7 +334,8 @@ def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
          "--listen", "127.0.0.1:1", "--token-file", token_file],
         ["join", "127.0.0.1:1", "--token-file", str(tmp_path / "missing")],
         ["join", "127.0.0.1", "--token-file", token_file],
-        ["join", f"127.0.0.1:{_free_port()}", "--token-file", token_file],
+        ["join", f"127.0.0.1:{_free_port()}", "--token-file", token_file, "--retry-for", "0"],
+        ["join", "127.0.0.1:1", "--token-file", token_file, "--retry-for", "-1"],
     ]
     for argv in cases:
         p = subprocess.run([sys.executable, "-m", "ddptui", *argv], capture_output=True, text=True, cwd=ROOT,

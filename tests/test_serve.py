@@ -80,6 +80,7 @@ def test_served_page_fetches_nothing_from_the_internet(tmp_path):
 def test_tab_commands_replay_or_follow_never_launch_a_run():
     a = parser().parse_args(["demo/x.ddptui", "--speed", "2", "--loop"])
     assert tab_command(a).endswith("-m ddptui.cmd_serve --tab demo/x.ddptui --speed 2.0 --loop")
+    assert tab_command(a).startswith("exec ")  # the server's own child: it sees the server go
     a = parser().parse_args(["--attach", "runs/y.ddptui"])
     assert tab_command(a).endswith("-m ddptui.cmd_serve --tab runs/y.ddptui --attach")
 
