@@ -4,12 +4,15 @@
 # and packed into ONE archive (plus a summary) in the output folder.
 #
 #   benchmarks/gpu_pass.sh a   [OUTDIR]   tests marked gpu; headless NCCL (world 1) and gloo with
-#                                         CUDA tensors (2 ranks on one GPU) on small and xlarge,
-#                                         with the sync probe; verify on both; starts the
-#                                         15-minute clock-residual run in the background
-#   benchmarks/gpu_pass.sh b   [OUTDIR]   the whole suite with CUDA visible; P1 on xlarge;
-#                                         NVML next to nvidia-smi; 1,000 steps (event pool);
-#                                         the live UI in tmux (SVG); collects the clock run
+#                                         CUDA tensors (2 ranks on one GPU) on small, xlarge and
+#                                         deep40, with the sync probe; verify on both (NCCL at
+#                                         world 1: compute only, NCCL launches no kernel for one
+#                                         rank; gloo-CUDA: AllReduce ends against the copy back);
+#                                         starts the 15-minute clock-residual run in the background
+#   benchmarks/gpu_pass.sh b   [OUTDIR]   the whole suite with CUDA visible; P1 on xlarge (and
+#                                         host-bound); P7 with real CUDA events; NVML next to
+#                                         nvidia-smi; 1,000 steps (event pool); the live UI in
+#                                         tmux (SVG); collects the clock run
 #   benchmarks/gpu_pass.sh all [OUTDIR]
 #
 # GPU_PASS_QUICK=1 rehearses the plumbing (small model, 3 steps, short clock/NVML runs, one
@@ -100,8 +103,13 @@ phase_a() {
   headless gloo-small --gpus 1 --ranks 2 --model small --strategies $s --steps "$(n 30)"
   headless nccl-$BIG --gpus 1 --model $BIG --strategies $s --steps "$(n 20)"
   headless gloo-$BIG --gpus 1 --ranks 2 --model $BIG --strategies naive,interleaved,ddp --steps "$(n 10)"
+  [ -n "$QUICK" ] || headless nccl-deep40 --gpus 1 --model deep40 --strategies $s --steps 10
+  [ -n "$QUICK" ] || headless gloo-deep40 --gpus 1 --ranks 2 --model deep40 --strategies naive,ddp --steps 5
+  # world 1 on NCCL: verify says communication is not checked and checks compute
   verify nccl --gpus 1 --model $BIG --strategies naive,interleaved,ddp,single --steps 6
+  # gloo with CUDA tensors: AllReduce ends are compared with the end of the copy back
   verify gloo --gpus 1 --ranks 2 --model small --strategies naive,interleaved,ddp --steps 6
+  grep -E "note:" "$work/verify-nccl.txt" "$work/verify-gloo.txt" | head -n 6 >> "$work/summary.txt"
 }
 
 phase_b() {
@@ -112,6 +120,12 @@ phase_b() {
   step "P1 on $BIG (1 rank, NCCL)"
   timeout 300 $PY benchmarks/p1_overhead.py --model $BIG --device cuda --ranks 1 ${QUICK:+--quick} > "$work/p1.txt" 2>&1
   note "  $(grep -E '^P1|ratio' "$work/p1.txt" | tail -n 3 | tr '\n' ' ')"
+  step "P1 host-bound (global batch 16: steps as short as the host's work)"
+  timeout 300 $PY benchmarks/p1_overhead.py --model $BIG --device cuda --ranks 1 --host-bound ${QUICK:+--quick} > "$work/p1-host.txt" 2>&1
+  note "  $(grep -E '^P1|side by side' "$work/p1-host.txt" | tail -n 2 | tr '\n' ' ')"
+  step "P7 hook cost with real CUDA events"
+  timeout 200 $PY benchmarks/p7_hook_cost.py --device cuda ${QUICK:+--quick} > "$work/p7.txt" 2>&1
+  note "  $(grep -E '^P7|now' "$work/p7.txt" | tail -n 3 | tr '\n' ' ')"
   step "NVML next to nvidia-smi"
   timeout 120 $PY benchmarks/gpu_nvml.py --seconds $NVML_S --out "$work/nvml.csv" > "$work/nvml.txt" 2>&1
   note "  $(tail -n 1 "$work/nvml.txt")"

@@ -131,21 +131,25 @@ def load_old(rev: str):
         return None
 
 
-def measure(instrument, strategies, steps: int, layers: int, width: int):
+def measure(instrument, strategies, steps: int, layers: int, width: int, cuda: bool = False):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
     attach_layer_hooks = strategies.attach_layer_hooks
     torch.manual_seed(0)
+    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     base = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
-    plain = copy.deepcopy(base)
-    timed = copy.deepcopy(base)
-    clock = instrument.CudaClock("cuda:0", torch_cuda=stand_in_cuda(), host_ns=time.monotonic_ns)
+    plain = copy.deepcopy(base).to(dev)
+    timed = copy.deepcopy(base).to(dev)
+    if cuda:  # the real CUDA calls: host time only (nothing waits for the GPU in a step)
+        clock = instrument.CudaClock(dev)
+    else:
+        clock = instrument.CudaClock("cuda:0", torch_cuda=stand_in_cuda(), host_ns=time.monotonic_ns)
     rec = instrument.Recorder(clock, layers)
     attach_layer_hooks(timed, rec)
-    x = torch.randn(1, width)
-    y = torch.zeros(1, dtype=torch.long)
+    x = torch.randn(1, width, device=dev)
+    y = torch.zeros(1, dtype=torch.long, device=dev)
     lazy = "lazy" in instrument.Recorder.poll.__code__.co_varnames
 
     def step_plain():
@@ -167,6 +171,8 @@ def measure(instrument, strategies, steps: int, layers: int, width: int):
 
     for k in range(20):
         step_plain(), step_timed(k)
+    if cuda:
+        torch.cuda.synchronize()
     diffs, resolve = [], []
     for k in range(steps):
         if k % 2:
@@ -177,29 +183,43 @@ def measure(instrument, strategies, steps: int, layers: int, width: int):
             a, _ = step_plain()
         diffs.append((b - a) / layers / 1000)
         resolve.append(r / 1000)
+        if cuda and k % 50 == 49:  # keep the GPU's queue short: launches must not block
+            torch.cuda.synchronize()
     return statistics.median(diffs), statistics.median(resolve), clock
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--quick", action="store_true", help="100 steps")
+    p.add_argument("--quick", action="store_true", help="60 steps, 2 rounds")
     p.add_argument("--vs", default=OLD_REV, help="git revision of the hook path to compare with")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: the real CUDA events and stream (the GPU pass), not stand-ins")
     a = p.parse_args(argv)
-    steps = 100 if a.quick else a.steps
+    steps = 60 if a.quick else a.steps
+    rounds = 2 if a.quick else 3
     import torch
     torch.set_num_threads(1)
     from ranks import instrument, strategies
+    cuda = a.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("p7_hook_cost: --device cuda, but CUDA is not available here", file=sys.stderr)
+        return 2
     layers, width = 40, 16
     old = load_old(a.vs)
+    # one mark (record + give back), the unit of the hook path's cost
+    import timeit
+    clk = (instrument.CudaClock(torch.device("cuda", 0)) if cuda else
+           instrument.CudaClock("cuda:0", torch_cuda=stand_in_cuda(), host_ns=time.monotonic_ns))
+    mark_us = min(timeit.repeat(lambda: clk.release(clk.mark()), number=20000, repeat=5)) / 20000 * 1e6
     rows = []
-    for rnd in range(3):  # new and old in turn, three rounds
-        rows.append(("now", *measure(instrument, strategies, steps, layers, width)[:2]))
+    for rnd in range(rounds):  # new and old in turn
+        rows.append(("now", *measure(instrument, strategies, steps, layers, width, cuda)[:2]))
         if old is not None:
-            rows.append((a.vs, *measure(*old, steps, layers, width)[:2]))
+            rows.append((a.vs, *measure(*old, steps, layers, width, cuda)[:2]))
+    how = "real CUDA events" if cuda else "CUDA calls by stand-ins of torch.cuda's Python shape"
     print(f"P7 host cost of the hook path: {layers} blocks (Linear {width}x{width} + ReLU), batch 1, "
-          f"CUDA calls by stand-ins of torch.cuda's Python shape, {steps} steps x 3 rounds, "
-          f"torch {torch.__version__}")
+          f"{how}, {steps} steps x {rounds} rounds, torch {torch.__version__}; one mark {mark_us:.2f} µs")
     now = statistics.median(r[1] for r in rows if r[0] == "now")
     res = statistics.median(r[2] for r in rows if r[0] == "now")
     print(f"  now:        {now:6.2f} µs per layer per step on the training thread "
@@ -210,8 +230,8 @@ def main(argv=None) -> int:
         print(f"  at {a.vs}:    {before:6.2f} µs per layer per step, resolution included "
               f"(rounds: {', '.join(f'{r[1]:.2f}' for r in rows if r[0] == a.vs)}); "
               f"now / then = {now / before:.2f}")
-    # xlarge on 8 GPUs: 8 layers, a few buckets; a step of ~1 ms
-    est = 8 * now + 4 * 2 * now / 3  # per layer, plus ~4 buckets' issue and end marks
+    # xlarge on 8 GPUs: 8 layers and ~4 DDP buckets (an issue mark and an end mark each)
+    est = 8 * now + 4 * 2 * mark_us
     print(f"  estimate: xlarge (8 layers, ~4 DDP buckets) adds ~{est:.0f} µs of host time per "
           f"step: P1 at a 1 ms step <= {1 + est / 1000:.3f} if the host is the critical path "
           f"(goal on GPU 1.01; measured by the GPU pass)")

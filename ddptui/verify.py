@@ -13,7 +13,9 @@ range ddptui opened itself (ddptui adds none to the profile):
   that rank in time order (all strategies together); different counts leave the rank's
   spans unmatched.
 - forward layer j: the j-th ``aten::linear`` of the step on the training thread, through the
-  first ``aten::relu`` after it (fc1..fcN are Linear+ReLU blocks, the last has no ReLU).
+  first ``aten::relu`` after it (fc1..fcN are Linear+ReLU blocks, the last has no ReLU); a
+  layer after the first starts where the one before ended (ddptui marks the two with one
+  timestamp: the module-call overhead between them is drawn in the later layer).
 - backward layer j: the autograd engine's ``autograd::engine::evaluate_function: X`` records
   whose sequence number is that of one of layer j's forward ops (the profiler links a
   backward node to the forward op that created it by that number); ``AccumulateGrad`` nodes,
@@ -279,6 +281,9 @@ def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
                         seq_layer.setdefault(e.seq, j)
         else:
             ps.notes.append(f"{len(linears)} aten::linear in the step, the model has {n_layers} layers")
+        for j in range(1, n_layers):
+            if j in ps.fwd and j - 1 in ps.fwd:  # a layer starts when the one before ended:
+                ps.fwd[j] = (ps.fwd[j - 1][1], ps.fwd[j][1])  # one moment, one mark
         last_fwd = max((v[1] for v in ps.fwd.values()), default=z.t1)
         lo, hi = bisect_left(evals_t0, last_fwd), bisect_left(evals_t0, add.t1)
         nodes = [e for e in evals[lo:hi] if e.t1 <= add.t1]
@@ -489,8 +494,10 @@ def _r(x: float) -> float | None:
 
 def format_table(rows: list[dict], title: str) -> str:
     head = ("strategy", "kind", "matched", "unmatched", "|Δstart| med", "p95", "|Δend| med", "p95",
-            "tol µs", "within", "")
-    lines = [title, ""]
+            "tol µs", "within", "", "early med", f"<{SHORT_SPAN_US} µs")
+    lines = [title, "early: how much earlier than the profiled start ddptui's start is (on GPU, an "
+             "NCCL AllReduce's wait for its stream and SMs); <20 µs: spans too short for a 5 µs "
+             "tolerance to be small", ""]
     body = []
     for r in rows:
         ts, te = r["tol_start_us"], r["tol_end_us"]
@@ -498,7 +505,8 @@ def format_table(rows: list[dict], title: str) -> str:
         body.append((r["strategy"], r["kind"], str(r["n"]), str(r["unmatched"]),
                      _f(r["median_start_us"]), _f(r["p95_start_us"]),
                      _f(r["median_end_us"]), _f(r["p95_end_us"]), tol,
-                     f"{r['within_tol_pct']:.0f} %", "ok" if r["ok"] else "FAIL"))
+                     f"{r['within_tol_pct']:.0f} %", "ok" if r["ok"] else "FAIL",
+                     _f(r.get("median_early_start_us")), str(r.get("short", 0))))
     w = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i])  # noqa: E731
                                   for i, c in enumerate(cells)).rstrip()

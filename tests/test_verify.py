@@ -98,10 +98,12 @@ def test_matcher_pairs_structurally_and_counts_size_mismatches():
     ps = V.profile_steps(_profile_step(), 2)
     assert len(ps) == 1
     p = ps[0]
-    assert p.fwd == {0: (100, 250), 1: (300, 400)}
-    assert p.bwd == {1: (500, 620), 0: (700, 820)}  # layer 0 ends with its gradient accumulated
-    d = V.DStep("naive", 1, 0, 1100, fwd={0: (100, 250), 1: (300, 400)},
-                bwd={1: (500, 620), 0: (700, 820)},
+    # a layer starts where the one before ended (ddptui marks both with one timestamp)
+    assert p.fwd == {0: (100, 250), 1: (250, 400)}
+    # layer 0 ends with its gradient accumulated, and starts where layer 1 ended
+    assert p.bwd == {1: (500, 620), 0: (620, 820)}
+    d = V.DStep("naive", 1, 0, 1100, fwd={0: (100, 250), 1: (250, 400)},
+                bwd={1: (500, 620), 0: (620, 820)},
                 comm=[(0, 900, 950, 890), (1, 960, 990, 955)], opt=(1000, 1100))
     sizes = {0: 24, 1: 8}
     pairs, notes = V.match_rank([d], ps, lambda s, k, i: sizes[i])
