@@ -82,6 +82,11 @@ NUMERIC: dict[str, Whole | Real] = {
     "--nnodes": Whole(1, 64),
     "--node-rank": Whole(0, 63),
     "--nproc-per-node": Whole(1, 64),
+    # ddptui whatif (lists take each item through the same check)
+    "--bucket-cap": Real(0, 4096, lo_open=True, unit="MB"),
+    "--world": Whole(1, 1 << 20),
+    "--bus-gbps": Real(0, 1e6, lo_open=True, unit="GB/s"),
+    "--hop-us": Real(0, 1e7, unit="µs"),
 }
 
 

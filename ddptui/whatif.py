@@ -31,8 +31,8 @@ parameter as its gradient is ready.
 Collective time alpha + beta x bytes is fitted to the run's own collectives: per collective,
 end - the last rank's start (waiting for a late rank is not transfer). For another world
 size N (recorded W), bytes move 2(N-1)/N per rank in a ring: beta scales by
-[2(N-1)/N] / [2(W-1)/W] and alpha (ring steps) by (N-1)/(W-1); --bus-gbps replaces beta by
-2(N-1)/N / bus bandwidth. Other ranks are taken to be like the recorded ones (per-rank
+[2(N-1)/N] / [2(W-1)/W] and alpha, the latency of the ring's 2(N-1) steps, by (N-1)/(W-1);
+--bus-gbps replaces beta by 2(N-1)/N / bus bandwidth, --hop-us the latency of one ring step. Other ranks are taken to be like the recorded ones (per-rank
 batch as recorded: weak scaling).
 """
 from __future__ import annotations
@@ -162,12 +162,18 @@ class CommFit:
     world: int
     sizes: int = 0  # distinct sizes seen (alpha is 0 with one)
 
-    def ms(self, nbytes: float, world: int | None = None, bus_gbps: float | None = None) -> float:
+    @property
+    def hop_ms(self) -> float:
+        """alpha per ring step: a ring AllReduce takes 2(N-1) steps."""
+        return self.alpha_ms / (2 * (max(2, self.world) - 1))
+
+    def ms(self, nbytes: float, world: int | None = None, bus_gbps: float | None = None,
+           hop_ms: float | None = None) -> float:
         n = world or self.world
         if n < 2:
             return 0.0
         w = max(2, self.world)
-        alpha = self.alpha_ms * (n - 1) / (w - 1)
+        alpha = 2 * (n - 1) * (self.hop_ms if hop_ms is None else hop_ms)
         if bus_gbps:
             return alpha + nbytes * ring_factor(n) / (bus_gbps * 1e9) * 1e3
         return alpha + self.beta_ms_per_mb * nbytes / MIB * ring_factor(n) / ring_factor(w)
@@ -436,7 +442,7 @@ class Prediction:
 
 def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int | None = None,
             bus_gbps: float | None = None, explicit: bool | None = None,
-            delays: Delays | None = None) -> Prediction:
+            delays: Delays | None = None, hop_ms: float | None = None) -> Prediction:
     """Median over the basis' steps of the simulated step under these settings."""
     if explicit is None:  # the basis' own cap keeps its first-bucket rule; another is given
         explicit = basis.explicit if (cap_mb is None or cap_mb == basis.cap_mb) else True
@@ -446,7 +452,7 @@ def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int 
     blocking = basis.strategy == "naive"
     steps, comms, exps, bare = [], [], [], []
     for tr in basis.traces:
-        sim = simulate(tr, colls, lambda nb: fit.ms(nb, n, bus_gbps), basis.lanes, delays,
+        sim = simulate(tr, colls, lambda nb: fit.ms(nb, n, bus_gbps, hop_ms), basis.lanes, delays,
                        basis.param_layer, blocking)
         zero = simulate(tr, colls, lambda nb: 0.0, basis.lanes, delays, basis.param_layer, blocking)
         steps.append(max(s.step_ms for s in sim.values()))
@@ -511,13 +517,14 @@ def basis_info(b: Basis, fit: CommFit) -> tuple[dict, dict]:
             "cap_mb": b.cap_mb, "cap_explicit": b.explicit if b.strategy == "ddp" else None,
             "buckets": len(b.layout) if b.layout else None}
     fitd = {"alpha_ms": fit.alpha_ms, "beta_ms_per_mb": fit.beta_ms_per_mb, "collectives": fit.n,
-            "sizes": fit.sizes, "err_pct": fit.err_pct, "world": fit.world, "bus_gbps": fit.bus_gbps}
+            "sizes": fit.sizes, "err_pct": fit.err_pct, "world": fit.world, "bus_gbps": fit.bus_gbps,
+            "hop_ms": fit.hop_ms}
     return info, fitd
 
 
 def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = None,
            bus_gbps: float | None = None, strategy: str | None = None,
-           from_cap: float | None = None) -> Report:
+           from_cap: float | None = None, hop_us: float | None = None) -> Report:
     """The predictions of `ddptui whatif`: DDP at each bucket cap (its basis: the steps run
     under `from_cap`, default the cap in force last), and every communicating strategy at each
     world size (at its recorded cap) — with the figures measured under the same settings."""
@@ -537,23 +544,26 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
     fits = {s: fit_comm(b) for s, b in bases.items()}
     info, fitd = basis_info(first, fits[first.strategy])
     rep = Report(info, fitd)
+    hop_ms = None if hop_us is None else hop_us / 1e3
+    if hop_ms is not None:
+        rep.fit["hop_ms_used"] = hop_ms
     if caps:
         if "ddp" not in bases:
             raise WhatIfError("--bucket-cap needs ddp steps in the recording")
         b, fit = bases["ddp"], fits["ddp"]
         d = fit_delays(b)
         for c in caps:
-            p = predict(b, fit, cap_mb=c, bus_gbps=bus_gbps, delays=d)
-            if not bus_gbps:
+            p = predict(b, fit, cap_mb=c, bus_gbps=bus_gbps, delays=d, hop_ms=hop_ms)
+            if not bus_gbps and hop_ms is None:
                 p.measured = measured(store, "ddp", c)
             rep.caps.append(p)
     for s, b in bases.items():
         for n in worlds or []:
-            p = predict(b, fits[s], world=n, bus_gbps=bus_gbps)
-            if n == b.world and not bus_gbps:
+            p = predict(b, fits[s], world=n, bus_gbps=bus_gbps, hop_ms=hop_ms)
+            if n == b.world and not bus_gbps and hop_ms is None:
                 p.measured = measured(store, s, b.cap_mb)
             rep.worlds.append(p)
-    if worlds or bus_gbps:
+    if worlds or bus_gbps or hop_ms is not None:
         rep.note = UNCHECKED
     return rep
 
