@@ -255,7 +255,8 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
         raise WhatIfError(f"no complete {strategy} step after the first to predict from")
     changes = store.cap_history()
     since = lambda k: max((c for c, _ in changes if c <= k), default=None)  # noqa: E731
-    ok = lambda k: since(k) is None or k >= since(k) + SKIP_AFTER_CHANGE  # noqa: E731
+    # DDP wraps at its first step too: that step and the rebuild after it are not steady
+    ok = lambda k: k >= (SKIP_AFTER_CHANGE if since(k) is None else since(k) + SKIP_AFTER_CHANGE)  # noqa: E731
     cap = explicit = None
     if strategy == "ddp":
         if cap_mb is None:
@@ -468,18 +469,19 @@ def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int 
                       100.0 * nc / step if step > 0 else None)
 
 
-def measured(store, strategy: str, cap_mb: float | None = None) -> dict | None:
-    """Median figures of the kept steps a recording ran under a cap (DDP) or at all, less
-    warm-up and the steps right after a re-wrap; None when there are none."""
-    figs = store.recent_figures(strategy, n=1_000_000)
+def measured(store, strategy: str, cap_mb: float | None = None, since: int = 0,
+             upto: int | None = None) -> dict | None:
+    """Median figures of the kept steps since..upto a recording ran under a cap (DDP) or at
+    all, less warm-up and the steps right after a re-wrap; None when there are none."""
+    figs = store.recent_figures(strategy, upto=upto, n=1_000_000, since=since)
     changes = store.cap_history()
     use = []
     for f in figs:
         if f.step == 0:
             continue
         if strategy == "ddp":
-            since = max((c for c, _ in changes if c <= f.step), default=None)
-            if since is not None and f.step < since + SKIP_AFTER_CHANGE:
+            since = max((c for c, _ in changes if c <= f.step), default=0)
+            if f.step < since + SKIP_AFTER_CHANGE:
                 continue
             if cap_mb is not None and (store.cap_at(f.step) or spec.DEFAULT_BUCKET_CAP_MB) != cap_mb:
                 continue
