@@ -52,7 +52,7 @@ SPEEDS = spec.SPEED_LADDER
 # the panels below the lanes, in order of priority: (id, class)
 PANELS: tuple[tuple[str, type[Panel]], ...] = (
     ("figures", FiguresPanel), ("hosts", HostsPanel), ("gpu", GpuPanel), ("buckets", BucketsPanel),
-    ("waits", WaitsPanel), ("whatif", WhatIfPanel), ("history", HistoryPanel))
+    ("waits", WaitsPanel), ("history", HistoryPanel), ("whatif", WhatIfPanel))
 
 
 class DdpApp(App):

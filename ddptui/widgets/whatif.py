@@ -18,13 +18,13 @@ EVERY_S = 1.0  # predictions are recomputed at most this often (and when the ste
 
 def build(store: Store, got, cap_now: float | None) -> list[Parts]:
     if isinstance(got, str):
-        return [[("what if · bucket cap: ", T.style(T.TEXT, bold=True)), (got, T.style(T.DIM))]]
+        return [[("what if: ", T.style(T.TEXT, bold=True)), (got, T.style(T.DIM))]]
     fit, basis, rows = got
     cap_txt = f"{basis.cap_mb:g} MB" + ("" if basis.explicit else " (default)")
     lines: list[Parts] = [
-        [("what if · bucket cap", T.style(T.TEXT, bold=True)),
+        [("what if", T.style(T.TEXT, bold=True)),
          (f" · PREDICTED from {len(basis.steps)} steps at {cap_txt}", T.style(T.WARN)),
-         (f" · α {fit.alpha_ms:.2f} ms β {fit.beta_ms_per_mb:.2f} ms/MB · fit ±{fit.err_pct:.0f}%",
+         (f" · α {fit.alpha_ms:.2f} ms β {fit.beta_ms_per_mb:.2f} ms/MB fit ±{fit.err_pct:.0f}%",
           T.style(T.DIM))],
         [(f"{'cap MB':>7}{'buckets':>8}{'pred step':>11}{'overlap':>9}{'meas step':>11}{'overlap':>9}",
           T.style(T.DIM, bold=True))]]
