@@ -45,13 +45,14 @@ from .widgets.panel import Frame, Panel
 from .widgets import waits
 from .widgets.waits import WaitsPanel
 from .widgets.hosts import HostsPanel
+from .widgets.whatif import WhatIfPanel
 
 FPS = 15
 SPEEDS = spec.SPEED_LADDER
 # the panels below the lanes, in order of priority: (id, class)
 PANELS: tuple[tuple[str, type[Panel]], ...] = (
     ("figures", FiguresPanel), ("hosts", HostsPanel), ("gpu", GpuPanel), ("buckets", BucketsPanel),
-    ("waits", WaitsPanel), ("history", HistoryPanel))
+    ("waits", WaitsPanel), ("history", HistoryPanel), ("whatif", WhatIfPanel))
 
 
 class DdpApp(App):

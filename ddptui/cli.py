@@ -14,7 +14,7 @@ from ranks import spec
 from . import __version__
 from .options import add_numeric, run_parent
 
-SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join")
+SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join", "whatif")
 
 EPILOG = """\
 commands:
@@ -28,6 +28,7 @@ commands:
   ddptui serve FILE | --attach     the UI in a browser: a replay, or a read-only view of a live run
   ddptui run [opts] -- SCRIPT ...  your own DDP script under torchrun, live (ddptui.instrument)
   ddptui join ADDR:PORT --token-file F   another node of a multi-node run (see --nnodes)
+  ddptui whatif FILE [--bucket-cap 1,5,25,100] [--world 2,4,8]   predicted step under other settings
 
 examples:
   ddptui --gpus 2 --model xlarge

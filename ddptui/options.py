@@ -83,6 +83,11 @@ NUMERIC: dict[str, Whole | Real] = {
     "--node-rank": Whole(0, 63),
     "--nproc-per-node": Whole(1, 64),
     "--retry-for": Real(0, 3600, unit="s"),
+    # ddptui whatif (lists take each item through the same check)
+    "--bucket-cap": Real(0, 4096, lo_open=True, unit="MB"),
+    "--world": Whole(1, 1 << 20),
+    "--bus-gbps": Real(0, 1e6, lo_open=True, unit="GB/s"),
+    "--hop-us": Real(0, 1e7, unit="µs"),
 }
 
 

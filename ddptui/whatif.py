@@ -1,0 +1,583 @@
+"""What if: a recorded step replayed under another DDP bucket cap, world size or network.
+
+Pure functions (no I/O, no UI). The input is what a run recorded, read through the Store's
+public queries (`span_batches`, `bucket_layout`, `cap_history`, `recent_figures`, `meta`):
+
+- when each layer's backward ended on every rank (its parameters' gradients are ready then);
+- every collective: when it was ready (the spans' issue column), when it ran, its bytes;
+- the bucket layout DDP built (its order is the order gradients became ready).
+
+The step simulator replays one recorded step per rank:
+
+1. buckets: DDP's own rule (torch's `compute_bucket_assignment_by_size`, as its reducer
+   rebuilds buckets after the first step): parameters in gradient-ready order (reverse
+   definition order for a sequential model), a bucket closes once its bytes reach the limit
+   (the parameter that crosses it stays in), limits [first bucket, cap, cap, ...]. The first
+   bucket's limit is `_DEFAULT_FIRST_BUCKET_BYTES` (1 MiB) when no cap was given and the cap
+   itself when one was (torch's `_BucketCapacityConfig`);
+2. a bucket is ready when its last gradient is and the bucket before it was (DDP launches
+   buckets in order), plus this rank's measured hand-over delay;
+3. collectives run one after another per lane — one NCCL stream, or gloo's two worker
+   threads (first free thread, first come first served) — and start once every rank has it
+   ready and a free lane; each takes alpha + beta x bytes;
+4. the step ends after the last collective (or backward, if later) plus the recorded tail
+   (DDP's finalize, the optimizer).
+
+Forward and backward are kept as recorded (no contention model: overlap that slowed the
+backward in the recording is kept as it was). naive: one blocking collective per parameter
+after the backward, with the recorded gap between them; interleaved: one collective per
+parameter as its gradient is ready.
+
+Collective time alpha + beta x bytes is fitted to the run's own collectives: per collective,
+end - the last rank's start (waiting for a late rank is not transfer). For another world
+size N (recorded W), bytes move 2(N-1)/N per rank in a ring: beta scales by
+[2(N-1)/N] / [2(W-1)/W] and alpha, the latency of the ring's 2(N-1) steps, by (N-1)/(W-1);
+--bus-gbps replaces beta by 2(N-1)/N / bus bandwidth, --hop-us the latency of one ring step. Other ranks are taken to be like the recorded ones (per-rank
+batch as recorded: weak scaling).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from ranks import spec
+from ranks.wire import BWD, COMM, FWD, STEP
+
+from . import figures as F
+
+MIB = 1024 * 1024
+FIRST_BUCKET_BYTES = MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+SKIP_AFTER_CHANGE = 2  # steps after a re-wrap not used: the one-bucket step and the rebuild step
+GLOO_THREADS = 2  # ProcessGroupGloo's default worker threads
+
+
+class WhatIfError(ValueError):
+    """Nothing to predict from (one line, for the user)."""
+
+
+# -- DDP's bucketing -----------------------------------------------------------------------
+def first_bucket_bytes(cap_mb: float, explicit: bool = True) -> int:
+    """The first bucket's limit: 1 MiB with DDP's default cap, the cap itself when given."""
+    return int(cap_mb * MIB) if explicit else FIRST_BUCKET_BYTES
+
+
+def assign_buckets(order: list[int], nbytes: list[int], cap_mb: float,
+                   explicit: bool = True) -> list[tuple[int, list[int], int]]:
+    """(bucket, [params], bytes) for parameters in gradient-ready `order`: torch's
+    compute_bucket_assignment_by_size with limits [first, cap]."""
+    limits = [first_bucket_bytes(cap_mb, explicit), int(cap_mb * MIB)]
+    out: list[tuple[int, list[int], int]] = []
+    cur: list[int] = []
+    size = 0
+    for p in order:
+        cur.append(p)
+        size += nbytes[p]
+        if size >= limits[min(len(out), 1)]:
+            out.append((len(out), cur, size))
+            cur, size = [], 0
+    if cur:
+        out.append((len(out), cur, size))
+    return out
+
+
+def ready_order(layout: list | None, n_params: int) -> list[int]:
+    """Gradient-ready order: the recorded rebuilt layout's, else reverse definition order
+    (what DDP assumes before its first step)."""
+    if layout:
+        order = [int(p) for _, ps, _ in sorted(layout, key=lambda b: b[0]) for p in ps]
+        if sorted(order) == list(range(n_params)) and order != list(range(n_params)):
+            return order
+    return list(reversed(range(n_params)))
+
+
+# -- the recorded step ---------------------------------------------------------------------
+@dataclass
+class Coll:
+    idx: int
+    ready: float  # ms on the step's common axis
+    start: float
+    end: float
+
+
+@dataclass
+class RankTrace:
+    """One rank's step (ms from the step's earliest base across ranks)."""
+    rank: int
+    start: float
+    end: float
+    compute: list[tuple[float, float]]  # union of forward/backward
+    bwd_end: dict[int, float]  # layer -> its backward's end
+    colls: list[Coll]
+
+    @property
+    def last_compute(self) -> float:
+        return max((b for _, b in self.compute), default=self.start)
+
+    @property
+    def tail(self) -> float:
+        """After the last collective (or backward): finalize and optimizer."""
+        last = max([self.last_compute] + [c.end for c in self.colls])
+        return max(0.0, self.end - last)
+
+
+def trace_step(batches: dict) -> dict[int, RankTrace]:
+    """rank -> RankTrace from one strategy step's span batches (rank -> SpanBatch)."""
+    origin = min(b.base_ns for b in batches.values())
+    out = {}
+    for r, b in sorted(batches.items()):
+        off = (b.base_ns - origin) / 1e6
+        comp, bwd, colls = [], {}, []
+        start = end = None
+        ci = 0
+        for i in range(len(b.kind)):
+            k = b.kind[i]
+            a, z = off + b.t0[i] / 1e3, off + b.t1[i] / 1e3
+            if k == FWD or k == BWD:
+                comp.append((a, z))
+                if k == BWD:
+                    bwd[b.idx[i]] = z
+            elif k == COMM:
+                colls.append(Coll(b.idx[i], off + b.iss[ci] / 1e3, a, z))
+                ci += 1
+            elif k == STEP:
+                start, end = a, z
+        if start is None:
+            continue
+        out[r] = RankTrace(r, start, end, F.union(comp), bwd, colls)
+    return out
+
+
+# -- collective cost -------------------------------------------------------------------------
+def ring_factor(n: int) -> float:
+    return 2 * (n - 1) / n if n > 1 else 0.0
+
+
+@dataclass
+class CommFit:
+    """Collective time = alpha + beta x bytes, fitted at `world` ranks."""
+    alpha_ms: float
+    beta_ms_per_mb: float
+    n: int  # collectives fitted
+    err_pct: float  # RMS relative error of the fit over them
+    world: int
+    sizes: int = 0  # distinct sizes seen (alpha is 0 with one)
+
+    @property
+    def hop_ms(self) -> float:
+        """alpha per ring step: a ring AllReduce takes 2(N-1) steps."""
+        return self.alpha_ms / (2 * (max(2, self.world) - 1))
+
+    def ms(self, nbytes: float, world: int | None = None, bus_gbps: float | None = None,
+           hop_ms: float | None = None) -> float:
+        n = world or self.world
+        if n < 2:
+            return 0.0
+        w = max(2, self.world)
+        alpha = 2 * (n - 1) * (self.hop_ms if hop_ms is None else hop_ms)
+        if bus_gbps:
+            return alpha + nbytes * ring_factor(n) / (bus_gbps * 1e9) * 1e3
+        return alpha + self.beta_ms_per_mb * nbytes / MIB * ring_factor(n) / ring_factor(w)
+
+    @property
+    def bus_gbps(self) -> float | None:
+        """The bus bandwidth beta stands for (nccl-tests' definition)."""
+        if self.beta_ms_per_mb <= 0:
+            return None
+        return MIB * ring_factor(max(2, self.world)) / (self.beta_ms_per_mb / 1e3) / 1e9
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """(alpha, beta, RMS relative error %) minimising the relative error of y = alpha + beta x,
+    alpha >= 0."""
+    pts = [(x, y) for x, y in zip(xs, ys) if y > 0 and x > 0]
+    if not pts:
+        raise WhatIfError("no collective with a positive duration to fit")
+    w = [1 / (y * y) for _, y in pts]
+    sw = sum(w)
+    sx = sum(wi * x for wi, (x, _) in zip(w, pts))
+    sy = sum(wi * y for wi, (_, y) in zip(w, pts))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts))
+    sxy = sum(wi * x * y for wi, (x, y) in zip(w, pts))
+    det = sw * sxx - sx * sx
+    alpha, beta = 0.0, 0.0
+    if len({x for x, _ in pts}) > 1 and det > 0:
+        alpha = (sxx * sy - sx * sxy) / det
+        beta = (sw * sxy - sx * sy) / det
+    if alpha < 0 or beta <= 0 or len({x for x, _ in pts}) < 2:
+        alpha, beta = 0.0, sxy / sxx
+    err = (sum(((alpha + beta * x - y) / y) ** 2 for x, y in pts) / len(pts)) ** 0.5
+    return alpha, beta, 100.0 * err
+
+
+# -- what predictions are made from ----------------------------------------------------------
+@dataclass
+class Basis:
+    """The recorded steps of one strategy that predictions are made from."""
+    strategy: str
+    world: int
+    lanes: int  # collectives that run at once per rank (NCCL 1, gloo 2)
+    backend: str
+    param_bytes: list[int]
+    param_layer: list[int]
+    cap_mb: float | None  # DDP: the cap these steps ran under
+    explicit: bool  # DDP: the cap was given (else DDP's default, first bucket 1 MiB)
+    layout: list | None  # DDP: the recorded layout of these steps
+    steps: list[int]
+    traces: list[dict[int, RankTrace]]
+    bytes_of: list[dict[int, int]]  # per step: collective idx -> bytes
+
+    @property
+    def order(self) -> list[int]:
+        return ready_order(self.layout, len(self.param_bytes))
+
+
+def _explicit_at(store, step: int) -> bool:
+    if any(k <= step for k, _ in store.cap_history()):
+        return True
+    settings = store.meta.get("settings") or {}
+    return settings.get("bucket_cap_mb") is not None
+
+
+def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int | None = None,
+            last: int | None = None) -> Basis:
+    """The kept, complete steps of `strategy` (DDP: those run under `cap_mb`, default the
+    cap in force at `upto`), less warm-up and the steps right after a re-wrap."""
+    meta = store.meta
+    params = meta.get("params") or []
+    if not params:
+        raise WhatIfError("the recording has no parameter table")
+    pbytes = spec.grad_bytes(params)
+    player = [int(p[2]) if len(p) > 2 else 0 for p in params]
+    batches = store.span_batches().get(strategy) or {}
+    want = spec.strategy_ranks(strategy, store.world)
+    ks = sorted(k for k, rs in batches.items() if len(rs) >= want and k > 0 and (upto is None or k <= upto))
+    if not ks:
+        raise WhatIfError(f"no complete {strategy} step after the first to predict from")
+    changes = store.cap_history()
+    since = lambda k: max((c for c, _ in changes if c <= k), default=None)  # noqa: E731
+    # DDP wraps at its first step too: that step and the rebuild after it are not steady
+    ok = lambda k: k >= (SKIP_AFTER_CHANGE if since(k) is None else since(k) + SKIP_AFTER_CHANGE)  # noqa: E731
+    cap = explicit = None
+    if strategy == "ddp":
+        if cap_mb is None:
+            cap_mb = store.cap_at(ks[-1])
+        cap_mb = float(cap_mb if cap_mb is not None else spec.DEFAULT_BUCKET_CAP_MB)
+        ks = [k for k in ks if ok(k) and (store.cap_at(k) or spec.DEFAULT_BUCKET_CAP_MB) == cap_mb]
+        if not ks:
+            raise WhatIfError(f"no kept ddp step ran with bucket_cap_mb {cap_mb:g} "
+                              f"(caps in the recording: {caps_text(store)})")
+        cap, explicit = cap_mb, _explicit_at(store, ks[-1])
+    if last:
+        ks = ks[-last:]
+    backend = str(meta.get("backend") or next((i.backend for i in store.rank_snapshot().values()), "") or "")
+    lanes = 1 if "nccl" in backend.lower() else GLOO_THREADS
+    traces, bytes_of, layout = [], [], None
+    for k in ks:
+        tr = trace_step(batches[k])
+        if len(tr) < want:
+            continue
+        if strategy == "ddp":
+            layout = store.bucket_layout("ddp", k) or layout
+            sizes = {int(b): int(nb) for b, _, nb in (store.bucket_layout("ddp", k) or [])}
+            bytes_of.append(sizes)
+        else:
+            bytes_of.append({i: b for i, b in enumerate(pbytes)})
+        traces.append(tr)
+    if not traces:
+        raise WhatIfError(f"no complete {strategy} step to predict from")
+    return Basis(strategy, store.world, lanes, backend, pbytes, player, cap, bool(explicit),
+                 layout, ks, traces, bytes_of)
+
+
+def caps_text(store) -> str:
+    caps = [store.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB] + [c for _, c in store.cap_history()]
+    seen: list[float] = []
+    for c in caps:
+        if c not in seen:
+            seen.append(c)
+    return ", ".join(f"{c:g} MB" for c in seen)
+
+
+def _matched(tr: dict[int, RankTrace]):
+    """The step's collectives matched across ranks by (idx, nth): [(idx, {rank: Coll})]."""
+    per: dict[tuple[int, int], dict[int, Coll]] = {}
+    order: list[tuple[int, int]] = []
+    for r, t in tr.items():
+        seen: dict[int, int] = {}
+        for c in t.colls:
+            n = seen.get(c.idx, 0)
+            seen[c.idx] = n + 1
+            key = (c.idx, n)
+            if key not in per:
+                per[key] = {}
+                order.append(key)
+            per[key][r] = c
+    return [(key[0], per[key]) for key in order if len(per[key]) == len(tr)]
+
+
+def fit_comm(basis: Basis) -> CommFit:
+    """alpha + beta x bytes from the basis' collectives: end - the last rank's start."""
+    xs, ys = [], []
+    for tr, sizes in zip(basis.traces, basis.bytes_of):
+        if len(tr) < 2:
+            continue
+        for idx, cs in _matched(tr):
+            nb = sizes.get(idx)
+            if not nb:
+                continue
+            s = max(c.start for c in cs.values())
+            xs.append(nb / MIB)
+            ys.append(statistics.median(c.end - s for c in cs.values()))
+    if not xs:
+        raise WhatIfError(f"no collective between two or more ranks in the {basis.strategy} steps "
+                          "to fit alpha and beta to")
+    a, b, err = fit_line(xs, ys)
+    return CommFit(a, b, len(xs), err, basis.world, len({round(x, 6) for x in xs}))
+
+
+# -- the simulator ---------------------------------------------------------------------------
+@dataclass
+class Delays:
+    """Per rank, what a collective waits for besides its gradients (ms, medians)."""
+    ready: dict[int, float]  # DDP/interleaved: ready - last gradient; naive: first ready - backward end
+    gap: dict[int, float]  # naive: ready of the next - end of the previous
+
+
+def fit_delays(basis: Basis) -> Delays:
+    ready: dict[int, list[float]] = {}
+    gap: dict[int, list[float]] = {}
+    layout_params = {int(b): [int(p) for p in ps] for b, ps, _ in (basis.layout or [])}
+    for tr in basis.traces:
+        for r, t in tr.items():
+            if basis.strategy == "naive":
+                if t.colls:
+                    ready.setdefault(r, []).append(t.colls[0].ready - t.last_compute)
+                for a, b in zip(t.colls, t.colls[1:]):
+                    gap.setdefault(r, []).append(max(0.0, b.ready - a.end))
+                continue
+            for c in t.colls:
+                ps = layout_params.get(c.idx, []) if basis.strategy == "ddp" else [c.idx]
+                ends = [t.bwd_end.get(basis.param_layer[p]) for p in ps if p < len(basis.param_layer)]
+                ends = [e for e in ends if e is not None]
+                if ends:
+                    ready.setdefault(r, []).append(c.ready - max(ends))
+    med = lambda d: {r: statistics.median(v) for r, v in d.items() if v}  # noqa: E731
+    return Delays(med(ready), med(gap))
+
+
+@dataclass
+class SimRank:
+    step_ms: float
+    comm: list[tuple[float, float]]
+    exposed_ms: float
+    comm_ms: float
+
+
+def simulate(tr: dict[int, RankTrace], colls: list[tuple[list[int] | None, int]], cost, lanes: int,
+             delays: Delays, param_layer: list[int], blocking: bool = False) -> dict[int, SimRank]:
+    """One step under a plan of collectives: [(params it carries (None: after the backward),
+    bytes)] in launch order; cost(bytes) -> ms."""
+    free = {r: [0.0] * max(1, lanes) for r in tr}
+    prev_ready = {r: float("-inf") for r in tr}
+    prev_end = {r: None for r in tr}
+    spans: dict[int, list[tuple[float, float]]] = {r: [] for r in tr}
+    for params, nb in colls:
+        local = {}
+        for r, t in tr.items():
+            if blocking:
+                pe = prev_end[r]
+                ready = (t.last_compute + delays.ready.get(r, 0.0) if pe is None
+                         else pe + delays.gap.get(r, 0.0))
+            else:
+                ends = [t.bwd_end.get(param_layer[p], t.last_compute) for p in params or []]
+                ready = max([prev_ready[r], (max(ends) if ends else t.last_compute) + delays.ready.get(r, 0.0)])
+                prev_ready[r] = ready
+            lane = min(range(len(free[r])), key=lambda i: free[r][i])
+            local[r] = (max(ready, free[r][lane]), lane)
+        s = max(v[0] for v in local.values())
+        e = s + cost(nb)
+        for r, (ls, lane) in local.items():
+            free[r][lane] = e
+            prev_end[r] = e
+            spans[r].append((ls, e))
+    out = {}
+    for r, t in tr.items():
+        last = max([t.last_compute] + [e for _, e in spans[r]])
+        mu = F.union(spans[r])
+        comm = F.length(mu)
+        exposed = comm - F.intersection_length(t.compute, mu)
+        out[r] = SimRank(last + t.tail - t.start, spans[r], exposed, comm)
+    return out
+
+
+def plan(basis: Basis, cap_mb: float | None = None, explicit: bool = True) -> list[tuple[list[int] | None, int]]:
+    """The collectives of a step in launch order: DDP's buckets at a cap, one per parameter
+    otherwise."""
+    if basis.strategy == "ddp":
+        cap = cap_mb if cap_mb is not None else basis.cap_mb
+        return [(ps, nb) for _, ps, nb in assign_buckets(basis.order, basis.param_bytes, cap, explicit)]
+    if basis.strategy == "naive":
+        return [([p], basis.param_bytes[p]) for p in range(len(basis.param_bytes))]
+    return [([p], basis.param_bytes[p]) for p in basis.order]
+
+
+@dataclass
+class Prediction:
+    strategy: str
+    world: int
+    cap_mb: float | None
+    bus_gbps: float | None
+    collectives: int
+    step_ms: float
+    comm_ms: float
+    exposed_ms: float
+    overlap_pct: float | None
+    no_comm_step_ms: float  # the same steps with instant collectives
+    efficiency_pct: float | None  # no_comm_step / step
+    measured: dict | None = None  # figures measured in the recording under the same settings
+    kind: str = "prediction"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int | None = None,
+            bus_gbps: float | None = None, explicit: bool | None = None,
+            delays: Delays | None = None, hop_ms: float | None = None) -> Prediction:
+    """Median over the basis' steps of the simulated step under these settings."""
+    if explicit is None:  # the basis' own cap keeps its first-bucket rule; another is given
+        explicit = basis.explicit if (cap_mb is None or cap_mb == basis.cap_mb) else True
+    delays = delays or fit_delays(basis)
+    n = world or basis.world
+    colls = plan(basis, cap_mb, explicit) if basis.strategy != "single" else []
+    blocking = basis.strategy == "naive"
+    steps, comms, exps, bare = [], [], [], []
+    for tr in basis.traces:
+        sim = simulate(tr, colls, lambda nb: fit.ms(nb, n, bus_gbps, hop_ms), basis.lanes, delays,
+                       basis.param_layer, blocking)
+        zero = simulate(tr, colls, lambda nb: 0.0, basis.lanes, delays, basis.param_layer, blocking)
+        steps.append(max(s.step_ms for s in sim.values()))
+        comms.append(statistics.mean(s.comm_ms for s in sim.values()))
+        exps.append(statistics.mean(s.exposed_ms for s in sim.values()))
+        bare.append(max(s.step_ms for s in zero.values()))
+    med = statistics.median
+    step, comm, exp, nc = med(steps), med(comms), med(exps), med(bare)
+    if n < 2:
+        comm = exp = 0.0
+    return Prediction(basis.strategy, n, cap_mb if cap_mb is not None else basis.cap_mb, bus_gbps,
+                      len(colls), step, comm, exp, F.overlap_pct(comm, exp), nc,
+                      100.0 * nc / step if step > 0 else None)
+
+
+def measured(store, strategy: str, cap_mb: float | None = None, since: int = 0,
+             upto: int | None = None) -> dict | None:
+    """Median figures of the kept steps since..upto a recording ran under a cap (DDP) or at
+    all, less warm-up and the steps right after a re-wrap; None when there are none."""
+    figs = store.recent_figures(strategy, upto=upto, n=1_000_000, since=since)
+    changes = store.cap_history()
+    use = []
+    for f in figs:
+        if f.step == 0:
+            continue
+        if strategy == "ddp":
+            since = max((c for c, _ in changes if c <= f.step), default=0)
+            if f.step < since + SKIP_AFTER_CHANGE:
+                continue
+            if cap_mb is not None and (store.cap_at(f.step) or spec.DEFAULT_BUCKET_CAP_MB) != cap_mb:
+                continue
+        use.append(f)
+    if not use:
+        return None
+    med = lambda name: statistics.median(getattr(f, name) for f in use)  # noqa: E731
+    comm, exp = med("comm_ms"), med("exposed_ms")
+    return {"steps": len(use), "step_ms": med("step_ms"), "comm_ms": comm, "exposed_ms": exp,
+            "overlap_pct": F.overlap_pct(comm, exp), "first_step": use[0].step, "last_step": use[-1].step}
+
+
+@dataclass
+class Report:
+    """Everything `ddptui whatif` prints: the basis, the fit and the predictions."""
+    basis: dict
+    fit: dict
+    caps: list[Prediction] = field(default_factory=list)
+    worlds: list[Prediction] = field(default_factory=list)
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {"kind": "prediction", "basis": self.basis, "fit": self.fit,
+                "bucket_caps": [p.as_dict() for p in self.caps],
+                "world_sizes": [p.as_dict() for p in self.worlds], "note": self.note}
+
+
+UNCHECKED = ("world-size and bandwidth predictions are unchecked against measurement until a "
+             "GPU run checks them")
+
+
+def basis_info(b: Basis, fit: CommFit) -> tuple[dict, dict]:
+    info = {"strategy": b.strategy, "world": b.world, "backend": b.backend, "lanes": b.lanes,
+            "steps": len(b.steps), "first_step": b.steps[0], "last_step": b.steps[-1],
+            "cap_mb": b.cap_mb, "cap_explicit": b.explicit if b.strategy == "ddp" else None,
+            "buckets": len(b.layout) if b.layout else None}
+    fitd = {"alpha_ms": fit.alpha_ms, "beta_ms_per_mb": fit.beta_ms_per_mb, "collectives": fit.n,
+            "sizes": fit.sizes, "err_pct": fit.err_pct, "world": fit.world, "bus_gbps": fit.bus_gbps,
+            "hop_ms": fit.hop_ms}
+    return info, fitd
+
+
+def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = None,
+           bus_gbps: float | None = None, strategy: str | None = None,
+           from_cap: float | None = None, hop_us: float | None = None) -> Report:
+    """The predictions of `ddptui whatif`: DDP at each bucket cap (its basis: the steps run
+    under `from_cap`, default the cap in force last), and every communicating strategy at each
+    world size (at its recorded cap) — with the figures measured under the same settings."""
+    strategies = [strategy] if strategy else [s for s in store.strategies() if s != "single"]
+    if not strategies:
+        raise WhatIfError("the recording has no strategy that communicates")
+    bases = {}
+    for s in strategies:
+        try:
+            bases[s] = collect(store, s, cap_mb=from_cap if s == "ddp" else None)
+        except WhatIfError:
+            if strategy or (caps and s == "ddp"):
+                raise
+    if not bases:
+        raise WhatIfError("no strategy with collectives between ranks to predict from")
+    first = bases.get("ddp") or next(iter(bases.values()))
+    fits = {s: fit_comm(b) for s, b in bases.items()}
+    info, fitd = basis_info(first, fits[first.strategy])
+    rep = Report(info, fitd)
+    hop_ms = None if hop_us is None else hop_us / 1e3
+    if hop_ms is not None:
+        rep.fit["hop_ms_used"] = hop_ms
+    if caps:
+        if "ddp" not in bases:
+            raise WhatIfError("--bucket-cap needs ddp steps in the recording")
+        b, fit = bases["ddp"], fits["ddp"]
+        d = fit_delays(b)
+        for c in caps:
+            p = predict(b, fit, cap_mb=c, bus_gbps=bus_gbps, delays=d, hop_ms=hop_ms)
+            if not bus_gbps and hop_ms is None:
+                p.measured = measured(store, "ddp", c)
+            rep.caps.append(p)
+    for s, b in bases.items():
+        for n in worlds or []:
+            p = predict(b, fits[s], world=n, bus_gbps=bus_gbps, hop_ms=hop_ms)
+            if n == b.world and not bus_gbps and hop_ms is None:
+                p.measured = measured(store, s, b.cap_mb)
+            rep.worlds.append(p)
+    if worlds or bus_gbps or hop_ms is not None:
+        rep.note = UNCHECKED
+    return rep
+
+
+def ladder(store, caps=spec.BUCKET_LADDER_MB, upto: int | None = None, last: int = 20):
+    """The what-if panel's rows: (fit, basis, [(cap, prediction, measured or None)]), from the
+    last `last` kept ddp steps at the cap in force at `upto`."""
+    b = collect(store, "ddp", upto=upto, last=last)
+    fit = fit_comm(b)
+    d = fit_delays(b)
+    rows = []
+    for c in caps:
+        p = predict(b, fit, cap_mb=float(c), delays=d)
+        rows.append((float(c), p, measured(store, "ddp", float(c))))
+    return fit, b, rows
