@@ -50,13 +50,21 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
         rec.bwd_begin(last)
         delay(last)
 
-    fwd_between = rec.fwd_between
-
     def forward(x):
-        fwd_between(-1)
+        # Recorder.fwd_between inlined: a method call per layer is a good part of the cost
+        c = rec.cur
+        if c is None:
+            for block in blocks:
+                x = block(x)
+            return x
+        mark = rec.clock.mark
+        fs, fe = c.fwd_s, c.fwd_e
+        fs[0] = mark()
         for i, block in enumerate(blocks):
             x = block(x)
-            fwd_between(i)
+            fe[i] = t = mark()
+            if i < last:
+                fs[i + 1] = t
         gf = x.grad_fn
         if gf is not None:
             gf.register_prehook(start_last)
@@ -66,9 +74,13 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
     for i, block in enumerate(blocks):
         weight = next(block.parameters())
         if i > 0:
-            def done(p, i=i):
-                rec.bwd_between(i - 1)
-                delay(i - 1)
+            def done(p, i=i):  # Recorder.bwd_between(i - 1), inlined
+                c = rec.cur
+                if c is not None:
+                    c.bwd_s[i - 1] = c.bwd_e[i] = rec.clock.mark()
+                    s = rec.straggle
+                    if s is not None and s.layer == i - 1:
+                        s.delay()
         else:
             def done(p):
                 rec.bwd_end(0)
