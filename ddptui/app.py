@@ -220,7 +220,8 @@ class DdpApp(App):
         for panel in self.panels.values():
             if panel.display:
                 panel.draw(frame)
-        self.headline.show(headline.build(rows, F.speedups(rows), self.size.width))
+        slow = waits.culprit_gist(store, shown)
+        self.headline.show(headline.build(rows, F.speedups(rows), self.size.width, slow))
         self.title_bar.show([self._title_parts(store, strategies)])
         self.legend.show([self._legend_parts(mpc, self.size.width)])
         self.status_bar.show([self._status_parts(store)])

@@ -53,7 +53,20 @@ def compact(store: Store, shown: dict) -> str:
     if best is None:
         return ""
     culprit = best["culprit"].split(" · ", 1)[-1]
-    return f"waits: rank {best['last_arriver_rank']} last ({', '.join(bits)}) · {culprit}"
+    return f"waits: rank {best['culprit_rank']} last ({', '.join(bits)}) · {culprit}"
+
+
+def culprit_gist(store: Store, shown: dict) -> str:
+    """The slow rank and section the per-layer evidence names over the last RECENT steps
+    ('rank 1 · fc2 backward +40 ms'; the largest excess over the strategies), or ''."""
+    names = list(store.meta.get("layers") or [])
+    best = None
+    for s in _strategies(store):
+        got = ST.summarize(_recent(store, s, shown.get(s)), names)
+        c = got and got["evidence"] and got["evidence"]["culprit"]
+        if c and (best is None or c["excess_ms"] > best["excess_ms"]):
+            best = c
+    return best["text"] if best else ""
 
 
 def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
