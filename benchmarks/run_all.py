@@ -28,6 +28,7 @@ BENCHMARKS = [
     ("P4", "p4_replay.py", "replay open+index, bytes per span"),
     ("P5", "p5_startup.py", "command to first step"),
     ("P6", "p6_user_overhead.py", "ddptui.instrument overhead (transformer example)"),
+    ("P10", "p10_stragglers.py", "stragglers named from per-layer evidence"),
 ]
 LINE = re.compile(r"^(P\d+)([a-z]?)\s+(\S+)\s+(\S+)=(\S+)\s+goal\s*(<=|>=|<|>|==)\s*(\S+)\s+(OK|MISS)\b")
 

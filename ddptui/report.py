@@ -58,7 +58,10 @@ def straggler_line(r: dict) -> str | None:
     who = (f"rank {st['last_arriver_rank']} arrived last in {st['last_arriver_pct']:.0f} % of steps"
            if st["last_arriver_rank"] is not None else "nobody arrived last")
     line = f"{r['strategy']}: {who} · wait {waits} (median) · transfer {st['transfer_ms_median']:.1f} ms"
-    return line + (f" · culprit {st['culprit']}" if st.get("culprit") else " · no culprit")
+    ev = st.get("evidence") or {}
+    how = (f" (per-layer evidence: {ev['windows_naming_culprit']} of {ev['windows']} windows of "
+           f"{ev['window_steps']} steps)") if st.get("culprit_from") == "layers" else ""
+    return line + (f" · culprit {st['culprit']}{how}" if st.get("culprit") else " · no culprit")
 
 
 def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> None:
