@@ -61,37 +61,38 @@ def step_sections(batches: dict) -> Sections:
     return {r: sections_of(b) for r, b in batches.items()}
 
 
-def _median_without(sorted_vals: list[float], v: float) -> float:
-    """The median of sorted_vals with one occurrence of v taken out (len >= 2)."""
-    from bisect import bisect_left
-    p = bisect_left(sorted_vals, v)
-    n = len(sorted_vals) - 1
-
-    def at(j):
-        return sorted_vals[j if j < p else j + 1]
-    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
-
-
 def step_excess(sections: Sections) -> tuple[dict[int, dict[Section, float]], dict[Section, float]]:
     """Per rank and section: own ms - the other ranks' median (sections on two or more
     ranks); and per section the median over all ranks (the reference)."""
     by_sec: dict[Section, list[tuple[int, float]]] = {}
     for r, secs in sections.items():
         for key, ms in secs.items():
-            by_sec.setdefault(key, []).append((r, ms))
+            got = by_sec.get(key)
+            if got is None:
+                by_sec[key] = [(r, ms)]
+            else:
+                got.append((r, ms))
     excess: dict[int, dict[Section, float]] = {r: {} for r in sections}
     ref: dict[Section, float] = {}
     for key, got in by_sec.items():
-        if len(got) < 2:
+        n = len(got)
+        if n < 2:
             continue
         vals = sorted(ms for _, ms in got)
-        ref[key] = median(vals)
-        if len(got) == 2:
+        ref[key] = vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+        if n == 2:
             (ra, a), (rb, b) = got
             excess[ra][key], excess[rb][key] = a - b, b - a
             continue
+        # the median of the others: which of three values depends only on where one's own
+        # value sits (a duplicate taken out leaves the same list)
+        j1, j2 = (n - 2) // 2, (n - 1) // 2  # the median's indices among n - 1 values
+        lo, hi = vals[j1], vals[j2]
+        if_above = (vals[j1] + vals[j2]) / 2  # own value after the median's: the first n - 1
+        if_below = (vals[j1 + 1] + vals[j2 + 1]) / 2  # own value at or before it: the last n - 1
+        if_mid = (vals[j1] + vals[j2 + 1]) / 2
         for r, ms in got:
-            excess[r][key] = ms - _median_without(vals, ms)
+            excess[r][key] = ms - (if_above if ms > hi else if_below if ms <= lo else if_mid)
     return excess, ref
 
 

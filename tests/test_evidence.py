@@ -126,3 +126,18 @@ def test_waits_panel_and_headline_name_it():
     assert line == "slow: rank 1 · fc2 backward +40 ms" and verdict == "bad"
     quiet = SyntheticSource(steps=30, model="medium")
     assert waits.culprit_gist(quiet.store, shown) == ""
+
+
+def test_median_of_the_others_matches_the_plain_definition():
+    import random
+    from statistics import median
+    rng = random.Random(3)
+    s = (BWD, 0)
+    for n in range(3, 12):
+        for t in range(200):  # ties (few distinct values) and no ties
+            vals = {r: {s: float(rng.choice([1, 2, 3, 5, 8])) if t % 2 else rng.random()} for r in range(n)}
+            exc, ref = EV.step_excess(vals)
+            for r in range(n):
+                others = [vals[q][s] for q in range(n) if q != r]
+                assert exc[r][s] == pytest.approx(vals[r][s] - median(others), abs=1e-12), (n, t, r)
+            assert ref[s] == median(v[s] for v in vals.values())
