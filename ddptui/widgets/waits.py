@@ -56,6 +56,14 @@ def compact(store: Store, shown: dict) -> str:
     return f"waits: rank {best['culprit_rank']} last ({', '.join(bits)}) · {culprit}"
 
 
+def culprit_rank(store: Store, shown: dict, strategy: str) -> int | None:
+    """The rank the per-layer evidence names over a strategy's last RECENT steps, or None."""
+    if strategy not in _strategies(store):
+        return None
+    got = ST.summarize(_recent(store, strategy, shown.get(strategy)), list(store.meta.get("layers") or []))
+    return got["culprit_rank"] if got and got["culprit_from"] == "layers" else None
+
+
 def culprit_gist(store: Store, shown: dict) -> str:
     """The slow rank and section the per-layer evidence names over the last RECENT steps
     ('rank 1 · fc2 backward +40 ms'; the largest excess over the strategies), or ''."""
