@@ -17,6 +17,7 @@ from ..store import Span, StepView
 BAND_BASE = -(10 ** 6)  # band lane ids: BAND_BASE + 2 * group + (0: p50, 1: p95), ascending
 SLOWEST = 2  # rank lanes for the slowest ranks of the step (room permitting)
 LANES_PER_RANK = 2  # a rank's compute and comm lanes, one row each at the thinnest
+MIN_RANKS = 9  # up to 8 ranks, those that do not fit are hidden (and said so) rather than banded
 
 
 def _q(sorted_vals: list[float], q: float) -> float:
@@ -101,11 +102,12 @@ _CACHE: dict = {}
 def for_pane(view: StepView | None, rows: int, hosts: dict[int, list[int]] | None = None,
              culprit: int | None = None) -> tuple[StepView | None, dict | None]:
     """The view a pane `rows` tall draws: as is while every rank fits (header, axis and
-    two rows a rank), else aggregated (kept while the same view is drawn again)."""
+    two rows a rank) or there are fewer than MIN_RANKS, else aggregated (kept while the same
+    view is drawn again)."""
     if view is None:
         return None, None
     lanes = max(2, (rows - 2) // LANES_PER_RANK)
-    if len(view.spans) <= lanes:
+    if len(view.spans) <= lanes or len(view.spans) < MIN_RANKS:
         return view, None
     key = (id(view), lanes, culprit, tuple(sorted(hosts)) if hosts else None)
     got = _CACHE.get(key)
