@@ -20,7 +20,6 @@ import os
 import secrets
 import subprocess
 import sys
-import threading
 import time
 
 import psutil
