@@ -68,10 +68,24 @@ class StepWaits:
     layer_excess_ms: dict[int, float] = field(default_factory=dict)
     step: int = -1
     t_ns: int = 0  # the step's start (earliest rank)
-    # per-layer evidence (ddptui/evidence.py): per rank and (pass, layer), own ms - the
-    # others' median; per (pass, layer), the median over ranks
-    excess: dict = field(default_factory=dict)
-    ref: dict = field(default_factory=dict)
+    batches: dict | None = field(default=None, repr=False)  # rank -> span batch, for the evidence
+    _evidence: tuple | None = field(default=None, repr=False)
+
+    def _excess_ref(self) -> tuple[dict, dict]:
+        """Per-layer evidence (ddptui/evidence.py), worked out when first asked for (the
+        panel asks for the last steps only): per rank and (pass, layer), own ms - the other
+        ranks' median; per (pass, layer), the median over ranks."""
+        if self._evidence is None:
+            self._evidence = EV.step_excess(EV.step_sections(self.batches)) if self.batches else ({}, {})
+        return self._evidence
+
+    @property
+    def excess(self) -> dict:
+        return self._excess_ref()[0]
+
+    @property
+    def ref(self) -> dict:
+        return self._excess_ref()[1]
 
 
 def comm_spans(b):
@@ -149,7 +163,7 @@ def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits
     sw = StepWaits(cols, wait, caused, transfer, last if caused[last] > 0 else None)
     any_b = next(iter(batches.values()))
     sw.step, sw.t_ns = any_b.step, min(to_common(r, b.base_ns) for r, b in batches.items())
-    sw.excess, sw.ref = EV.step_excess(EV.step_sections(batches))
+    sw.batches = dict(batches)
     waited = caused[last]
     if waited >= MIN_CULPRIT_WAIT_MS and waited >= MIN_CULPRIT_SHARE * step_ms:
         bw = {r: backward_ms(batches[r]) for r in ranks}
