@@ -181,6 +181,21 @@ def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits
     return sw
 
 
+WAITS_LISTED_MAX = 8  # beyond this many ranks, waits are said as a spread, not rank by rank
+
+
+def wait_spread(wait_ms: dict) -> str:
+    """Many ranks' median waits in one line: 'median 1.0 · p95 1.9 · most r5 2.3 · least
+    r700 0.0 ms' (the rank that waits least is the one the others wait for)."""
+    vals = sorted((v, int(r)) for r, v in wait_ms.items())
+    if not vals:
+        return ""
+    q = lambda p: vals[min(len(vals) - 1, int(p * (len(vals) - 1) + 0.5))][0]  # noqa: E731
+    (lo, r_lo), (hi, r_hi) = vals[0], vals[-1]
+    return (f"median {q(0.5):.1f} · p95 {q(0.95):.1f} · most r{r_hi} {hi:.1f} · "
+            f"least r{r_lo} {lo:.1f} ms over {len(vals)} ranks")
+
+
 def culprit_text(culprit: tuple[int, int, float] | None, layer_names: list[str]) -> str:
     """'rank 1 · fc2 backward +38 ms' (or '' when no rank held the others up)."""
     if culprit is None:

@@ -69,3 +69,19 @@ async def test_app_draws_bands_and_the_culprit_for_256_ranks():
             assert lines[i + 1].startswith("culprit") and "fc2" in lines[i]
             assert "hidden" not in text
         assert "slow: rank 200 · fc2 backward +40 ms" in app.headline.render_line(0).text
+
+
+def test_waits_of_many_ranks_are_a_spread():
+    from ddptui import stragglers as ST
+    from ddptui.report import straggler_line
+    from ddptui.widgets import waits
+    got = ST.wait_spread({str(r): float(r % 10) for r in range(100)} | {"42": 0.0, "7": 30.0})
+    assert got == "median 5.0 · p95 9.0 · most r7 30.0 · least r0 0.0 ms over 100 ranks"
+    src = SyntheticSource(steps=0, world=64, model="small")
+    src.run.slow = (40, 1, 30.0)
+    src.add_steps(24)
+    lines = ["".join(t for t, _ in line) for line in waits.build(src.store, {}, 120, 6)]
+    assert any("over 64 ranks" in line and "least r40" in line for line in lines), lines
+    assert all(len(line) <= 160 for line in lines)
+    row = straggler_line(src.store.summary("ddp"))
+    assert "over 64 ranks" in row and "culprit rank 40 · fc2 backward +30 ms" in row and " r63 " not in row

@@ -116,6 +116,10 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
         lines.append(head)
         waits = {int(r): v for r, v in got["wait_ms_median"].items()}
         transfer = got["transfer_ms_median"]
+        if len(waits) > ST.WAITS_LISTED_MAX:  # many ranks: the spread, not a bar each
+            lines.append([(f"{'':12}wait ", T.style(T.DIM)), (ST.wait_spread(got["wait_ms_median"]), T.style(T.TEXT)),
+                          (f" · transfer {transfer:.1f} ms", T.style(T.DIM))])
+            continue
         top = max([transfer, *waits.values()]) or 1.0
         tail = f"· transfer {transfer:.1f} ms"
         bar_w = max(1, min(12, (width - 14 - len(tail)) // max(1, len(waits)) - 12))
