@@ -141,3 +141,57 @@ def test_median_of_the_others_matches_the_plain_definition():
                 others = [vals[q][s] for q in range(n) if q != r]
                 assert exc[r][s] == pytest.approx(vals[r][s] - median(others), abs=1e-12), (n, t, r)
             assert ref[s] == median(v[s] for v in vals.values())
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_d_key_change_is_named_within_20_steps_on_a_real_run():
+    """The live app on 2 real CPU ranks (small, default batch): `d` slows rank 1's fc2
+    backward from an agreed step k on; the headline and the waits panel name it from the
+    per-layer evidence by step k + 20, and the JSON-side evidence says when."""
+    import asyncio
+    import time
+
+    from ddptui.app import DdpApp
+    from ddptui.launcher import plan
+    from ddptui.session import LiveRun, RunOptions
+
+    from .helpers import wait_no_workers
+
+    run = LiveRun(RunOptions(model="small", strategies=["naive", "ddp"], steps=0, batch_size=1024,
+                             record=None), plan(2, None, "cpu"))
+    app = DdpApp(run)
+
+    async def until(check, timeout, what):
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.2)
+
+    try:
+        async with app.run_test(size=(160, 45)) as pilot:
+            st = run.store
+            await until(lambda: len(st.complete_steps("ddp")) >= 3, 90, "three DDP steps")
+            await pilot.press("d")
+            await until(lambda: len(st.slow_changes) >= 1, 30, "the straggler to be applied")
+            k = st.slow_changes[0][0]
+            def named(strategy):
+                c = ((st.summary(strategy)["stragglers"] or {}).get("evidence") or {}).get("culprit")
+                return c is not None and (c["rank"], c["layer"], c["pass"]) == (1, "fc2", "backward")
+
+            for s in ("naive", "ddp"):
+                await until(lambda: named(s), 240, f"{s}: the evidence to name rank 1 · fc2 backward")
+                named_at = st.latest_complete(s)
+                assert named_at - k <= 22, (s, k, named_at)  # 20 steps, and a poll or two
+                ev = st.summary(s)["stragglers"]["evidence"]
+                assert abs(ev["onset_step"] - k) <= 2 and ev["detection_steps"] <= 20, (s, ev)
+            app.redraw()
+            assert waits.culprit_gist(st, {}).startswith("rank 1 · fc2 backward +")
+            assert "slow: rank 1 · fc2 backward +" in app.headline.render_line(0).text
+            await pilot.press("d")
+            await pilot.press("q")
+    finally:
+        if run.state in ("running", "starting"):
+            run.stop("test ended")
+    assert wait_no_workers(15) == []
