@@ -30,6 +30,7 @@ BENCHMARKS = [
     ("P6", "p6_user_overhead.py", "ddptui.instrument overhead (transformer example)"),
     ("P7", "p7_hook_cost.py", "host cost of the CUDA hook path per layer (stand-ins)"),
     ("P9", "p9_whatif.py", "what-if predictions vs measurement (bucket caps)"),
+    ("P10", "p10_stragglers.py", "stragglers named from per-layer evidence"),
 ]
 LINE = re.compile(r"^(P\d+)([a-z]?)\s+(\S+)\s+(\S+)=(\S+)\s+goal\s*(<=|>=|<|>|==)\s*(\S+)\s+(OK|MISS)\b")
 

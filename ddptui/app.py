@@ -42,7 +42,7 @@ from .widgets import (
 )
 from .widgets import theme as T
 from .widgets.panel import Frame, Panel
-from .widgets import waits
+from .widgets import aggregate, waits
 from .widgets.waits import WaitsPanel
 from .widgets.hosts import HostsPanel
 from .widgets.whatif import WhatIfPanel
@@ -214,14 +214,16 @@ class DdpApp(App):
         nodes = tuple((r, n) for n, rs in sorted(hosts.items()) for r in rs) if len(hosts) > 1 else None
         for s, pane in self.panes.items():
             ddp = s == "ddp"
-            pane.show(PaneState(views.get(s), mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
-                                nodes))
+            view, labels = aggregate.for_pane(views.get(s), pane.size.height, hosts, waits.culprit_rank(store, shown, s))
+            pane.show(PaneState(view, mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
+                                nodes if labels is None else None, labels))
         rows = figures_panel.compare_rows(store, shown)
         frame = Frame(store, shown, views, rows)
         for panel in self.panels.values():
             if panel.display:
                 panel.draw(frame)
-        self.headline.show(headline.build(rows, F.speedups(rows), self.size.width))
+        slow = waits.culprit_gist(store, shown)
+        self.headline.show(headline.build(rows, F.speedups(rows), self.size.width, slow))
         self.title_bar.show([self._title_parts(store, strategies)])
         self.legend.show([self._legend_parts(mpc, self.size.width)])
         self.status_bar.show([self._status_parts(store)])

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import figures as F
+from . import stragglers as ST
 
 
 def _f(v, fmt="{:.2f}", na="—"):
@@ -54,11 +55,15 @@ def straggler_line(r: dict) -> str | None:
     st = r.get("stragglers")
     if not st:
         return None
-    waits = ", ".join(f"r{k} {v:.1f} ms" for k, v in st["wait_ms_median"].items())
+    waits = ", ".join(f"r{k} {v:.1f} ms" for k, v in st["wait_ms_median"].items()) \
+        if len(st["wait_ms_median"]) <= ST.WAITS_LISTED_MAX else ST.wait_spread(st["wait_ms_median"])
     who = (f"rank {st['last_arriver_rank']} arrived last in {st['last_arriver_pct']:.0f} % of steps"
            if st["last_arriver_rank"] is not None else "nobody arrived last")
     line = f"{r['strategy']}: {who} · wait {waits} (median) · transfer {st['transfer_ms_median']:.1f} ms"
-    return line + (f" · culprit {st['culprit']}" if st.get("culprit") else " · no culprit")
+    ev = st.get("evidence") or {}
+    how = (f" (per-layer evidence: {ev['windows_naming_culprit']} of {ev['windows']} windows of "
+           f"{ev['window_steps']} steps)") if st.get("culprit_from") == "layers" else ""
+    return line + (f" · culprit {st['culprit']}{how}" if st.get("culprit") else " · no culprit")
 
 
 def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> None:

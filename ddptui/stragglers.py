@@ -23,6 +23,8 @@ from statistics import median
 
 from ranks.wire import BWD, COMM
 
+from . import evidence as EV
+
 # a step names a culprit only when someone waited at least this long for it: below it, who
 # arrives last is scheduling noise (measured: README "Who waits for whom")
 MIN_CULPRIT_WAIT_MS = 2.0
@@ -64,6 +66,26 @@ class StepWaits:
     last_arriver: int | None  # the rank the others waited longest for; None: nobody waited
     culprit: tuple[int, int, float] | None = None  # (rank, layer, ms over the others) when clear
     layer_excess_ms: dict[int, float] = field(default_factory=dict)
+    step: int = -1
+    t_ns: int = 0  # the step's start (earliest rank)
+    batches: dict | None = field(default=None, repr=False)  # rank -> span batch, for the evidence
+    _evidence: tuple | None = field(default=None, repr=False)
+
+    def _excess_ref(self) -> tuple[dict, dict]:
+        """Per-layer evidence (ddptui/evidence.py), worked out when first asked for (the
+        panel asks for the last steps only): per rank and (pass, layer), own ms - the other
+        ranks' median; per (pass, layer), the median over ranks."""
+        if self._evidence is None:
+            self._evidence = EV.step_excess(EV.step_sections(self.batches)) if self.batches else ({}, {})
+        return self._evidence
+
+    @property
+    def excess(self) -> dict:
+        return self._excess_ref()[0]
+
+    @property
+    def ref(self) -> dict:
+        return self._excess_ref()[1]
 
 
 def comm_spans(b):
@@ -139,6 +161,9 @@ def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits
     last = max(ranks, key=lambda r: (caused[r], -r))
     transfer = median(c.transfer_ns for c in cols) / 1e6
     sw = StepWaits(cols, wait, caused, transfer, last if caused[last] > 0 else None)
+    any_b = next(iter(batches.values()))
+    sw.step, sw.t_ns = any_b.step, min(to_common(r, b.base_ns) for r, b in batches.items())
+    sw.batches = dict(batches)
     waited = caused[last]
     if waited >= MIN_CULPRIT_WAIT_MS and waited >= MIN_CULPRIT_SHARE * step_ms:
         bw = {r: backward_ms(batches[r]) for r in ranks}
@@ -154,6 +179,21 @@ def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits
             layer = max(excess, key=excess.get)
             sw.culprit = (last, layer, excess[layer])
     return sw
+
+
+WAITS_LISTED_MAX = 8  # beyond this many ranks, waits are said as a spread, not rank by rank
+
+
+def wait_spread(wait_ms: dict) -> str:
+    """Many ranks' median waits in one line: 'median 1.0 · p95 1.9 · most r5 2.3 · least
+    r700 0.0 ms' (the rank that waits least is the one the others wait for)."""
+    vals = sorted((v, int(r)) for r, v in wait_ms.items())
+    if not vals:
+        return ""
+    q = lambda p: vals[min(len(vals) - 1, int(p * (len(vals) - 1) + 0.5))][0]  # noqa: E731
+    (lo, r_lo), (hi, r_hi) = vals[0], vals[-1]
+    return (f"median {q(0.5):.1f} · p95 {q(0.95):.1f} · most r{r_hi} {hi:.1f} · "
+            f"least r{r_lo} {lo:.1f} ms over {len(vals)} ranks")
 
 
 def culprit_text(culprit: tuple[int, int, float] | None, layer_names: list[str]) -> str:
@@ -172,7 +212,9 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
     `transfer_ms_median`, `culprit_layer` (that rank's most frequent culprit layer, among the
     steps where it clearly held the others up) and `culprit` (in words) — only when that rank
     was last in at least MIN_CULPRIT_STEPS_PCT % of the steps —, `named_pct` (share of steps
-    where a culprit was clear)."""
+    where a culprit was clear). `evidence`: the per-layer evidence (see `evidence()`); when it
+    names a slow rank and section, that is the culprit (`culprit_from` "layers", else
+    "arrival"), `culprit_rank` its rank."""
     steps = [s for s in steps if s is not None]
     if not steps:
         return None
@@ -181,15 +223,24 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
         "last_arriver_rank": None, "last_arriver_pct": 0.0,
         "wait_ms_median": {str(r): round(median(s.wait_ms.get(r, 0.0) for s in steps), 3) for r in ranks},
         "transfer_ms_median": round(median(s.transfer_ms for s in steps), 3),
-        "culprit_layer": None, "culprit": "", "steps": len(steps),
+        "culprit_layer": None, "culprit": "", "culprit_rank": None, "culprit_from": None, "steps": len(steps),
         "named_pct": round(100.0 * sum(1 for s in steps if s.culprit) / len(steps), 1),
     }
+    ev = evidence(steps, layer_names)
+    out["evidence"] = ev
     counts: dict[int, int] = {}
     for s in steps:
         if s.last_arriver is not None:
             counts[s.last_arriver] = counts.get(s.last_arriver, 0) + 1
-    if not counts:
-        return out
+    if counts:
+        _arrival_culprit(out, steps, counts, layer_names)
+    if ev and ev["culprit"]:  # the per-layer evidence names the culprit when it can
+        c = ev["culprit"]
+        out.update(culprit=c["text"], culprit_layer=c["layer"], culprit_rank=c["rank"], culprit_from="layers")
+    return out
+
+
+def _arrival_culprit(out: dict, steps: list[StepWaits], counts: dict[int, int], layer_names: list[str]) -> None:
     rank = max(counts, key=lambda r: (counts[r], -r))
     out["last_arriver_rank"] = rank
     out["last_arriver_pct"] = round(100.0 * counts[rank] / len(steps), 1)
@@ -201,4 +252,63 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
         layer = max(layers, key=lambda k: (len(layers[k]), median(layers[k])))
         out["culprit_layer"] = layer_names[layer] if 0 <= layer < len(layer_names) else str(layer)
         out["culprit"] = culprit_text((rank, layer, median(layers[layer])), layer_names)
-    return out
+        out.update(culprit_rank=rank, culprit_from="arrival")
+
+
+# a JSON document lists every rank's per-layer excess up to this many ranks (beyond: the
+# ranks found slow only)
+EXCESS_RANKS_MAX = 16
+
+
+def evidence(steps: list[StepWaits], layer_names: list[str], window: int = EV.WINDOW) -> dict | None:
+    """The per-layer evidence over these steps (ddptui/evidence.py): sliding windows of
+    `window` steps (one window of all of them when fewer), the newest window's verdict,
+    windows that named a culprit, when the newest culprit was detected. None: no step with
+    two or more ranks' layers."""
+    rows = [(s.step, s.t_ns, s.excess, s.ref) for s in steps if s.ref]
+    if not rows:
+        return None
+    size = min(window, len(rows))
+    ranks = len(rows[-1][2])
+    stride = 1 if ranks <= 64 else size  # many ranks: windows side by side
+    got = _scan_cached(rows, size, stride)
+    v = got["verdict"]
+    show = sorted(v.excess_ms) if len(v.excess_ms) <= EXCESS_RANKS_MAX else sorted({f.rank for f in v.findings})
+    c = v.culprit
+
+    def finding(f: EV.Finding) -> dict:
+        kind, layer = f.section
+        return {"rank": f.rank, "layer": layer_names[layer] if 0 <= layer < len(layer_names) else str(layer),
+                "pass": EV.PASS_NAMES.get(kind, "?"), "excess_ms": round(f.excess_ms, 3),
+                "mad_ms": round(f.mad_ms, 3), "ref_ms": round(f.ref_ms, 3), "slower_steps": f.slower,
+                "of": f.steps, "p": f.p, "text": f.text(layer_names)}
+    return {
+        "window_steps": size, "first_step": v.first, "last_step": v.last,
+        "windows": got["windows"], "windows_named": got["windows_named"],
+        "windows_named_pct": round(100.0 * got["windows_named"] / got["windows"], 1),
+        "windows_naming_culprit": got["windows_naming_culprit"],
+        "alpha": EV.ALPHA, "tests": v.tests, "need_steps": v.need,
+        "false_alarm_bound": None if v.bound is None else round(v.bound, 6),
+        "min_excess_ms": EV.MIN_EXCESS_MS, "min_excess_rel": EV.MIN_EXCESS_REL,
+        "culprit": finding(c) if c else None,
+        "findings": [finding(f) for f in v.findings[:8]],
+        "excess_ms": {str(r): {EV.section_name(k, layer_names): round(ms, 3)
+                               for k, ms in sorted(v.excess_ms.get(r, {}).items())} for r in show},
+        "detected_step": got["detected_step"], "onset_step": got["onset_step"],
+        "detection_steps": got["detection_steps"], "detection_s": got["detection_s"],
+    }
+
+
+_SCANS: dict = {}  # the same steps judged again (the panel draws 30 times a second): kept
+
+
+def _scan_cached(rows: list, size: int, stride: int) -> dict:
+    key = (len(rows), id(rows[0][2]), id(rows[-1][2]), size, stride)
+    hit = _SCANS.get(key)
+    if hit is not None and hit[0][0][2] is rows[0][2] and hit[0][-1][2] is rows[-1][2]:
+        return hit[1]
+    got = EV.scan(rows, size, stride)
+    if len(_SCANS) >= 32:
+        _SCANS.pop(next(iter(_SCANS)))
+    _SCANS[key] = (rows, got)
+    return got

@@ -45,11 +45,17 @@ def ddp_buckets(model: str, cap_mb: float = 25.0) -> list[list]:
 
 
 class SyntheticRun:
-    """Frames of a run, step by step. `ns_per_param` sets compute speed, `bw_gbps` comm."""
+    """Frames of a run, step by step. `ns_per_param` sets compute speed, `bw_gbps` comm.
+    `slow = (rank, layer, ms)`: that rank's backward of that layer takes ms longer from step
+    `slow_from` on (what --slow-rank does); `late = (share, lo_ms, hi_ms)`: in that share of
+    the steps a random rank's random layer (forward or backward) is lo..hi ms late, as ranks
+    sharing busy cores are."""
 
     def __init__(self, model: str = "small", world: int = 2, strategies=("naive", "ddp"),
                  seed: int = 0, batch: int = 1024, bucket_cap_mb: float = 25.0,
-                 us_per_mparam: float = 2000.0, bw_gbps: float = 2.0, jitter: float = 0.05):
+                 us_per_mparam: float = 2000.0, bw_gbps: float = 2.0, jitter: float = 0.05,
+                 slow: tuple[int, int, float] | None = None, slow_from: int = 0,
+                 late: tuple[float, float, float] | None = None):
         self.model, self.world, self.strategies = model, world, list(strategies)
         self.rng = random.Random(seed)
         self.batch = batch
@@ -61,6 +67,8 @@ class SyntheticRun:
         self.jitter = jitter
         self.t = 1_000_000_000  # ns clock
         self.buckets = ddp_buckets(model, bucket_cap_mb)
+        self.slow, self.slow_from, self.late = slow, slow_from, late
+        self._extra: dict[tuple[int, int, bool], int] = {}  # (rank, layer, backward) -> µs, this step
 
     def header_frames(self) -> list[dict]:
         return [hello(r, self.world, self.model, self.strategies, self.batch, bucket_cap_mb=self.cap)
@@ -83,6 +91,12 @@ class SyntheticRun:
             base = self.t
             longest = 0
             ranks = range(spec.strategy_ranks(s, self.world))
+            self._extra = {}
+            if self.slow is not None and step >= self.slow_from:
+                self._extra[(self.slow[0], self.slow[1], True)] = int(self.slow[2] * 1000)
+            if self.late is not None and len(ranks) > 1 and self.rng.random() < self.late[0]:
+                key = (self.rng.randrange(len(ranks)), self.rng.randrange(len(self.layers)), self.rng.random() < 0.5)
+                self._extra[key] = self._extra.get(key, 0) + int(self.rng.uniform(self.late[1], self.late[2]) * 1000)
             for r in ranks:
                 if s == "ddp" and step == 0:
                     out.append({"t": "buckets", "r": r, "s": "ddp", "k": step, "cap_mb": self.cap,
@@ -99,11 +113,11 @@ class SyntheticRun:
         t = base + self._j(50) * 1000 * rank // 4
         scale = self.world if s == "single" else 1
         for i in range(n_layers):
-            d = self._layer_us(i, False) * scale * 1000
+            d = (self._layer_us(i, False) * scale + self._extra.get((rank, i, False), 0)) * 1000
             kinds.append(FWD); idxs.append(i); t0.append(t); t1.append(t + d); t += d + 5000
         bwd_end_of = {}
         for i in reversed(range(n_layers)):
-            d = self._layer_us(i, True) * scale * 1000
+            d = (self._layer_us(i, True) * scale + self._extra.get((rank, i, True), 0)) * 1000
             kinds.append(BWD); idxs.append(i); t0.append(t); t1.append(t + d); t += d + 5000
             bwd_end_of[i] = t
         comm_free = 0

@@ -59,9 +59,12 @@ def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
     return [("waiting for complete steps of two strategies to compare…", "none"), ("waiting…", "none")]
 
 
-def headline(sp: dict, overlap: dict, width: int = 80) -> tuple[str, str]:
-    """The fullest candidate within `width` cells (the shortest, cut, if none fits)."""
+def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "") -> tuple[str, str]:
+    """The fullest candidate within `width` cells (the shortest, cut, if none fits). `slow`:
+    a straggler in words ('rank 1 · fc2 backward +40 ms'), said first when there is one."""
     cands = candidates(sp, overlap)
+    if slow:
+        cands = [(f"{t} · slow: {slow}", v) for t, v in cands] + [(f"slow: {slow}", "bad")] + cands
     for text, verdict in cands:
         if cell_len(text) <= width:
             return text, verdict
@@ -72,9 +75,9 @@ def headline(sp: dict, overlap: dict, width: int = 80) -> tuple[str, str]:
 COLOUR = {"good": T.GOOD, "bad": T.ERROR, "same": T.WARN, "none": T.DIM}
 
 
-def build(rows: list[dict], sp: dict, width: int) -> list[Parts]:
+def build(rows: list[dict], sp: dict, width: int, slow: str = "") -> list[Parts]:
     overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
-    text, verdict = headline(sp, overlap, max(0, width - 2))
+    text, verdict = headline(sp, overlap, max(0, width - 2), slow)
     return [[(" " + text + " ", T.style("#000000" if verdict != "none" else T.TEXT,
                                         COLOUR[verdict] if verdict != "none" else T.BG, bold=True))]]
 

@@ -49,11 +49,13 @@ class PaneState:
     cap_note: str = ""  # DDP: a bucket cap asked for but not applied yet
     cap_since: int | None = None  # DDP: step where the current cap took effect
     nodes: tuple | None = None  # multi-node: ((rank, node), ...) — lanes grouped and labelled by host
+    labels: dict | None = None  # aggregated lanes (widgets/aggregate.py): lane -> (compute, comm) labels
 
     def key(self) -> tuple:
         v = self.view
         shown = (v.step, v.n_buckets, v.bucket_cap_mb, tuple(v.marks)) if v else None
-        return shown, self.ms_per_cell, self.cap_note, self.cap_since, self.nodes
+        return shown, self.ms_per_cell, self.cap_note, self.cap_since, self.nodes, \
+            tuple(self.labels.items()) if self.labels else None
 
 
 class TimelinePane(Widget):
@@ -196,6 +198,8 @@ class TimelinePane(Widget):
         if st.cap_note:
             out.append((f" {st.cap_note}", T.style(T.WARN, bold=True)))
         out.append((f" · {calls} AllReduce · exposed {exposed:.1f} ms", T.style(T.TEXT, bold=True)))
+        if st.labels:  # aggregated lanes (widgets/aggregate.py)
+            out.append((f" · {len(v.figures)} ranks in bands", T.style(T.DIM)))
         return out
 
     def _compact_header(self, hidden: list[int], width: int) -> Strip:
@@ -273,6 +277,9 @@ class TimelinePane(Widget):
             gutter = Segment(label[:GUTTER] if first else " " * GUTTER, T.style(T.DIM))
             bars = comm_bars(spans, self._comm_label, row, rows)
             labels = True
+        named = self.state.labels.get(rank) if self.state.labels and first else None
+        if named is not None:  # an aggregated lane (widgets/aggregate.py) says what it is
+            gutter = Segment(named[lane][:GUTTER].ljust(GUTTER), gutter.style)
         lane_w = width - GUTTER
         if lane_w <= 0:
             return Strip([gutter]).crop(0, width)

@@ -16,6 +16,24 @@ def _recent(store: Store, strategy: str, upto: int | None) -> list[ST.StepWaits]
     return store.recent_waits(strategy, upto, RECENT)
 
 
+_SUMMARIES: dict = {}  # (store, strategy) -> (the steps summarised, the summary)
+
+
+def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
+    """ST.summarize of a strategy's last RECENT steps, kept while they are the same steps
+    (the panel, the status bar, the headline and the lanes ask for it every frame)."""
+    steps = _recent(store, strategy, upto)
+    key = (id(store), strategy)
+    got = _SUMMARIES.get(key)
+    if got is not None and len(got[0]) == len(steps) and all(a is b for a, b in zip(got[0], steps)):
+        return got[1]
+    out = ST.summarize(steps, list(store.meta.get("layers") or []))
+    if len(_SUMMARIES) >= 16:
+        _SUMMARIES.pop(next(iter(_SUMMARIES)))
+    _SUMMARIES[key] = (steps, out)
+    return out
+
+
 def _strategies(store: Store) -> list[str]:
     return [s for s in store.strategies() if store.waits_kept(s)]
 
@@ -23,9 +41,8 @@ def _strategies(store: Store) -> list[str]:
 def summary_line(store: Store, shown: dict) -> Parts:
     """'who waits · naive: rank 1 last 92 % · culprit rank 1 · fc2 backward +40 ms · ddp: …'."""
     parts: Parts = [("who waits ", T.style(T.TEXT, bold=True))]
-    names = list(store.meta.get("layers") or [])
     for s in _strategies(store):
-        got = ST.summarize(_recent(store, s, shown.get(s)), names)
+        got = _summary(store, s, shown.get(s))
         if not got:
             continue
         parts.append((f"· {s}: ", T.style(T.strategy_colour(s), bold=True)))
@@ -41,11 +58,10 @@ def summary_line(store: Store, shown: dict) -> Parts:
 def compact(store: Store, shown: dict) -> str:
     """The status bar's share when the panel has no room (80x24): 'waits: rank 1 last (naive
     100 %, ddp 92 %) · fc2 backward +40 ms', or '' while nobody clearly waits."""
-    names = list(store.meta.get("layers") or [])
     best = None
     bits = []
     for s in _strategies(store):
-        got = ST.summarize(_recent(store, s, shown.get(s)), names)
+        got = _summary(store, s, shown.get(s))
         if got and got["culprit"]:
             bits.append(f"{s} {got['last_arriver_pct']:.0f} %")
             if best is None or got["last_arriver_pct"] > best["last_arriver_pct"]:
@@ -53,7 +69,27 @@ def compact(store: Store, shown: dict) -> str:
     if best is None:
         return ""
     culprit = best["culprit"].split(" · ", 1)[-1]
-    return f"waits: rank {best['last_arriver_rank']} last ({', '.join(bits)}) · {culprit}"
+    return f"waits: rank {best['culprit_rank']} last ({', '.join(bits)}) · {culprit}"
+
+
+def culprit_rank(store: Store, shown: dict, strategy: str) -> int | None:
+    """The rank the per-layer evidence names over a strategy's last RECENT steps, or None."""
+    if strategy not in _strategies(store):
+        return None
+    got = _summary(store, strategy, shown.get(strategy))
+    return got["culprit_rank"] if got and got["culprit_from"] == "layers" else None
+
+
+def culprit_gist(store: Store, shown: dict) -> str:
+    """The slow rank and section the per-layer evidence names over the last RECENT steps
+    ('rank 1 · fc2 backward +40 ms'; the largest excess over the strategies), or ''."""
+    best = None
+    for s in _strategies(store):
+        got = _summary(store, s, shown.get(s))
+        c = got and got["evidence"] and got["evidence"]["culprit"]
+        if c and (best is None or c["excess_ms"] > best["excess_ms"]):
+            best = c
+    return best["text"] if best else ""
 
 
 def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
@@ -62,12 +98,11 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
         return [[("who waits for whom: needs two or more ranks that communicate", T.style(T.DIM))]]
     if rows < 3:
         return [summary_line(store, shown)]
-    names = list(store.meta.get("layers") or [])
     lines: list[Parts] = [[("Who waits for whom", T.style(T.TEXT, bold=True)),
                            (f" · medians of the last {RECENT} steps · wait: own AllReduce ready, the "
                             "others not yet · transfer: once all are ready", T.style(T.DIM))]]
     for s in strategies:
-        got = ST.summarize(_recent(store, s, shown.get(s)), names)
+        got = _summary(store, s, shown.get(s))
         if not got or len(lines) + 2 > rows:
             continue
         head: Parts = [(f"{s:<12}", T.style(T.strategy_colour(s), bold=True))]
@@ -81,6 +116,10 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
         lines.append(head)
         waits = {int(r): v for r, v in got["wait_ms_median"].items()}
         transfer = got["transfer_ms_median"]
+        if len(waits) > ST.WAITS_LISTED_MAX:  # many ranks: the spread, not a bar each
+            lines.append([(f"{'':12}wait ", T.style(T.DIM)), (ST.wait_spread(got["wait_ms_median"]), T.style(T.TEXT)),
+                          (f" · transfer {transfer:.1f} ms", T.style(T.DIM))])
+            continue
         top = max([transfer, *waits.values()]) or 1.0
         tail = f"· transfer {transfer:.1f} ms"
         bar_w = max(1, min(12, (width - 14 - len(tail)) // max(1, len(waits)) - 12))
