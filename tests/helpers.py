@@ -11,9 +11,9 @@ import types
 
 import psutil
 
-from ddptui.recording import RecordWriter
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun, ddp_buckets
+from ddptui.recording.reader import RecordWriter
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun, ddp_buckets
 from ranks import spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,8 +52,8 @@ def wait_no_workers(timeout: float = 10.0) -> list[psutil.Process]:
 def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch=256,
              bucket_cap_mb=None, record=None, extra=(), timeout=120.0, **kw):
     """Run real torchrun ranks to completion in-process; returns the LiveRun."""
-    from ddptui.launcher import plan
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.live.launcher import plan
+    from ddptui.live.session import LiveRun, RunOptions
 
     opts = RunOptions(model=model, strategies=list(strategies), steps=steps, batch_size=batch,
                       bucket_cap_mb=bucket_cap_mb, record=record, extra_worker_args=list(extra), **kw)
@@ -72,8 +72,8 @@ def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch
 
 
 def ddptui_cmd(*args) -> list[str]:
-    """The command line of the real CLI (`python -m ddptui.cli ARGS`)."""
-    return [sys.executable, "-m", "ddptui.cli", *args]
+    """The command line of the real CLI (`python -m ddptui.cli.main ARGS`)."""
+    return [sys.executable, "-m", "ddptui.cli.main", *args]
 
 
 def cli_env(env: dict | None = None) -> dict:

@@ -20,7 +20,7 @@ import zlib
 import msgpack
 import pytest
 
-from ddptui import recording as R
+from ddptui.recording import reader as R
 from ranks import wire
 
 from .helpers import run_cli, store_of, synthetic_frames, synthetic_meta, write_recording

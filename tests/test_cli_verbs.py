@@ -15,7 +15,7 @@ import uuid
 import psutil
 import pytest
 
-from ddptui import recording as R
+from ddptui.recording import reader as R
 
 from .test_export import recording_counts, trace_counts, validate_trace
 from .helpers import ROOT, cli_env, run_cli, start_cli, synthetic_frames, write_recording
@@ -204,17 +204,17 @@ def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
     """`ddptui replay FILE` hands the file and options to the UI (app.run_replay_app)."""
     import types
 
-    from ddptui import cmd_replay
+    from ddptui.cli import replay as cmd_replay
     calls = []
 
     def fake(path, speed=1.0, loop=False, title=None):
         calls.append((path, speed, loop, title))
         return 0
     try:
-        import ddptui.app as app
+        import ddptui.ui.app as app
         monkeypatch.setattr(app, "run_replay_app", fake)
     except ImportError:
-        monkeypatch.setitem(sys.modules, "ddptui.app", types.SimpleNamespace(run_replay_app=fake))
+        monkeypatch.setitem(sys.modules, "ddptui.ui.app", types.SimpleNamespace(run_replay_app=fake))
     tty = types.SimpleNamespace(isatty=lambda: True)
     monkeypatch.setattr(cmd_replay, "sys", types.SimpleNamespace(stdin=tty, stdout=tty))
     assert cmd_replay.main([str(small_rec), "--speed", speed, "--loop", "--title", "My talk"]) == 0
@@ -248,8 +248,8 @@ def test_ui_without_a_terminal_is_a_clear_error(small_rec):
 # -- every numeric option of every verb ------------------------------------------------------
 def _numeric_options():
     """(verb argv prefix, option) for every numeric option the verbs' parsers declare."""
-    from ddptui import cli, cmd_bench, cmd_replay, cmd_serve, cmd_verify
-    from ddptui.options import NUMERIC
+    from ddptui.cli import main as cli, bench as cmd_bench, replay as cmd_replay, serve as cmd_serve, verify as cmd_verify
+    from ddptui.cli.options import NUMERIC
 
     out = []
     for prefix, p in ((["--headless"], cli.live_parser()), (["bench"], cmd_bench.parser()),
@@ -258,7 +258,7 @@ def _numeric_options():
         for a in p._actions:
             if a.type is None or not a.option_strings:
                 continue
-            # a typed option that bypassed ddptui.options would escape the shared checks
+            # a typed option that bypassed ddptui.cli.options would escape the shared checks
             assert a.option_strings[0] in NUMERIC, a.option_strings
             assert a.type.__qualname__.split(".")[0] in ("Whole", "Real"), a.option_strings
             out.append((prefix, a.option_strings[0]))
@@ -266,7 +266,7 @@ def _numeric_options():
 
 
 def _out_of_range(opt: str) -> list[str]:
-    from ddptui.options import NUMERIC
+    from ddptui.cli.options import NUMERIC
     spec = NUMERIC[opt]
     lo = spec.lo if opt != "--steps" else 0
     return [str(lo - 1), str(spec.hi + 1)]
@@ -274,7 +274,7 @@ def _out_of_range(opt: str) -> list[str]:
 
 @pytest.mark.parametrize("prefix,opt", _numeric_options(), ids=lambda x: " ".join(x) if isinstance(x, list) else x)
 def test_every_bad_numeric_option_is_one_line_exit_2(prefix, opt, capsys):
-    from ddptui.cli import main
+    from ddptui.cli.main import main
 
     for bad in ["nan", "inf", "-inf", "NaN", "1e999", "x", ""] + _out_of_range(opt):
         rc = main(prefix + [f"{opt}={bad}"])  # "=": argparse would take "-inf" for an option

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from ddptui import recording as R
+from ddptui.recording import reader as R
 from ranks import spec, wire
 
 from .helpers import DEMO, run_cli, synthetic_frames, synthetic_meta, write_recording

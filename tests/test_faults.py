@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as hs
 
-from ddptui.recording import Reader
-from ddptui.store import Store
+from ddptui.recording.reader import Reader
+from ddptui.model.store import Store
 
 from .bad_frames import bad_frame, frame_rank
 from .helpers import ROOT, StubNvml, run_cli, run_live, start_cli, wait_no_workers, worker_procs
@@ -224,8 +224,8 @@ def test_app_stalled_training_goes_on_and_drops_are_counted(tmp_path):
 
 
 def test_hostile_clients_rejected_run_unaffected():
-    from ddptui.launcher import plan
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.live.launcher import plan
+    from ddptui.live.session import LiveRun, RunOptions
     from ranks import wire
 
     run = LiveRun(RunOptions(model="small", steps=25, batch_size=256), plan(2, None, "cpu"))
@@ -289,7 +289,7 @@ def test_bad_paths(args, needle):
 @pytest.mark.parametrize("module,needle", [("torch", "torch is not installed in this Python"),
                                            ("pynvml", "nvidia-ml-py (pynvml) is not installed")])
 def test_missing_dependency(module, needle):
-    code = (f"import sys; sys.modules[{module!r}] = None; from ddptui.cli import main; "
+    code = (f"import sys; sys.modules[{module!r}] = None; from ddptui.cli.main import main; "
             "sys.exit(main(['--headless', '--no-record']))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert p.returncode == 2
@@ -320,7 +320,7 @@ class FlakyNvml(StubNvml):
 
 
 def test_nvml_failing_mid_run_shows_na_and_stops_polling():
-    from ddptui.nvml import GpuSampler
+    from ddptui.live.nvml import GpuSampler
     lib = FlakyNvml(ok_calls=2)
     s = GpuSampler(lib=lib)
     samples = [s.sample()["gpus"][0] for _ in range(8)]
@@ -335,8 +335,8 @@ def test_nvml_failing_mid_run_shows_na_and_stops_polling():
 
 def test_long_run_memory_bounded():
     """10,000 steps of synthetic frames through the real socket, collector and store."""
-    from ddptui.collector import Collector
-    from ddptui.synthetic import SyntheticRun
+    from ddptui.ingest.collector import Collector
+    from ddptui.recording.synthetic import SyntheticRun
     from ranks import wire
 
     st = Store()
@@ -381,9 +381,9 @@ def test_generated_bad_frames_during_a_real_run(tmp_path_factory, frames):
     """An authenticated client sends frames of every type with wrong values (one connection
     each) while two real ranks train: each is rejected and logged, the run, its figures and
     its recording are unaffected."""
-    from ddptui.launcher import plan
-    from ddptui.recording import load
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.live.launcher import plan
+    from ddptui.recording.reader import load
+    from ddptui.live.session import LiveRun, RunOptions
     from ranks import wire
 
     rec = tmp_path_factory.mktemp("bad-frames") / "run.ddptui"

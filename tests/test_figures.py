@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from ddptui import figures as F
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun, fill_store
+from ddptui.model import figures as F
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun, fill_store
 from ranks import wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
@@ -99,7 +99,7 @@ def test_store_summary_and_eviction_from_synthetic_run():
 
 
 def test_store_queries():
-    from ddptui.store import in_force
+    from ddptui.model.store import in_force
 
     assert in_force([(0, "a"), (3, "b"), (7, "c")], 5) == "b"
     assert in_force([(2, "a")], 1, "dflt") == "dflt" and in_force([(2, "a")], 1, first=True) == "a"

@@ -14,12 +14,12 @@ import time
 import psutil
 import pytest
 
-from ddptui import stragglers as ST
-from ddptui.clocksync import MIN_STEPS, ClockEstimate, CollSample, coll_sample, map_ns, refine
-from ddptui.collector import Collector
-from ddptui.feed import Feed
-from ddptui.netlisten import NetError, NetListener, client_handshake, mac, read_token_file, recv_frame
-from ddptui.store import Store
+from ddptui.model import stragglers as ST
+from ddptui.model.clocksync import MIN_STEPS, ClockEstimate, CollSample, coll_sample, map_ns, refine
+from ddptui.ingest.collector import Collector
+from ddptui.ingest.feed import Feed
+from ddptui.live.netlisten import NetError, NetListener, client_handshake, mac, read_token_file, recv_frame
+from ddptui.model.store import Store
 from ranks import wire
 
 from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, wait_no_workers, worker_procs
@@ -301,7 +301,7 @@ def test_bad_clients_are_refused_and_logged_without_affecting_the_listener(liste
         s.close()
         want = "connection closed during the handshake"
     else:
-        import ddptui.netlisten as nl
+        import ddptui.live.netlisten as nl
         old, nl.HANDSHAKE_TIMEOUT = nl.HANDSHAKE_TIMEOUT, 0.5
         try:
             lst2 = NetListener("127.0.0.1", 0, TOKEN, "run-a", {"nnodes": 3}, lst.collector, lst.feed, store)
@@ -325,7 +325,7 @@ def test_token_file_readable_by_others_is_refused(token_file):
 
 
 def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
-    from ddptui.cli import main
+    from ddptui.cli.main import main
     cases = [
         ["--headless", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--rdzv-endpoint", "h:1"],
         ["--headless", "--nnodes", "2", "--nproc-per-node", "1"],
@@ -381,7 +381,7 @@ def _two_nodes(tmp_path, token_file, skew, steps=3, extra=(), asym=0):
 def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     """With an asymmetric path (pings 2 ms slower on the way out) the exchanges alone are
     ~1 ms off, within their ± bound; the run's collectives bring the offset back."""
-    from ddptui.recording import load
+    from ddptui.recording.reader import load
     from ranks.wire import BWD, COMM
 
     node0, join, rec, js = _two_nodes(tmp_path, token_file, skew, steps=steps, asym=asym)

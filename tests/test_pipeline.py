@@ -88,8 +88,8 @@ def test_interleaved_allreduces_run_concurrently_and_the_lane_shows_it(run):
     """gloo runs async collectives on two threads at once: the comm spans overlap (their
     true intervals, not one-at-a-time), exposed communication is computed on them, and the
     comm lane gives them sub-rows (or, one row tall, marks the overlap)."""
-    from ddptui.widgets.lanes import comm_bars
-    from ddptui.widgets.theme import COMM_A, COMM_B, COMM_LAST, COMM_MULTI
+    from ddptui.ui.widgets.lanes import comm_bars
+    from ddptui.ui.widgets.theme import COMM_A, COMM_B, COMM_LAST, COMM_MULTI
     bar = (COMM_A, COMM_B, COMM_LAST)  # an AllReduce's transfer (the last arriver's in its colour)
 
     found = None
@@ -218,7 +218,7 @@ def test_more_gpus_than_exist():
 
 
 def test_plan_backends():
-    from ddptui.launcher import plan
+    from ddptui.live.launcher import plan
     assert plan(2, None, available=0).device == "cpu"
     p = plan(1, 2, available=1)
     assert p.device == "cuda" and p.ranks == 2 and "gloo with CUDA tensors" in p.note

@@ -1,6 +1,6 @@
 """Recordings: the file format, flushing, truncation at any byte, compactness, fuzzing.
 
-These tests write real files with RecordWriter (frames from ddptui.synthetic, the same
+These tests write real files with RecordWriter (frames from ddptui.recording.synthetic, the same
 frames ranks send) and read them back with Reader / recording.load.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from ddptui import recording as R
+from ddptui.recording import reader as R
 from ranks import wire
 
 from .helpers import DEMO, store_of, synthetic_frames, synthetic_meta, write_recording

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui import stragglers as S
+from ddptui.model import stragglers as S
 from ranks import spec
 from ranks.wire import BWD, COMM, STEP, decode_spans, encode_spans
 
@@ -134,9 +134,9 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
     import asyncio
     import time
 
-    from ddptui.app import DdpApp
-    from ddptui.launcher import plan
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.ui.app import DdpApp
+    from ddptui.live.launcher import plan
+    from ddptui.live.session import LiveRun, RunOptions
 
     from .helpers import wait_no_workers
 

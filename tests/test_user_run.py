@@ -22,7 +22,7 @@ def _env(**kw):
 
 def test_import_does_not_load_textual():
     code = ("import sys, ddptui; f = ddptui.instrument; import ranks.user; "
-            "assert callable(f); print('textual' in sys.modules, 'ddptui.app' in sys.modules)")
+            "assert callable(f); print('textual' in sys.modules, 'ddptui.ui.app' in sys.modules)")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
@@ -93,7 +93,7 @@ def _train(tmp_path, layers, hook=None, accumulate=1, steps=4, bucket_cap_mb=0.0
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddptui
-    from ddptui.recording import load
+    from ddptui.recording.reader import load
     torch.manual_seed(0)
     model = DDP(_nets()(), bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from ddptui import verify as V
+from ddptui.reports import verify as V
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from .helpers import run_cli, wait_no_workers

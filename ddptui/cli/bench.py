@@ -22,11 +22,11 @@ import time
 
 from ranks import spec
 
-from . import __version__
-from .cli import CliError, _check_writable_path, _Parser, check_environment
-from .costmodel import model_figures
+from ddptui import __version__
+from .main import CliError, _check_writable_path, _Parser, check_environment
+from ddptui.model.costmodel import model_figures
 from .options import add_numeric, run_parent
-from .report import print_bench_tables, write_csv, write_json
+from ddptui.reports.report import print_bench_tables, write_csv, write_json
 
 DEFAULT_MODELS = ("small", "medium")
 DEFAULT_STRATEGIES = ("naive", "interleaved", "ddp")
@@ -87,8 +87,8 @@ def _sigterm(signum, frame):
 def run_model(model: str, opts, plan, store, say):
     """One live run for one model, watched until it ends; returns the LiveRun.
     KeyboardInterrupt propagates once the ranks are stopped (`store` keeps what was measured)."""
-    from .headless import Progress
-    from .session import LiveRun
+    from ddptui.live.headless import Progress
+    from ddptui.live.session import LiveRun
 
     run = LiveRun(opts, plan, store)
     prog = Progress(store)
@@ -122,9 +122,9 @@ def run_model(model: str, opts, plan, store, say):
 
 
 def main(argv: list[str]) -> int:
-    from .launcher import plan as make_plan
-    from .session import RunOptions
-    from .store import Store
+    from ddptui.live.launcher import plan as make_plan
+    from ddptui.live.session import RunOptions
+    from ddptui.model.store import Store
 
     a = parser().parse_args(argv)
     models = parse_models(a.models)

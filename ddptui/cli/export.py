@@ -1,5 +1,5 @@
 """`ddptui export FILE -o trace.json`: a recording as a Chrome trace (Trace Event Format)
-for Perfetto, chrome://tracing and HTA-style tools; the format is described in ddptui.trace.
+for Perfetto, chrome://tracing and HTA-style tools; the format is described in ddptui.reports.trace.
 
 Exit status: 0 when written; 2 for a bad command line or a bad file (one line on stderr).
 A damaged or truncated file that had frames before the damage exports what came before
@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
-from .cli import CliError, _check_writable_path, _Parser
-from .recording import RecordingError
-from .trace import export
+from .main import CliError, _check_writable_path, _Parser
+from ddptui.recording.reader import RecordingError
+from ddptui.reports.trace import export
 
 
 def parser() -> _Parser:

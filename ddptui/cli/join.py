@@ -55,10 +55,10 @@ def add_node0_options(p: argparse.ArgumentParser) -> None:
 
 def node0_plan(a, plan):
     """(MultiNode, Plan of the whole run); ValueError with a one-line reason."""
-    from .launcher import Plan
-    from .launcher import plan as make_plan
-    from .multinode import MultiNode
-    from .netlisten import NetError, parse_hostport, read_token_file
+    from ddptui.live.launcher import Plan
+    from ddptui.live.launcher import plan as make_plan
+    from ddptui.live.multinode import MultiNode
+    from ddptui.live.netlisten import NetError, parse_hostport, read_token_file
     if a.node_rank not in (None, 0):
         raise ValueError(f"--node-rank {a.node_rank}: this command runs node 0; "
                          f"the other nodes run `ddptui join ADDR:PORT --token-file F`")
@@ -82,7 +82,7 @@ def node0_plan(a, plan):
 
 def _probe_bind(host: str, port: int) -> None:
     """--listen's address can be bound (checked before anything starts)."""
-    from .netlisten import NetError
+    from ddptui.live.netlisten import NetError
     try:
         fam, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(fam, socket.SOCK_STREAM) as s:
@@ -94,7 +94,7 @@ def _probe_bind(host: str, port: int) -> None:
 
 # -- the join verb -------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
-    from .cli import _Parser
+    from .main import _Parser
     p = _Parser(prog="ddptui join", description="Another node of a multi-node run: fetch its settings "
                 "from node 0, start this node's torchrun agent, forward its ranks' frames.")
     p.add_argument("address", metavar="ADDR:PORT", help="node 0's --listen address")
@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _check_settings(s) -> dict:
-    from .netlisten import NetError
+    from ddptui.live.netlisten import NetError
     try:
         ok = (type(s) is dict and all(type(s.get(k)) is int for k in ("nnodes", "nproc_per_node", "node_rank",
                                                                         "threads"))
@@ -129,7 +129,7 @@ class Join:
         self.pids: set[int] = set()
         self.socks: list[socket.socket] = []
         self.lock = threading.Lock()
-        from .netlisten import HANDSHAKE_MAX, client_handshake
+        from ddptui.live.netlisten import HANDSHAKE_MAX, client_handshake
         self.ctl = self._connect()
         self.ctl_reader = wire.FrameReader(HANDSHAKE_MAX)  # the first pings may come with the welcome
         w = client_handshake(self.ctl, token, "ctl", node_rank or 0, reader=self.ctl_reader)
@@ -138,7 +138,7 @@ class Join:
         self.node = self.settings["node_rank"]
 
     def _connect(self) -> socket.socket:
-        from .netlisten import NetError
+        from ddptui.live.netlisten import NetError
         try:
             s = socket.create_connection((self.host, self.port), timeout=10)
         except OSError as e:
@@ -148,9 +148,9 @@ class Join:
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> int:
-        from .launcher import Launcher
-        from .multinode import torchrun_cmd
-        from .session import PROJECT_ROOT
+        from ddptui.live.launcher import Launcher
+        from ddptui.live.multinode import torchrun_cmd
+        from ddptui.live.session import PROJECT_ROOT
         st = self.settings
         self.dir = tempfile.mkdtemp(prefix="ddptui-join-")  # 0700
         self.local_token = secrets.token_hex(16)
@@ -214,7 +214,7 @@ class Join:
 
     # -- the control connection: clock pings, the end ---------------------------------
     def _ctl_loop(self) -> None:
-        from .netlisten import HANDSHAKE_MAX, NET, NetError
+        from ddptui.live.netlisten import HANDSHAKE_MAX, NET, NetError
         reader = self.ctl_reader
         s = self.ctl
         s.settimeout(None)
@@ -249,7 +249,7 @@ class Join:
             threading.Thread(target=self._rank, args=(c,), name="join-rank", daemon=True).start()
 
     def _rank(self, c: socket.socket) -> None:
-        from .netlisten import NetError, client_handshake
+        from ddptui.live.netlisten import NetError, client_handshake
         reader = wire.FrameReader(wire.MAX_FRAME)
         try:
             c.settimeout(5.0)
@@ -300,8 +300,8 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from .cli import CliError, check_environment
-    from .netlisten import NetError, parse_hostport, read_token_file
+    from .main import CliError, check_environment
+    from ddptui.live.netlisten import NetError, parse_hostport, read_token_file
     a = parser().parse_args(argv)
     try:
         host, port = parse_hostport(a.address, "address")

@@ -11,7 +11,7 @@ import time
 
 from ranks import spec
 
-from . import __version__
+from ddptui import __version__
 from .options import add_numeric, run_parent
 
 SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join")
@@ -75,7 +75,7 @@ def live_parser() -> argparse.ArgumentParser:
                    help="a straggler on demand: rank R's backward of LAYER (default the middle layer) "
                         "takes MS ms longer every step — on GPU as device work on the rank's stream "
                         "(the GPU timeline shows it), on CPU as a busy wait. e.g. 1:40:fc2")
-    from .cmd_join import add_node0_options  # multi-node: node 0's options
+    from .join import add_node0_options  # multi-node: node 0's options
     add_node0_options(p)
     return p
 
@@ -127,8 +127,8 @@ def record_path(a, stem: str, ranks: int) -> str | None:
 
 
 def build_live(argv: list[str]):
-    from .launcher import plan as make_plan
-    from .session import RunOptions
+    from ddptui.live.launcher import plan as make_plan
+    from ddptui.live.session import RunOptions
 
     a, extra = live_parser().parse_known_args(argv)
     words = [x for x in extra if not x.startswith("-")]
@@ -158,7 +158,7 @@ def build_live(argv: list[str]):
         raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
     multinode = None
     if a.nnodes is not None:  # node 0 of a multi-node run (ddptui/multinode.py)
-        from .cmd_join import node0_plan
+        from .join import node0_plan
         try:
             multinode, plan = node0_plan(a, plan)
         except ValueError as e:
@@ -190,12 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             return int(mod.main(argv) or 0)
         a, opts, plan = build_live(argv)
         if a.headless:
-            from .headless import run_headless
+            from ddptui.live.headless import run_headless
             signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
             return run_headless(opts, plan, a.json)
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise CliError("the live UI needs a terminal; use --headless to run without one")
-        from .app import run_live_app
+        from ddptui.ui.app import run_live_app
         code = run_live_app(opts, plan)
         if opts.record and os.path.exists(opts.record):
             print(f"ddptui: recorded to {opts.record} (ddptui replay {opts.record})", file=sys.stderr)
@@ -208,6 +208,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":  # `python -m ddptui.cli`: run the package's module, not a copy
-    from ddptui.cli import main as _main
+if __name__ == "__main__":  # `python -m ddptui.cli.main`: run the package's module, not a copy
+    from ddptui.cli.main import main as _main
     sys.exit(_main())

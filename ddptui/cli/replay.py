@@ -16,10 +16,10 @@ import sys
 
 from ranks import spec
 
-from . import cmd_summary
-from .cli import CliError, _check_writable_path, _Parser
+from . import summary as cmd_summary
+from .main import CliError, _check_writable_path, _Parser
 from .options import add_numeric
-from .recording import RecordingError, Reader
+from ddptui.recording.reader import RecordingError, Reader
 
 def parser() -> _Parser:
     p = _Parser(prog="ddptui replay",
@@ -37,10 +37,10 @@ def parser() -> _Parser:
 
 def check_file(path: str) -> None:
     """Check the header and read up to the first step's spans the way every verb reads
-    (through ddptui.feed into a Store), so that a bad file, one with nothing to show, is
+    (through ddptui.ingest.feed into a Store), so that a bad file, one with nothing to show, is
     one line on stderr rather than a UI. Damage later in the file is the UI's to show."""
-    from .feed import Feed
-    from .store import Store
+    from ddptui.ingest.feed import Feed
+    from ddptui.model.store import Store
 
     try:
         r = Reader(path)
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CliError("the replay UI needs a terminal; use --headless to print the figures")
     try:
-        from .app import run_replay_app
+        from ddptui.ui.app import run_replay_app
     except ImportError as e:
         raise CliError(f"the replay UI cannot start ({e}); `ddptui replay FILE --headless` "
                        f"prints the figures") from None

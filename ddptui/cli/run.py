@@ -17,9 +17,9 @@ import time
 
 from ranks import user
 
-from .cli import CliError, _check_writable_path, _Parser, _sigterm_to_interrupt, check_environment, record_path
+from .main import CliError, _check_writable_path, _Parser, _sigterm_to_interrupt, check_environment, record_path
 from .options import add_numeric
-from .session import LiveRun, RunOptions
+from ddptui.live.session import LiveRun, RunOptions
 
 
 def parser() -> _Parser:
@@ -55,7 +55,7 @@ class UserRun(LiveRun):
         self.cwd = os.getcwd()
 
     def meta(self) -> dict:
-        from . import __version__
+        from ddptui import __version__
         return {"ddptui": __version__, "created": time.time(),
                 "model": os.path.basename(self.script), "strategies": [user.STRATEGY],
                 "world": self.plan.ranks, "steps": 0, "device": self.plan.device,
@@ -92,7 +92,7 @@ class UserRun(LiveRun):
 
 
 def build(argv: list[str]):
-    from .launcher import plan as make_plan
+    from ddptui.live.launcher import plan as make_plan
     if "--" in argv:
         i = argv.index("--")
         own, rest = argv[:i], argv[i + 1:]
@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
         return headless(run, opts, a.json)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CliError("the live UI needs a terminal; use --headless to run without one")
-    from .app import run_live_app
+    from ddptui.ui.app import run_live_app
     code = run_live_app(opts, plan, run)
     if opts.record and os.path.exists(opts.record):
         print(f"ddptui: recorded to {opts.record} (ddptui replay {opts.record})", file=sys.stderr)
@@ -140,7 +140,7 @@ def main(argv: list[str]) -> int:
 
 def headless(run: UserRun, opts: RunOptions, json_path: str | None) -> int:
     """The live headless run's loop (progress, figures, JSON) around a UserRun."""
-    from .headless import Progress, _report
+    from ddptui.live.headless import Progress, _report
     prog = Progress(run.store)
     if opts.record:
         prog.say(f"recording to {opts.record}")

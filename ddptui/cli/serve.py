@@ -2,7 +2,7 @@
 
 Through textual-serve: every browser tab gets its own UI process, started with the command
 built here — a replay of FILE, or (--attach) a read-only view that follows the recording a
-live run is writing (ddptui.follow). Never a run per tab: the live run is started once, in
+live run is writing (ddptui.recording.follow). Never a run per tab: the live run is started once, in
 a terminal, and records (by default to ./runs/); --attach without FILE follows the newest
 recording there. The page and everything it loads (script, stylesheet, fonts) are served
 from this process: nothing is fetched from the internet. Local only by default
@@ -18,7 +18,7 @@ import shlex
 import sys
 import tempfile
 
-from .cli import CliError, _Parser
+from .main import CliError, _Parser
 from .options import add_numeric
 
 REMOTE_LINK = re.compile(r'<link[^>]*href="https?://[^"]*"[^>]*>', re.S)
@@ -54,7 +54,7 @@ def newest_recording(runs_dir: str) -> str:
 
 def tab_command(a) -> str:
     """The command textual-serve runs for each browser tab."""
-    args = [sys.executable, "-m", "ddptui.cmd_serve", "--tab", a.file]
+    args = [sys.executable, "-m", "ddptui.cli.serve", "--tab", a.file]
     args += ["--attach"] if a.attach else ["--speed", str(a.speed)] + (["--loop"] if a.loop else [])
     args += ["--title", a.title] if a.title else []
     return " ".join(map(shlex.quote, args))
@@ -79,9 +79,9 @@ def local_templates(into: str) -> str:
 
 def tab(a) -> int:
     """One browser tab's UI (its terminal is the page, through textual-serve's driver)."""
-    from .app import DdpApp, run_replay_app
-    from .follow import FollowSource
-    from .recording import RecordingError
+    from ddptui.ui.app import DdpApp, run_replay_app
+    from ddptui.recording.follow import FollowSource
+    from ddptui.recording.reader import RecordingError
 
     if not a.attach:
         return run_replay_app(a.file, speed=a.speed, loop=a.loop, title=a.title)
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
     if not (0.25 <= a.speed <= 8):
         raise CliError(f"--speed must be in 0.25..8 (got {a.speed:g})")
     if not a.attach:
-        from .cmd_replay import check_file
+        from .replay import check_file
         check_file(a.file)
     templates = local_templates(tempfile.mkdtemp(prefix="ddptui-serve-"))
     what = f"following {a.file} (read-only)" if a.attach else f"replaying {a.file}"
@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # each browser tab: `python -m ddptui.cmd_serve --tab FILE [--attach]`
+if __name__ == "__main__":  # each browser tab: `python -m ddptui.cli.serve --tab FILE [--attach]`
     try:
         sys.exit(main(sys.argv[1:]))
     except CliError as e:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 
-from .cli import CliError, _check_writable_path, _Parser
-from .recording import Loaded, RecordingError, load
-from .headless import clock_offsets
-from .report import report_run
+from .main import CliError, _check_writable_path, _Parser
+from ddptui.recording.reader import Loaded, RecordingError, load
+from ddptui.live.headless import clock_offsets
+from ddptui.reports.report import report_run
 
 
 def parser(prog: str = "ddptui summary", description: str = "") -> _Parser:

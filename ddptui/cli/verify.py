@@ -21,8 +21,8 @@ import tempfile
 
 from ranks import spec
 
-from . import verify as V
-from .cli import _check_writable_path, _Parser
+from ddptui.reports import verify as V
+from .main import _check_writable_path, _Parser
 from .options import add_numeric
 
 
@@ -52,7 +52,7 @@ def parser() -> _Parser:
 
 
 def main(argv: list[str]) -> int:
-    from .cli import build_live
+    from .main import build_live
 
     a = parser().parse_args(argv)
     # the same options, checks and session as `ddptui --headless`, plus the profiler window
@@ -71,9 +71,9 @@ def main(argv: list[str]) -> int:
 
 
 def _run(opts, plan, prof_dir: str, json_path: str | None, out=None, err=None) -> int:
-    from .cli import _sigterm_to_interrupt
-    from .headless import run_headless
-    from .store import Store
+    from .main import _sigterm_to_interrupt
+    from ddptui.live.headless import run_headless
+    from ddptui.model.store import Store
 
     out = out or sys.stdout
     err = err or sys.stderr

@@ -5,10 +5,10 @@ import sys
 import time
 
 from .launcher import Plan
-from .hostfigs import host_rows, span_text
-from .report import report_run
+from ddptui.model.hostfigs import host_rows, span_text
+from ddptui.reports.report import report_run
 from .session import LiveRun, RunOptions
-from .store import Store
+from ddptui.model.store import Store
 
 
 class Progress:

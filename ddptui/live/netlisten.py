@@ -38,7 +38,7 @@ from ranks import schema, wire
 from ranks.clock import now_ns
 from ranks.schema import NAME, NODE, RANK, Int, Map, Str
 
-from .clocksync import ClockEstimate, clock_frame, refine
+from ddptui.model.clocksync import ClockEstimate, clock_frame, refine
 
 HANDSHAKE_MAX = 64 * 1024  # bytes of one handshake or control frame
 HANDSHAKE_TIMEOUT = 5.0

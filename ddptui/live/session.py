@@ -17,13 +17,13 @@ import psutil
 
 from ranks import spec
 
-from . import __version__
-from .collector import Collector
-from .feed import Feed
+from ddptui import __version__
+from ddptui.ingest.collector import Collector
+from ddptui.ingest.feed import Feed
 from .launcher import Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd, visible_devices
 from .nvml import CpuSampler, GpuSampler
-from .recording import RecordWriter
-from .store import Store
+from ddptui.recording.reader import RecordWriter
+from ddptui.model.store import Store
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +44,7 @@ class RunOptions:
     hb_timeout_s: float = 5.0
     sample_every_s: float = 0.5
     extra_worker_args: list[str] = field(default_factory=list)
-    multinode: object = None  # ddptui.multinode.MultiNode: node 0 of a multi-node run
+    multinode: object = None  # ddptui.live.multinode.MultiNode: node 0 of a multi-node run
 
 
 class LiveRun:
@@ -71,7 +71,7 @@ class LiveRun:
         self.started = 0.0
         self.first_step_s: float | None = None
         self.multinode = opts.multinode
-        self.listener = None  # multi-node: ddptui.netlisten.NetListener
+        self.listener = None  # multi-node: ddptui.live.netlisten.NetListener
 
     # -- metadata ----------------------------------------------------------------------
     def meta(self) -> dict:

@@ -1,7 +1,7 @@
 """A read-only view of a live run: follow its recording as the live app writes it.
 
 The live app records every frame to a file, sync-flushed at each complete step (see
-ddptui.recording). FollowSource reads that file from its start and then whatever is
+ddptui.recording.reader). FollowSource reads that file from its start and then whatever is
 appended, like `tail -f`, into a Store: the same UI draws it, with no control over the
 run (no bucket changes, no stopping it). `ddptui serve --attach` gives every browser tab
 one of these: the run itself is started once, in a terminal, as usual.
@@ -12,8 +12,8 @@ import zlib
 
 from ranks import wire
 
-from .recording import Reader, _Frames
-from .store import Store
+from .reader import Reader, _Frames
+from ddptui.model.store import Store
 
 READ_PER_POLL = 4 << 20  # bytes read per poll at most (a long run is taken up in slices)
 

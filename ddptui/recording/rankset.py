@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from .recording import Reader, RecordingError
+from .reader import Reader, RecordingError
 
 _RANK_FILE = re.compile(r"rank(\d+)\.ddptui$")
 

@@ -340,17 +340,17 @@ class Loaded:
 
 
 def load(path: str, store=None, on_frame=None, update_every: int = 256) -> Loaded:
-    """Read a recording into a Store (ddptui.store) through the one door (ddptui.feed), as
+    """Read a recording into a Store (ddptui.model.store) through the one door (ddptui.ingest.feed), as
     a live run's frames are.
 
-    on_frame(frame) is called for every frame the store took. Damage policy (ddptui.feed):
+    on_frame(frame) is called for every frame the store took. Damage policy (ddptui.ingest.feed):
     a frame that fails its checks is skipped and logged (`rejected`, `first_reject`);
     reading stops at bytes that are not frames (`damage` says what and where), with
     everything before them in the store. Raises RecordingError when the header is bad, or
     when no span could be read (nothing to show).
     """
-    from .feed import Feed
-    from .store import Store
+    from ddptui.ingest.feed import Feed
+    from ddptui.model.store import Store
 
     r = Reader(path)
     st = store if store is not None else Store()

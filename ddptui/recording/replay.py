@@ -16,9 +16,9 @@ from bisect import bisect_right
 
 from ranks import spec
 
-from .feed import Feed
-from .recording import Reader
-from .store import Store
+from ddptui.ingest.feed import Feed
+from .reader import Reader
+from ddptui.model.store import Store
 
 MIN_SPEED, MAX_SPEED = spec.SPEED_LADDER[0], spec.SPEED_LADDER[-1]
 MAX_GAP_NS = 2_000_000_000
@@ -133,7 +133,7 @@ class ReplaySource:
         return st
 
     def _feed(self, st: Store, start: int, end: int) -> None:
-        """Frames start..end into `st` through the one door (ddptui.feed): a frame that
+        """Frames start..end into `st` through the one door (ddptui.ingest.feed): a frame that
         fails its checks is skipped and logged, the rest goes on, as recording.load does."""
         if self._fed is None or self._fed.store is not st:
             self._fed = Feed(st)

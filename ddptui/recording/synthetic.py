@@ -13,7 +13,7 @@ import time
 from ranks import spec, wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
-from .store import Store
+from ddptui.model.store import Store
 
 
 def hello(rank: int, world: int, model: str, strategies, batch: int = 1024,
@@ -157,7 +157,7 @@ def fill_store(store, run: SyntheticRun, steps: int, gpu: bool = False) -> None:
 
 
 class SyntheticSource:
-    """The one synthetic source (a `ddptui.source.Source` with `BucketControl`): a Store
+    """The one synthetic source (a `ddptui.ui.source.Source` with `BucketControl`): a Store
     filled with `steps` steps of a SyntheticRun, for UI tests, snapshots, benchmarks and
     demos without torch. `add_steps(n)` adds steps now; `ahead` more steps arrive on the
     wall clock, `per_s` a second after start() (a live feed, benchmarks). It records what

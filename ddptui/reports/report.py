@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from . import figures as F
+from ddptui.model import figures as F
 
 
 def _f(v, fmt="{:.2f}", na="—"):

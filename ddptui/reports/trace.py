@@ -32,11 +32,11 @@ import tempfile
 from ranks import spec, wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
-from . import __version__
-from .clocksync import HostClocks
-from .recording import FORMAT_VERSION, Reader, RecordingError, load
-from .store import in_force
-from .stragglers import comm_spans
+from ddptui import __version__
+from ddptui.model.clocksync import HostClocks
+from ddptui.recording.reader import FORMAT_VERSION, Reader, RecordingError, load
+from ddptui.model.store import in_force
+from ddptui.model.stragglers import comm_spans
 
 # lane: (tid offset, thread name, category)
 LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "communication"),
@@ -272,7 +272,7 @@ class TraceWriter:
                     args["bytes"] = self.param_bytes[idx] if 0 <= idx < len(self.param_bytes) else 0
                 if iss is not None:
                     args["queued_us"] = max(0, a - iss) / 1000
-                if iss is not None and last is not None:  # who waits for whom (ddptui.stragglers)
+                if iss is not None and last is not None:  # who waits for whom (ddptui.model.stragglers)
                     last_ready = last[0] - self.origin
                     args["last_arriver"] = last[1]
                     args["wait_us"] = max(0, last_ready - iss) / 1000

@@ -20,8 +20,8 @@ from textual.widgets import Footer, Static
 from ranks import spec
 
 from .source import BucketControl, Source, StragglerControl, Transport
-from .store import Store
-from . import figures as F
+from ddptui.model.store import Store
+from ddptui.model import figures as F
 from .viewmodel import PanelSpec, ViewModel, latest_steps, plan_layout
 from .widgets import (
     GUTTER,
@@ -41,10 +41,10 @@ from .widgets import (
     screens,
 )
 from .widgets import theme as T
-from .widgets.panel import Frame, Panel
+from ddptui.ui.widgets.panel import Frame, Panel
 from .widgets import waits
-from .widgets.waits import WaitsPanel
-from .widgets.hosts import HostsPanel
+from ddptui.ui.widgets.waits import WaitsPanel
+from ddptui.ui.widgets.hosts import HostsPanel
 
 FPS = 15
 SPEEDS = spec.SPEED_LADDER
@@ -546,7 +546,7 @@ class DdpApp(App):
 def run_live_app(opts, plan, run=None) -> int:
     """Launch the ranks (a LiveRun, or the given run) and show them; 0 after a normal quit,
     1 if the run failed. Whatever happens, no rank is left running."""
-    from .session import LiveRun
+    from ddptui.live.session import LiveRun
     run = run or LiveRun(opts, plan)
     app = DdpApp(run, record=opts.record)
     try:
@@ -559,8 +559,8 @@ def run_live_app(opts, plan, run=None) -> int:
 
 def run_replay_app(path: str, *, speed: float = 1.0, loop: bool = False, title: str | None = None) -> int:
     """Replay a recording in the UI; 2 (with a message) if the file cannot be read."""
-    from .recording import RecordingError
-    from .replay import ReplaySource
+    from ddptui.recording.reader import RecordingError
+    from ddptui.recording.replay import ReplaySource
     try:
         src = ReplaySource(path, speed=speed, loop=loop)
     except RecordingError as e:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from .store import Store
+from ddptui.model.store import Store
 
 
 @runtime_checkable
@@ -44,7 +44,7 @@ class StragglerControl(Source, Protocol):
 
 @runtime_checkable
 class Transport(Source, Protocol):
-    """A replay: a virtual clock over a recording (ddptui.replay.ReplaySource)."""
+    """A replay: a virtual clock over a recording (ddptui.recording.replay.ReplaySource)."""
 
     name: str
     speed: float

@@ -7,8 +7,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from .store import Store
-from .widgets.timeline import LANE_SHAPES, TimelinePane, span_ceil
+from ddptui.model.store import Store
+from ddptui.ui.widgets.timeline import LANE_SHAPES, TimelinePane, span_ceil
 
 ZOOMS = (1, 2, 4, 8, 16, 32)
 LOOKBACK = 500  # steps searched back for a complete one

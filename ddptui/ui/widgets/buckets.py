@@ -6,8 +6,8 @@ from statistics import mean
 
 from ranks.wire import BWD, COMM, FWD
 
-from .. import figures as F
-from ..store import Store, StepView
+from ddptui.model import figures as F
+from ddptui.model.store import Store, StepView
 from . import theme as T
 from .panel import Frame, Panel
 from .text import Parts

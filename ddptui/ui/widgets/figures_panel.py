@@ -13,8 +13,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from statistics import mean
 
-from .. import figures as F
-from ..store import Store
+from ddptui.model import figures as F
+from ddptui.model.store import Store
 from . import theme as T
 from .panel import Frame, Panel
 from .text import Parts

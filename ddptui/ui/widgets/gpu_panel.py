@@ -4,7 +4,7 @@ Only draws what the sampler put in the store: a None is N/A, never an error.
 """
 from __future__ import annotations
 
-from ..store import Store
+from ddptui.model.store import Store
 from . import theme as T
 from .panel import Frame, Panel
 from .text import Parts

@@ -24,7 +24,7 @@ def _vs(v: float) -> str:
 def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
     """(text, verdict) from the fullest to the shortest; verdict: good | bad | same | none.
 
-    `sp`: speedups (ddptui.figures.speedups: ddp_vs_naive, X_vs_single); `overlap`: the
+    `sp`: speedups (ddptui.model.figures.speedups: ddp_vs_naive, X_vs_single); `overlap`: the
     share (%) of each strategy's communication hidden behind compute (None: no comm)."""
     v = sp.get("ddp_vs_naive")
     hid = overlap.get("ddp")

@@ -2,8 +2,8 @@
 as eighth-block column charts (one band per strategy; bands grow with the panel's height)."""
 from __future__ import annotations
 
-from .. import figures as F
-from ..store import Store
+from ddptui.model import figures as F
+from ddptui.model.store import Store
 from . import theme as T
 from .figures_panel import recent
 from .panel import Frame, Panel

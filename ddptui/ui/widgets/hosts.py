@@ -5,12 +5,12 @@ arriver was one of its ranks. Readable however many ranks there are (lanes may b
 Shown only when ranks run on two or more hosts."""
 from __future__ import annotations
 
-from ..store import Store
+from ddptui.model.store import Store
 from . import theme as T
 from .panel import Frame, Panel
 from .text import Parts
 
-from ..hostfigs import RECENT, host_rows, span_text
+from ddptui.model.hostfigs import RECENT, host_rows, span_text
 
 
 def _ms(v) -> str:

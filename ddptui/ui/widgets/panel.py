@@ -1,15 +1,15 @@
 """The panels below the lanes: each says how much room it wants, the layout plan places them
-by priority (ddptui.viewmodel.plan_layout), and each draws itself from one Frame.
+by priority (ddptui.ui.viewmodel.plan_layout), and each draws itself from one Frame.
 
 A new panel: subclass Panel, give it rows_min/rows_max (0 rows: nothing to show now),
 MIN_WIDTH, GROW (takes the rows nobody else wants) and lines(frame); add it to
-ddptui.app.PANELS at its priority.
+ddptui.ui.app.PANELS at its priority.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..store import Store, StepView
+from ddptui.model.store import Store, StepView
 from .text import Parts, PartsView
 
 

@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static
 
-from ..store import Store
+from ddptui.model.store import Store
 from . import theme as T
 from .text import Parts, PartsView
 

@@ -13,7 +13,7 @@ from textual.cache import LRUCache
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ..store import StepView
+from ddptui.model.store import StepView
 from . import theme as T
 from .lanes import comm_bars, compute_bars, lane_segments
 

@@ -3,8 +3,8 @@ late; per rank, its wait (for the others) against the transfer itself over the l
 One summary line when that is all the room there is."""
 from __future__ import annotations
 
-from .. import stragglers as ST
-from ..store import Store
+from ddptui.model import stragglers as ST
+from ddptui.model.store import Store
 from . import theme as T
 from .panel import Frame, Panel
 from .text import Parts
