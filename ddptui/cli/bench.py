@@ -23,7 +23,7 @@ import time
 from ranks import spec
 
 from ddptui import __version__
-from .main import CliError, _check_writable_path, _Parser, check_environment
+from .common import CliError, Parser, check_environment, check_writable_path, sigterm_to_interrupt
 from ddptui.model.costmodel import model_figures
 from .options import add_numeric, run_parent
 from ddptui.reports.report import print_bench_tables, write_csv, write_json
@@ -40,8 +40,8 @@ CSV_FIELDS = (
 )
 
 
-def parser() -> _Parser:
-    p = _Parser(prog="ddptui bench",
+def parser() -> Parser:
+    p = Parser(prog="ddptui bench",
                 description="Headless benchmark: single vs the chosen strategies for each model, "
                             "the seeds' table with the ring-AllReduce cost model and the Amdahl ceiling.",
                 parents=[run_parent()])
@@ -80,10 +80,6 @@ def parse_bench_strategies(text: str) -> list[str]:
 
 
 # -- running ---------------------------------------------------------------------------
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt
-
-
 def run_model(model: str, opts, plan, store, say):
     """One live run for one model, watched until it ends; returns the LiveRun.
     KeyboardInterrupt propagates once the ranks are stopped (`store` keeps what was measured)."""
@@ -129,8 +125,8 @@ def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     models = parse_models(a.models)
     strategies = parse_bench_strategies(a.strategies)
-    json_path = _check_writable_path(a.json, "--json") if a.json else None
-    csv_path = _check_writable_path(a.csv, "--csv") if a.csv else None
+    json_path = check_writable_path(a.json, "--json") if a.json else None
+    csv_path = check_writable_path(a.csv, "--csv") if a.csv else None
     if json_path and csv_path and json_path == csv_path:
         raise CliError("--json and --csv name the same file")
     if a.record_dir:
@@ -153,7 +149,7 @@ def main(argv: list[str]) -> int:
              if plan.device == "cpu" else plan.note)
     say(f"{len(models)} model(s) × single + {', '.join(strategies)}; {where}; "
         f"{a.steps} steps each, global batch {a.batch_size}")
-    old_term = signal.signal(signal.SIGTERM, _sigterm)
+    old_term = signal.signal(signal.SIGTERM, sigterm_to_interrupt)
     rows: list[dict] = []
     infos: list[dict] = []
     runs_meta: dict = {}

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import sys
 
-from .main import CliError, _check_writable_path, _Parser
+from .common import CliError, check_writable_path, Parser
 from ddptui.recording.reader import RecordingError
 from ddptui.reports.trace import export
 
 
-def parser() -> _Parser:
-    p = _Parser(prog="ddptui export",
+def parser() -> Parser:
+    p = Parser(prog="ddptui export",
                 description="Write a recording as a Chrome trace (Trace Event Format JSON) for "
                             "Perfetto, chrome://tracing and HTA-style tools.")
     p.add_argument("file", metavar="FILE", help="a .ddptui recording")
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         stem = base[: -len(".ddptui")] if base.endswith(".ddptui") else base
         out = stem + ".trace.json"
     if out != "-":
-        out = _check_writable_path(out, "-o")
+        out = check_writable_path(out, "-o")
     try:
         w, got = export(a.file, out)
     except RecordingError as e:

@@ -94,7 +94,7 @@ def _probe_bind(host: str, port: int) -> None:
 
 # -- the join verb -------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
-    from .main import _Parser
+    from .common import Parser as _Parser
     p = _Parser(prog="ddptui join", description="Another node of a multi-node run: fetch its settings "
                 "from node 0, start this node's torchrun agent, forward its ranks' frames.")
     p.add_argument("address", metavar="ADDR:PORT", help="node 0's --listen address")
@@ -300,7 +300,7 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from .main import CliError, check_environment
+    from .common import CliError, check_environment
     from ddptui.live.netlisten import NetError, parse_hostport, read_token_file
     a = parser().parse_args(argv)
     try:

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib.util
+import importlib
 import os
 import signal
 import sys
-import time
 
 from ranks import spec
 
 from ddptui import __version__
+from .common import CliError, Parser, check_environment, check_writable_path, record_path, sigterm_to_interrupt
 from .options import add_numeric, run_parent
 
 SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join")
@@ -36,20 +36,8 @@ examples:
 """
 
 
-class CliError(Exception):
-    """A one-line error for the user (exit status 2)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage dump
-        head, _, rest = message.partition(": ")
-        if head.startswith("argument ") and rest.startswith(tuple(head[9:].split("/"))):
-            message = rest  # "argument --x: --x must be ..." says --x once
-        raise CliError(message)
-
-
 def live_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ddptui", description="See data-parallel training: per-layer compute and "
+    p = Parser(prog="ddptui", description="See data-parallel training: per-layer compute and "
                 "per-AllReduce timelines of naive data parallelism vs PyTorch DDP, live.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                 parents=[run_parent()])
@@ -78,52 +66,6 @@ def live_parser() -> argparse.ArgumentParser:
     from .join import add_node0_options  # multi-node: node 0's options
     add_node0_options(p)
     return p
-
-
-def _missing(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is None
-    except (ImportError, ValueError):
-        return True
-
-
-def check_environment(need_torch: bool = True) -> None:
-    if need_torch and _missing("torch"):
-        raise CliError("torch is not installed in this Python; run bin/setup (or pip install torch)")
-    if _missing("pynvml"):
-        raise CliError("nvidia-ml-py (pynvml) is not installed; reinstall ddptui (pip install -e .)")
-
-
-def _check_writable_path(path: str, what: str) -> str:
-    """A path we can create a file at: checked by creating (and removing) a probe file."""
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise CliError(f"{what} {path}: directory {parent} does not exist")
-    if os.path.isdir(path):
-        raise CliError(f"{what} {path}: is a directory")
-    probe = os.path.join(parent, f".ddptui-probe-{os.getpid()}")
-    try:
-        with open(probe, "wb"):
-            pass
-        os.unlink(probe)
-    except OSError as e:
-        raise CliError(f"{what} {path}: directory {parent} is not writable ({e.strerror})") from None
-    return path
-
-
-def record_path(a, stem: str, ranks: int) -> str | None:
-    """Where a live run records: --record, else a new file in --runs-dir (None: --no-record)."""
-    if a.no_record:
-        return None
-    if a.record:
-        return _check_writable_path(a.record, "--record")
-    try:
-        os.makedirs(a.runs_dir, exist_ok=True)
-    except OSError as e:
-        raise CliError(f"--runs-dir {a.runs_dir}: cannot create ({e.strerror})") from None
-    name = time.strftime("%Y%m%d-%H%M%S") + f"-{stem}-{ranks}r.ddptui"
-    return _check_writable_path(os.path.join(a.runs_dir, name), "--runs-dir")
 
 
 def build_live(argv: list[str]):
@@ -168,7 +110,7 @@ def build_live(argv: list[str]):
     steps = a.steps if a.steps is not None else (10 if a.headless else 0)
     record = record_path(a, a.model, plan.ranks)
     if a.json:
-        _check_writable_path(a.json, "--json")
+        check_writable_path(a.json, "--json")
     opts = RunOptions(model=a.model, strategies=strategies, steps=steps, batch_size=a.batch_size,
                       bucket_cap_mb=a.bucket_cap_mb, seed=a.seed, lr=a.lr, pg_timeout=a.pg_timeout,
                       threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10),
@@ -177,21 +119,17 @@ def build_live(argv: list[str]):
     return a, opts, plan
 
 
-def _sigterm_to_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in SUBCOMMANDS:
             cmd = argv.pop(0)
-            mod = importlib.import_module(f"ddptui.cmd_{cmd}")
+            mod = importlib.import_module(f"ddptui.cli.{cmd}")
             return int(mod.main(argv) or 0)
         a, opts, plan = build_live(argv)
         if a.headless:
             from ddptui.live.headless import run_headless
-            signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+            signal.signal(signal.SIGTERM, sigterm_to_interrupt)
             return run_headless(opts, plan, a.json)
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise CliError("the live UI needs a terminal; use --headless to run without one")

@@ -17,12 +17,12 @@ import sys
 from ranks import spec
 
 from . import summary as cmd_summary
-from .main import CliError, _check_writable_path, _Parser
+from .common import CliError, check_writable_path, Parser
 from .options import add_numeric
 from ddptui.recording.reader import RecordingError, Reader
 
-def parser() -> _Parser:
-    p = _Parser(prog="ddptui replay",
+def parser() -> Parser:
+    p = Parser(prog="ddptui replay",
                 description="Replay a recording in the timeline UI, or print its figures (--headless).")
     p.add_argument("file", metavar="FILE", help="a .ddptui recording")
     p.add_argument("--headless", action="store_true",
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
         raise CliError("--title must be one line of at most 200 characters")
     if a.headless:
         if a.json:
-            _check_writable_path(a.json, "--json")
+            check_writable_path(a.json, "--json")
         return cmd_summary.report(cmd_summary.read(a.file), a.json, title=a.title)
     if a.json:
         raise CliError("--json needs --headless (the UI writes no figures file)")

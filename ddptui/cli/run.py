@@ -17,13 +17,13 @@ import time
 
 from ranks import user
 
-from .main import CliError, _check_writable_path, _Parser, _sigterm_to_interrupt, check_environment, record_path
+from .common import CliError, check_writable_path, Parser, sigterm_to_interrupt, check_environment, record_path
 from .options import add_numeric
 from ddptui.live.session import LiveRun, RunOptions
 
 
-def parser() -> _Parser:
-    p = _Parser(prog="ddptui run", description="Run your own DDP training script under torchrun "
+def parser() -> Parser:
+    p = Parser(prog="ddptui run", description="Run your own DDP training script under torchrun "
                 "and show its layers, buckets and AllReduces live (ddptui.instrument in the script, "
                 "or --auto).")
     add_numeric(p, "--nproc-per-node", default=2, help="ranks to start on this host (default 2)")
@@ -117,7 +117,7 @@ def build(argv: list[str]):
     plan.note = plan.note.replace("--gpus", "--nproc-per-node")
     record = record_path(a, os.path.splitext(os.path.basename(script))[0], plan.ranks)
     if a.json:
-        _check_writable_path(a.json, "--json")
+        check_writable_path(a.json, "--json")
     opts = RunOptions(model=os.path.basename(script), strategies=[user.STRATEGY], steps=0,
                       threads=a.threads, record=record, hang_s=120.0)
     env = {"DDPTUI_AUTO": "1", "DDPTUI_LAYERS": a.layers} if a.auto else {}
@@ -127,7 +127,7 @@ def build(argv: list[str]):
 def main(argv: list[str]) -> int:
     a, opts, plan, run = build(argv)
     if a.headless:
-        signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+        signal.signal(signal.SIGTERM, sigterm_to_interrupt)
         return headless(run, opts, a.json)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CliError("the live UI needs a terminal; use --headless to run without one")

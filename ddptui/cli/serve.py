@@ -18,7 +18,7 @@ import shlex
 import sys
 import tempfile
 
-from .main import CliError, _Parser
+from .common import CliError, Parser as _Parser
 from .options import add_numeric
 
 REMOTE_LINK = re.compile(r'<link[^>]*href="https?://[^"]*"[^>]*>', re.S)

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 
-from .main import CliError, _check_writable_path, _Parser
+from .common import CliError, check_writable_path, Parser
 from ddptui.recording.reader import Loaded, RecordingError, load
 from ddptui.live.headless import clock_offsets
 from ddptui.reports.report import report_run
 
 
-def parser(prog: str = "ddptui summary", description: str = "") -> _Parser:
-    p = _Parser(prog=prog, description=description or
+def parser(prog: str = "ddptui summary", description: str = "") -> Parser:
+    p = Parser(prog=prog, description=description or
                 "Per-strategy figures of a recording: the table (and JSON) of a live headless run.")
     p.add_argument("file", metavar="FILE", help="a .ddptui recording")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
@@ -79,6 +79,6 @@ def report(got: Loaded, json_path: str | None, title: str | None = None,
 def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     if a.json:
-        _check_writable_path(a.json, "--json")
+        check_writable_path(a.json, "--json")
     return report(read(a.file), a.json)
 

@@ -22,12 +22,12 @@ import tempfile
 from ranks import spec
 
 from ddptui.reports import verify as V
-from .main import _check_writable_path, _Parser
+from .common import check_writable_path, Parser
 from .options import add_numeric
 
 
-def parser() -> _Parser:
-    p = _Parser(prog="ddptui verify", description="Check every ddptui span against torch.profiler's "
+def parser() -> Parser:
+    p = Parser(prog="ddptui verify", description="Check every ddptui span against torch.profiler's "
                 "own record of the same work (ops, autograd nodes, collectives, kernels) on this machine.")
     add_numeric(p, "--gpus", 1, 64, default=2,
                    help="GPUs to use (default 2); with no GPU, the number of CPU ranks")
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
             "--batch-size", str(a.batch_size), "--threads", str(a.threads),
             "--pg-timeout", str(a.pg_timeout)] + (["--ranks", str(a.ranks)] if a.ranks else [])
     _, opts, plan = build_live(live)
-    json_path = _check_writable_path(a.json, "--json") if a.json else None
+    json_path = check_writable_path(a.json, "--json") if a.json else None
     prof_dir = tempfile.mkdtemp(prefix="ddptui-verify-")  # private (0700)
     try:
         opts.extra_worker_args += ["--profile-steps", f"1:{a.steps}", "--profile-dir", prof_dir]
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
 
 
 def _run(opts, plan, prof_dir: str, json_path: str | None, out=None, err=None) -> int:
-    from .main import _sigterm_to_interrupt
+    from .common import sigterm_to_interrupt
     from ddptui.live.headless import run_headless
     from ddptui.model.store import Store
 
@@ -80,7 +80,7 @@ def _run(opts, plan, prof_dir: str, json_path: str | None, out=None, err=None) -
     store = Store()
     print(f"ddptui: verify: {plan.ranks} rank(s), model {opts.model}, torch.profiler on steps "
           f"1..{opts.steps - 1} of every strategy", file=err, flush=True)
-    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    signal.signal(signal.SIGTERM, sigterm_to_interrupt)
     code = run_headless(opts, plan, None, out=io.StringIO(), err=err, store=store)
     if code != 0:
         return code
