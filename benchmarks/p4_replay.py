@@ -24,7 +24,8 @@ import time
 
 from _common import median, result_line
 
-from ddptui.recording.reader import Reader, RecordWriter  # noqa: E402
+from ddptui.recording.reader import Reader  # noqa: E402
+from ranks.recfile import RecordWriter  # noqa: E402
 from ddptui.recording.synthetic import SyntheticRun  # noqa: E402
 from ranks import spec  # noqa: E402
 

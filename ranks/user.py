@@ -207,7 +207,7 @@ class FileSink(FrameQueue):
     def _loop(self) -> None:
         import msgpack
 
-        from ddptui.recording.reader import RecordWriter
+        from .recfile import RecordWriter
         while True:
             item = self.q.get()
             if item is None:

@@ -11,7 +11,7 @@ import types
 
 import psutil
 
-from ddptui.recording.reader import RecordWriter
+from ranks.recfile import RecordWriter
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun, ddp_buckets
 from ranks import spec

@@ -20,7 +20,8 @@ import zlib
 import msgpack
 import pytest
 
-from ddptui.recording import reader as R
+from ddptui.recording import loader, rankset
+from ranks import recfile as RF
 from ranks import wire
 
 from .helpers import run_cli, store_of, synthetic_frames, synthetic_meta, write_recording
@@ -33,9 +34,9 @@ def ddptui(*args, timeout=60):
     return run_cli(*args, timeout=timeout, max_memory=AS_LIMIT)
 
 
-def header(meta=None, version=R.FORMAT_VERSION, length=None) -> bytes:
+def header(meta=None, version=RF.FORMAT_VERSION, length=None) -> bytes:
     head = msgpack.packb(synthetic_meta() if meta is None else meta, use_bin_type=True)
-    return R.MAGIC + struct.pack(">HI", version, len(head) if length is None else length) + head
+    return RF.MAGIC + struct.pack(">HI", version, len(head) if length is None else length) + head
 
 
 def frames_bytes(frames) -> bytes:
@@ -56,11 +57,11 @@ BAD = {
     "empty": b"",
     "wrong-magic": b"PK\x03\x04 this is a zip file, not a recording" * 4,
     "text-file": b"hello, I am a text file\n" * 10,
-    "newer-version": header(version=R.FORMAT_VERSION + 1) + zlib.compress(frames_bytes(GOOD)),
-    "cut-in-magic": R.MAGIC[:5],
+    "newer-version": header(version=RF.FORMAT_VERSION + 1) + zlib.compress(frames_bytes(GOOD)),
+    "cut-in-magic": RF.MAGIC[:5],
     "cut-in-header": header()[:-7],
     "header-claims-4GiB": header(length=0xFFFFFFFF) + b"\x00" * 64,
-    "header-garbage": header()[:len(R.MAGIC) + 6] + b"\xc1" * (len(header()) - len(R.MAGIC) - 6),
+    "header-garbage": header()[:len(RF.MAGIC) + 6] + b"\xc1" * (len(header()) - len(RF.MAGIC) - 6),
     "header-wrong-types": header({"world": "two", "model": "small"}) + zlib.compress(b""),
     "no-frames-cut": header(),
     "corrupt-zlib-at-start": header() + b"\x00\xff" * 50,
@@ -109,7 +110,7 @@ def test_bad_file_is_one_error_line(tmp_path, case, verb):
 
 @pytest.mark.parametrize("case,expect", [
     ("empty", "empty file"), ("wrong-magic", "wrong magic bytes"), ("text-file", "wrong magic"),
-    ("newer-version", f"format version {R.FORMAT_VERSION + 1} is newer"),
+    ("newer-version", f"format version {RF.FORMAT_VERSION + 1} is newer"),
     ("cut-in-header", "truncated inside the header"), ("header-claims-4GiB", "header claims"),
     ("header-garbage", "corrupt header"), ("header-wrong-types", "'world'"),
     ("corrupt-zlib-at-start", "corrupted bytes"), ("length-prefix-4GiB", "4294967295"),
@@ -178,7 +179,7 @@ def test_damaged_file_shows_what_came_before(tmp_path, kind):
     p = tmp_path / f"{kind}.ddptui"
     p.write_bytes(raw)
     # what the reader itself says it could read, cross-checked against the original frames
-    r = R.Reader(str(p))
+    r = rankset.open_reader(str(p))
     read = [f for _, f in r]
     assert r.damage is not None
     assert read == GOOD[:len(read)]
@@ -211,7 +212,7 @@ def test_cut_file_warning_names_the_steps_read(tmp_path):
     raw = _good_bytes(tmp_path)
     p = tmp_path / "cut.ddptui"
     p.write_bytes(raw[: len(raw) * 3 // 4])
-    got = R.load(str(p))
+    got = loader.load(str(p))
     res = ddptui("summary", str(p))
     assert res.returncode == 0
     for s, ks in got.steps_read().items():

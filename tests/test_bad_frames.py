@@ -20,7 +20,8 @@ from hypothesis import strategies as hs
 
 from ddptui.ingest.collector import Collector
 from ddptui.ingest.feed import Feed
-from ddptui.recording.reader import RecordWriter, load
+from ddptui.recording.loader import load
+from ranks.recfile import RecordWriter
 from ddptui.recording.replay import ReplaySource
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun

@@ -15,7 +15,8 @@ import uuid
 import psutil
 import pytest
 
-from ddptui.recording import reader as R
+from ddptui.recording import loader, rankset
+from ranks import recfile as RF
 
 from .test_export import recording_counts, trace_counts, validate_trace
 from .helpers import ROOT, cli_env, run_cli, start_cli, synthetic_frames, write_recording
@@ -86,7 +87,7 @@ def test_export_of_the_live_recording(live):
 
 @pytest.mark.slow
 def test_recording_header_describes_the_run(live):
-    meta = R.Reader(str(live["rec"])).meta
+    meta = rankset.open_reader(str(live["rec"])).meta
     assert meta["model"] == "small" and meta["world"] == 2 and meta["batch"] == 256
     assert meta["strategies"] == ["naive", "ddp"]
     assert meta["layers"] == ["fc1", "fc2", "fc3", "fc4"] and len(meta["params"]) == 8
@@ -124,8 +125,8 @@ def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
             if not rec.exists():
                 continue
             try:
-                got = R.load(str(rec))  # the file as it is being written
-            except R.RecordingError:
+                got = loader.load(str(rec))  # the file as it is being written
+            except RF.RecordingError:
                 continue
             seen = min((len(ks) for ks in got.steps_read().values()), default=0)
             if seen >= 3 and len(got.steps_read()) == 2:
@@ -155,7 +156,7 @@ def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"ddptui: warning: {rec}: file ends")
     doc = json.loads(out.read_text())
     assert doc["state"] == "incomplete" and "file ends" in doc["damage"]
-    got = R.load(str(rec))
+    got = loader.load(str(rec))
     for s, ks in got.steps_read().items():
         assert ks == list(range(len(ks))) and len(ks) >= seen  # every step up to the last
         assert f"{s} steps 0–{ks[-1]}" in lines[0]

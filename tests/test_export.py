@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from ddptui.recording import reader as R
+from ddptui.recording import rankset
 from ranks import spec, wire
 
 from .helpers import DEMO, run_cli, synthetic_frames, synthetic_meta, write_recording
@@ -79,7 +79,7 @@ def validate_trace(doc) -> dict:
 def recording_counts(path) -> Counter:
     """(rank, lane) -> spans, straight from the recording."""
     c = Counter()
-    for _, f in R.Reader(str(path)):
+    for _, f in rankset.open_reader(str(path)):
         if f["t"] == "spans":
             b = wire.decode_spans(f)
             for k in b.kind:

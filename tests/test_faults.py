@@ -382,7 +382,7 @@ def test_generated_bad_frames_during_a_real_run(tmp_path_factory, frames):
     each) while two real ranks train: each is rejected and logged, the run, its figures and
     its recording are unaffected."""
     from ddptui.live.launcher import plan
-    from ddptui.recording.reader import load
+    from ddptui.recording.loader import load
     from ddptui.live.session import LiveRun, RunOptions
     from ranks import wire
 

@@ -381,7 +381,7 @@ def _two_nodes(tmp_path, token_file, skew, steps=3, extra=(), asym=0):
 def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     """With an asymmetric path (pings 2 ms slower on the way out) the exchanges alone are
     ~1 ms off, within their ± bound; the run's collectives bring the offset back."""
-    from ddptui.recording.reader import load
+    from ddptui.recording.loader import load
     from ranks.wire import BWD, COMM
 
     node0, join, rec, js = _two_nodes(tmp_path, token_file, skew, steps=steps, asym=asym)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui.recording.reader import Reader, RecordingError, RecordWriter
+from ddptui.recording.reader import Reader
+from ranks.recfile import RecordingError, RecordWriter
 from ddptui.recording.replay import ReplaySource
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun

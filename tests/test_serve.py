@@ -23,7 +23,7 @@ import pytest
 
 from ddptui.cli.serve import local_templates, tab_command, parser
 from ddptui.recording.follow import FollowSource
-from ddptui.recording.reader import RecordWriter
+from ranks.recfile import RecordWriter
 from ddptui.recording.synthetic import SyntheticRun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

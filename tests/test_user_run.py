@@ -93,7 +93,7 @@ def _train(tmp_path, layers, hook=None, accumulate=1, steps=4, bucket_cap_mb=0.0
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddptui
-    from ddptui.recording.reader import load
+    from ddptui.recording.loader import load
     torch.manual_seed(0)
     model = DDP(_nets()(), bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -11,7 +11,7 @@ import os
 import sys
 
 from .common import CliError, check_writable_path, Parser
-from ddptui.recording.reader import RecordingError
+from ranks.recfile import RecordingError
 from ddptui.reports.trace import export
 
 

@@ -19,7 +19,8 @@ from ranks import spec
 from . import summary as cmd_summary
 from .common import CliError, check_writable_path, Parser
 from .options import add_numeric
-from ddptui.recording.reader import RecordingError, Reader
+from ddptui.recording.rankset import open_reader
+from ranks.recfile import RecordingError
 
 def parser() -> Parser:
     p = Parser(prog="ddptui replay",
@@ -43,7 +44,7 @@ def check_file(path: str) -> None:
     from ddptui.model.store import Store
 
     try:
-        r = Reader(path)
+        r = open_reader(path)
     except RecordingError as e:
         raise CliError(str(e)) from None
     st = Store()

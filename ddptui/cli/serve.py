@@ -81,7 +81,7 @@ def tab(a) -> int:
     """One browser tab's UI (its terminal is the page, through textual-serve's driver)."""
     from ddptui.ui.app import DdpApp, run_replay_app
     from ddptui.recording.follow import FollowSource
-    from ddptui.recording.reader import RecordingError
+    from ranks.recfile import RecordingError
 
     if not a.attach:
         return run_replay_app(a.file, speed=a.speed, loop=a.loop, title=a.title)

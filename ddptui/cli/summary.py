@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 
 from .common import CliError, check_writable_path, Parser
-from ddptui.recording.reader import Loaded, RecordingError, load
+from ddptui.recording.loader import Loaded, load
+from ranks.recfile import RecordingError
 from ddptui.live.headless import clock_offsets
 from ddptui.reports.report import report_run
 

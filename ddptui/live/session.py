@@ -22,7 +22,7 @@ from ddptui.ingest.collector import Collector
 from ddptui.ingest.feed import Feed
 from .launcher import Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd, visible_devices
 from .nvml import CpuSampler, GpuSampler
-from ddptui.recording.reader import RecordWriter
+from ranks.recfile import RecordWriter
 from ddptui.model.store import Store
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

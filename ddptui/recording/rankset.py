@@ -1,7 +1,7 @@
 """A run recorded as one file per rank (ddptui.instrument without the app, under any
 launcher): a directory of ``rank<r>.ddptui`` files read as one recording.
 
-`recording.Reader(DIR)` is a RankSetReader, so every verb that reads a recording (summary,
+`open_reader(DIR)` is a RankSetReader, so every verb that reads a recording (summary,
 replay, export, serve) takes the directory. Each file is a complete recording of one rank
 (its header: the run's world, layers, parameters); their frames are merged in step order
 (the smallest step first), which is what a live run's collector would have seen, give or
@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import re
 
-from .reader import Reader, RecordingError
+from ranks.recfile import RecordingError
+
+from .reader import Reader
 
 _RANK_FILE = re.compile(r"rank(\d+)\.ddptui$")
 
@@ -80,3 +82,10 @@ class RankSetReader(Reader):
     def close(self) -> None:
         for r in self.readers:
             r.close()
+
+
+def open_reader(path: str, chunk: int = 1 << 20) -> Reader:
+    """The reader of a recording: a file's Reader, or a directory of per-rank files as one."""
+    if isinstance(path, str) and os.path.isdir(path):
+        return RankSetReader(path, chunk)
+    return Reader(path, chunk)

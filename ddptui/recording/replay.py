@@ -17,6 +17,7 @@ from bisect import bisect_right
 from ranks import spec
 
 from ddptui.ingest.feed import Feed
+from .rankset import open_reader
 from .reader import Reader
 from ddptui.model.store import Store
 
@@ -63,7 +64,7 @@ class ReplaySource:
     replays what was read before the damage, described by `.damage`."""
 
     def __init__(self, path: str, speed: float = 1.0, loop: bool = False, clock=time.monotonic_ns):
-        reader = Reader(path)
+        reader = open_reader(path)
         self.path = path
         self.name = os.path.basename(path)
         self.meta = reader.meta

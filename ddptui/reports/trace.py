@@ -34,7 +34,9 @@ from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
-from ddptui.recording.reader import FORMAT_VERSION, Reader, RecordingError, load
+from ddptui.recording.loader import load
+from ddptui.recording.rankset import open_reader
+from ranks.recfile import FORMAT_VERSION, RecordingError
 from ddptui.model.store import in_force
 from ddptui.model.stragglers import comm_spans
 
@@ -296,7 +298,7 @@ def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
     got = load(path, on_frame=scan)  # pass 1: validates everything, finds origin and layouts
     if got.span_frames == 0:
         raise RecordingError(f"{path}: no spans in this recording; nothing to export")
-    r = Reader(path)
+    r = open_reader(path)
     tmp = None
     try:
         if out_path == "-":

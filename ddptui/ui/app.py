@@ -559,7 +559,7 @@ def run_live_app(opts, plan, run=None) -> int:
 
 def run_replay_app(path: str, *, speed: float = 1.0, loop: bool = False, title: str | None = None) -> int:
     """Replay a recording in the UI; 2 (with a message) if the file cannot be read."""
-    from ddptui.recording.reader import RecordingError
+    from ranks.recfile import RecordingError
     from ddptui.recording.replay import ReplaySource
     try:
         src = ReplaySource(path, speed=speed, loop=loop)
