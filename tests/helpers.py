@@ -100,6 +100,47 @@ def run_cli(*args, timeout=120, env=None, input=None, cwd=ROOT,
                           preexec_fn=_address_space(max_memory) if max_memory else None)
 
 
+def run_main(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
+    """Run the CLI's `main` in this process, as `run_cli` would in a child: its exit status
+    and what it printed (for error paths that never start ranks; `env` is set while it
+    runs, `cwd` is the working directory). argparse's exits (--help) count as returns."""
+    import contextlib
+    import io
+
+    from ddptui.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.update(cli_env(env))
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def run_main_batch(arglists, max_memory: int | None = None, timeout=120) -> list[subprocess.CompletedProcess]:
+    """Run the CLI's `main` once per argument list, all in ONE child process (under an
+    address-space limit when `max_memory` is given): `run_main`'s results, in order."""
+    import json
+    code = ("import json, sys; from tests.helpers import run_main; "
+            "res = [run_main(*a) for a in json.load(sys.stdin)]; "
+            "json.dump([[r.returncode, r.stdout, r.stderr] for r in res], sys.stdout)")
+    p = subprocess.run([sys.executable, "-c", code], input=json.dumps([[str(a) for a in x] for x in arglists]),
+                       capture_output=True, text=True, timeout=timeout, env=cli_env(), cwd=ROOT,
+                       preexec_fn=_address_space(max_memory) if max_memory else None)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [subprocess.CompletedProcess(a, rc, o, e) for a, (rc, o, e) in zip(arglists, json.loads(p.stdout))]
+
+
 def start_cli(*args, env=None, cwd=ROOT, **kw) -> subprocess.Popen:
     """Start the real CLI and return at once (the caller reads, signals and waits)."""
     return subprocess.Popen(ddptui_cmd(*args), env=cli_env(env), cwd=cwd, **kw)

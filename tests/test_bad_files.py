@@ -1,9 +1,10 @@
-"""Bad recordings through the real CLI (subprocesses): summary, export, replay --headless
-and replay (UI, which checks the file before starting).
+"""Bad recordings through the real CLI: summary, export, replay --headless and replay (UI,
+which checks the file before starting); the verbs' `main` runs in one child process per
+group of files (`run_main_batch`), each call as a command line would make it.
 
 A file with nothing readable is an error: exit status non-zero, stderr exactly one line
 `ddptui: error: FILE: problem`, no traceback, nothing on stdout, no export written. The
-subprocesses run under a 512 MiB address-space limit, so a reader that tried to allocate
+child processes run under a 512 MiB address-space limit, so a reader that tried to allocate
 what a length prefix claims (gigabytes) would fail.
 
 A file damaged after some frames (cut mid-frame, corrupted bytes, a bad length prefix,
@@ -24,14 +25,15 @@ from ddptui.recording import loader, rankset
 from ranks import recfile as RF
 from ranks import wire
 
-from .helpers import run_cli, store_of, synthetic_frames, synthetic_meta, write_recording
+from .helpers import run_main, run_main_batch, store_of, synthetic_frames, synthetic_meta, write_recording
 
 AS_LIMIT = 512 << 20
 
 
-def ddptui(*args, timeout=60):
-    """The CLI under a 512 MiB address-space limit."""
-    return run_cli(*args, timeout=timeout, max_memory=AS_LIMIT)
+def ddptui_many(arglists, timeout=120):
+    """The CLI's `main` once per argument list, in one child process under a 512 MiB
+    address-space limit."""
+    return run_main_batch(arglists, max_memory=AS_LIMIT, timeout=timeout)
 
 
 def header(meta=None, version=RF.FORMAT_VERSION, length=None) -> bytes:
@@ -96,16 +98,31 @@ def assert_one_error_line(res, path):
     assert res.stdout == ""
 
 
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    """Every bad file through every verb (and `summary FILE` alone), run once:
+    (case, verb) -> (file, the run's own folder, result)."""
+    d = tmp_path_factory.mktemp("bad")
+    jobs = {}
+    for case, raw in BAD.items():
+        p = d / f"{case}.ddptui"
+        p.write_bytes(raw)
+        for verb, argv in [*VERBS.items(), ("summary-plain", lambda p, tmp: ["summary", p])]:
+            tmp = d / f"{case}-{verb}"
+            tmp.mkdir()
+            jobs[(case, verb)] = (str(p), tmp, argv(str(p), tmp))
+    results = ddptui_many([j[2] for j in jobs.values()])
+    return {k: (j[0], j[1], r) for (k, j), r in zip(jobs.items(), results)}
+
+
 @pytest.mark.parametrize("verb", list(VERBS))
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_file_is_one_error_line(tmp_path, case, verb):
-    p = tmp_path / f"{case}.ddptui"
-    p.write_bytes(BAD[case])
-    res = ddptui(*VERBS[verb](str(p), tmp_path))
-    assert_one_error_line(res, str(p))
+def test_bad_file_is_one_error_line(bad_runs, case, verb):
+    p, tmp, res = bad_runs[(case, verb)]
+    assert_one_error_line(res, p)
     assert res.returncode == 2
-    assert not (tmp_path / "out.json").exists()  # no half-written export or figures
-    assert [n for n in os.listdir(tmp_path) if n.startswith(".ddptui-export")] == []
+    assert not (tmp / "out.json").exists()  # no half-written export or figures
+    assert [n for n in os.listdir(tmp) if n.startswith(".ddptui-export")] == []
 
 
 @pytest.mark.parametrize("case,expect", [
@@ -117,11 +134,9 @@ def test_bad_file_is_one_error_line(tmp_path, case, verb):
     ("msgpack-nested-100k", "nested too deeply"), ("msgpack-array-claims-4G-items", "4294967295"),
     ("invalid-spans-frame", "spans"), ("cut-mid-first-frame", "file ends"),
 ])
-def test_error_line_says_what_is_wrong(tmp_path, case, expect):
-    p = tmp_path / f"{case}.ddptui"
-    p.write_bytes(BAD[case])
-    res = ddptui("summary", str(p))
-    assert_one_error_line(res, str(p))
+def test_error_line_says_what_is_wrong(bad_runs, case, expect):
+    p, _, res = bad_runs[(case, "summary-plain")]
+    assert_one_error_line(res, p)
     assert expect in res.stderr
 
 
@@ -131,7 +146,7 @@ def test_missing_file_and_directory(tmp_path, verb):
         args = [verb, p] + (["--headless"] if verb == "replay" else [])
         if verb == "export":
             args += ["-o", str(tmp_path / "t.json")]
-        res = ddptui(*args)
+        res = run_main(*args)
         assert_one_error_line(res, p)
 
 
@@ -185,9 +200,11 @@ def test_damaged_file_shows_what_came_before(tmp_path, kind):
     assert read == GOOD[:len(read)]
     expected = _expected_rows(len(read))
     assert any(row["steps"] for row in expected)
-    for verb in ("summary", "replay-headless"):
-        out = tmp_path / "out.json"
-        res = ddptui(*VERBS[verb](str(p), tmp_path))
+    for v in ("summary", "replay-headless", "export"):
+        (tmp_path / v).mkdir()
+    runs = ddptui_many([VERBS[v](str(p), tmp_path / v) for v in ("summary", "replay-headless", "export")])
+    for verb, res in zip(("summary", "replay-headless"), runs):
+        out = tmp_path / verb / "out.json"
         assert res.returncode == 0, res.stderr
         assert "Traceback" not in res.stderr
         lines = res.stderr.splitlines()
@@ -199,10 +216,9 @@ def test_damaged_file_shows_what_came_before(tmp_path, kind):
         assert doc["state"] == "incomplete"
         for row in expected:  # the table on stdout names each strategy with its step count
             assert row["strategy"] in res.stdout
-        out.unlink()
-    res = ddptui(*VERBS["export"](str(p), tmp_path))
+    res = runs[2]
     assert res.returncode == 0 and "ddptui: warning: " in res.stderr
-    trace = json.loads((tmp_path / "out.json").read_text())
+    trace = json.loads((tmp_path / "export" / "out.json").read_text())
     n_slices = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     assert n_slices == sum(len(f["kind"]) for f in read if f["t"] == "spans")
     assert trace["otherData"]["damage"] == doc["damage"]
@@ -213,7 +229,7 @@ def test_cut_file_warning_names_the_steps_read(tmp_path):
     p = tmp_path / "cut.ddptui"
     p.write_bytes(raw[: len(raw) * 3 // 4])
     got = loader.load(str(p))
-    res = ddptui("summary", str(p))
+    res = run_main("summary", str(p))
     assert res.returncode == 0
     for s, ks in got.steps_read().items():
         assert f"{s} steps {ks[0]}–{ks[-1]}" in res.stderr
