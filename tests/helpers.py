@@ -49,6 +49,18 @@ def wait_no_workers(timeout: float = 10.0) -> list[psutil.Process]:
     return left
 
 
+def assert_no_leftovers(timeout: float = 10.0) -> None:
+    """The one leftover-process check: every worker/torchrun process this session started
+    is gone within `timeout` (any still alive is killed, then the check fails)."""
+    left = wait_no_workers(timeout)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:4])) for p in left if p.is_running()]}"
+
+
 def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch=256,
              bucket_cap_mb=None, record=None, extra=(), timeout=120.0, **kw):
     """Run real torchrun ranks to completion in-process; returns the LiveRun."""

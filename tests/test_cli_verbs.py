@@ -19,7 +19,7 @@ from ddptui.recording import loader, rankset
 from ranks import recfile as RF
 
 from .test_export import recording_counts, trace_counts, validate_trace
-from .helpers import ROOT, cli_env, run_cli, start_cli, synthetic_frames, write_recording
+from .helpers import ROOT, cli_env, run_cli, run_main, start_cli, synthetic_frames, write_recording
 
 LIVE = ["--headless", "--gpus", "2", "--model", "small", "--batch-size", "256"]
 RUN_FIELDS = ("model", "world_size", "batch", "backend", "device")
@@ -29,6 +29,11 @@ NO_GPU = {"DDPTUI_GPU_COUNT": "0"}
 def ddptui(*args, timeout=120, **kw) -> subprocess.CompletedProcess:
     """The CLI with no GPU seen."""
     return run_cli(*args, timeout=timeout, env=NO_GPU, **kw)
+
+
+def ddptui_here(*args, **kw) -> subprocess.CompletedProcess:
+    """The CLI's main in this process (error paths and recordings only), no GPU seen."""
+    return run_main(*args, env=NO_GPU, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +198,7 @@ def small_rec(tmp_path):
     (["summary", "{f}", "--bogus"], "--bogus"),
 ])
 def test_bad_arguments_are_one_line(small_rec, args, expect):
-    res = ddptui(*[a.replace("{f}", str(small_rec)) for a in args])
+    res = ddptui_here(*[a.replace("{f}", str(small_rec)) for a in args])
     assert res.returncode == 2
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddptui: error: ") and expect in lines[0], res.stderr
@@ -223,7 +228,7 @@ def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
 
 
 def test_replay_headless_title(small_rec):
-    res = ddptui("replay", str(small_rec), "--headless", "--title", "Naive vs DDP, recorded")
+    res = ddptui_here("replay", str(small_rec), "--headless", "--title", "Naive vs DDP, recorded")
     assert res.returncode == 0 and "Naive vs DDP, recorded" in res.stdout
 
 
@@ -241,7 +246,7 @@ def test_talk_script():
 
 def test_ui_without_a_terminal_is_a_clear_error(small_rec):
     for args in (["replay", str(small_rec)], ["--gpus", "2", "--no-record"]):
-        res = ddptui(*args)
+        res = ddptui_here(*args)
         assert res.returncode == 2
         assert res.stderr.strip().startswith("ddptui: error: the") and "use --headless" in res.stderr
 
@@ -289,6 +294,6 @@ def test_every_bad_numeric_option_is_one_line_exit_2(prefix, opt, capsys):
 @pytest.mark.parametrize("verb", [["--headless", "--no-record"], ["bench"], ["replay", "x.ddptui"]])
 def test_pg_timeout_and_speed_nan_refused_by_the_real_command(verb):
     opt = "--speed" if verb[0] == "replay" else "--pg-timeout"
-    res = ddptui(*verb, opt, "nan", timeout=60)
+    res = ddptui_here(*verb, opt, "nan")
     assert res.returncode == 2
     assert res.stderr == f"ddptui: error: {opt} must be a finite number (got 'nan')\n"

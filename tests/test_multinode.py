@@ -22,7 +22,7 @@ from ddptui.live.netlisten import NetError, NetListener, client_handshake, mac, 
 from ddptui.model.store import Store
 from ranks import wire
 
-from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, wait_no_workers, worker_procs
+from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, assert_no_leftovers, worker_procs
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
 
@@ -325,7 +325,7 @@ def test_token_file_readable_by_others_is_refused(token_file):
 
 
 def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
-    from ddptui.cli.main import main
+    from .helpers import run_main
     cases = [
         ["--headless", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--rdzv-endpoint", "h:1"],
         ["--headless", "--nnodes", "2", "--nproc-per-node", "1"],
@@ -337,8 +337,7 @@ def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
         ["join", f"127.0.0.1:{_free_port()}", "--token-file", token_file],
     ]
     for argv in cases:
-        p = subprocess.run([sys.executable, "-m", "ddptui", *argv], capture_output=True, text=True, cwd=ROOT,
-                           timeout=60)
+        p = run_main(*argv)
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("ddptui: error: "), (argv, p.stderr)
 
@@ -441,7 +440,7 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     gaps.sort()
     # a loaded 2-core machine delays a rank's return from a blocking AllReduce by up to ms
     assert gaps[len(gaps) // 2] < 3_000_000 and gaps[-1] < 50_000_000, gaps
-    assert not wait_no_workers(10)
+    assert_no_leftovers(10)
 
 
 def test_join_exits_when_node0_goes_away(tmp_path, token_file):
@@ -469,4 +468,4 @@ def test_join_exits_when_node0_goes_away(tmp_path, token_file):
         for p in (node0, join):
             if p.poll() is None:
                 p.kill()
-    assert not wait_no_workers(10)
+    assert_no_leftovers(10)

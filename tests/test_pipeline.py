@@ -11,7 +11,7 @@ import torch
 from ranks import spec
 from ranks.wire import BWD, COMM, FWD, STEP
 
-from .helpers import run_cli, run_live, wait_no_workers
+from .helpers import run_cli, run_main, run_live, assert_no_leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def test_every_strategy_reported_every_step(run):
         assert set(st.raw[s][3]) == {0, 1}
     assert st.complete_steps("single") == [0, 1, 2, 3]
     assert set(st.raw["single"][0]) == {0}  # single runs on one device only
-    assert wait_no_workers(5) == []
+    assert_no_leftovers(5)
 
 
 def test_layer_spans_forward_then_backward_reversed(run):
@@ -183,7 +183,7 @@ def test_headless_cli_prints_table_and_json(tmp_path):
             assert key in r
         assert r["steps"] == 3
     assert doc["speedup"]["ddp_vs_naive"] > 0
-    assert wait_no_workers(5) == []
+    assert_no_leftovers(5)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -202,7 +202,7 @@ def test_headless_cli_prints_table_and_json(tmp_path):
     (["summry", "x.ddptui"], "unknown command 'summry' (did you mean summary?)"),
 ])
 def test_bad_input_one_line_nonzero(args, needle):
-    p = run_cli("--headless", *args, timeout=30)
+    p = run_main("--headless", *args)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
@@ -211,7 +211,7 @@ def test_bad_input_one_line_nonzero(args, needle):
 
 
 def test_more_gpus_than_exist():
-    p = run_cli("--headless", "--gpus", "4", env={"DDPTUI_GPU_COUNT": "2"}, timeout=30)
+    p = run_main("--headless", "--gpus", "4", env={"DDPTUI_GPU_COUNT": "2"})
     assert p.returncode == 2
     assert p.stderr.strip() == ("ddptui: error: --gpus 4 but only 2 GPU(s) present; "
                                 "to run 4 ranks on 2 GPU(s) use --gpus 2 --ranks 4")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_cli, wait_no_workers
+from tests.helpers import ROOT, assert_no_leftovers, run_cli, run_main
 
 PY = sys.executable
 CNN = os.path.join(ROOT, "examples", "train_cnn.py")
@@ -187,7 +187,7 @@ def test_run_headless_cnn_layers_and_buckets(tmp_path):
     assert [b["bytes"] for b in row["buckets"]] == row["ddp_reported"]
     names = sorted(n for b in row["buckets"] for n in b["params"])
     assert "blocks.0.conv.weight" in names and len(names) == len(set(names)) == 16
-    assert not wait_no_workers()
+    assert_no_leftovers()
 
 
 @pytest.mark.slow
@@ -197,7 +197,7 @@ def test_run_script_that_raises(tmp_path):
     assert out.returncode == 1
     err = [ln for ln in out.stderr.splitlines() if ln.startswith("ddptui: error:")]
     assert err and "rank 1: RuntimeError: boom at step 2" in err[-1], out.stderr[-2000:]
-    assert not wait_no_workers()
+    assert_no_leftovers()
 
 
 @pytest.mark.slow
@@ -225,7 +225,7 @@ def test_plain_torchrun_per_rank_files_are_one_run(tmp_path):
     (["--record", "x", "--no-record", "--", "examples/train_cnn.py"], "contradict"),
 ])
 def test_run_bad_command_lines(args, says):
-    out = _ddptui(["run", *args], timeout=30)
+    out = run_main("run", *args, cwd=ROOT)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddptui: error:") and says in lines[0], out.stderr
