@@ -377,6 +377,7 @@ def _two_nodes(tmp_path, token_file, skew, steps=3, extra=(), asym=0):
 
 @pytest.mark.parametrize("skew,asym,steps", [(250_000_000, 0, 3), (-5_000_000_000, 0, 3), (250_000_000, 2_000_000, 30)],
                          ids=["+250ms", "-5s", "+250ms-asymmetric-path"])
+@pytest.mark.slow
 def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     """With an asymmetric path (pings 2 ms slower on the way out) the exchanges alone are
     ~1 ms off, within their ± bound; the run's collectives bring the offset back."""
@@ -443,6 +444,7 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     assert_no_leftovers(10)
 
 
+@pytest.mark.slow
 def test_join_exits_when_node0_goes_away(tmp_path, token_file):
     node0, join, _, _ = _two_nodes(tmp_path, token_file, 250_000_000, steps=0)
     try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ddptui.reports import verify as V
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
@@ -23,6 +25,7 @@ def _rows(path):
     return doc, {(r["strategy"], r["kind"]): r for r in doc["compared"]}
 
 
+@pytest.mark.slow
 def test_verify_passes_on_two_cpu_ranks(tmp_path):
     out = tmp_path / "v.json"
     # 7 profiled steps: one span held up by the scheduler of a busy 2-core host (an optimizer
@@ -45,6 +48,7 @@ def test_verify_passes_on_two_cpu_ranks(tmp_path):
     assert_no_leftovers()
 
 
+@pytest.mark.slow
 def test_verify_fails_naming_a_shifted_kind(tmp_path):
     out = tmp_path / "v.json"
     p = run_cli(*ARGS, "--steps", "4", "--json", str(out),
