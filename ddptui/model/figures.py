@@ -1,7 +1,9 @@
 """Pure functions from spans to the figures that matter (no state, no I/O)."""
 from __future__ import annotations
 
+import math
 import statistics
+from bisect import bisect_right
 from dataclasses import asdict, dataclass
 
 from ranks.spec import strategy_ranks
@@ -39,6 +41,29 @@ def intersection_length(xs, ys) -> int:
         else:
             j += 1
     return total
+
+
+def mean(xs) -> float:
+    """The mean of a non-empty list of floats (statistics.mean sums exactly, with fractions:
+    too slow to call per bucket and rank on every frame)."""
+    return math.fsum(xs) / len(xs)
+
+
+def overlap_each(intervals, union) -> list:
+    """For each (a, b) of `intervals` (any order), its overlap with `union` (sorted, disjoint):
+    a binary search to the first interval of `union` that can touch it, then only those that do."""
+    starts = [u[0] for u in union]
+    out = []
+    for a, b in intervals:
+        i = max(bisect_right(starts, a) - 1, 0)
+        total = 0
+        while i < len(union) and union[i][0] < b:
+            lo, hi = union[i]
+            if hi > a:
+                total += min(hi, b) - max(lo, a)
+            i += 1
+        out.append(total)
+    return out
 
 
 @dataclass

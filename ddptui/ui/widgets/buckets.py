@@ -2,8 +2,6 @@
 AllReduce ran and how much of that ran while the rank computed (forward/backward)."""
 from __future__ import annotations
 
-from statistics import mean
-
 from ranks.wire import BWD, COMM, FWD
 
 from ddptui.model import figures as F
@@ -30,18 +28,16 @@ def bucket_rows(view: StepView, layout: list) -> list[tuple[int, list[int], floa
     over: dict[int, list[float]] = {}
     for spans in view.spans.values():
         compute = F.union([(s.start_ms, s.end_ms) for s in spans if s.kind in (FWD, BWD)])
-        for s in spans:
-            if s.kind != COMM:
-                continue
+        comms = [s for s in spans if s.kind == COMM]
+        for s, ov in zip(comms, F.overlap_each([(s.start_ms, s.end_ms) for s in comms], compute)):
             d = s.end_ms - s.start_ms
             times.setdefault(s.idx, []).append(d)
             if d > 0:
-                over.setdefault(s.idx, []).append(
-                    100.0 * F.intersection_length([(s.start_ms, s.end_ms)], compute) / d)
+                over.setdefault(s.idx, []).append(100.0 * ov / d)
     out = []
     for b, params, nbytes in layout:
-        out.append((int(b), list(params), nbytes / 2**20, mean(times[b]) if b in times else None,
-                    mean(over[b]) if b in over else None))
+        out.append((int(b), list(params), nbytes / 2**20, F.mean(times[b]) if b in times else None,
+                    F.mean(over[b]) if b in over else None))
     return out
 
 

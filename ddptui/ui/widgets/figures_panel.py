@@ -11,7 +11,6 @@ one step of that strategy: it needs steps longer than the sampling period, other
 from __future__ import annotations
 
 from bisect import bisect_right
-from statistics import mean
 
 from ddptui.model import figures as F
 from ddptui.model.store import Store
@@ -56,9 +55,9 @@ def gpu_pct_by_strategy(store: Store) -> dict[str, float]:
             vals = [g.get("sm_active") if g.get("sm_active") is not None else g.get("util") for g in gpus]
             vals = [v for v in vals if v is not None]
             if vals:
-                got.append(mean(vals))
+                got.append(F.mean(vals))
         if got:
-            out[strategy] = mean(got)
+            out[strategy] = F.mean(got)
     return out
 
 
