@@ -9,7 +9,7 @@ what a length prefix claims (gigabytes) would fail.
 
 A file damaged after some frames (cut mid-frame, corrupted bytes, a bad length prefix,
 trailing garbage) shows the figures of the steps before the damage with one warning line,
-exit status 0 (documented in ddptui/cmd_summary.py).
+exit status 0 (documented in ddptui/cli/summary.py).
 """
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def build_live(argv: list[str]):
     if a.batch_size % plan.ranks:
         raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
     multinode = None
-    if a.nnodes is not None:  # node 0 of a multi-node run (ddptui/multinode.py)
+    if a.nnodes is not None:  # node 0 of a multi-node run (ddptui/live/multinode.py)
         from .join import node0_plan
         try:
             multinode, plan = node0_plan(a, plan)

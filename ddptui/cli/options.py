@@ -78,7 +78,7 @@ NUMERIC: dict[str, Whole | Real] = {
     "--pg-timeout": Real(0, 7 * 86400, lo_open=True, unit="s"),
     "--speed": Real(spec.SPEED_LADDER[0], spec.SPEED_LADDER[-1]),
     "--port": Whole(1, 65535),
-    # multi-node (ddptui/multinode.py, ddptui join)
+    # multi-node (ddptui/live/multinode.py, ddptui join)
     "--nnodes": Whole(1, 64),
     "--node-rank": Whole(0, 63),
     "--nproc-per-node": Whole(1, 64),

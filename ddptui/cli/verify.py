@@ -2,7 +2,7 @@
 
 Runs the normal instrumented ranks (the same session as `ddptui --headless`) with
 torch.profiler active on every rank for steps 1..K-1 (step 0 is warm-up), then pairs every
-ddptui span of those steps with the profiler's own record of the same work (ddptui/verify.py)
+ddptui span of those steps with the profiler's own record of the same work (ddptui/reports/verify.py)
 and prints, per (strategy, kind), how far apart they are.
 
 Exit status: 0 when every kind is within tolerance; 1 when one is not (or the run failed);

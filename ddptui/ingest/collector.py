@@ -55,7 +55,7 @@ class Collector:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.srv, selectors.EVENT_READ, None)
         self.conns: dict[socket.socket, _Conn] = {}
-        self._adopted: list[tuple[socket.socket, int]] = []  # multi-node (ddptui/netlisten.py)
+        self._adopted: list[tuple[socket.socket, int]] = []  # multi-node (ddptui/live/netlisten.py)
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ddptui-collector", daemon=True)
@@ -82,7 +82,7 @@ class Collector:
         return n
 
     def adopt(self, sock: socket.socket, node: int) -> None:
-        """Multi-node: a rank connection from another host whose handshake (ddptui/netlisten.py)
+        """Multi-node: a rank connection from another host whose handshake (ddptui/live/netlisten.py)
         proved the token; from here on it is read like a local one (its auth frame's token is
         not checked again)."""
         with self.lock:

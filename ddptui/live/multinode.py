@@ -1,7 +1,7 @@
 """Multi-node runs: node 0's side (ddptui --nnodes N --node-rank 0 ... --listen A:P --token-file F).
 
 Node 0 launches its local ranks under torchrun's c10d rendezvous and, with --listen, accepts
-the other nodes' `ddptui join` (ddptui/netlisten.py); the join learns everything it needs
+the other nodes' `ddptui join` (ddptui/live/netlisten.py); the join learns everything it needs
 to start its own torchrun agent from `join_settings`.
 """
 from __future__ import annotations

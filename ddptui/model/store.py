@@ -272,7 +272,7 @@ class Store:
 
     def _collect_clock_samples(self, w: ST.StepWaits, shift: dict[int, int], step: tuple) -> None:
         """Multi-node: each collective of a step, per host against node 0, in raw host times
-        (what the clock refinement reads; ddptui/clocksync.py)."""
+        (what the clock refinement reads; ddptui/model/clocksync.py)."""
         by_node: dict[int, list[int]] = {}
         for r in shift:
             by_node.setdefault(self.node_of.get(r, 0), []).append(r)
