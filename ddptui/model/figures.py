@@ -66,6 +66,23 @@ def overlap_each(intervals, union) -> list:
     return out
 
 
+def bucket_step(batches) -> dict[int, tuple[float, float | None]]:
+    """Per AllReduce index of one step (DDP: per bucket), means over the ranks' span batches:
+    (time ms, % of that time the rank was computing — forward or backward)."""
+    times: dict[int, list[float]] = {}
+    over: dict[int, list[float]] = {}
+    for b in batches:
+        kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
+        compute = union([(t0[i], t1[i]) for i in range(len(kind)) if kind[i] == FWD or kind[i] == BWD])
+        comms = [i for i in range(len(kind)) if kind[i] == COMM]
+        for i, ov in zip(comms, overlap_each([(t0[i], t1[i]) for i in comms], compute)):
+            d = t1[i] - t0[i]
+            times.setdefault(idx[i], []).append(d / 1e3)
+            if d > 0:
+                over.setdefault(idx[i], []).append(100.0 * ov / d)
+    return {i: (mean(ts), mean(over[i]) if i in over else None) for i, ts in times.items()}
+
+
 @dataclass
 class RankStep:
     """Figures of one rank for one strategy step (times in ms)."""

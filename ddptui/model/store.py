@@ -55,7 +55,7 @@ class RankInfo:
     clock_res_ns: int | None = None  # CUDA: GPU-timer mapping residual at the last calibration
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     kind: int
     idx: int
@@ -91,6 +91,7 @@ class Store:
         self.raw: dict[str, OrderedDict[int, dict[int, SpanBatch]]] = {}
         self.step_figs: dict[str, OrderedDict[int, F.StepFigures]] = {}
         self.rank_figs: dict[tuple[str, int, int], F.RankStep] = {}
+        self.bucket_figs: dict[tuple[str, int], dict] = {}  # (strategy, step) of complete steps
         self.layouts: dict[tuple[str, int], list[tuple[int, dict[int, int], list]]] = {}
         self.ddp_reported: dict[tuple[str, int], list[int]] = {}  # bucket sizes DDP itself reports
         self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
@@ -366,6 +367,21 @@ class Store:
                 got = self.rank_figs[key] = F.rank_step(b, self.comm_bytes_fn(strategy, rank, step))
             return got
 
+    def bucket_figures(self, strategy: str, step: int) -> dict[int, tuple[float, float | None]] | None:
+        """Per AllReduce index (DDP: bucket) of a step: (mean time ms, mean % overlapped with
+        compute) over its ranks (figures.bucket_step); kept once the step is complete."""
+        with self.lock:
+            key = (strategy, step)
+            got = self.bucket_figs.get(key)
+            if got is None:
+                ranks = self.raw.get(strategy, {}).get(step)
+                if not ranks:
+                    return None
+                got = F.bucket_step(ranks.values())
+                if len(ranks) >= self.expected_ranks(strategy):
+                    self.bucket_figs[key] = got
+            return got
+
     def update(self) -> None:
         """Compute figures of steps complete on every rank; evict what is beyond bounds."""
         with self.lock:
@@ -388,6 +404,7 @@ class Store:
                     k, ranks = per.popitem(last=False)
                     self._shift.pop((strategy, k), None)
                     self.waits.get(strategy, {}).pop(k, None)
+                    self.bucket_figs.pop((strategy, k), None)
                     for r in ranks:
                         self.rank_figs.pop((strategy, k, r), None)
                     dirty.discard(k)

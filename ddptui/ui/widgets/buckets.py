@@ -2,9 +2,6 @@
 AllReduce ran and how much of that ran while the rank computed (forward/backward)."""
 from __future__ import annotations
 
-from ranks.wire import BWD, COMM, FWD
-
-from ddptui.model import figures as F
 from ddptui.model.store import Store, StepView
 from . import theme as T
 from .panel import Frame, Panel
@@ -22,22 +19,14 @@ def layer_text(params: list[int], param_layer: list[int], layer_names: list[str]
     return ",".join(name(i) for i in layers)
 
 
-def bucket_rows(view: StepView, layout: list) -> list[tuple[int, list[int], float, float | None, float | None]]:
-    """(bucket, params, MB, time ms, overlap %) per bucket, means over the ranks."""
-    times: dict[int, list[float]] = {}
-    over: dict[int, list[float]] = {}
-    for spans in view.spans.values():
-        compute = F.union([(s.start_ms, s.end_ms) for s in spans if s.kind in (FWD, BWD)])
-        comms = [s for s in spans if s.kind == COMM]
-        for s, ov in zip(comms, F.overlap_each([(s.start_ms, s.end_ms) for s in comms], compute)):
-            d = s.end_ms - s.start_ms
-            times.setdefault(s.idx, []).append(d)
-            if d > 0:
-                over.setdefault(s.idx, []).append(100.0 * ov / d)
+def bucket_rows(store: Store, view: StepView, layout: list) -> list[tuple[int, list[int], float, float | None, float | None]]:
+    """(bucket, params, MB, time ms, overlap %) per bucket, means over the ranks (the store's
+    per-step figures: computed once per step, not per frame)."""
+    figs = store.bucket_figures(view.strategy, view.step) or {}
     out = []
     for b, params, nbytes in layout:
-        out.append((int(b), list(params), nbytes / 2**20, F.mean(times[b]) if b in times else None,
-                    F.mean(over[b]) if b in over else None))
+        t, ov = figs.get(b, (None, None))
+        out.append((int(b), list(params), nbytes / 2**20, t, ov))
     return out
 
 
@@ -53,7 +42,7 @@ def build(store: Store, view: StepView | None, rows: int) -> list[Parts]:
         [(f"DDP buckets · step {view.step}{cap}", T.style(T.TEXT, bold=True)),
          (" · in the order DDP reduces them", T.style(T.DIM))],
         [(f"{'bucket':<8}{'layers':<14}{'MB':>8}{'time ms':>10}{'overlap':>9}", T.style(T.DIM, bold=True))]]
-    got = bucket_rows(view, layout)
+    got = bucket_rows(store, view, layout)
     room = max(0, rows - 2)
     show = got if len(got) <= room else got[:max(0, room - 1)]
     for b, ps, mb, t, ov in show:
