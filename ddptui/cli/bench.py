@@ -84,36 +84,11 @@ def run_model(model: str, opts, plan, store, say):
     """One live run for one model, watched until it ends; returns the LiveRun.
     KeyboardInterrupt propagates once the ranks are stopped (`store` keeps what was measured)."""
     from ddptui.live.headless import Progress
+    from ddptui.live.loop import watch
     from ddptui.live.session import LiveRun
 
     run = LiveRun(opts, plan, store)
-    prog = Progress(store)
-    try:
-        run.start()
-        while not run.poll():
-            prog.update(opts.steps)
-            time.sleep(0.1)
-        prog.last_steps = 0.0  # the final step count, however recent the last one was
-        prog.update(opts.steps)
-    except BaseException as e:
-        # a second Ctrl-C (or a SIGTERM) while stopping must not leave ranks behind
-        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        old_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            interrupted = isinstance(e, KeyboardInterrupt)
-            if interrupted:
-                say(f"interrupted: stopping the {model} ranks…")
-            if run.launcher is None:
-                run._close()
-            else:
-                run.stop("interrupted" if interrupted else f"{type(e).__name__}: {e}")
-            prog.update(opts.steps)
-            if interrupted:
-                say("stopped; every rank has exited")
-        finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, old_term)
-        raise
+    watch(run, Progress(store), opts.steps, say, what=f"the {model} ranks", final_count=True)
     return run
 
 

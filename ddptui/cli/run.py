@@ -141,20 +141,15 @@ def main(argv: list[str]) -> int:
 def headless(run: UserRun, opts: RunOptions, json_path: str | None) -> int:
     """The live headless run's loop (progress, figures, JSON) around a UserRun."""
     from ddptui.live.headless import Progress, _report
+    from ddptui.live.loop import watch
     prog = Progress(run.store)
     if opts.record:
         prog.say(f"recording to {opts.record}")
     try:
-        run.start()
-        while not run.poll():
-            prog.update(0)
-            time.sleep(0.1)
+        watch(run, prog, 0, prog.say)
     except KeyboardInterrupt:
-        prog.say("interrupted: stopping ranks…")
-        run.stop("interrupted")
         _report(run.store, sys.stdout, json_path, run, opts)
         return 130
-    prog.update(0)
     failed = run.state == "failed"
     if failed:
         print(f"ddptui: error: {run.message}", file=sys.stderr, flush=True)

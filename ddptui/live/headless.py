@@ -5,6 +5,7 @@ import sys
 import time
 
 from .launcher import Plan
+from .loop import watch
 from ddptui.model.hostfigs import host_rows, span_text
 from ddptui.reports.report import report_run
 from .session import LiveRun, RunOptions
@@ -60,18 +61,10 @@ def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, 
     if opts.record:
         prog.say(f"recording to {opts.record}")
     try:
-        run.start()
-        while not run.poll():
-            prog.update(opts.steps)
-            time.sleep(0.1)
+        watch(run, prog, opts.steps, prog.say)
     except KeyboardInterrupt:
-        prog.say("interrupted: stopping ranks…")
-        run.stop("interrupted")
-        prog.update(opts.steps)
-        prog.say("stopped; every rank has exited")
         _report(store, out, json_path, run, opts, err)
         return 130
-    prog.update(opts.steps)
     if run.state == "failed":
         print(f"ddptui: error: {run.message}", file=err or sys.stderr, flush=True)
         _report(store, out, json_path, run, opts, err)

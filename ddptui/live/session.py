@@ -317,7 +317,7 @@ class LiveRun:
             grace = 0.0
         deadline = time.monotonic() + grace
         all_done_at = None
-        while time.monotonic() < deadline and self.launcher.poll() is None:
+        while time.monotonic() < deadline and self.launcher is not None and self.launcher.poll() is None:
             if all_done_at is None and all(i.finished for i in self.store.rank_snapshot().values()):
                 all_done_at = time.monotonic()
             if all_done_at is not None and time.monotonic() - all_done_at > 2.0:
