@@ -8,7 +8,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from ddptui.model.store import Store
-from ddptui.ui.widgets.timeline import LANE_SHAPES, TimelinePane, span_ceil
+from . import layout
+from .layout import LANE_SHAPES, span_ceil
 
 ZOOMS = (1, 2, 4, 8, 16, 32)
 LOOKBACK = 500  # steps searched back for a complete one
@@ -147,11 +148,11 @@ def pane_rows(ranks: list[int], avail: int) -> list[int]:
     rest is shared by the ranks still to show, up to the thickest lanes (rows with as many
     ranks get the same height); when even the minimum does not fit, the rows share the
     height evenly."""
-    base = [TimelinePane.rows_min(r) for r in ranks]
+    base = [layout.rows_min(r) for r in ranks]
     if avail < sum(base):  # too small for one rank each: share what there is (each says so)
         even = max(2, avail // len(ranks))
         return [even + (1 if i < avail - even * len(ranks) else 0) for i in range(len(ranks))]
-    want = [TimelinePane.rows_big(r) - b for r, b in zip(ranks, base)]
+    want = [layout.rows_big(r) - b for r, b in zip(ranks, base)]
     spare = avail - sum(base)
     total = sum(want) or 1
     return [b + min(wt, spare * wt // total) for b, wt in zip(base, want)]
@@ -161,7 +162,7 @@ def lane_shape_rows(rows: list[int], avail: int) -> list[int]:
     """Pane heights that fit the thickest lane shape all panes can have within `avail`
     (no half-used rows); pane_rows when not even the thinnest shape fits."""
     for shape in LANE_SHAPES:
-        need = [TimelinePane.rows_for(r, shape) for r in rows]
+        need = [layout.rows_for(r, shape) for r in rows]
         if sum(need) <= avail:
             return need
     return pane_rows(rows, avail)
@@ -214,10 +215,10 @@ def plan_layout(width: int, height: int, ranks: list[int], panels: list[PanelSpe
         if lo[i] <= budget:
             size[i] = min(hi[i], budget)
             budget -= size[i]
-    lanes = sum(TimelinePane.rows_min(r) for r in rows)
+    lanes = sum(layout.rows_min(r) for r in rows)
     left = avail - lanes - sum(size)
     if left > 0:
-        more = min(left, sum(TimelinePane.rows_max(r) for r in rows) - lanes)  # comfortable lanes
+        more = min(left, sum(layout.rows_max(r) for r in rows) - lanes)  # comfortable lanes
         lanes, left = lanes + max(0, more), left - max(0, more)
         for i in range(len(chunks)):  # panels: more shelves, then what each wants
             if not size[i] and lo[i] <= left:
@@ -226,7 +227,7 @@ def plan_layout(width: int, height: int, ranks: list[int], panels: list[PanelSpe
             if size[i]:
                 add = min(left, hi[i] - size[i])
                 size[i], left = size[i] + add, left - add
-        more = min(left, sum(TimelinePane.rows_big(r) for r in rows) - lanes)  # thickest lanes
+        more = min(left, sum(layout.rows_big(r) for r in rows) - lanes)  # thickest lanes
         lanes, left = lanes + max(0, more), left - max(0, more)
     else:
         lanes, left = avail - sum(size), 0

@@ -5,7 +5,6 @@ A Line-API widget: every lane line is a cached Strip keyed by everything that sh
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from rich.segment import Segment
@@ -15,26 +14,11 @@ from textual.widget import Widget
 
 from ddptui.model.store import StepView
 from . import theme as T
+from ddptui.ui import layout
+from ddptui.ui.layout import fit_ranks, nice_ceil
 from .lanes import comm_bars, compute_bars, lane_segments
 
 GUTTER = 9  # "r12 comp "
-LANE_SHAPES = ((4, 1), (3, 1), (2, 1), (1, 1), (1, 0))  # (no gap needed after the last rank)
-COMFORT = LANE_SHAPES[1]  # lanes grow to this before the panels below get more room  # (rows per lane, rows between ranks), best first
-
-
-def nice_ceil(x: float, steps=(1, 2, 5, 10)) -> float:
-    """The smallest of steps x 10^k that is >= x (ticks: 1, 2, 5)."""
-    if x <= 0:
-        return 1.0
-    e = 10 ** math.floor(math.log10(x))
-    return next(m * e for m in steps if m * e >= x * (1 - 1e-9))
-
-
-def span_ceil(x: float) -> float:
-    """A round axis length >= x, finer than the tick steps so that little width is wasted."""
-    return nice_ceil(x, (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10))
-
-
 def short_param(name: str) -> str:
     """'fc3.0.weight' -> 'fc3.w'."""
     parts = name.split(".")
@@ -61,25 +45,10 @@ class TimelinePane(Widget):
     TimelinePane { height: 1fr; min-height: 2; background: #000000; }
     """
 
-    @staticmethod
-    def rows_min(ranks: int) -> int:
-        """Header, axis and one rank's lanes (and, with more ranks, the note of those hidden)."""
-        return 5 if ranks > 1 else 4
-
-    @staticmethod
-    def rows_for(ranks: int, shape: tuple[int, int]) -> int:
-        """Header, axis and every rank's lanes in this (rows per lane, gap) shape."""
-        lane_h, gap = shape
-        return 2 + (2 * lane_h + gap) * ranks - gap
-
-    @staticmethod
-    def rows_max(ranks: int) -> int:
-        """Every rank with comfortable lanes; more is welcome (LANE_SHAPES[0]) but not owed."""
-        return TimelinePane.rows_for(ranks, COMFORT)
-
-    @staticmethod
-    def rows_big(ranks: int) -> int:
-        return TimelinePane.rows_for(ranks, LANE_SHAPES[0])
+    rows_min = staticmethod(layout.rows_min)
+    rows_for = staticmethod(layout.rows_for)
+    rows_max = staticmethod(layout.rows_max)
+    rows_big = staticmethod(layout.rows_big)
 
     def __init__(self, strategy: str, layers: list[str], params: list[str], **kw):
         super().__init__(**kw)
@@ -282,15 +251,6 @@ class TimelinePane(Widget):
         if self.strategy == "ddp":
             return f"b{idx}"
         return self.params[idx] if idx < len(self.params) else f"p{idx}"
-
-
-def fit_ranks(ranks: list[int], rows: int) -> tuple[list[int], list[int], int, int]:
-    n = len(ranks)
-    for lane_h, gap in LANE_SHAPES:
-        if n * (2 * lane_h + gap) - gap <= rows:
-            return ranks, [], lane_h, gap
-    fit = max(0, (rows - 1) // 2)
-    return ranks[:fit], ranks[fit:], 1, 0
 
 
 def hidden_who(hidden: list[int]) -> str:
