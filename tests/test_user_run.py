@@ -75,7 +75,7 @@ def test_choose_layers_auto_depth_names():
 def pg(tmp_path):
     import torch.distributed as dist
 
-    from ranks import user
+    from ranks import commhook, user
     real = dist.all_reduce
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     yield tmp_path
@@ -83,7 +83,7 @@ def pg(tmp_path):
         h.close()
     user._handles.clear()
     dist.all_reduce = real
-    user._orig_all_reduce = None
+    commhook._orig_all_reduce = None
     dist.destroy_process_group()
 
 
