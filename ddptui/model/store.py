@@ -13,14 +13,17 @@ import threading
 import time
 from time import monotonic as _monotonic
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ranks import schema, spec, wire
 from ranks.wire import SpanBatch
 
 from . import figures as F
 from . import stragglers as ST
-from .clocksync import KEEP_COLLECTIVES, coll_sample, map_ns, offsets
+from .clocksync import KEEP_COLLECTIVES, HostClocks, coll_sample
+from .summary import bucket_rows, strategy_summary
+from .views import StepView, step_view
+
 
 
 def in_force(entries, step: int, default=None, first: bool = False):
@@ -55,31 +58,6 @@ class RankInfo:
     clock_res_ns: int | None = None  # CUDA: GPU-timer mapping residual at the last calibration
 
 
-@dataclass(slots=True)
-class Span:
-    kind: int
-    idx: int
-    start_ms: float
-    end_ms: float
-    issued_ms: float | None = None  # AllReduce: when it was ready on this rank
-    others_ms: float | None = None  # AllReduce: when the last rank was ready (waits until then)
-    last: bool = False  # AllReduce: this rank arrived last
-
-
-@dataclass
-class StepView:
-    """One strategy step ready to draw: spans per rank relative to the step's origin."""
-    strategy: str
-    step: int
-    spans: dict[int, list[Span]]
-    figures: dict[int, F.RankStep]
-    duration_ms: float
-    bucket_cap_mb: float | None = None
-    n_buckets: int | None = None
-    marks: list[str] = field(default_factory=list)
-    waits: ST.StepWaits | None = None  # who waited for whom (two or more ranks communicating)
-
-
 class Store:
     def __init__(self, keep_steps: int = 400, keep_figures: int = 20000):
         self.lock = threading.RLock()
@@ -107,8 +85,9 @@ class Store:
         self._limits = schema.Limits()
         self._dirty: dict[str, set[int]] = {}
         # multi-node: rank -> node, node -> clock frame (its offset onto node 0's axis)
-        self.node_of: dict[int, int] = {}
-        self.clocks: dict[int, dict] = {}
+        self.host_clocks = HostClocks()
+        self.node_of: dict[int, int] = self.host_clocks.node_of  # (the same dicts, read by queries)
+        self.clocks: dict[int, dict] = self.host_clocks.clocks
         self._shift: dict[tuple[str, int], dict[int, int]] = {}  # (strategy, step) -> rank -> raw - mapped
         self._coll: dict[int, deque] = {}  # node -> its latest collectives against node 0 (CollSample)
 
@@ -254,7 +233,7 @@ class Store:
             info.connected = False
 
     def _on_node(self, f: dict) -> None:  # multi-node: which host a rank runs on
-        self.node_of[f["r"]] = f["node"]
+        self.host_clocks.observe(f)
 
     def _on_clock(self, f: dict) -> None:  # multi-node: a host's clock against node 0's
         prev = self.clocks.get(f["node"])
@@ -265,11 +244,11 @@ class Store:
             self.add_log(f"node {f['node']} ({f['host']}): clock refined from {f['coll']} collectives: "
                          f"{f['off'] / 1e6:+.3f} ms ± {f['unc'] / 1e3:.0f} µs "
                          f"(exchanges alone: {f['ntp_off'] / 1e6:+.3f} ms ± {f['ntp_unc'] / 1e3:.0f} µs)", "info")
-        self.clocks[f["node"]] = f
+        self.host_clocks.observe(f)
 
     def to_common(self, rank: int, ns: int) -> int:
         """A time of `rank`'s host clock on node 0's axis (identity on one host)."""
-        return map_ns(self.clocks.get(self.node_of.get(rank, 0)), ns)
+        return self.host_clocks.to_common(rank, ns)
 
     def _collect_clock_samples(self, w: ST.StepWaits, shift: dict[int, int], step: tuple) -> None:
         """Multi-node: each collective of a step, per host against node 0, in raw host times
@@ -297,7 +276,7 @@ class Store:
     def clock_offsets(self) -> list[dict]:
         """Per host: its offset onto node 0's clock and the uncertainty (JSON `clock_offsets`)."""
         with self.lock:
-            return offsets(self.node_of, self.clocks, self.meta.get("host"))
+            return self.host_clocks.offsets(self.meta.get("host"))
 
     def hosts(self) -> dict[int, list[int]]:
         """node rank -> its ranks (ranks no connection placed are node 0's)."""
@@ -426,27 +405,12 @@ class Store:
             return next(reversed(figs)) if figs else None
 
     def summary(self, strategy: str) -> dict:
-        with self.lock:
-            steps = list(self.step_figs.get(strategy, {}).values())
-            out = F.summarize(strategy, steps, int(self.meta.get("batch") or 0), self.world)
-            # who waits for whom, over the kept steps but the first (warm-up)
-            waits = [w for k, w in self.waits.get(strategy, {}).items() if k > 0]
-            out["stragglers"] = ST.summarize(waits, list(self.meta.get("layers") or []))
-            buckets = self.bucket_rows(strategy)
-            if buckets is not None:
-                out["buckets"] = buckets
-                out["ddp_reported"] = self.ddp_reported.get((strategy, 0))
-            return out
+        """A strategy's figures as the reports' JSON shapes them (summary.strategy_summary)."""
+        return strategy_summary(self, strategy)
 
     def bucket_rows(self, strategy: str) -> list[dict] | None:
         """Rank 0's newest bucket layout as {index, params (names), bytes}; None without one."""
-        with self.lock:
-            layout = self.bucket_layout(strategy)
-            if layout is None:
-                return None
-            names = [str(p[0]) for p in self.meta.get("params") or []]
-            return [{"index": b, "params": [names[i] if i < len(names) else f"param {i}" for i in ps],
-                     "bytes": nb} for b, ps, nb in layout]
+        return bucket_rows(self, strategy)
 
     def summaries(self) -> list[dict]:
         self.update()
@@ -555,36 +519,8 @@ class Store:
             return list(self.log)
 
     def view(self, strategy: str, step: int) -> StepView | None:
-        with self.lock:
-            ranks = self.raw.get(strategy, {}).get(step)
-            if not ranks:
-                return None
-            origin = min(b.base_ns for b in ranks.values())
-            spans, figs = {}, {}
-            dur = 0.0
-            waits = self.waits.get(strategy, {}).get(step)
-            # (idx, nth) -> (last arriver's ready, ms after origin; the last arriver)
-            arrivals = {(c.idx, c.nth): ((c.last_ready - origin) / 1e6, c.last)
-                        for c in (waits.collectives if waits else [])}
-            for r, b in sorted(ranks.items()):
-                off = (b.base_ns - origin) / 1e6
-                lst = [Span(b.kind[i], b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3)
-                       for i in range(len(b.kind))]
-                for i, ready_us, key in ST.comm_spans(b):
-                    s = lst[i]
-                    s.issued_ms = off + ready_us / 1e3
-                    got = arrivals.get(key)
-                    if got is not None:
-                        s.others_ms, s.last = got[0], got[1] == r
-                dur = max([dur, *(s.end_ms for s in lst)])
-                spans[r] = lst
-                figs[r] = self.rank_figures(strategy, step, r)
-            layout = self.bucket_layout(strategy, step) if strategy == "ddp" else None
-            marks = [text for k, s, text in self.events if s == strategy and k == step]
-            cap = self.cap_at(step) if strategy == "ddp" else None
-            return StepView(strategy, step, spans, figs, dur, cap,
-                            len(layout) if layout else None, marks,
-                            self.waits.get(strategy, {}).get(step))
+        """A step ready to draw (views.step_view): spans per rank, figures, waits, marks."""
+        return step_view(self, strategy, step)
 
     # -- UI query: where each kept step lies on the host clock (per-strategy NVML figures) --
     def step_intervals(self, strategy: str) -> list[tuple[int, int, int]]:

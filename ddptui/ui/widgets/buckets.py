@@ -2,7 +2,8 @@
 AllReduce ran and how much of that ran while the rank computed (forward/backward)."""
 from __future__ import annotations
 
-from ddptui.model.store import Store, StepView
+from ddptui.model.store import Store
+from ddptui.model.views import StepView
 from . import theme as T
 from .panel import Frame, Panel
 from .text import Parts

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddptui.model.store import Store, StepView
+from ddptui.model.store import Store
+from ddptui.model.views import StepView
 from .text import Parts, PartsView
 
 

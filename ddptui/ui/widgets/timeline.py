@@ -12,7 +12,7 @@ from textual.cache import LRUCache
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ddptui.model.store import StepView
+from ddptui.model.views import StepView
 from . import theme as T
 from ddptui.ui import layout
 from ddptui.ui.layout import fit_ranks, nice_ceil
