@@ -2,6 +2,7 @@
 the step as the UI draws it (Store.view)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import figures as F
@@ -24,7 +25,7 @@ class StepView:
     """One strategy step ready to draw: spans per rank relative to the step's origin."""
     strategy: str
     step: int
-    spans: dict[int, list[Span]]
+    spans: Mapping[int, list[Span]]  # (RankSpans: made per rank when asked for)
     figures: dict[int, F.RankStep]
     duration_ms: float
     bucket_cap_mb: float | None = None
@@ -32,6 +33,38 @@ class StepView:
     marks: list[str] = field(default_factory=list)
     waits: ST.StepWaits | None = None  # who waited for whom (two or more ranks communicating)
 
+
+
+class RankSpans(Mapping):
+    """rank -> its spans (list[Span]) of one step, made when a rank is first asked for: a pane
+    draws the ranks that fit (with 64 ranks, a few), so the others' spans are never made."""
+
+    def __init__(self, batches: dict, origin: int, arrivals: dict):
+        self._batches, self._origin, self._arrivals = batches, origin, arrivals
+        self._made: dict[int, list[Span]] = {}
+
+    def __getitem__(self, r: int) -> list[Span]:
+        got = self._made.get(r)
+        if got is None:
+            b = self._batches[r]  # (KeyError for a rank not in the step)
+            off = (b.base_ns - self._origin) / 1e6
+            got = [Span(b.kind[i], b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3)
+                   for i in range(len(b.kind))]
+            arrivals = self._arrivals
+            for i, ready_us, key in ST.comm_spans(b):
+                s = got[i]
+                s.issued_ms = off + ready_us / 1e3
+                last = arrivals.get(key)
+                if last is not None:
+                    s.others_ms, s.last = last[0], last[1] == r
+            self._made[r] = got
+        return got
+
+    def __iter__(self):
+        return iter(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)
 
 
 def step_view(store, strategy: str, step: int) -> StepView | None:
@@ -43,25 +76,18 @@ def step_view(store, strategy: str, step: int) -> StepView | None:
         if not ranks:
             return None
         origin = min(b.base_ns for b in ranks.values())
-        spans, figs = {}, {}
+        figs = {}
         dur = 0.0
         waits = store.waits.get(strategy, {}).get(step)
         # (idx, nth) -> (last arriver's ready, ms after origin; the last arriver)
         arrivals = {(c.idx, c.nth): ((c.last_ready - origin) / 1e6, c.last)
                     for c in (waits.collectives if waits else [])}
-        for r, b in sorted(ranks.items()):
-            off = (b.base_ns - origin) / 1e6
-            lst = [Span(b.kind[i], b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3)
-                   for i in range(len(b.kind))]
-            for i, ready_us, key in ST.comm_spans(b):
-                s = lst[i]
-                s.issued_ms = off + ready_us / 1e3
-                got = arrivals.get(key)
-                if got is not None:
-                    s.others_ms, s.last = got[0], got[1] == r
-            dur = max([dur, *(s.end_ms for s in lst)])
-            spans[r] = lst
+        batches = dict(sorted(ranks.items()))
+        for r, b in batches.items():
+            if len(b.t1):
+                dur = max(dur, (b.base_ns - origin) / 1e6 + max(b.t1) / 1e3)
             figs[r] = store.rank_figures(strategy, step, r)
+        spans = RankSpans(batches, origin, arrivals)
         layout = store.bucket_layout(strategy, step) if strategy == "ddp" else None
         marks = [text for k, s, text in store.events if s == strategy and k == step]
         cap = store.cap_at(step) if strategy == "ddp" else None
