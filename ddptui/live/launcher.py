@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from . import nvml
 
+# the checkout (or installed tree) holding ddptui/ and ranks/: the workers import ranks from it
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def detect_gpus() -> int:
     """CUDA devices this run may use, without importing torch (fast).
@@ -72,6 +75,39 @@ def visible_devices(gpus: int, current: str | None) -> str:
         ids = [v.strip() for v in current.split(",") if v.strip()]
         return ",".join(ids[:gpus])
     return ",".join(str(i) for i in range(gpus))
+
+
+def worker_env(plan: Plan, socket_path: str, token: str, threads: int, one_host: bool = True,
+               base: dict | None = None) -> dict:
+    """The ranks' environment: ours (less TORCH_DISTRIBUTED_DEBUG), the app's socket and token,
+    this tree importable, one thread count on CPU or exactly the plan's GPUs, and gloo/NCCL
+    sockets on loopback when every rank runs on this host (unless the user chose)."""
+    env = dict(os.environ if base is None else base)
+    env.pop("TORCH_DISTRIBUTED_DEBUG", None)  # DETAIL crashes DDP construction on some builds
+    env.update({
+        "DDPTUI_SOCKET": socket_path, "DDPTUI_TOKEN": token,
+        "PYTHONPATH": PROJECT_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+        "PYTHONUNBUFFERED": "1",
+    })
+    if plan.device == "cpu":
+        env["OMP_NUM_THREADS"] = str(threads)
+    else:  # the ranks see exactly the GPUs of the plan, numbered as NVML numbers them
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(plan.gpus, env.get("CUDA_VISIBLE_DEVICES"))
+    if one_host:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    return env
+
+
+def worker_args(opts, device: str) -> list[str]:
+    """The command line of ranks.worker for a run's options (a session.RunOptions)."""
+    args = ["--model", opts.model, "--strategies", ",".join(opts.strategies), "--steps", str(opts.steps),
+            "--batch-size", str(opts.batch_size), "--seed", str(opts.seed), "--lr", str(opts.lr),
+            "--pg-timeout", str(opts.pg_timeout), "--device", device]
+    if opts.bucket_cap_mb is not None:
+        args += ["--bucket-cap-mb", str(opts.bucket_cap_mb)]
+    return args + list(opts.extra_worker_args)
 
 
 def torchrun_cmd(ranks: int, worker_args: list[str]) -> list[str]:

@@ -13,19 +13,18 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-import psutil
-
 from ranks import spec
 
 from ddptui import __version__
 from ddptui.ingest.collector import Collector
 from ddptui.ingest.feed import Feed
-from .launcher import Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd, visible_devices
+from .launcher import (PROJECT_ROOT, Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd,  # noqa: F401
+                       worker_args, worker_env)  # (PROJECT_ROOT: where `ddptui join` starts torchrun too)
 from .nvml import CpuSampler, GpuSampler
 from ranks.recfile import RecordWriter
 from ddptui.model.store import Store
+from .watchdog import Watchdog
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -62,10 +61,8 @@ class LiveRun:
         self._pending: list[tuple[bytes, dict]] = []
         self._rec_lock = threading.Lock()
         self._stop_ev = threading.Event()
-        self._last_progress = time.monotonic()
-        self._last_spans = 0
-        self._warned: set = set()
-        self._first_error: float | None = None
+        self.watchdog = Watchdog(self.store, opts.hang_s, opts.hb_timeout_s,
+                                 lambda r: self._rank_exit(r, "exited"), time.monotonic())
         self._bucket_seq = 0
         self._slow_seq = 0
         self.started = 0.0
@@ -100,28 +97,8 @@ class LiveRun:
         self.run_dir = tempfile.mkdtemp(prefix="ddptui-")  # private (0700): socket and log
         self.collector = Collector(self.store, token, feed=self.feed, on_disconnect=self._on_disconnect,
                                    run_dir=self.run_dir)
-        env = os.environ.copy()
-        env.pop("TORCH_DISTRIBUTED_DEBUG", None)  # DETAIL crashes DDP construction on some builds
-        env.update({
-            "DDPTUI_SOCKET": self.collector.path, "DDPTUI_TOKEN": token,
-            "PYTHONPATH": PROJECT_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-            "PYTHONUNBUFFERED": "1",
-        })
-        if self.plan.device == "cpu":
-            env["OMP_NUM_THREADS"] = str(o.threads)
-        else:  # the ranks see exactly the GPUs of the plan, numbered as NVML numbers them
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(self.plan.gpus, env.get("CUDA_VISIBLE_DEVICES"))
-        # one host: keep gloo's and NCCL's own sockets on loopback unless the user chose
-        if self.multinode is None:
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-        args = ["--model", o.model, "--strategies", ",".join(o.strategies), "--steps", str(o.steps),
-                "--batch-size", str(o.batch_size), "--seed", str(o.seed), "--lr", str(o.lr),
-                "--pg-timeout", str(o.pg_timeout), "--device", self.plan.device]
-        if o.bucket_cap_mb is not None:
-            args += ["--bucket-cap-mb", str(o.bucket_cap_mb)]
-        args += o.extra_worker_args
+        env = worker_env(self.plan, self.collector.path, token, o.threads, one_host=self.multinode is None)
+        args = worker_args(o, self.plan.device)
         log_path = os.path.join(self.run_dir, "torchrun.log")
         self.status(self.plan.note)
         self.status(f"spawning torchrun: {self.plan.ranks} rank(s), model {o.model}")
@@ -214,41 +191,15 @@ class LiveRun:
         if self.first_step_s is None and any(st.latest_complete(s) is not None for s in st.strategies()):
             self.first_step_s = now - self.started
             self.status(f"first step done after {self.first_step_s:.1f} s")
-        if st.spans != self._last_spans:
-            self._last_spans = st.spans
-            self._last_progress = now
+        self.watchdog.progress(now)
         rc = self.launcher.poll()
         if rc is not None:
             self._finish(rc)
             return True
-        # a rank process gone while torchrun still runs
-        ranks = st.rank_snapshot()
-        for r, info in ranks.items():
-            if info.pid and not info.finished and info.exit is None and not psutil.pid_exists(info.pid):
-                self._rank_exit(r, "exited")
-        # a rank reported an error (e.g. a collective timed out): torchrun normally ends the
-        # others at once; if it has not within a few seconds, end the run ourselves
-        errors = [(r, i.error) for r, i in sorted(ranks.items()) if i.error]
-        if errors:
-            self._first_error = self._first_error or now
-            if now - self._first_error > 3.0:
-                self.fail("; ".join(f"rank {r}: {e}" for r, e in errors))
-                return True
-        training = any(i.phase == "training" for i in ranks.values())
-        if training and now - self._last_progress > self.opts.hang_s:
-            stuck = sorted(ranks.items(), key=lambda kv: kv[1].step)
-            r, info = stuck[0]
-            self.fail(f"no step finished for {self.opts.hang_s:.0f} s: rank {r} stuck after step {info.step} "
-                      f"(hung collective?)")
+        why = self.watchdog.check(now)
+        if why is not None:
+            self.fail(why)
             return True
-        for r, info in ranks.items():
-            if info.connected and info.last_seen and now - info.last_seen > self.opts.hb_timeout_s:
-                if ("hb", r) not in self._warned:
-                    self._warned.add(("hb", r))
-                    st.add_log(f"rank {r} not responding: no heartbeat for {now - info.last_seen:.0f} s", "warn")
-            elif ("hb", r) in self._warned:
-                self._warned.discard(("hb", r))
-                st.add_log(f"rank {r} responding again", "info")
         return False
 
     def _rank_exit(self, rank: int, status: str) -> None:
