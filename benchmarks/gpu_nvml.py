@@ -27,7 +27,7 @@ def main() -> int:
     a = p.parse_args()
     import torch
 
-    from ddptui.nvml import GpuSampler
+    from ddptui.live.nvml import GpuSampler
     s = GpuSampler()
     if not s.has_gpus:
         print("gpu_nvml: NVML sees no GPU", file=sys.stderr)

@@ -37,7 +37,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
-DDPTUI=($PY -m ddptui.cli)
+DDPTUI=($PY -m ddptui.cli.main)
 QUICK=${GPU_PASS_QUICK:-}
 BIG=xlarge; CLOCK_S=900; NVML_S=20; POOL=1000; SUITE=tests
 if [ -n "$QUICK" ]; then BIG=small; CLOCK_S=10; NVML_S=3; POOL=20; SUITE=tests/test_pipeline.py; fi
@@ -134,7 +134,7 @@ phase_b() {
     step "live UI in tmux (SVG screenshot)"
     mkdir -p "$work/shots"
     tmux new-session -d -s gpupass -x 200 -y 50 -c "$work/shots" \
-      "env PYTHONPATH=$PYTHONPATH $PY -m ddptui.cli --gpus 1 --ranks 2 --model $BIG --strategies naive,ddp"
+      "env PYTHONPATH=$PYTHONPATH $PY -m ddptui.cli.main --gpus 1 --ranks 2 --model $BIG --strategies naive,ddp"
     sleep 40; tmux send-keys -t gpupass s; sleep 3
     tmux capture-pane -p -t gpupass > "$work/shots/pane.txt"
     tmux send-keys -t gpupass q; sleep 8

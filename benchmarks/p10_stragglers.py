@@ -3,7 +3,7 @@
 
 Real runs (torchrun, 2 CPU ranks on gloo, default global batch 1024, naive and DDP in the
 same run), each recorded, then every recording analysed offline with the analysis the app
-uses (ddptui/evidence.py through the Store's who-waits entries):
+uses (ddptui/model/evidence.py through the Store's who-waits entries):
 
     slow    medium, --slow-rank 1:40:fc2     share of 20-step windows that name rank 1 and
                                              fc2 backward, and the excess they name
@@ -32,10 +32,11 @@ import time
 
 from _common import ROOT, env_for_ranks, median, result_line
 
-from ddptui import evidence as EV
-from ddptui.recording import RecordWriter, load
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun
+from ddptui.model import evidence as EV
+from ddptui.recording.loader import load
+from ranks.recfile import RecordWriter
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun
 
 SLOW = (1, 40.0, "fc2")
 RUNS = [  # name, model, slow, steps (full run)

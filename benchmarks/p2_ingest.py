@@ -4,7 +4,7 @@ stores, on one core, from pre-packed frame bodies.
 
 The path measured is exactly what the collector thread does per frame body:
 `Feed.body(body)` (msgpack decode, the frame checked against ranks.schema with the run's
-limits, columnar span decode and checks, storing). Bodies are packed beforehand from `ddptui.synthetic` (the
+limits, columnar span decode and checks, storing). Bodies are packed beforehand from `ddptui.recording.synthetic` (the
 frames real ranks send), so packing costs nothing here. Workload: xlarge, 2 ranks, single +
 naive + interleaved + ddp (18 to 34 spans per frame, 29 on average).
 
@@ -28,9 +28,9 @@ from _common import median
 
 import msgpack  # noqa: E402
 
-from ddptui.feed import Feed  # noqa: E402
-from ddptui.store import Store  # noqa: E402
-from ddptui.synthetic import SyntheticRun  # noqa: E402
+from ddptui.ingest.feed import Feed  # noqa: E402
+from ddptui.model.store import Store  # noqa: E402
+from ddptui.recording.synthetic import SyntheticRun  # noqa: E402
 from ranks import schema  # noqa: E402
 from ranks.wire import N_KINDS  # noqa: E402
 

@@ -26,9 +26,9 @@ import time
 
 from _common import result_line
 
-from ddptui.app import DdpApp  # noqa: E402
-from ddptui.synthetic import SyntheticSource  # noqa: E402
-from ddptui.widgets import TimelinePane  # noqa: E402
+from ddptui.ui.app import DdpApp  # noqa: E402
+from ddptui.recording.synthetic import SyntheticSource  # noqa: E402
+from ddptui.ui.widgets import TimelinePane  # noqa: E402
 
 GOAL_FRAME_MS = 4.0
 GOAL_CPU_PCT = 20.0

@@ -5,7 +5,7 @@ The recording is written with the real RecordWriter from synthetic frames (large
 8 ranks, single + naive + interleaved + ddp, until 1 M spans), with what a live recording
 also holds: the rank hellos, a heartbeat per rank every second and a GPU sample every
 0.5 s of the run's clock, and a sync flush after every step (a live run flushes about once
-a step). "Open and index" is `ddptui.replay.ReplaySource(path)`: it reads every frame
+a step). "Open and index" is `ddptui.recording.replay.ReplaySource(path)`: it reads every frame
 and indexes steps at construction (without it: recording.Reader plus a step -> frame index).
 
 Goals: open and index <= 0.5 s (median of several opens), <= 12 B per span.
@@ -24,8 +24,9 @@ import time
 
 from _common import median, result_line
 
-from ddptui.recording import Reader, RecordWriter  # noqa: E402
-from ddptui.synthetic import SyntheticRun  # noqa: E402
+from ddptui.recording.reader import Reader  # noqa: E402
+from ranks.recfile import RecordWriter  # noqa: E402
+from ddptui.recording.synthetic import SyntheticRun  # noqa: E402
 from ranks import spec  # noqa: E402
 
 GOAL_S, GOAL_B = 0.5, 12.0
@@ -67,7 +68,7 @@ def write_recording(path: str, target_spans: int, model: str, world: int) -> tup
 
 def open_and_index(path: str):
     try:
-        from ddptui.replay import ReplaySource
+        from ddptui.recording.replay import ReplaySource
     except ImportError:
         ReplaySource = None
     t0 = time.perf_counter()

@@ -38,7 +38,7 @@ dist.destroy_process_group()
 
 
 def ddptui_cmd() -> list[str]:
-    return [sys.executable, "-m", "ddptui.cli", "--headless", "--gpus", "2", "--model", "small",
+    return [sys.executable, "-m", "ddptui.cli.main", "--headless", "--gpus", "2", "--model", "small",
             "--steps", "1", "--no-record"]
 
 

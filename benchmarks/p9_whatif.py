@@ -29,9 +29,9 @@ import time
 
 from _common import env_for_ranks, result_line
 
-from ddptui import whatif as W
-from ddptui.launcher import plan as make_plan
-from ddptui.session import LiveRun, RunOptions
+from ddptui.model import whatif as W
+from ddptui.live.launcher import plan as make_plan
+from ddptui.live.session import LiveRun, RunOptions
 
 SOURCE = 25.0
 LADDER = (1.0, 5.0, 100.0, 25.0)  # after the first 25 MB phase

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import _common  # noqa: F401  (this checkout importable)
 
-from ddptui import whatif as W
+from ddptui.model import whatif as W
 from ranks import spec
 
 BUSES = (("PCIe 4", 25.0), ("NVLink 4", 50.0), ("100 Gb/s", 12.5), ("400 Gb/s", 50.0))

@@ -1,6 +1,6 @@
 """`python -m ddptui`: the same as the `ddptui` command."""
 import sys
 
-from ddptui.cli import main
+from ddptui.cli.main import main
 
 sys.exit(main())

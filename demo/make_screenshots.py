@@ -18,8 +18,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from ddptui.app import DdpApp  # noqa: E402
-from ddptui.replay import ReplaySource  # noqa: E402
+from ddptui.ui.app import DdpApp  # noqa: E402
+from ddptui.recording.replay import ReplaySource  # noqa: E402
 
 RECORDING = os.path.join(HERE, "cpu-medium-2ranks.ddptui")
 TITLE = "naive vs DDP · 2 CPU ranks"

@@ -191,7 +191,7 @@ SCHEMA: dict[str, Map] = {name: Map(fields) for name, fields in {
     "cpu": {"ts": NS, "ranks": MapOf(Str(8), OPT_NUM, MAX_RANK + 1)},
     "reject": {"r?": Null(RANK), "ft?": Null(Str(32)), "why": TEXT, "ts?": WALL},
     "drop": {"r": RANK, "why": Str(200), "bye?": Bool()},
-    # multi-node (ddptui/netlisten.py): a rank's host, and a host's clock estimate
+    # multi-node (ddptui/live/netlisten.py): a rank's host, and a host's clock estimate
     "node": {"r": RANK, "node": NODE, "host?": NAME},
     "clock": {"node": NODE, "host": NAME, "off": I64, "unc": COUNT, "drift?": Num(-1, 1), "ref?": I64,
               "n?": COUNT, "ntp_off?": I64, "ntp_unc?": COUNT, "coll?": COUNT,

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import socket
 import sys
 import threading
@@ -49,144 +48,13 @@ import torch.nn as nn
 
 from . import spec, wire
 from .emitter import FrameQueue
-from .instrument import CpuClock, CudaClock, Recorder
+from .commhook import CommState, timed_hook
+from .instrument import CpuClock, CudaClock
+from .userlayers import UserRecorder, attach_module_hooks, choose_layers
 
 STRATEGY = "ddp"  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
-CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
-UNCALLED = (nn.ModuleList, nn.ModuleDict)
 
 
-# -- which modules are layers ----------------------------------------------------------------
-def choose_layers(model: nn.Module, layers="auto") -> list[tuple[str, nn.Module]]:
-    """(name, module) of the modules to time, in registration order; ValueError if none or
-    a name is unknown. One module reachable under several names is chosen once."""
-    out: list[tuple[str, nn.Module]] = []
-    if isinstance(layers, str) and layers == "auto":
-        def walk(prefix, mod):
-            for n, ch in mod.named_children():
-                name = f"{prefix}{n}"
-                if isinstance(ch, CONTAINERS) and len(ch):
-                    walk(name + ".", ch)
-                else:
-                    out.append((name, ch))
-        walk("", model)
-        if not out:
-            out = [("model", model)]
-    elif isinstance(layers, int) and not isinstance(layers, bool):
-        if layers < 1:
-            raise ValueError(f"layers depth must be at least 1 (got {layers})")
-
-        def at(prefix, mod, d):
-            for n, ch in mod.named_children():
-                name = f"{prefix}{n}"
-                if d == layers or not any(True for _ in ch.children()):
-                    out.append((name, ch))
-                else:
-                    at(name + ".", ch, d + 1)
-        at("", model, 1)
-        if not out:
-            out = [("model", model)]
-    elif isinstance(layers, (list, tuple)) and layers and all(isinstance(n, str) for n in layers):
-        known = dict(model.named_modules(remove_duplicate=False))
-        for n in layers:
-            if n not in known:
-                near = [k for k in known if k and k.split(".")[-1] == n.split(".")[-1]][:3]
-                hint = f" (did you mean {', '.join(near)}?)" if near else ""
-                raise ValueError(f"the model has no module {n!r}{hint}")
-            out.append((n, known[n]))
-    else:
-        raise ValueError(f"layers must be 'auto', a depth or a list of module names (got {layers!r})")
-    seen: set[int] = set()
-    uniq = []
-    for n, m in out:
-        if id(m) not in seen:  # a shared module (or a name given twice): one layer
-            seen.add(id(m))
-            uniq.append((n, m))
-    if len(uniq) > 0xFFFF:
-        raise ValueError(f"{len(uniq)} layers is more than ddptui draws")
-    return uniq
-
-
-class UserRecorder(Recorder):
-    """Recorder for modules that may run more than once a step: a layer's span goes from
-    its first start to its last end (the workers' blocks run once)."""
-
-    def fwd_begin(self, layer: int) -> None:
-        c = self.cur
-        if c is not None and c.fwd_s[layer] is None:
-            c.fwd_s[layer] = self.clock.mark()
-
-    def fwd_end(self, layer: int) -> None:
-        c = self.cur
-        if c is not None:
-            self._mark_again(c.fwd_e, layer)
-
-    def bwd_begin(self, layer: int) -> None:
-        c = self.cur
-        if c is not None and c.bwd_s[layer] is None:
-            c.bwd_s[layer] = self.clock.mark()
-
-    def opt_begin(self) -> None:
-        if self.cur is not None:
-            super().opt_begin()
-
-    def opt_end(self) -> None:
-        if self.cur is not None:
-            super().opt_end()
-
-
-def _tensors(obj, out: list, depth: int = 0) -> list:
-    """The tensors needing a gradient in a module's inputs or output (tuples, lists, dicts)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.requires_grad:
-            out.append(obj)
-    elif depth < 2 and isinstance(obj, (tuple, list)):
-        for x in obj:
-            _tensors(x, out, depth + 1)
-    elif depth < 2 and isinstance(obj, dict):
-        for x in obj.values():
-            _tensors(x, out, depth + 1)
-    return out
-
-
-def attach_module_hooks(chosen, rec: Recorder, param_layer: dict) -> list:
-    """Forward/backward hooks of every chosen module (see the module docstring); returns the
-    handles. param_layer: id(param) -> layer index, for the end of a layer's backward."""
-    handles = []
-    grad_on = torch.is_grad_enabled
-    for i, (_name, mod) in enumerate(chosen):
-        def bwd_end(g, i=i):
-            rec.bwd_end(i)
-
-        def bwd_begin(g, i=i):
-            rec.bwd_begin(i)
-
-        def pre(m, args, i=i, bwd_end=bwd_end):
-            if rec.cur is None:
-                return
-            rec.fwd_begin(i)
-            if grad_on():
-                for x in _tensors(args, []):
-                    x.register_hook(bwd_end)
-
-        def post(m, args, out, i=i, bwd_begin=bwd_begin):
-            if rec.cur is None:
-                return
-            rec.fwd_end(i)
-            if grad_on():
-                for x in _tensors(out, []):
-                    x.register_hook(bwd_begin)
-
-        # a ModuleList/ModuleDict is never called itself: its span is its children's
-        for target in (list(mod.children()) or [mod]) if isinstance(mod, UNCALLED) else [mod]:
-            handles.append(target.register_forward_pre_hook(pre))
-            handles.append(target.register_forward_hook(post))
-    for p, i in param_layer.values():
-        handles.append(p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i)))
-    return handles
-
-
-# -- where frames go -------------------------------------------------------------------------
 class FileSink(FrameQueue):
     """A rank's own recording (no app): the Emitter's interface (put, send_now, close),
     frames written by a background thread; the file is opened at the first hello."""
@@ -207,7 +75,7 @@ class FileSink(FrameQueue):
     def _loop(self) -> None:
         import msgpack
 
-        from ddptui.recording import RecordWriter
+        from .recfile import RecordWriter
         while True:
             item = self.q.get()
             if item is None:
@@ -285,23 +153,21 @@ class Handle:
         self._explicit = False
         self._auto_open = False
         self._order: list[int] | None = None  # internal layer index -> forward-order index
-        self.seen: list = []
         self.layout: list | None = None
         self.reported: list[int] | None = None
         self.stable = 0
-        self.track = True
         self.stop_asked = False
         self.closed = False
         self._handles = attach_module_hooks(chosen, self.rec, self.param_layer)
         self._sink = self._open_sink(record)
         # the comm hook: ours, around the user's (given now, or registered later)
-        self._inner, self._inner_state = comm_hook, comm_state
+        self.comm = CommState(self.rec, self.world, self.pindex, comm_hook, comm_state)
         if ddp._comm_hooks:
             raise RuntimeError("ddptui.instrument: a comm hook is registered already; call "
                                "instrument() first, or pass it as comm_hook=")
         from .strategies import quiet_runtime_stats
         quiet_runtime_stats(ddp)
-        ddp.register_comm_hook(self, _wrapped_hook)
+        ddp.register_comm_hook(self.comm, timed_hook)
         ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
         ddp._ddptui = self
         self._handles.append(ddp.register_forward_pre_hook(self._ddp_forward))
@@ -328,11 +194,11 @@ class Handle:
 
     def _set_user_hook(self, state, hook) -> None:
         """ddp.register_comm_hook after instrument(): the hook runs inside ddptui's."""
-        if self._inner is not None:
+        if self.comm.inner is not None:
             raise RuntimeError("register_comm_hook can only be called once")
         self.ddp._check_comm_hook(hook)
         self.ddp.logger._set_comm_hook_name(hook.__qualname__)
-        self._inner, self._inner_state = hook, state
+        self.comm.inner, self.comm.inner_state = hook, state
 
     # -- step boundaries ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -363,7 +229,7 @@ class Handle:
             self._end()
 
     def _begin(self) -> None:
-        self.seen = []
+        self.comm.seen = []
         self.clock.maybe_calibrate()
         self._sink.clock_residual_ns = self.clock.residual_ns
         self._sink.step = self.k
@@ -377,7 +243,7 @@ class Handle:
         if self._order is None:
             self._hello(self.rec.pending[0])
         self._emit(self.rec.poll())
-        if self.track and self.seen:  # a no_sync step issues no AllReduce: nothing to learn
+        if self.comm.track and self.comm.seen:  # a no_sync step issues no AllReduce: nothing to learn
             self._layout_change(k)
 
     def _hello(self, first) -> None:
@@ -421,12 +287,12 @@ class Handle:
 
     def _layout_change(self, k: int) -> None:
         from .strategies import ddp_reported_sizes
-        seen = sorted(self.seen)
+        seen = sorted(self.comm.seen)
         reported = ddp_reported_sizes(self.ddp)
         if seen == self.layout and reported == self.reported:
             self.stable += 1
             if self.stable >= 3:
-                self.track = False
+                self.comm.track = False
             return
         self.layout, self.reported, self.stable = seen, reported, 0
         self._sink.send_now({"t": "buckets", "r": self.rank, "s": STRATEGY, "k": k,
@@ -483,67 +349,6 @@ def _device_of(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
-
-
-# -- the comm hook around the user's -----------------------------------------------------------
-_capture: list | None = None  # bytes handed to all_reduce while the user's hook runs
-_orig_all_reduce = None
-
-
-def _counting_all_reduce(tensor, *a, **kw):
-    cap = _capture
-    if cap is not None:
-        cap.append(tensor.numel() * tensor.element_size())
-    return _orig_all_reduce(tensor, *a, **kw)
-
-
-def _install_counter() -> None:
-    global _orig_all_reduce
-    if _orig_all_reduce is None:
-        _orig_all_reduce = dist.all_reduce
-        dist.all_reduce = _counting_all_reduce
-
-
-def _wrapped_hook(h: Handle, bucket):  # DDP requires the name `bucket`
-    global _capture
-    rec = h.rec
-    cur = rec.cur
-    inner = h._inner
-    if cur is None:  # backward outside any step: not timed
-        return _call_inner(h, bucket)
-    slot = rec.comm_issue(bucket.index())
-    if inner is None:
-        buf = bucket.buffer()
-        sent = buf.numel() * buf.element_size()
-        fut = _default_allreduce(buf, h.world)
-    else:
-        _install_counter()
-        _capture = cap = []
-        try:
-            fut = inner(h._inner_state, bucket)
-        finally:
-            _capture = None
-        buf = bucket.buffer()
-        sent = sum(cap) if cap else buf.numel() * buf.element_size()
-    if h.track:
-        h.seen.append((bucket.index(), [h.pindex[id(p)] for p in bucket.parameters()], sent))
-
-    def done(f):
-        rec.comm_done(cur, slot)
-        return f.value()
-
-    return fut.then(done)
-
-
-def _default_allreduce(buf, world):
-    buf.div_(world)  # DDP's default: the mean
-    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
-
-
-def _call_inner(h: Handle, bucket):
-    if h._inner is None:
-        return _default_allreduce(bucket.buffer(), h.world)
-    return h._inner(h._inner_state, bucket)
 
 
 # -- the public entry ------------------------------------------------------------------------

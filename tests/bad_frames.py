@@ -13,7 +13,7 @@ import copy
 
 from hypothesis import strategies as hs
 
-from ddptui import synthetic
+from ddptui.recording import synthetic
 from ranks import spec, wire
 from ranks.wire import COMM, STEP
 

@@ -11,9 +11,9 @@ import types
 
 import psutil
 
-from ddptui.recording import RecordWriter
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun, ddp_buckets
+from ranks.recfile import RecordWriter
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun, ddp_buckets
 from ranks import spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,11 +49,23 @@ def wait_no_workers(timeout: float = 10.0) -> list[psutil.Process]:
     return left
 
 
+def assert_no_leftovers(timeout: float = 10.0) -> None:
+    """The one leftover-process check: every worker/torchrun process this session started
+    is gone within `timeout` (any still alive is killed, then the check fails)."""
+    left = wait_no_workers(timeout)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes left behind: {[p.pid for p in left]}"
+
+
 def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch=256,
              bucket_cap_mb=None, record=None, extra=(), timeout=120.0, **kw):
     """Run real torchrun ranks to completion in-process; returns the LiveRun."""
-    from ddptui.launcher import plan
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.live.launcher import plan
+    from ddptui.live.session import LiveRun, RunOptions
 
     opts = RunOptions(model=model, strategies=list(strategies), steps=steps, batch_size=batch,
                       bucket_cap_mb=bucket_cap_mb, record=record, extra_worker_args=list(extra), **kw)
@@ -72,8 +84,8 @@ def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch
 
 
 def ddptui_cmd(*args) -> list[str]:
-    """The command line of the real CLI (`python -m ddptui.cli ARGS`)."""
-    return [sys.executable, "-m", "ddptui.cli", *args]
+    """The command line of the real CLI (`python -m ddptui.cli.main ARGS`)."""
+    return [sys.executable, "-m", "ddptui.cli.main", *args]
 
 
 def cli_env(env: dict | None = None) -> dict:
@@ -98,6 +110,47 @@ def run_cli(*args, timeout=120, env=None, input=None, cwd=ROOT,
     return subprocess.run(ddptui_cmd(*args), capture_output=True, text=True, timeout=timeout,
                           env=cli_env(env), cwd=cwd, input=input,
                           preexec_fn=_address_space(max_memory) if max_memory else None)
+
+
+def run_main(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
+    """Run the CLI's `main` in this process, as `run_cli` would in a child: its exit status
+    and what it printed (for error paths that never start ranks; `env` is set while it
+    runs, `cwd` is the working directory). argparse's exits (--help) count as returns."""
+    import contextlib
+    import io
+
+    from ddptui.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.update(cli_env(env))
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def run_main_batch(arglists, max_memory: int | None = None, timeout=120) -> list[subprocess.CompletedProcess]:
+    """Run the CLI's `main` once per argument list, all in ONE child process (under an
+    address-space limit when `max_memory` is given): `run_main`'s results, in order."""
+    import json
+    code = ("import json, sys; from tests.helpers import run_main; "
+            "res = [run_main(*a) for a in json.load(sys.stdin)]; "
+            "json.dump([[r.returncode, r.stdout, r.stderr] for r in res], sys.stdout)")
+    p = subprocess.run([sys.executable, "-c", code], input=json.dumps([[str(a) for a in x] for x in arglists]),
+                       capture_output=True, text=True, timeout=timeout, env=cli_env(), cwd=ROOT,
+                       preexec_fn=_address_space(max_memory) if max_memory else None)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [subprocess.CompletedProcess(a, rc, o, e) for a, (rc, o, e) in zip(arglists, json.loads(p.stdout))]
 
 
 def start_cli(*args, env=None, cwd=ROOT, **kw) -> subprocess.Popen:

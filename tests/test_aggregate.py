@@ -1,13 +1,13 @@
-"""Aggregated lanes when ranks do not fit (ddptui/widgets/aggregate.py), on their own and in
+"""Aggregated lanes when ranks do not fit (ddptui/ui/widgets/aggregate.py), on their own and in
 the app (Textual, run_test)."""
 from __future__ import annotations
 
 import pytest
 
-from ddptui.app import DdpApp
-from ddptui.store import Span, StepView
-from ddptui.synthetic import SyntheticSource
-from ddptui.widgets import aggregate as A
+from ddptui.ui.app import DdpApp
+from ddptui.model.views import Span, StepView
+from ddptui.recording.synthetic import SyntheticSource
+from ddptui.ui.widgets import aggregate as A
 from ranks.wire import BWD, COMM, FWD
 
 
@@ -72,9 +72,9 @@ async def test_app_draws_bands_and_the_culprit_for_256_ranks():
 
 
 def test_waits_of_many_ranks_are_a_spread():
-    from ddptui import stragglers as ST
-    from ddptui.report import straggler_line
-    from ddptui.widgets import waits
+    from ddptui.model import stragglers as ST
+    from ddptui.reports.report import straggler_line
+    from ddptui.ui.widgets import waits
     got = ST.wait_spread({str(r): float(r % 10) for r in range(100)} | {"42": 0.0, "7": 30.0})
     assert got == "median 5.0 · p95 9.0 · most r7 30.0 · least r0 0.0 ms over 100 ranks"
     src = SyntheticSource(steps=0, world=64, model="small")

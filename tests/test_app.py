@@ -1,6 +1,6 @@
 """Pilot tests of the Textual UI, fed by deterministic synthetic runs (no ranks).
 
-The app, the store and the widgets are real; the source is ddptui.synthetic.SyntheticSource,
+The app, the store and the widgets are real; the source is ddptui.recording.synthetic.SyntheticSource,
 a Store filled with synthetic steps that records what the app asks of it.
 """
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from textual.geometry import Region
 from textual.widgets._footer import FooterKey
 
-from ddptui import nvml
-from ddptui.app import DdpApp
-from ddptui.replay import ReplaySource
-from ddptui.synthetic import SyntheticSource, ddp_buckets
-from ddptui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane, figures_panel
-from ddptui.widgets.lanes import lane_segments
-from ddptui.widgets.theme import COMM_A, FWD_A
+from ddptui.live import nvml
+from ddptui.ui.app import DdpApp
+from ddptui.recording.replay import ReplaySource
+from ddptui.recording.synthetic import SyntheticSource, ddp_buckets
+from ddptui.ui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane, figures_panel
+from ddptui.ui.widgets.lanes import lane_segments
+from ddptui.ui.widgets.theme import COMM_A, FWD_A
 
 from .helpers import StubNvml
 
@@ -570,7 +570,7 @@ async def test_two_hosts_lanes_grouped_and_labelled_and_a_row_per_host():
         rows = [ln.rstrip() for ln in drawn(app.panels["hosts"]) if ln.lstrip().startswith("node ")]
         assert len(rows) == 2 and all(re.search(r"(exposed \d+\.\d ms|exp \d+\.\d)$", ln) for ln in rows), rows
     # each row fits its panel: columns as wide as their entries, then shorter figure labels
-    from ddptui.widgets.hosts import build
+    from ddptui.ui.widgets.hosts import build
     for width, tail in ((160, r"exposed \d+\.\d ms"), (100, r"exp \d+\.\d")):
         rows = ["".join(t for t, _ in parts) for parts in build(st, {}, width, 5)[1:]]
         assert len(rows) == 2 and all(len(ln) <= width and re.search(tail + "$", ln) for ln in rows), (width, rows)

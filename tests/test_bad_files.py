@@ -1,14 +1,15 @@
-"""Bad recordings through the real CLI (subprocesses): summary, export, replay --headless
-and replay (UI, which checks the file before starting).
+"""Bad recordings through the real CLI: summary, export, replay --headless and replay (UI,
+which checks the file before starting); the verbs' `main` runs in one child process per
+group of files (`run_main_batch`), each call as a command line would make it.
 
 A file with nothing readable is an error: exit status non-zero, stderr exactly one line
 `ddptui: error: FILE: problem`, no traceback, nothing on stdout, no export written. The
-subprocesses run under a 512 MiB address-space limit, so a reader that tried to allocate
+child processes run under a 512 MiB address-space limit, so a reader that tried to allocate
 what a length prefix claims (gigabytes) would fail.
 
 A file damaged after some frames (cut mid-frame, corrupted bytes, a bad length prefix,
 trailing garbage) shows the figures of the steps before the damage with one warning line,
-exit status 0 (documented in ddptui/cmd_summary.py).
+exit status 0 (documented in ddptui/cli/summary.py).
 """
 from __future__ import annotations
 
@@ -20,22 +21,24 @@ import zlib
 import msgpack
 import pytest
 
-from ddptui import recording as R
+from ddptui.recording import loader, rankset
+from ranks import recfile as RF
 from ranks import wire
 
-from .helpers import run_cli, store_of, synthetic_frames, synthetic_meta, write_recording
+from .helpers import run_main, run_main_batch, store_of, synthetic_frames, synthetic_meta, write_recording
 
 AS_LIMIT = 512 << 20
 
 
-def ddptui(*args, timeout=60):
-    """The CLI under a 512 MiB address-space limit."""
-    return run_cli(*args, timeout=timeout, max_memory=AS_LIMIT)
+def ddptui_many(arglists, timeout=120):
+    """The CLI's `main` once per argument list, in one child process under a 512 MiB
+    address-space limit."""
+    return run_main_batch(arglists, max_memory=AS_LIMIT, timeout=timeout)
 
 
-def header(meta=None, version=R.FORMAT_VERSION, length=None) -> bytes:
+def header(meta=None, version=RF.FORMAT_VERSION, length=None) -> bytes:
     head = msgpack.packb(synthetic_meta() if meta is None else meta, use_bin_type=True)
-    return R.MAGIC + struct.pack(">HI", version, len(head) if length is None else length) + head
+    return RF.MAGIC + struct.pack(">HI", version, len(head) if length is None else length) + head
 
 
 def frames_bytes(frames) -> bytes:
@@ -56,11 +59,11 @@ BAD = {
     "empty": b"",
     "wrong-magic": b"PK\x03\x04 this is a zip file, not a recording" * 4,
     "text-file": b"hello, I am a text file\n" * 10,
-    "newer-version": header(version=R.FORMAT_VERSION + 1) + zlib.compress(frames_bytes(GOOD)),
-    "cut-in-magic": R.MAGIC[:5],
+    "newer-version": header(version=RF.FORMAT_VERSION + 1) + zlib.compress(frames_bytes(GOOD)),
+    "cut-in-magic": RF.MAGIC[:5],
     "cut-in-header": header()[:-7],
     "header-claims-4GiB": header(length=0xFFFFFFFF) + b"\x00" * 64,
-    "header-garbage": header()[:len(R.MAGIC) + 6] + b"\xc1" * (len(header()) - len(R.MAGIC) - 6),
+    "header-garbage": header()[:len(RF.MAGIC) + 6] + b"\xc1" * (len(header()) - len(RF.MAGIC) - 6),
     "header-wrong-types": header({"world": "two", "model": "small"}) + zlib.compress(b""),
     "no-frames-cut": header(),
     "corrupt-zlib-at-start": header() + b"\x00\xff" * 50,
@@ -95,32 +98,45 @@ def assert_one_error_line(res, path):
     assert res.stdout == ""
 
 
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    """Every bad file through every verb (and `summary FILE` alone), run once:
+    (case, verb) -> (file, the run's own folder, result)."""
+    d = tmp_path_factory.mktemp("bad")
+    jobs = {}
+    for case, raw in BAD.items():
+        p = d / f"{case}.ddptui"
+        p.write_bytes(raw)
+        for verb, argv in [*VERBS.items(), ("summary-plain", lambda p, tmp: ["summary", p])]:
+            tmp = d / f"{case}-{verb}"
+            tmp.mkdir()
+            jobs[(case, verb)] = (str(p), tmp, argv(str(p), tmp))
+    results = ddptui_many([j[2] for j in jobs.values()])
+    return {k: (j[0], j[1], r) for (k, j), r in zip(jobs.items(), results)}
+
+
 @pytest.mark.parametrize("verb", list(VERBS))
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_file_is_one_error_line(tmp_path, case, verb):
-    p = tmp_path / f"{case}.ddptui"
-    p.write_bytes(BAD[case])
-    res = ddptui(*VERBS[verb](str(p), tmp_path))
-    assert_one_error_line(res, str(p))
+def test_bad_file_is_one_error_line(bad_runs, case, verb):
+    p, tmp, res = bad_runs[(case, verb)]
+    assert_one_error_line(res, p)
     assert res.returncode == 2
-    assert not (tmp_path / "out.json").exists()  # no half-written export or figures
-    assert [n for n in os.listdir(tmp_path) if n.startswith(".ddptui-export")] == []
+    assert not (tmp / "out.json").exists()  # no half-written export or figures
+    assert [n for n in os.listdir(tmp) if n.startswith(".ddptui-export")] == []
 
 
 @pytest.mark.parametrize("case,expect", [
     ("empty", "empty file"), ("wrong-magic", "wrong magic bytes"), ("text-file", "wrong magic"),
-    ("newer-version", f"format version {R.FORMAT_VERSION + 1} is newer"),
+    ("newer-version", f"format version {RF.FORMAT_VERSION + 1} is newer"),
     ("cut-in-header", "truncated inside the header"), ("header-claims-4GiB", "header claims"),
     ("header-garbage", "corrupt header"), ("header-wrong-types", "'world'"),
     ("corrupt-zlib-at-start", "corrupted bytes"), ("length-prefix-4GiB", "4294967295"),
     ("msgpack-nested-100k", "nested too deeply"), ("msgpack-array-claims-4G-items", "4294967295"),
     ("invalid-spans-frame", "spans"), ("cut-mid-first-frame", "file ends"),
 ])
-def test_error_line_says_what_is_wrong(tmp_path, case, expect):
-    p = tmp_path / f"{case}.ddptui"
-    p.write_bytes(BAD[case])
-    res = ddptui("summary", str(p))
-    assert_one_error_line(res, str(p))
+def test_error_line_says_what_is_wrong(bad_runs, case, expect):
+    p, _, res = bad_runs[(case, "summary-plain")]
+    assert_one_error_line(res, p)
     assert expect in res.stderr
 
 
@@ -130,7 +146,7 @@ def test_missing_file_and_directory(tmp_path, verb):
         args = [verb, p] + (["--headless"] if verb == "replay" else [])
         if verb == "export":
             args += ["-o", str(tmp_path / "t.json")]
-        res = ddptui(*args)
+        res = run_main(*args)
         assert_one_error_line(res, p)
 
 
@@ -178,15 +194,17 @@ def test_damaged_file_shows_what_came_before(tmp_path, kind):
     p = tmp_path / f"{kind}.ddptui"
     p.write_bytes(raw)
     # what the reader itself says it could read, cross-checked against the original frames
-    r = R.Reader(str(p))
+    r = rankset.open_reader(str(p))
     read = [f for _, f in r]
     assert r.damage is not None
     assert read == GOOD[:len(read)]
     expected = _expected_rows(len(read))
     assert any(row["steps"] for row in expected)
-    for verb in ("summary", "replay-headless"):
-        out = tmp_path / "out.json"
-        res = ddptui(*VERBS[verb](str(p), tmp_path))
+    for v in ("summary", "replay-headless", "export"):
+        (tmp_path / v).mkdir()
+    runs = ddptui_many([VERBS[v](str(p), tmp_path / v) for v in ("summary", "replay-headless", "export")])
+    for verb, res in zip(("summary", "replay-headless"), runs):
+        out = tmp_path / verb / "out.json"
         assert res.returncode == 0, res.stderr
         assert "Traceback" not in res.stderr
         lines = res.stderr.splitlines()
@@ -198,10 +216,9 @@ def test_damaged_file_shows_what_came_before(tmp_path, kind):
         assert doc["state"] == "incomplete"
         for row in expected:  # the table on stdout names each strategy with its step count
             assert row["strategy"] in res.stdout
-        out.unlink()
-    res = ddptui(*VERBS["export"](str(p), tmp_path))
+    res = runs[2]
     assert res.returncode == 0 and "ddptui: warning: " in res.stderr
-    trace = json.loads((tmp_path / "out.json").read_text())
+    trace = json.loads((tmp_path / "export" / "out.json").read_text())
     n_slices = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     assert n_slices == sum(len(f["kind"]) for f in read if f["t"] == "spans")
     assert trace["otherData"]["damage"] == doc["damage"]
@@ -211,8 +228,8 @@ def test_cut_file_warning_names_the_steps_read(tmp_path):
     raw = _good_bytes(tmp_path)
     p = tmp_path / "cut.ddptui"
     p.write_bytes(raw[: len(raw) * 3 // 4])
-    got = R.load(str(p))
-    res = ddptui("summary", str(p))
+    got = loader.load(str(p))
+    res = run_main("summary", str(p))
     assert res.returncode == 0
     for s, ks in got.steps_read().items():
         assert f"{s} steps {ks[0]}–{ks[-1]}" in res.stderr

@@ -18,12 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from ddptui.collector import Collector
-from ddptui.feed import Feed
-from ddptui.recording import RecordWriter, load
-from ddptui.replay import ReplaySource
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun
+from ddptui.ingest.collector import Collector
+from ddptui.ingest.feed import Feed
+from ddptui.recording.loader import load
+from ranks.recfile import RecordWriter
+from ddptui.recording.replay import ReplaySource
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun
 from ranks import schema, wire
 from ranks.emitter import Emitter
 
@@ -261,8 +262,8 @@ def test_the_app_never_sends_a_control_frame_that_breaks_the_schema():
 
 @pytest.mark.asyncio
 async def test_the_replay_ui_shows_the_skipped_frames_and_agrees_with_headless(tmp_path, capsys):
-    from ddptui import cmd_summary
-    from ddptui.app import DdpApp
+    from ddptui.cli import summary as cmd_summary
+    from ddptui.ui.app import DdpApp
 
     from .test_app import drawn, settle
 

@@ -16,7 +16,7 @@ import pytest
 
 from ranks import spec
 
-from .helpers import ROOT, run_cli, wait_no_workers
+from .helpers import ROOT, run_cli, run_main, assert_no_leftovers
 
 TABLE_COLUMNS = ("model", "strategy", "ranks", "params", "step ms (median)", "comm ms",
                  "samples/s", "speedup vs single")
@@ -81,7 +81,7 @@ def test_bench_table_json_csv_and_cost_model(tmp_path):
         got = list(csv.DictReader(fh))
     assert [g["strategy"] for g in got] == ["single", "naive", "interleaved", "ddp"]
     assert float(got[1]["ring_bytes_per_rank_per_step"]) == pytest.approx(params * 4)  # N = 2
-    assert wait_no_workers(5) == []
+    assert_no_leftovers(5)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -97,7 +97,7 @@ def test_bench_table_json_csv_and_cost_model(tmp_path):
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_bench_bad_input_one_line_exit_2(args, needle):
-    p = run_cli("bench", *args, timeout=30)
+    p = run_main("bench", *args)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddptui: error:") and needle in lines[0], p.stderr

@@ -15,10 +15,11 @@ import uuid
 import psutil
 import pytest
 
-from ddptui import recording as R
+from ddptui.recording import loader, rankset
+from ranks import recfile as RF
 
 from .test_export import recording_counts, trace_counts, validate_trace
-from .helpers import ROOT, cli_env, run_cli, start_cli, synthetic_frames, write_recording
+from .helpers import ROOT, cli_env, run_cli, run_main, start_cli, synthetic_frames, write_recording
 
 LIVE = ["--headless", "--gpus", "2", "--model", "small", "--batch-size", "256"]
 RUN_FIELDS = ("model", "world_size", "batch", "backend", "device")
@@ -28,6 +29,11 @@ NO_GPU = {"DDPTUI_GPU_COUNT": "0"}
 def ddptui(*args, timeout=120, **kw) -> subprocess.CompletedProcess:
     """The CLI with no GPU seen."""
     return run_cli(*args, timeout=timeout, env=NO_GPU, **kw)
+
+
+def ddptui_here(*args, **kw) -> subprocess.CompletedProcess:
+    """The CLI's main in this process (error paths and recordings only), no GPU seen."""
+    return run_main(*args, env=NO_GPU, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +92,7 @@ def test_export_of_the_live_recording(live):
 
 @pytest.mark.slow
 def test_recording_header_describes_the_run(live):
-    meta = R.Reader(str(live["rec"])).meta
+    meta = rankset.open_reader(str(live["rec"])).meta
     assert meta["model"] == "small" and meta["world"] == 2 and meta["batch"] == 256
     assert meta["strategies"] == ["naive", "ddp"]
     assert meta["layers"] == ["fc1", "fc2", "fc3", "fc4"] and len(meta["params"]) == 8
@@ -124,8 +130,8 @@ def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
             if not rec.exists():
                 continue
             try:
-                got = R.load(str(rec))  # the file as it is being written
-            except R.RecordingError:
+                got = loader.load(str(rec))  # the file as it is being written
+            except RF.RecordingError:
                 continue
             seen = min((len(ks) for ks in got.steps_read().values()), default=0)
             if seen >= 3 and len(got.steps_read()) == 2:
@@ -155,7 +161,7 @@ def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"ddptui: warning: {rec}: file ends")
     doc = json.loads(out.read_text())
     assert doc["state"] == "incomplete" and "file ends" in doc["damage"]
-    got = R.load(str(rec))
+    got = loader.load(str(rec))
     for s, ks in got.steps_read().items():
         assert ks == list(range(len(ks))) and len(ks) >= seen  # every step up to the last
         assert f"{s} steps 0–{ks[-1]}" in lines[0]
@@ -192,7 +198,7 @@ def small_rec(tmp_path):
     (["summary", "{f}", "--bogus"], "--bogus"),
 ])
 def test_bad_arguments_are_one_line(small_rec, args, expect):
-    res = ddptui(*[a.replace("{f}", str(small_rec)) for a in args])
+    res = ddptui_here(*[a.replace("{f}", str(small_rec)) for a in args])
     assert res.returncode == 2
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddptui: error: ") and expect in lines[0], res.stderr
@@ -204,17 +210,17 @@ def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
     """`ddptui replay FILE` hands the file and options to the UI (app.run_replay_app)."""
     import types
 
-    from ddptui import cmd_replay
+    from ddptui.cli import replay as cmd_replay
     calls = []
 
     def fake(path, speed=1.0, loop=False, title=None):
         calls.append((path, speed, loop, title))
         return 0
     try:
-        import ddptui.app as app
+        import ddptui.ui.app as app
         monkeypatch.setattr(app, "run_replay_app", fake)
     except ImportError:
-        monkeypatch.setitem(sys.modules, "ddptui.app", types.SimpleNamespace(run_replay_app=fake))
+        monkeypatch.setitem(sys.modules, "ddptui.ui.app", types.SimpleNamespace(run_replay_app=fake))
     tty = types.SimpleNamespace(isatty=lambda: True)
     monkeypatch.setattr(cmd_replay, "sys", types.SimpleNamespace(stdin=tty, stdout=tty))
     assert cmd_replay.main([str(small_rec), "--speed", speed, "--loop", "--title", "My talk"]) == 0
@@ -222,7 +228,7 @@ def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
 
 
 def test_replay_headless_title(small_rec):
-    res = ddptui("replay", str(small_rec), "--headless", "--title", "Naive vs DDP, recorded")
+    res = ddptui_here("replay", str(small_rec), "--headless", "--title", "Naive vs DDP, recorded")
     assert res.returncode == 0 and "Naive vs DDP, recorded" in res.stdout
 
 
@@ -240,7 +246,7 @@ def test_talk_script():
 
 def test_ui_without_a_terminal_is_a_clear_error(small_rec):
     for args in (["replay", str(small_rec)], ["--gpus", "2", "--no-record"]):
-        res = ddptui(*args)
+        res = ddptui_here(*args)
         assert res.returncode == 2
         assert res.stderr.strip().startswith("ddptui: error: the") and "use --headless" in res.stderr
 
@@ -248,8 +254,8 @@ def test_ui_without_a_terminal_is_a_clear_error(small_rec):
 # -- every numeric option of every verb ------------------------------------------------------
 def _numeric_options():
     """(verb argv prefix, option) for every numeric option the verbs' parsers declare."""
-    from ddptui import cli, cmd_bench, cmd_replay, cmd_serve, cmd_verify
-    from ddptui.options import NUMERIC
+    from ddptui.cli import main as cli, bench as cmd_bench, replay as cmd_replay, serve as cmd_serve, verify as cmd_verify
+    from ddptui.cli.options import NUMERIC
 
     out = []
     for prefix, p in ((["--headless"], cli.live_parser()), (["bench"], cmd_bench.parser()),
@@ -258,7 +264,7 @@ def _numeric_options():
         for a in p._actions:
             if a.type is None or not a.option_strings:
                 continue
-            # a typed option that bypassed ddptui.options would escape the shared checks
+            # a typed option that bypassed ddptui.cli.options would escape the shared checks
             assert a.option_strings[0] in NUMERIC, a.option_strings
             assert a.type.__qualname__.split(".")[0] in ("Whole", "Real"), a.option_strings
             out.append((prefix, a.option_strings[0]))
@@ -266,7 +272,7 @@ def _numeric_options():
 
 
 def _out_of_range(opt: str) -> list[str]:
-    from ddptui.options import NUMERIC
+    from ddptui.cli.options import NUMERIC
     spec = NUMERIC[opt]
     lo = spec.lo if opt != "--steps" else 0
     return [str(lo - 1), str(spec.hi + 1)]
@@ -274,7 +280,7 @@ def _out_of_range(opt: str) -> list[str]:
 
 @pytest.mark.parametrize("prefix,opt", _numeric_options(), ids=lambda x: " ".join(x) if isinstance(x, list) else x)
 def test_every_bad_numeric_option_is_one_line_exit_2(prefix, opt, capsys):
-    from ddptui.cli import main
+    from ddptui.cli.main import main
 
     for bad in ["nan", "inf", "-inf", "NaN", "1e999", "x", ""] + _out_of_range(opt):
         rc = main(prefix + [f"{opt}={bad}"])  # "=": argparse would take "-inf" for an option
@@ -288,6 +294,6 @@ def test_every_bad_numeric_option_is_one_line_exit_2(prefix, opt, capsys):
 @pytest.mark.parametrize("verb", [["--headless", "--no-record"], ["bench"], ["replay", "x.ddptui"]])
 def test_pg_timeout_and_speed_nan_refused_by_the_real_command(verb):
     opt = "--speed" if verb[0] == "replay" else "--pg-timeout"
-    res = ddptui(*verb, opt, "nan", timeout=60)
+    res = ddptui_here(*verb, opt, "nan")
     assert res.returncode == 2
     assert res.stderr == f"ddptui: error: {opt} must be a finite number (got 'nan')\n"

@@ -19,11 +19,11 @@ import time
 import psutil
 import pytest
 
-from ddptui.collector import Collector
-from ddptui.feed import Feed
-from ddptui.headless import Progress
-from ddptui.netlisten import NetError, NetListener, Refused, client_handshake, recv_frame
-from ddptui.store import Store
+from ddptui.ingest.collector import Collector
+from ddptui.ingest.feed import Feed
+from ddptui.live.headless import Progress
+from ddptui.live.netlisten import NetError, NetListener, Refused, client_handshake, recv_frame
+from ddptui.model.store import Store
 from ranks import wire
 
 from .helpers import ROOT, wait_no_workers
@@ -415,7 +415,7 @@ async def _tab_session(port: int, query: str, seconds: float, then=None) -> tupl
 
 
 def test_a_tabs_size_is_clamped_and_it_ends_when_its_browser_closes(serve):
-    from ddptui.cmd_serve import MAX_COLS, MAX_ROWS
+    from ddptui.cli.serve import MAX_COLS, MAX_ROWS
     p, port, _ = serve
     seen = []
     n, rows, cols = asyncio.run(_tab_session(port, "width=100000&height=100000", 12,

@@ -1,4 +1,4 @@
-"""The per-layer evidence of a slow rank (ddptui/evidence.py): the sign test's bound, the
+"""The per-layer evidence of a slow rank (ddptui/model/evidence.py): the sign test's bound, the
 excess against the other ranks' median, and synthetic runs with an injected slow layer and
 noise like two ranks sharing busy cores (one rank or the other 10-90 ms late in a random
 layer, in half of the steps)."""
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui import evidence as EV
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun, SyntheticSource, fill_store
-from ddptui.widgets import headline, waits
+from ddptui.model import evidence as EV
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun, SyntheticSource, fill_store
+from ddptui.ui.widgets import headline, waits
 from ranks.wire import BWD, FWD
 
 NOISE = (0.5, 10.0, 90.0)  # half the steps: a random rank's random layer 10-90 ms late
@@ -152,9 +152,9 @@ async def test_d_key_change_is_named_within_20_steps_on_a_real_run():
     import asyncio
     import time
 
-    from ddptui.app import DdpApp
-    from ddptui.launcher import plan
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.ui.app import DdpApp
+    from ddptui.live.launcher import plan
+    from ddptui.live.session import LiveRun, RunOptions
 
     from .helpers import wait_no_workers
 

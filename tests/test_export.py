@@ -15,10 +15,10 @@ from collections import Counter
 
 import pytest
 
-from ddptui import recording as R
+from ddptui.recording import rankset
 from ranks import spec, wire
 
-from .helpers import DEMO, run_cli, synthetic_frames, synthetic_meta, write_recording
+from .helpers import DEMO, run_cli, run_main, synthetic_frames, synthetic_meta, write_recording
 
 LANE_OF_KIND = {wire.STEP: "step", wire.FWD: "compute", wire.BWD: "compute",
                 wire.COMM: "communication", wire.OPT: "optimizer"}
@@ -79,7 +79,7 @@ def validate_trace(doc) -> dict:
 def recording_counts(path) -> Counter:
     """(rank, lane) -> spans, straight from the recording."""
     c = Counter()
-    for _, f in R.Reader(str(path)):
+    for _, f in rankset.open_reader(str(path)):
         if f["t"] == "spans":
             b = wire.decode_spans(f)
             for k in b.kind:
@@ -110,7 +110,7 @@ def synthetic(tmp_path):
 def test_export_validates_and_counts_match(tmp_path, synthetic):
     p, frames = synthetic
     out = tmp_path / "trace.json"
-    res = run_cli("export", str(p), "-o", str(out))
+    res = run_main("export", str(p), "-o", str(out))
     assert res.returncode == 0, res.stderr
     assert res.stderr == "" and "wrote" in res.stdout
     doc = json.loads(out.read_text())
@@ -124,7 +124,7 @@ def test_export_validates_and_counts_match(tmp_path, synthetic):
 def test_args_and_one_time_axis(tmp_path, synthetic):
     p, frames = synthetic
     out = tmp_path / "trace.json"
-    assert run_cli("export", str(p), "-o", str(out)).returncode == 0
+    assert run_main("export", str(p), "-o", str(out)).returncode == 0
     doc = json.loads(out.read_text())
     params = spec.param_table("small")
     span_frames = [f for f in frames if f["t"] == "spans"]
@@ -191,7 +191,7 @@ def test_partly_overlapping_slices_go_to_an_extra_lane(tmp_path):
     p = tmp_path / "ov.ddptui"
     write_recording(p, [hello, f], meta)
     out = tmp_path / "t.json"
-    assert run_cli("export", str(p), "-o", str(out)).returncode == 0
+    assert run_main("export", str(p), "-o", str(out)).returncode == 0
     doc = json.loads(out.read_text())
     names = validate_trace(doc)
     comm = [names["threads"][(e["pid"], e["tid"])] for e in doc["traceEvents"]
@@ -201,24 +201,24 @@ def test_partly_overlapping_slices_go_to_an_extra_lane(tmp_path):
 
 def test_export_to_stdout_and_default_name(tmp_path, synthetic):
     p, _ = synthetic
-    res = run_cli("export", str(p), "-o", "-")
+    res = run_main("export", str(p), "-o", "-")
     assert res.returncode == 0
     validate_trace(json.loads(res.stdout))
-    res = run_cli("export", str(p), cwd=tmp_path, timeout=60)
+    res = run_main("export", str(p), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     validate_trace(json.loads((tmp_path / "syn.trace.json").read_text()))
 
 
 def test_unwritable_output_is_one_error_line(tmp_path, synthetic):
     p, _ = synthetic
-    res = run_cli("export", str(p), "-o", str(tmp_path / "no" / "such" / "dir" / "t.json"))
+    res = run_main("export", str(p), "-o", str(tmp_path / "no" / "such" / "dir" / "t.json"))
     assert res.returncode == 2
     assert res.stderr.startswith("ddptui: error: -o ") and len(res.stderr.splitlines()) == 1
 
 
 def test_exported_file_has_ordinary_permissions(tmp_path, synthetic):
     out = tmp_path / "perm.json"
-    res = run_cli("export", str(synthetic[0]), "-o", str(out))
+    res = run_main("export", str(synthetic[0]), "-o", str(out))
     assert res.returncode == 0, res.stderr
     umask = os.umask(0)
     os.umask(umask)

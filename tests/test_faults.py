@@ -19,15 +19,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as hs
 
-from ddptui.recording import Reader
-from ddptui.store import Store
+from ddptui.recording.reader import Reader
+from ddptui.model.store import Store
 
 from .bad_frames import bad_frame, frame_rank
-from .helpers import ROOT, StubNvml, run_cli, run_live, start_cli, wait_no_workers, worker_procs
-
-pytestmark = pytest.mark.slow
+from .helpers import StubNvml, assert_no_leftovers, run_main, start_cli, wait_no_workers, worker_procs
 
 SHUTDOWN_WINDOW_S = 10.0
+STALL_S = 5.0  # how long the stalled-app test stops the app (socket buffer and queue of 8 frames overflow)
 
 
 class Headless:
@@ -56,6 +55,15 @@ class Headless:
                 break
             time.sleep(0.05)
         raise AssertionError(f"never saw {needle!r}; stderr so far:\n" + "\n".join(self.lines))
+
+    def steps(self, strategy: str) -> int:
+        """The steps of `strategy` the last progress line counts (0 before any)."""
+        pat = re.compile(rf"\b{strategy} (\d+)")
+        for ln in reversed(self.lines):
+            m = pat.search(ln) if ln.startswith("ddptui: steps:") else None
+            if m:
+                return int(m.group(1))
+        return 0
 
     def wait_steps(self, strategy: str, n: int, timeout: float = 90.0) -> None:
         """Until the progress line says `strategy` has completed at least n steps."""
@@ -108,12 +116,10 @@ def replay_steps(path) -> tuple[dict, str | None]:
 @pytest.fixture(autouse=True)
 def no_leftovers():
     yield
-    left = wait_no_workers(SHUTDOWN_WINDOW_S)
-    for p in left:
-        p.kill()
-    assert not left, f"processes left behind: {[p.pid for p in left]}"
+    assert_no_leftovers(SHUTDOWN_WINDOW_S)
 
 
+@pytest.mark.slow
 def test_rank_killed_mid_run(tmp_path):
     rec = tmp_path / "killed.ddptui"
     h = Headless("--steps", "0", record=rec)
@@ -124,12 +130,13 @@ def test_rank_killed_mid_run(tmp_path):
     err = [ln for ln in h.lines if ln.startswith("ddptui: error:")]
     assert err and "rank 1 killed by SIGKILL" in err[-1], h.stderr
     assert "Traceback" not in h.stderr
-    assert wait_no_workers(SHUTDOWN_WINDOW_S) == []
+    assert_no_leftovers(SHUTDOWN_WINDOW_S)
     steps, damage = replay_steps(rec)
     assert damage is None  # ddptui itself closed the recording properly
     assert len(steps["naive"]) >= 2 and len(steps["ddp"]) >= 2
 
 
+@pytest.mark.slow
 def test_hung_rank_detected(tmp_path):
     h = Headless("--steps", "0", "--pg-timeout", "5")
     h.wait_for("steps:")
@@ -154,6 +161,7 @@ def test_hung_rank_detected(tmp_path):
     assert "Traceback" not in h.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,when", [
     (signal.SIGINT, "spawning torchrun"),
     (signal.SIGINT, "steps:"),
@@ -179,6 +187,7 @@ def test_interrupt_start_up_and_training(tmp_path, sig, when):
         assert steps["naive"]
 
 
+@pytest.mark.slow
 def test_app_sigkilled_workers_exit_by_themselves():
     h = Headless("--steps", "0")
     h.wait_for("steps:")
@@ -190,16 +199,17 @@ def test_app_sigkilled_workers_exit_by_themselves():
     assert not alive, "workers outlived the app by more than 8 s"
 
 
+@pytest.mark.slow
 def test_app_stalled_training_goes_on_and_drops_are_counted(tmp_path):
     rec = tmp_path / "stall.ddptui"
     out = tmp_path / "stall.json"
     h = Headless("--steps", "0", "--batch-size", "32", "--queue-size", "8", "--json", str(out), record=rec)
-    h.wait_for("steps:")
-    time.sleep(2.0)
+    h.wait_steps("naive", 25)  # the steady rate before the stall is measured on 20 steps
     h.p.send_signal(signal.SIGSTOP)
-    time.sleep(5.0)
+    time.sleep(STALL_S)  # the experiment: the app does nothing for this long
+    seen = h.steps("naive")
     h.p.send_signal(signal.SIGCONT)
-    time.sleep(3.0)
+    h.wait_steps("naive", seen + 10)  # the app reads again and sees training went on
     h.p.send_signal(signal.SIGINT)
     rc = h.finish(timeout=30)
     assert rc == 130, h.stderr
@@ -223,9 +233,10 @@ def test_app_stalled_training_goes_on_and_drops_are_counted(tmp_path):
     assert stall_rate > 0.5 * normal_rate, (stall_rate, normal_rate)
 
 
+@pytest.mark.slow
 def test_hostile_clients_rejected_run_unaffected():
-    from ddptui.launcher import plan
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.live.launcher import plan
+    from ddptui.live.session import LiveRun, RunOptions
     from ranks import wire
 
     run = LiveRun(RunOptions(model="small", steps=25, batch_size=256), plan(2, None, "cpu"))
@@ -280,7 +291,7 @@ def test_hostile_clients_rejected_run_unaffected():
     (["--runs-dir", "/proc/ddptui-runs"], "--runs-dir"),
 ])
 def test_bad_paths(args, needle):
-    p = run_cli("--headless", *args, timeout=30)
+    p = run_main("--headless", *args)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddptui: error:") and needle in lines[0], p.stderr
@@ -288,10 +299,9 @@ def test_bad_paths(args, needle):
 
 @pytest.mark.parametrize("module,needle", [("torch", "torch is not installed in this Python"),
                                            ("pynvml", "nvidia-ml-py (pynvml) is not installed")])
-def test_missing_dependency(module, needle):
-    code = (f"import sys; sys.modules[{module!r}] = None; from ddptui.cli import main; "
-            "sys.exit(main(['--headless', '--no-record']))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT)
+def test_missing_dependency(module, needle, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    p = run_main("--headless", "--no-record")
     assert p.returncode == 2
     assert p.stderr.strip() == f"ddptui: error: {needle}" + (
         "; run bin/setup (or pip install torch)" if module == "torch" else "; reinstall ddptui (pip install -e .)")
@@ -320,7 +330,7 @@ class FlakyNvml(StubNvml):
 
 
 def test_nvml_failing_mid_run_shows_na_and_stops_polling():
-    from ddptui.nvml import GpuSampler
+    from ddptui.live.nvml import GpuSampler
     lib = FlakyNvml(ok_calls=2)
     s = GpuSampler(lib=lib)
     samples = [s.sample()["gpus"][0] for _ in range(8)]
@@ -333,10 +343,11 @@ def test_nvml_failing_mid_run_shows_na_and_stops_polling():
     assert samples[-1]["pcie_tx_mbs"] == 2.0
 
 
+@pytest.mark.slow
 def test_long_run_memory_bounded():
     """10,000 steps of synthetic frames through the real socket, collector and store."""
-    from ddptui.collector import Collector
-    from ddptui.synthetic import SyntheticRun
+    from ddptui.ingest.collector import Collector
+    from ddptui.recording.synthetic import SyntheticRun
     from ranks import wire
 
     st = Store()
@@ -374,6 +385,7 @@ def test_long_run_memory_bounded():
     assert growth_mb < 15, f"memory grew {growth_mb:.1f} MB over 9,000 steps"
 
 
+@pytest.mark.slow
 @settings(max_examples=1, deadline=None, database=None, phases=[Phase.generate],
           suppress_health_check=list(HealthCheck))
 @given(hs.lists(bad_frame(), min_size=60, max_size=60))
@@ -381,9 +393,9 @@ def test_generated_bad_frames_during_a_real_run(tmp_path_factory, frames):
     """An authenticated client sends frames of every type with wrong values (one connection
     each) while two real ranks train: each is rejected and logged, the run, its figures and
     its recording are unaffected."""
-    from ddptui.launcher import plan
-    from ddptui.recording import load
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.live.launcher import plan
+    from ddptui.recording.loader import load
+    from ddptui.live.session import LiveRun, RunOptions
     from ranks import wire
 
     rec = tmp_path_factory.mktemp("bad-frames") / "run.ddptui"

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from ddptui import figures as F
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun, fill_store
+from ddptui.model import figures as F
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun, fill_store
 from ranks import wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
@@ -99,7 +99,7 @@ def test_store_summary_and_eviction_from_synthetic_run():
 
 
 def test_store_queries():
-    from ddptui.store import in_force
+    from ddptui.model.store import in_force
 
     assert in_force([(0, "a"), (3, "b"), (7, "c")], 5) == "b"
     assert in_force([(2, "a")], 1, "dflt") == "dflt" and in_force([(2, "a")], 1, first=True) == "a"
@@ -117,3 +117,32 @@ def test_store_queries():
     snap = st.rank_snapshot()
     snap[0].phase = "changed"  # a copy: the store is not touched
     assert st.ranks[0].phase != "changed" and sorted(snap) == [0, 1]
+
+
+def test_bucket_figures_match_the_spans_of_the_view():
+    """The store's per-bucket figures (computed once per step from the raw batches) equal the
+    time and compute overlap of each AllReduce measured on the drawn spans, mean over ranks."""
+    from statistics import mean
+
+    from ddptui.model.store import Store
+    from ddptui.recording.synthetic import SyntheticRun, fill_store
+    from ranks.wire import BWD, COMM, FWD
+
+    st = Store()
+    fill_store(st, SyntheticRun("xlarge", 4, ("naive", "ddp"), seed=3), 3, gpu=True)
+    k = st.latest_complete("ddp")
+    v = st.view("ddp", k)
+    times, over = {}, {}
+    for spans in v.spans.values():
+        compute = F.union([(s.start_ms, s.end_ms) for s in spans if s.kind in (FWD, BWD)])
+        for s in spans:
+            if s.kind == COMM:
+                d = s.end_ms - s.start_ms
+                times.setdefault(s.idx, []).append(d)
+                over.setdefault(s.idx, []).append(100 * F.intersection_length([(s.start_ms, s.end_ms)], compute) / d)
+    got = st.bucket_figures("ddp", k)
+    assert set(got) == set(times) and len(got) > 1
+    for b, (t, ov) in got.items():
+        assert t == pytest.approx(mean(times[b]), rel=1e-6)
+        assert ov == pytest.approx(mean(over[b]), abs=1e-6)
+    assert any(0 < ov < 100 for _, ov in got.values())  # some overlap, not all

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
-from ddptui.widgets.headline import headline
+from ddptui.ui.widgets.headline import headline
 
 ratio = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False)
 pct = st.one_of(st.none(), st.floats(min_value=0, max_value=100, allow_nan=False))

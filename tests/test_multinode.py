@@ -14,15 +14,15 @@ import time
 import psutil
 import pytest
 
-from ddptui import stragglers as ST
-from ddptui.clocksync import MIN_STEPS, ClockEstimate, CollSample, coll_sample, map_ns, refine
-from ddptui.collector import Collector
-from ddptui.feed import Feed
-from ddptui.netlisten import NetError, NetListener, client_handshake, mac, read_token_file, recv_frame
-from ddptui.store import Store
+from ddptui.model import stragglers as ST
+from ddptui.model.clocksync import MIN_STEPS, ClockEstimate, CollSample, coll_sample, map_ns, refine
+from ddptui.ingest.collector import Collector
+from ddptui.ingest.feed import Feed
+from ddptui.live.netlisten import NetError, NetListener, client_handshake, mac, read_token_file, recv_frame
+from ddptui.model.store import Store
 from ranks import wire
 
-from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, wait_no_workers, worker_procs
+from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, assert_no_leftovers, worker_procs
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
 
@@ -301,7 +301,7 @@ def test_bad_clients_are_refused_and_logged_without_affecting_the_listener(liste
         s.close()
         want = "connection closed during the handshake"
     else:
-        import ddptui.netlisten as nl
+        import ddptui.live.netlisten as nl
         old, nl.HANDSHAKE_TIMEOUT = nl.HANDSHAKE_TIMEOUT, 0.5
         try:
             lst2 = NetListener("127.0.0.1", 0, TOKEN, "run-a", {"nnodes": 3}, lst.collector, lst.feed, store)
@@ -325,7 +325,7 @@ def test_token_file_readable_by_others_is_refused(token_file):
 
 
 def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
-    from ddptui.cli import main
+    from .helpers import run_main
     cases = [
         ["--headless", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--rdzv-endpoint", "h:1"],
         ["--headless", "--nnodes", "2", "--nproc-per-node", "1"],
@@ -338,8 +338,7 @@ def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
         ["join", "127.0.0.1:1", "--token-file", token_file, "--retry-for", "-1"],
     ]
     for argv in cases:
-        p = subprocess.run([sys.executable, "-m", "ddptui", *argv], capture_output=True, text=True, cwd=ROOT,
-                           timeout=60)
+        p = run_main(*argv)
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("ddptui: error: "), (argv, p.stderr)
 
@@ -379,10 +378,11 @@ def _two_nodes(tmp_path, token_file, skew, steps=3, extra=(), asym=0):
 
 @pytest.mark.parametrize("skew,asym,steps", [(250_000_000, 0, 3), (-5_000_000_000, 0, 3), (250_000_000, 2_000_000, 30)],
                          ids=["+250ms", "-5s", "+250ms-asymmetric-path"])
+@pytest.mark.slow
 def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     """With an asymmetric path (pings 2 ms slower on the way out) the exchanges alone are
     ~1 ms off, within their ± bound; the run's collectives bring the offset back."""
-    from ddptui.recording import load
+    from ddptui.recording.loader import load
     from ranks.wire import BWD, COMM
 
     node0, join, rec, js = _two_nodes(tmp_path, token_file, skew, steps=steps, asym=asym)
@@ -442,9 +442,10 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     gaps.sort()
     # a loaded 2-core machine delays a rank's return from a blocking AllReduce by up to ms
     assert gaps[len(gaps) // 2] < 3_000_000 and gaps[-1] < 50_000_000, gaps
-    assert not wait_no_workers(10)
+    assert_no_leftovers(10)
 
 
+@pytest.mark.slow
 def test_join_exits_when_node0_goes_away(tmp_path, token_file):
     node0, join, _, _ = _two_nodes(tmp_path, token_file, 250_000_000, steps=0)
     try:
@@ -470,4 +471,4 @@ def test_join_exits_when_node0_goes_away(tmp_path, token_file):
         for p in (node0, join):
             if p.poll() is None:
                 p.kill()
-    assert not wait_no_workers(10)
+    assert_no_leftovers(10)

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from ddptui import nvml
+from ddptui.live import nvml
 
 from .helpers import StubNvml
 
@@ -113,7 +113,7 @@ def test_real_nvml_sample():
 
 
 def test_run_sees_only_the_planned_gpus():
-    from ddptui.launcher import visible_devices
+    from ddptui.live.launcher import visible_devices
     assert visible_devices(1, None) == "0"
     assert visible_devices(2, "") == "0,1"
     assert visible_devices(1, "3,5,7") == "3"
@@ -121,7 +121,7 @@ def test_run_sees_only_the_planned_gpus():
 
 
 def test_gpu_panel_names_the_ranks_on_each_gpu_sm_activity_and_clock_residual():
-    from ddptui.widgets.gpu_panel import gpu_lines
+    from ddptui.ui.widgets.gpu_panel import gpu_lines
     s = nvml.GpuSampler(lib=CountingNvml())
     samples = [s.sample(), s.sample()]
     lines = gpu_lines(samples, 120, 10, {"GPU-0001": [0, 1]}, -3400)

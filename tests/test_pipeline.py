@@ -11,9 +11,8 @@ import torch
 from ranks import spec
 from ranks.wire import BWD, COMM, FWD, STEP
 
-from .helpers import run_cli, run_live, wait_no_workers
+from .helpers import run_cli, run_main, run_live, assert_no_leftovers
 
-pytestmark = pytest.mark.slow
 
 MODEL = "small"
 N_PARAMS = len(spec.param_table(MODEL))  # 8 tensors
@@ -40,6 +39,7 @@ def backward_end(sp):
     return max(t1 for k, _, _, t1 in sp if k == BWD)
 
 
+@pytest.mark.slow
 def test_every_strategy_reported_every_step(run):
     st = run.store
     for s in ("naive", "interleaved", "ddp"):
@@ -47,9 +47,10 @@ def test_every_strategy_reported_every_step(run):
         assert set(st.raw[s][3]) == {0, 1}
     assert st.complete_steps("single") == [0, 1, 2, 3]
     assert set(st.raw["single"][0]) == {0}  # single runs on one device only
-    assert wait_no_workers(5) == []
+    assert_no_leftovers(5)
 
 
+@pytest.mark.slow
 def test_layer_spans_forward_then_backward_reversed(run):
     for s in ("naive", "interleaved", "ddp", "single"):
         sp = spans(run, s, 2, 0)
@@ -62,6 +63,7 @@ def test_layer_spans_forward_then_backward_reversed(run):
         assert all(step[0] <= t0 and t1 <= step[1] for k, _, t0, t1 in sp)
 
 
+@pytest.mark.slow
 def test_naive_allreduces_after_backward(run):
     for step in range(4):
         for rank in (0, 1):
@@ -74,6 +76,7 @@ def test_naive_allreduces_after_backward(run):
     assert s["overlap_pct"] < 5
 
 
+@pytest.mark.slow
 def test_interleaved_allreduces_during_backward(run):
     for step in range(4):
         for rank in (0, 1):
@@ -84,12 +87,13 @@ def test_interleaved_allreduces_during_backward(run):
     assert run.store.summary("interleaved")["allreduce_calls_per_step"] == N_PARAMS
 
 
+@pytest.mark.slow
 def test_interleaved_allreduces_run_concurrently_and_the_lane_shows_it(run):
     """gloo runs async collectives on two threads at once: the comm spans overlap (their
     true intervals, not one-at-a-time), exposed communication is computed on them, and the
     comm lane gives them sub-rows (or, one row tall, marks the overlap)."""
-    from ddptui.widgets.lanes import comm_bars
-    from ddptui.widgets.theme import COMM_A, COMM_B, COMM_LAST, COMM_MULTI
+    from ddptui.ui.widgets.lanes import comm_bars
+    from ddptui.ui.widgets.theme import COMM_A, COMM_B, COMM_LAST, COMM_MULTI
     bar = (COMM_A, COMM_B, COMM_LAST)  # an AllReduce's transfer (the last arriver's in its colour)
 
     found = None
@@ -109,6 +113,7 @@ def test_interleaved_allreduces_run_concurrently_and_the_lane_shows_it(run):
     assert sum(1 for bars in two_rows for _, _, c, _ in bars if c in bar) == n_comm
 
 
+@pytest.mark.slow
 def test_ddp_buckets_match_what_ddp_reports(run):
     st = run.store
     layouts = st.layouts[("ddp", 0)]
@@ -128,6 +133,7 @@ def test_ddp_buckets_match_what_ddp_reports(run):
             assert any(t0 < backward_end(sp) for k, _, t0, _ in sp if k == COMM)
 
 
+@pytest.mark.slow
 def test_figures_are_consistent(run):
     st = run.store
     for s in ("naive", "interleaved", "ddp"):
@@ -149,6 +155,7 @@ def test_figures_are_consistent(run):
     assert st.summary("single")["comm_ms"] == 0
 
 
+@pytest.mark.slow
 def test_all_strategies_reach_the_same_weights(run):
     files = sorted(glob.glob(run.weights_prefix + ".rank*.pt"))
     assert len(files) == 2
@@ -166,6 +173,7 @@ def test_all_strategies_reach_the_same_weights(run):
     assert not torch.allclose(init["fc1.0.weight"], ref["fc1.0.weight"])
 
 
+@pytest.mark.slow
 def test_headless_cli_prints_table_and_json(tmp_path):
     out = tmp_path / "o.json"
     p = run_cli("--headless", "--gpus", "2", "--model", "small", "--steps", "3", "--batch-size", "256",
@@ -183,7 +191,7 @@ def test_headless_cli_prints_table_and_json(tmp_path):
             assert key in r
         assert r["steps"] == 3
     assert doc["speedup"]["ddp_vs_naive"] > 0
-    assert wait_no_workers(5) == []
+    assert_no_leftovers(5)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -202,7 +210,7 @@ def test_headless_cli_prints_table_and_json(tmp_path):
     (["summry", "x.ddptui"], "unknown command 'summry' (did you mean summary?)"),
 ])
 def test_bad_input_one_line_nonzero(args, needle):
-    p = run_cli("--headless", *args, timeout=30)
+    p = run_main("--headless", *args)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
@@ -211,14 +219,14 @@ def test_bad_input_one_line_nonzero(args, needle):
 
 
 def test_more_gpus_than_exist():
-    p = run_cli("--headless", "--gpus", "4", env={"DDPTUI_GPU_COUNT": "2"}, timeout=30)
+    p = run_main("--headless", "--gpus", "4", env={"DDPTUI_GPU_COUNT": "2"})
     assert p.returncode == 2
     assert p.stderr.strip() == ("ddptui: error: --gpus 4 but only 2 GPU(s) present; "
                                 "to run 4 ranks on 2 GPU(s) use --gpus 2 --ranks 4")
 
 
 def test_plan_backends():
-    from ddptui.launcher import plan
+    from ddptui.live.launcher import plan
     assert plan(2, None, available=0).device == "cpu"
     p = plan(1, 2, available=1)
     assert p.device == "cuda" and p.ranks == 2 and "gloo with CUDA tensors" in p.note

@@ -1,6 +1,6 @@
 """Recordings: the file format, flushing, truncation at any byte, compactness, fuzzing.
 
-These tests write real files with RecordWriter (frames from ddptui.synthetic, the same
+These tests write real files with RecordWriter (frames from ddptui.recording.synthetic, the same
 frames ranks send) and read them back with Reader / recording.load.
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from ddptui import recording as R
+from ddptui.recording import loader, rankset
+from ranks import recfile as RF
 from ranks import wire
 
 from .helpers import DEMO, store_of, synthetic_frames, synthetic_meta, write_recording
@@ -31,16 +32,16 @@ def test_round_trip_frames_and_header(tmp_path):
     meta = synthetic_meta()
     p = tmp_path / "a.ddptui"
     w = write_recording(p, frames, meta)
-    r = R.Reader(str(p))
+    r = rankset.open_reader(str(p))
     assert r.meta == meta
     got = [f for _, f in r]
     assert r.damage is None
     assert got == frames
     assert w.frames == len(frames) and w.spans == span_count(frames)
     with open(p, "rb") as f:
-        head = f.read(len(R.MAGIC) + 2)
-    assert head[:len(R.MAGIC)] == R.MAGIC
-    assert struct.unpack(">H", head[len(R.MAGIC):])[0] == R.FORMAT_VERSION
+        head = f.read(len(RF.MAGIC) + 2)
+    assert head[:len(RF.MAGIC)] == RF.MAGIC
+    assert struct.unpack(">H", head[len(RF.MAGIC):])[0] == RF.FORMAT_VERSION
 
 
 def test_load_gives_the_same_figures_as_feeding_the_store(tmp_path):
@@ -48,7 +49,7 @@ def test_load_gives_the_same_figures_as_feeding_the_store(tmp_path):
     meta = synthetic_meta(strategies=("naive", "interleaved", "ddp", "single"))
     p = tmp_path / "a.ddptui"
     write_recording(p, frames, meta)
-    got = R.load(str(p))
+    got = loader.load(str(p))
     assert got.damage is None
     assert got.frames == len(frames)
     assert got.spans == span_count(frames)
@@ -61,7 +62,7 @@ def test_long_recording_keeps_every_step_figure(tmp_path):
     frames = synthetic_frames(steps=2000)
     p = tmp_path / "long.ddptui"
     write_recording(p, frames)
-    got = R.load(str(p))
+    got = loader.load(str(p))
     assert {s["strategy"]: s["steps"] for s in got.store.summaries()} == {"naive": 2000, "ddp": 2000}
 
 
@@ -70,7 +71,7 @@ def test_unclosed_writer_is_readable_up_to_its_last_flush(tmp_path):
     """A run killed at any instant: what was flushed replays; no close() needed."""
     frames = synthetic_frames(steps=6)
     p = tmp_path / "live.ddptui"
-    w = R.RecordWriter(str(p), synthetic_meta())
+    w = RF.RecordWriter(str(p), synthetic_meta())
     flushed_at = 0
     for i, f in enumerate(frames):
         w.write(f)
@@ -80,7 +81,7 @@ def test_unclosed_writer_is_readable_up_to_its_last_flush(tmp_path):
     w.write({"t": "status", "text": "after the last flush", "level": "info", "ts": 1.0})
     snap = tmp_path / "snap.ddptui"
     shutil.copyfile(p, snap)  # the file as a SIGKILL would leave it
-    r = R.Reader(str(snap))
+    r = rankset.open_reader(str(snap))
     got = [f for _, f in r]
     assert got == frames[:len(got)] and len(got) >= flushed_at
     assert r.damage and "ends" in r.damage
@@ -89,13 +90,13 @@ def test_unclosed_writer_is_readable_up_to_its_last_flush(tmp_path):
 
 def test_writer_sync_flushes_on_its_own(tmp_path, monkeypatch):
     """Without explicit flush() calls, frames reach the file within FLUSH_EVERY_S."""
-    monkeypatch.setattr(R, "FLUSH_EVERY_S", 0.0)
+    monkeypatch.setattr(RF, "FLUSH_EVERY_S", 0.0)
     p = tmp_path / "a.ddptui"
-    w = R.RecordWriter(str(p), synthetic_meta())
+    w = RF.RecordWriter(str(p), synthetic_meta())
     frames = synthetic_frames(steps=2)
     for f in frames:
         w.write(f)
-    got = [f for _, f in R.Reader(str(p))]
+    got = [f for _, f in rankset.open_reader(str(p))]
     assert got == frames  # everything written is readable before close
     w.close()
 
@@ -103,12 +104,12 @@ def test_writer_sync_flushes_on_its_own(tmp_path, monkeypatch):
 def test_every_complete_step_is_flushed_without_waiting(tmp_path, monkeypatch):
     """Killed at any instant (a copy of the unclosed file): every step whose spans from all
     ranks were written is on disk, even with no time-based flush at all."""
-    monkeypatch.setattr(R, "FLUSH_EVERY_S", 1e9)
+    monkeypatch.setattr(RF, "FLUSH_EVERY_S", 1e9)
     strategies = ("naive", "ddp", "single")
     frames = synthetic_frames(steps=5, world=3, strategies=strategies)
     meta = synthetic_meta(world=3, strategies=strategies)
     p = tmp_path / "live.ddptui"
-    w = R.RecordWriter(str(p), meta)
+    w = RF.RecordWriter(str(p), meta)
     snap = tmp_path / "snap.ddptui"
     done: dict[str, int] = {}
     for f in frames:
@@ -119,7 +120,7 @@ def test_every_complete_step_is_flushed_without_waiting(tmp_path, monkeypatch):
         if f["r"] == want - 1:  # synthetic ranks send in order: this one completes the step
             done[f["s"]] = f["k"]
             shutil.copyfile(p, snap)
-            got = R.load(str(snap))
+            got = loader.load(str(snap))
             assert got.damage and "ends" in got.damage
             assert {s: ks[-1] for s, ks in got.steps_read().items()} == done
     w.close()
@@ -130,17 +131,17 @@ def test_truncated_at_every_byte_replays_a_prefix(tmp_path):
     p = tmp_path / "a.ddptui"
     write_recording(p, frames, flush_each="spans")
     data = p.read_bytes()
-    head_len = len(R.MAGIC) + 6 + len(msgpack.packb(synthetic_meta(), use_bin_type=True))
+    head_len = len(RF.MAGIC) + 6 + len(msgpack.packb(synthetic_meta(), use_bin_type=True))
     cut = tmp_path / "cut.ddptui"
     last = 0
     for n in range(0, len(data)):
         cut.write_bytes(data[:n])
         if n < head_len:
-            with pytest.raises(R.RecordingError) as e:
-                R.Reader(str(cut))
+            with pytest.raises(RF.RecordingError) as e:
+                rankset.open_reader(str(cut))
             assert str(cut) in str(e.value)
             continue
-        r = R.Reader(str(cut))
+        r = rankset.open_reader(str(cut))
         got = [f for _, f in r]
         assert got == frames[:len(got)], n
         assert len(got) >= last  # more bytes never read fewer frames
@@ -151,7 +152,7 @@ def test_truncated_at_every_byte_replays_a_prefix(tmp_path):
 
 # -- compactness -----------------------------------------------------------------------------
 def bytes_per_span(path) -> float:
-    spans = sum(len(f["kind"]) for _, f in R.Reader(str(path)) if f["t"] == "spans")
+    spans = sum(len(f["kind"]) for _, f in rankset.open_reader(str(path)) if f["t"] == "spans")
     return os.path.getsize(path) / spans
 
 
@@ -178,9 +179,9 @@ def _file(tmp_path, raw: bytes, name="x.ddptui") -> str:
     return str(p)
 
 
-def _header(meta, version=R.FORMAT_VERSION) -> bytes:
+def _header(meta, version=RF.FORMAT_VERSION) -> bytes:
     head = msgpack.packb(meta, use_bin_type=True)
-    return R.MAGIC + struct.pack(">HI", version, len(head)) + head
+    return RF.MAGIC + struct.pack(">HI", version, len(head)) + head
 
 
 @pytest.mark.parametrize("meta,what", [
@@ -189,14 +190,14 @@ def _header(meta, version=R.FORMAT_VERSION) -> bytes:
 ])
 def test_header_fields_with_wrong_types_are_rejected(tmp_path, meta, what):
     p = _file(tmp_path, _header(meta) + zlib.compress(b""))
-    with pytest.raises(R.RecordingError, match=what):
-        R.Reader(p)
+    with pytest.raises(RF.RecordingError, match=what):
+        rankset.open_reader(p)
 
 
 def test_header_not_a_map_is_rejected(tmp_path):
     p = _file(tmp_path, _header([1, 2, 3]))
-    with pytest.raises(R.RecordingError, match="not a map"):
-        R.Reader(p)
+    with pytest.raises(RF.RecordingError, match="not a map"):
+        rankset.open_reader(p)
 
 
 # -- fuzzing ---------------------------------------------------------------------------------
@@ -220,8 +221,8 @@ FUZZ = settings(max_examples=300, deadline=None,
 def _read_all(path: str):
     """What every verb does first: load into a store. Only RecordingError may escape."""
     try:
-        got = R.load(path)
-    except R.RecordingError as e:
+        got = loader.load(path)
+    except RF.RecordingError as e:
         assert str(e).startswith(path) and "\n" not in str(e)
         return None
     got.store.summaries()

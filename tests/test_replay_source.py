@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui.recording import Reader, RecordingError, RecordWriter
-from ddptui.replay import ReplaySource
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun
+from ddptui.recording.reader import Reader
+from ranks.recfile import RecordingError, RecordWriter
+from ddptui.recording.replay import ReplaySource
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun
 
 DEMO = "demo/cpu-medium-2ranks.ddptui"
 STRATEGIES = ("naive", "interleaved", "ddp", "single")

@@ -21,10 +21,10 @@ import urllib.request
 
 import pytest
 
-from ddptui.cmd_serve import local_templates, tab_command, parser
-from ddptui.follow import FollowSource
-from ddptui.recording import RecordWriter
-from ddptui.synthetic import SyntheticRun
+from ddptui.cli.serve import local_templates, tab_command, parser
+from ddptui.recording.follow import FollowSource
+from ranks.recfile import RecordWriter
+from ddptui.recording.synthetic import SyntheticRun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -79,10 +79,10 @@ def test_served_page_fetches_nothing_from_the_internet(tmp_path):
 
 def test_tab_commands_replay_or_follow_never_launch_a_run():
     a = parser().parse_args(["demo/x.ddptui", "--speed", "2", "--loop"])
-    assert tab_command(a).endswith("-m ddptui.cmd_serve --tab demo/x.ddptui --speed 2.0 --loop")
+    assert tab_command(a).endswith("-m ddptui.cli.serve --tab demo/x.ddptui --speed 2.0 --loop")
     assert tab_command(a).startswith("exec ")  # the server's own child: it sees the server go
     a = parser().parse_args(["--attach", "runs/y.ddptui"])
-    assert tab_command(a).endswith("-m ddptui.cmd_serve --tab runs/y.ddptui --attach")
+    assert tab_command(a).endswith("-m ddptui.cli.serve --tab runs/y.ddptui --attach")
 
 
 def test_follow_source_takes_up_what_a_live_run_appends(tmp_path):
@@ -147,7 +147,7 @@ async def cdp_shot(debug_port: int, url: str, out: str, timeout: float = 60.0) -
 def test_served_page_shows_the_timelines_in_a_real_browser(tmp_path):
     port, debug = free_port(), free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    server = subprocess.Popen([sys.executable, "-m", "ddptui.cli", "serve", DEMO, "--port", str(port), "--loop",
+    server = subprocess.Popen([sys.executable, "-m", "ddptui.cli.main", "serve", DEMO, "--port", str(port), "--loop",
                                "--speed", "4", "--title", "browser test"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     browser = None

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui.app import DdpApp
-from ddptui.synthetic import SyntheticSource
+from ddptui.ui.app import DdpApp
+from ddptui.recording.synthetic import SyntheticSource
 
 
 def fixed_source(world: int = 4, steps: int = 8) -> SyntheticSource:

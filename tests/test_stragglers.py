@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui import stragglers as S
+from ddptui.model import stragglers as S
 from ranks import spec
 from ranks.wire import BWD, COMM, STEP, decode_spans, encode_spans
 
@@ -117,10 +117,10 @@ def test_slow_rank_is_found_on_two_real_ranks(tmp_path):
 
 
 def test_slow_rank_bad_values_are_one_line(tmp_path):
-    from .helpers import run_cli
+    from .helpers import run_main
     for bad, needle in (("5:40", "not one of the run's ranks"), ("1:40:fc9", "no layer"),
                         ("1:x", "number of ms")):
-        r = run_cli("--headless", "--gpus", "2", "--slow-rank", bad, "--no-record", timeout=60)
+        r = run_main("--headless", "--gpus", "2", "--slow-rank", bad, "--no-record")
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
 
@@ -134,11 +134,11 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
     import asyncio
     import time
 
-    from ddptui.app import DdpApp
-    from ddptui.launcher import plan
-    from ddptui.session import LiveRun, RunOptions
+    from ddptui.ui.app import DdpApp
+    from ddptui.live.launcher import plan
+    from ddptui.live.session import LiveRun, RunOptions
 
-    from .helpers import wait_no_workers
+    from .helpers import assert_no_leftovers
 
     run = LiveRun(RunOptions(model="small", strategies=["naive", "ddp"], steps=0, batch_size=1024,
                              record=None), plan(2, None, "cpu"))
@@ -176,4 +176,4 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
     finally:
         if run.state in ("running", "starting"):
             run.stop("test ended")
-    assert wait_no_workers(15) == []
+    assert_no_leftovers(15)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_cli, wait_no_workers
+from tests.helpers import ROOT, assert_no_leftovers, run_cli, run_main
 
 PY = sys.executable
 CNN = os.path.join(ROOT, "examples", "train_cnn.py")
@@ -22,7 +22,7 @@ def _env(**kw):
 
 def test_import_does_not_load_textual():
     code = ("import sys, ddptui; f = ddptui.instrument; import ranks.user; "
-            "assert callable(f); print('textual' in sys.modules, 'ddptui.app' in sys.modules)")
+            "assert callable(f); print('textual' in sys.modules, 'ddptui.ui.app' in sys.modules)")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
@@ -75,7 +75,7 @@ def test_choose_layers_auto_depth_names():
 def pg(tmp_path):
     import torch.distributed as dist
 
-    from ranks import user
+    from ranks import commhook, user
     real = dist.all_reduce
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     yield tmp_path
@@ -83,7 +83,7 @@ def pg(tmp_path):
         h.close()
     user._handles.clear()
     dist.all_reduce = real
-    user._orig_all_reduce = None
+    commhook._orig_all_reduce = None
     dist.destroy_process_group()
 
 
@@ -93,7 +93,7 @@ def _train(tmp_path, layers, hook=None, accumulate=1, steps=4, bucket_cap_mb=0.0
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddptui
-    from ddptui.recording import load
+    from ddptui.recording.loader import load
     torch.manual_seed(0)
     model = DDP(_nets()(), bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -187,7 +187,7 @@ def test_run_headless_cnn_layers_and_buckets(tmp_path):
     assert [b["bytes"] for b in row["buckets"]] == row["ddp_reported"]
     names = sorted(n for b in row["buckets"] for n in b["params"])
     assert "blocks.0.conv.weight" in names and len(names) == len(set(names)) == 16
-    assert not wait_no_workers()
+    assert_no_leftovers()
 
 
 @pytest.mark.slow
@@ -197,7 +197,7 @@ def test_run_script_that_raises(tmp_path):
     assert out.returncode == 1
     err = [ln for ln in out.stderr.splitlines() if ln.startswith("ddptui: error:")]
     assert err and "rank 1: RuntimeError: boom at step 2" in err[-1], out.stderr[-2000:]
-    assert not wait_no_workers()
+    assert_no_leftovers()
 
 
 @pytest.mark.slow
@@ -225,7 +225,7 @@ def test_plain_torchrun_per_rank_files_are_one_run(tmp_path):
     (["--record", "x", "--no-record", "--", "examples/train_cnn.py"], "contradict"),
 ])
 def test_run_bad_command_lines(args, says):
-    out = _ddptui(["run", *args], timeout=30)
+    out = run_main("run", *args, cwd=ROOT)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddptui: error:") and says in lines[0], out.stderr

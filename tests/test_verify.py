@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 
-from ddptui import verify as V
+import pytest
+
+from ddptui.reports import verify as V
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
-from .helpers import run_cli, wait_no_workers
+from .helpers import run_cli, run_main, assert_no_leftovers
 
 ARGS = ("verify", "--gpus", "2", "--model", "small", "--strategies", "naive,single",
         "--batch-size", "512")
@@ -23,6 +25,7 @@ def _rows(path):
     return doc, {(r["strategy"], r["kind"]): r for r in doc["compared"]}
 
 
+@pytest.mark.slow
 def test_verify_passes_on_two_cpu_ranks(tmp_path):
     out = tmp_path / "v.json"
     # 7 profiled steps: one span held up by the scheduler of a busy 2-core host (an optimizer
@@ -42,9 +45,10 @@ def test_verify_passes_on_two_cpu_ranks(tmp_path):
     assert ("single", "allreduce") not in rows
     assert "verify passed" in p.stderr
     assert "naive" in p.stdout and "allreduce" in p.stdout
-    assert not wait_no_workers()
+    assert_no_leftovers()
 
 
+@pytest.mark.slow
 def test_verify_fails_naming_a_shifted_kind(tmp_path):
     out = tmp_path / "v.json"
     p = run_cli(*ARGS, "--steps", "4", "--json", str(out),
@@ -58,13 +62,13 @@ def test_verify_fails_naming_a_shifted_kind(tmp_path):
     assert rows[("naive", "forward")]["ok"]
     fail_line = [ln for ln in p.stderr.splitlines() if "verify FAILED" in ln]
     assert fail_line and "naive backward" in fail_line[0] and "forward" not in fail_line[0]
-    assert not wait_no_workers()
+    assert_no_leftovers()
 
 
 def test_verify_bad_options_one_line():
     for args in (("--steps", "1"), ("--strategies", "nope"), ("--model", "huge"),
                  ("--gpus", "0"), ("--bogus",)):
-        p = run_cli("verify", *args, env=ENV, timeout=30)
+        p = run_main("verify", *args, env=ENV)
         assert p.returncode == 2, (args, p.stderr)
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("ddptui: error: "), (args, p.stderr)

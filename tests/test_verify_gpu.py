@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ddptui import verify as V
+from ddptui.reports import verify as V
 from ranks.wire import BWD, COMM, FWD, KIND_NAMES, OPT, STEP
 from tests.gpu_trace import AUTOGRAD, MAIN, KinetoRank
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui.replay import ReplaySource
-from ddptui.session import LiveRun
-from ddptui.source import BucketControl, Source, Transport
-from ddptui.store import Store
-from ddptui.synthetic import SyntheticRun, fill_store
-from ddptui.viewmodel import PanelSpec, ViewModel, plan_layout
+from ddptui.recording.replay import ReplaySource
+from ddptui.live.session import LiveRun
+from ddptui.ui.source import BucketControl, Source, Transport
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun, fill_store
+from ddptui.ui.viewmodel import PanelSpec, ViewModel, plan_layout
 
 
 def filled(steps: int = 6) -> Store:

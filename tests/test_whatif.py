@@ -12,7 +12,7 @@ import torch
 from ranks import spec
 from ranks.wire import BWD, COMM, FWD, OPT, STEP, SpanBatch
 
-from ddptui import whatif as W
+from ddptui.model import whatif as W
 
 from .helpers import run_cli, run_live
 
@@ -163,7 +163,7 @@ def test_the_fit_recovers_alpha_and_beta_and_ignores_waiting_for_a_late_rank():
 
 # -- from a recording ----------------------------------------------------------------------------
 def test_whatif_of_the_demo_recording_predicts_every_cap_and_matches_the_cap_it_ran():
-    from ddptui.recording import load
+    from ddptui.recording.loader import load
 
     st = load(DEMO).store
     rep = W.whatif(st, caps=[1.0, 5.0, 25.0, 100.0])
@@ -226,9 +226,9 @@ def test_bad_files_are_one_line(tmp_path):
 # -- the panel ---------------------------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_the_whatif_panel_draws_the_ladder_as_predictions_in_the_replay_ui():
-    from ddptui.app import DdpApp
-    from ddptui.replay import ReplaySource
-    from ddptui.widgets.whatif import WhatIfPanel
+    from ddptui.ui.app import DdpApp
+    from ddptui.recording.replay import ReplaySource
+    from ddptui.ui.widgets.whatif import WhatIfPanel
 
     src = ReplaySource(DEMO, speed=8.0)
     app = DdpApp(src)

@@ -1,0 +1,71 @@
+"""What every verb shares: the one-line error (`CliError`, exit status 2), the parser that raises it,
+the environment check, writable-path checks, where a live run records, SIGTERM as Ctrl-C."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import time
+
+
+class CliError(Exception):
+    """A one-line error for the user (exit status 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        head, _, rest = message.partition(": ")
+        if head.startswith("argument ") and rest.startswith(tuple(head[9:].split("/"))):
+            message = rest  # "argument --x: --x must be ..." says --x once
+        raise CliError(message)
+
+
+def _missing(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def check_environment(need_torch: bool = True) -> None:
+    if need_torch and _missing("torch"):
+        raise CliError("torch is not installed in this Python; run bin/setup (or pip install torch)")
+    if _missing("pynvml"):
+        raise CliError("nvidia-ml-py (pynvml) is not installed; reinstall ddptui (pip install -e .)")
+
+
+def check_writable_path(path: str, what: str) -> str:
+    """A path we can create a file at: checked by creating (and removing) a probe file."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise CliError(f"{what} {path}: directory {parent} does not exist")
+    if os.path.isdir(path):
+        raise CliError(f"{what} {path}: is a directory")
+    probe = os.path.join(parent, f".ddptui-probe-{os.getpid()}")
+    try:
+        with open(probe, "wb"):
+            pass
+        os.unlink(probe)
+    except OSError as e:
+        raise CliError(f"{what} {path}: directory {parent} is not writable ({e.strerror})") from None
+    return path
+
+
+def record_path(a, stem: str, ranks: int) -> str | None:
+    """Where a live run records: --record, else a new file in --runs-dir (None: --no-record)."""
+    if a.no_record:
+        return None
+    if a.record:
+        return check_writable_path(a.record, "--record")
+    try:
+        os.makedirs(a.runs_dir, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"--runs-dir {a.runs_dir}: cannot create ({e.strerror})") from None
+    name = time.strftime("%Y%m%d-%H%M%S") + f"-{stem}-{ranks}r.ddptui"
+    return check_writable_path(os.path.join(a.runs_dir, name), "--runs-dir")
+
+
+def sigterm_to_interrupt(signum, frame):
+    """A SIGTERM handler: stop as Ctrl-C does (ranks stopped, the report printed)."""
+    raise KeyboardInterrupt

@@ -1,0 +1,85 @@
+"""`ddptui summary FILE [--json PATH]`: the per-strategy figures of a recording.
+
+The same table and the same JSON fields as the live headless run (report.print_summary,
+report.json_doc): the recording is read into a Store exactly as a live run's frames are,
+so the figures are the ones the live run printed. `ddptui replay FILE --headless` prints
+the same thing.
+
+Exit status: 0 with figures; 2 for a bad command line or a bad file (one line on stderr:
+`ddptui: error: FILE: problem`). A damaged or truncated file that still had frames before
+the damage (a run killed mid-step, a file cut short) is not an error: the figures of the
+steps read are printed, one `ddptui: warning:` line on stderr says what was wrong and
+which steps were read, the JSON carries it in "damage", and the exit status is 0.
+"""
+from __future__ import annotations
+
+import os
+
+from .common import CliError, check_writable_path, Parser
+from ddptui.recording.loader import Loaded, load
+from ranks.recfile import RecordingError
+from ddptui.live.headless import clock_offsets
+from ddptui.reports.report import report_run
+
+
+def parser(prog: str = "ddptui summary", description: str = "") -> Parser:
+    p = Parser(prog=prog, description=description or
+                "Per-strategy figures of a recording: the table (and JSON) of a live headless run.")
+    p.add_argument("file", metavar="FILE", help="a .ddptui recording")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    return p
+
+
+def read(path: str) -> Loaded:
+    """Load a recording; a bad file becomes a one-line CliError."""
+    try:
+        return load(path)
+    except RecordingError as e:
+        raise CliError(str(e)) from None
+
+
+def run_state(got: Loaded) -> tuple[str, str]:
+    """What the recording says about how the run ended: (state, message)."""
+    st = got.store
+    ranks = st.rank_snapshot()
+    errors = [f"rank {r}: {i.error}" for r, i in sorted(ranks.items()) if i.error]
+    died = [f"rank {r} {i.exit}" for r, i in sorted(ranks.items())
+            if i.exit and not i.finished and not i.error]
+    if errors or died:
+        return "failed", "; ".join(errors + died)
+    if got.damage:
+        return "incomplete", got.damage
+    if ranks and all(i.finished for i in ranks.values()):
+        return "finished", "run finished"
+    stop = [text for _, level, text in st.log_lines() if text.startswith("stopping:")]
+    if stop:
+        return "stopped", stop[-1].split(":", 1)[1].strip()
+    return "incomplete", "the recording ends before every rank finished"
+
+
+def report(got: Loaded, json_path: str | None, title: str | None = None,
+           out=None, err=None) -> int:
+    """Print the figures of a loaded recording (and write JSON); returns the exit status."""
+    notes = [f"{got.path}: {got.damage}; figures of what was read: {got.steps_text()}"] if got.damage else []
+    if got.rejected:
+        notes.append(f"{got.path}: {got.skipped_text()}")
+
+    def extra(dropped: int) -> dict:
+        state, message = run_state(got)
+        return {"state": state, "message": message, "recording": os.path.abspath(got.path),
+                "dropped_spans": dropped, "damage": got.damage, "skipped_frames": len(got.rejected),
+                "frames": got.frames, "spans": got.spans,
+                "steps_read": {s: len(ks) for s, ks in got.steps_read().items()},
+                **clock_offsets(got.store)}
+    report_run(got.store, json_path, extra, title=title, out=out, err=err, notes=notes,
+               empty=None if got.damage else f"{got.path}: no complete step in this recording",
+               when=" during the recorded run")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    a = parser().parse_args(argv)
+    if a.json:
+        check_writable_path(a.json, "--json")
+    return report(read(a.file), a.json)
+

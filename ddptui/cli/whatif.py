@@ -1,0 +1,146 @@
+"""`ddptui whatif FILE --bucket-cap 1,5,25,100 [--world 2,4,8] [--bus-gbps X] [--json PATH]`:
+DDP's step under another bucket cap, world size or network, predicted from a recording
+(ddptui.whatif), next to what the recording measured under the same settings.
+
+Exit status: 0 with predictions; 2 for a bad command line, a bad file, or a recording with
+nothing to predict from (one line on stderr: `ddptui: error: ...`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ranks import spec
+
+from ddptui.model import whatif as W
+from .common import CliError, Parser, check_writable_path
+from .options import NUMERIC, add_numeric
+
+EPILOG = """\
+Predictions, not measurements: the simulator replays the recorded steps (each rank's
+backward, when each collective was ready) under DDP's bucketing at each cap, with collective
+time = alpha + beta x bytes fitted to the recording's own collectives (fit error printed).
+--world scales collectives by the ring's 2(N-1)/N; --bus-gbps sets the bus bandwidth
+instead of the fitted beta. World-size and bandwidth predictions are unchecked until a GPU
+run checks them.
+
+examples:
+  ddptui whatif demo/cpu-medium-2ranks.ddptui --bucket-cap 1,5,25,100
+  ddptui whatif run.ddptui --world 2,4,8,16,32,64 --bus-gbps 50 --json whatif.json
+"""
+
+
+def _list(name: str, conv):
+    def parse(text: str) -> list:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise ValueError(f"{name} is empty")
+        out = []
+        for x in items:
+            v = conv(x)
+            if v not in out:
+                out.append(v)
+        return out
+
+    def wrapped(text: str):
+        try:
+            return parse(text)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return wrapped
+
+
+def parser() -> Parser:
+    p = Parser(prog="ddptui whatif", epilog=EPILOG,
+                description="Predict DDP's step time, exposed communication and overlap under other "
+                            "bucket caps, world sizes or bus bandwidths from one recording.",
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", help="a .ddptui recording (or a directory of rank<r>.ddptui)")
+    p.add_argument("--bucket-cap", metavar="MB,...",
+                   type=_list("--bucket-cap", NUMERIC["--bucket-cap"].converter("--bucket-cap")),
+                   help="DDP bucket caps to predict, in MB (default the ladder "
+                        + ",".join(f"{c:g}" for c in spec.BUCKET_LADDER_MB) + " unless --world is given)")
+    p.add_argument("--world", metavar="N,...", type=_list("--world", NUMERIC["--world"].converter("--world")),
+                   help="world sizes to predict, every strategy that communicates (e.g. 2,4,8,16,32,64)")
+    add_numeric(p, "--bus-gbps", metavar="X", default=None,
+                help="bus bandwidth in GB/s (nccl-tests' busbw) instead of the fitted beta")
+    add_numeric(p, "--hop-us", metavar="US", default=None,
+                help="latency of one ring step in µs (a collective at N ranks pays 2(N-1) of them) "
+                     "instead of the fitted alpha's share")
+    p.add_argument("--from-cap", metavar="MB", default=None,
+                   type=NUMERIC["--bucket-cap"].converter("--from-cap"),
+                   help="predict from the ddp steps run with this cap (default the cap in force last)")
+    p.add_argument("--strategy", choices=[s for s in spec.STRATEGIES if s != "single"],
+                   help="only this strategy (default: every one that communicates)")
+    p.add_argument("--json", metavar="PATH", help="also write the predictions as JSON ('-': stdout only)")
+    return p
+
+
+def _f(v, fmt="{:.1f}") -> str:
+    return "–" if v is None else fmt.format(v)
+
+
+def text(rep: W.Report) -> list[str]:
+    b, f = rep.basis, rep.fit
+    cap = (f" at bucket_cap_mb {b['cap_mb']:g}{'' if b['cap_explicit'] else ' (DDP default: first bucket 1 MiB)'}"
+           if b.get("cap_mb") is not None else "")
+    bus = f" (bus {f['bus_gbps']:.2f} GB/s)" if f.get("bus_gbps") else ""
+    lines = [f"PREDICTIONS from {b['steps']} {b['strategy']} steps ({b['first_step']}–{b['last_step']}){cap}, "
+             f"{b['world']} ranks, {b['backend'] or '?'} ({b['lanes']} collective lane{'s' if b['lanes'] > 1 else ''} per rank)",
+             f"collective time = alpha + beta x bytes, fitted to {f['collectives']} collectives "
+             f"({f['sizes']} size{'s' if f['sizes'] != 1 else ''}): alpha {f['alpha_ms']:.3f} ms, "
+             f"beta {f['beta_ms_per_mb']:.3f} ms/MB{bus}; fit error {f['err_pct']:.0f} % (RMS, relative)"
+             + (f"; ring step latency {f['hop_ms_used'] * 1e3:g} µs as given" if "hop_ms_used" in f else "")]
+    if rep.caps:
+        lines += ["", "DDP bucket cap        predicted                              measured in the recording",
+                  f"{'cap MB':>8} {'buckets':>7} {'step ms':>9} {'exposed ms':>10} {'overlap':>8}   "
+                  f"{'step ms':>9} {'exposed ms':>10} {'overlap':>8} {'steps':>5}"]
+        for p in rep.caps:
+            m = p.measured or {}
+            lines.append(f"{p.cap_mb:>8g} {p.collectives:>7} {p.step_ms:>9.1f} {p.exposed_ms:>10.1f} "
+                         f"{_f(p.overlap_pct, '{:.0f}%'):>8}   {_f(m.get('step_ms')):>9} "
+                         f"{_f(m.get('exposed_ms')):>10} {_f(m.get('overlap_pct'), '{:.0f}%'):>8} "
+                         f"{m.get('steps', '–'):>5}")
+    if rep.worlds:
+        bus = f", bus {rep.worlds[0].bus_gbps:g} GB/s" if rep.worlds[0].bus_gbps else ", fitted beta"
+        lines += ["", f"world size (per-rank batch as recorded{bus})        predicted",
+                  f"{'strategy':<12} {'ranks':>6} {'step ms':>9} {'comm ms':>9} {'exposed ms':>10} "
+                  f"{'overlap':>8} {'efficiency':>10}   {'measured step ms':>16}"]
+        for p in rep.worlds:
+            m = p.measured or {}
+            lines.append(f"{p.strategy:<12} {p.world:>6} {p.step_ms:>9.1f} {p.comm_ms:>9.1f} {p.exposed_ms:>10.1f} "
+                         f"{_f(p.overlap_pct, '{:.0f}%'):>8} {_f(p.efficiency_pct, '{:.0f}%'):>10}   "
+                         f"{_f(m.get('step_ms')):>16}")
+        lines.append("efficiency: the step with instant collectives / the predicted step")
+    if rep.note:
+        lines += ["", "note: " + rep.note]
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    a = parser().parse_args(argv)
+    if a.json and a.json != "-":
+        check_writable_path(a.json, "--json")
+    caps = a.bucket_cap
+    if caps is None and not a.world:
+        caps = list(spec.BUCKET_LADDER_MB)
+    from .summary import read
+    got = read(a.file)
+    try:
+        rep = W.whatif(got.store, caps=caps, worlds=a.world, bus_gbps=a.bus_gbps,
+                       strategy=a.strategy, from_cap=a.from_cap, hop_us=a.hop_us)
+    except W.WhatIfError as e:
+        raise CliError(f"{a.file}: {e}") from None
+    doc = rep.as_dict()
+    doc["recording"] = a.file
+    if a.json == "-":
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print("\n".join(text(rep)))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+    return 0

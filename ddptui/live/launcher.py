@@ -1,0 +1,219 @@
+"""Start torchrun in its own session, watch it, stop it without leaving anything behind."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from . import nvml
+
+# the checkout (or installed tree) holding ddptui/ and ranks/: the workers import ranks from it
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def detect_gpus() -> int:
+    """CUDA devices this run may use, without importing torch (fast).
+    DDPTUI_GPU_COUNT overrides (a seam for tests and for machines without NVML)."""
+    env = os.environ.get("DDPTUI_GPU_COUNT")
+    if env is not None:
+        return max(0, int(env))
+    n = nvml.device_count()
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        vis = vis.strip()
+        n = 0 if vis in ("", "-1") else min(n, len([v for v in vis.split(",") if v.strip()]))
+    return n
+
+
+@dataclass
+class Plan:
+    ranks: int
+    gpus: int
+    device: str  # "cuda" | "cpu"
+    note: str
+
+
+def plan(gpus: int, ranks: int | None, device: str = "auto", available: int | None = None) -> Plan:
+    """Decide ranks and device; ValueError with a one-line message for impossible asks."""
+    if gpus < 1:
+        raise ValueError(f"--gpus must be at least 1 (got {gpus})")
+    if ranks is not None and ranks < 1:
+        raise ValueError(f"--ranks must be at least 1 (got {ranks})")
+    n = detect_gpus() if available is None else available
+    want_ranks = ranks or gpus
+    if want_ranks > 64:
+        raise ValueError(f"{want_ranks} ranks is more than this tool runs on one host (64)")
+    if device == "cpu" or (device == "auto" and n == 0):
+        if device == "auto":
+            note = f"no GPU found: --gpus {gpus} means {want_ranks} CPU rank(s) on gloo"
+        else:
+            note = f"{want_ranks} CPU rank(s) on gloo"
+        return Plan(want_ranks, 0, "cpu", note)
+    if device == "cuda" and n == 0:
+        raise ValueError("--device cuda but no CUDA GPU is visible")
+    if gpus > n:
+        raise ValueError(f"--gpus {gpus} but only {n} GPU(s) present; "
+                         f"to run {gpus} ranks on {n} GPU(s) use --gpus {n} --ranks {gpus}")
+    if want_ranks < gpus:
+        raise ValueError(f"--ranks {want_ranks} is fewer than --gpus {gpus}")
+    if want_ranks > gpus:
+        note = f"{want_ranks} ranks on {gpus} GPU(s): gloo with CUDA tensors (NCCL needs a GPU per rank)"
+    else:
+        note = f"{want_ranks} rank(s), one GPU each, on nccl"
+    return Plan(want_ranks, gpus, "cuda", note)
+
+
+def visible_devices(gpus: int, current: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a run on `gpus` GPUs: the first `gpus` of what is visible now
+    (indices, UUIDs or MIG ids as the user gave them), else of all devices. Without it the
+    ranks would see every GPU and `--gpus 1 --ranks 2` would put NCCL on two of them."""
+    if current is not None and current.strip() not in ("", "-1"):
+        ids = [v.strip() for v in current.split(",") if v.strip()]
+        return ",".join(ids[:gpus])
+    return ",".join(str(i) for i in range(gpus))
+
+
+def worker_env(plan: Plan, socket_path: str, token: str, threads: int, one_host: bool = True,
+               base: dict | None = None) -> dict:
+    """The ranks' environment: ours (less TORCH_DISTRIBUTED_DEBUG), the app's socket and token,
+    this tree importable, one thread count on CPU or exactly the plan's GPUs, and gloo/NCCL
+    sockets on loopback when every rank runs on this host (unless the user chose)."""
+    env = dict(os.environ if base is None else base)
+    env.pop("TORCH_DISTRIBUTED_DEBUG", None)  # DETAIL crashes DDP construction on some builds
+    env.update({
+        "DDPTUI_SOCKET": socket_path, "DDPTUI_TOKEN": token,
+        "PYTHONPATH": PROJECT_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+        "PYTHONUNBUFFERED": "1",
+    })
+    if plan.device == "cpu":
+        env["OMP_NUM_THREADS"] = str(threads)
+    else:  # the ranks see exactly the GPUs of the plan, numbered as NVML numbers them
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(plan.gpus, env.get("CUDA_VISIBLE_DEVICES"))
+    if one_host:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    return env
+
+
+def worker_args(opts, device: str) -> list[str]:
+    """The command line of ranks.worker for a run's options (a session.RunOptions)."""
+    args = ["--model", opts.model, "--strategies", ",".join(opts.strategies), "--steps", str(opts.steps),
+            "--batch-size", str(opts.batch_size), "--seed", str(opts.seed), "--lr", str(opts.lr),
+            "--pg-timeout", str(opts.pg_timeout), "--device", device]
+    if opts.bucket_cap_mb is not None:
+        args += ["--bucket-cap-mb", str(opts.bucket_cap_mb)]
+    return args + list(opts.extra_worker_args)
+
+
+def torchrun_cmd(ranks: int, worker_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(ranks), "-m", "ranks.worker", *worker_args]
+
+
+_FAIL = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+
+
+def rank_exit_codes(log_text: str) -> dict[int, int]:
+    """torchrun's failure summary -> {rank: exitcode} (negative: killed by that signal)."""
+    return {int(r): int(c) for r, c in _FAIL.findall(log_text)}
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+class Launcher:
+    """torchrun in a new session; its output goes to a log file."""
+
+    def __init__(self, cmd: list[str], env: dict, log_path: str, cwd: str | None = None):
+        self.cmd = cmd
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd)
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def log_text(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 8.0, workers: list[int] | None = None) -> int | None:
+        """SIGTERM the whole session and wait; SIGKILL what is still there after `grace`."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                try:
+                    self.proc.wait(3)
+                except subprocess.TimeoutExpired:
+                    pass
+        # workers orphaned by a dead torchrun are still in its session / our list
+        self._reap(workers or [])
+        self.log.close()
+        return self.proc.returncode
+
+    def _signal(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _reap(self, pids: list[int]) -> None:
+        import psutil
+        left = []
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                left.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            os.killpg(self.proc.pid, 0)
+            self._signal(signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in left:
+            try:
+                p.terminate()
+                p.resume()  # a stopped process only acts on SIGTERM once continued
+            except psutil.NoSuchProcess:
+                pass
+        gone, alive = psutil.wait_procs(left, timeout=3)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if alive:
+            psutil.wait_procs(alive, timeout=2)

@@ -1,0 +1,201 @@
+"""Pure functions from spans to the figures that matter (no state, no I/O)."""
+from __future__ import annotations
+
+import math
+import statistics
+from bisect import bisect_right
+from dataclasses import asdict, dataclass
+
+from ranks.spec import strategy_ranks
+from ranks.wire import BWD, COMM, FWD, STEP, SpanBatch
+
+
+def union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge overlapping [a, b) intervals; result sorted and disjoint."""
+    out: list[list[int]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def length(intervals) -> int:
+    return sum(b - a for a, b in intervals)
+
+
+def intersection_length(xs, ys) -> int:
+    """Total overlap of two sorted disjoint interval lists."""
+    i = j = total = 0
+    while i < len(xs) and j < len(ys):
+        a = max(xs[i][0], ys[j][0])
+        b = min(xs[i][1], ys[j][1])
+        if b > a:
+            total += b - a
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def mean(xs) -> float:
+    """The mean of a non-empty list of floats (statistics.mean sums exactly, with fractions:
+    too slow to call per bucket and rank on every frame)."""
+    return math.fsum(xs) / len(xs)
+
+
+def overlap_each(intervals, union) -> list:
+    """For each (a, b) of `intervals` (any order), its overlap with `union` (sorted, disjoint):
+    a binary search to the first interval of `union` that can touch it, then only those that do."""
+    starts = [u[0] for u in union]
+    out = []
+    for a, b in intervals:
+        i = max(bisect_right(starts, a) - 1, 0)
+        total = 0
+        while i < len(union) and union[i][0] < b:
+            lo, hi = union[i]
+            if hi > a:
+                total += min(hi, b) - max(lo, a)
+            i += 1
+        out.append(total)
+    return out
+
+
+def bucket_step(batches) -> dict[int, tuple[float, float | None]]:
+    """Per AllReduce index of one step (DDP: per bucket), means over the ranks' span batches:
+    (time ms, % of that time the rank was computing — forward or backward)."""
+    times: dict[int, list[float]] = {}
+    over: dict[int, list[float]] = {}
+    for b in batches:
+        kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
+        compute = union([(t0[i], t1[i]) for i in range(len(kind)) if kind[i] == FWD or kind[i] == BWD])
+        comms = [i for i in range(len(kind)) if kind[i] == COMM]
+        for i, ov in zip(comms, overlap_each([(t0[i], t1[i]) for i in comms], compute)):
+            d = t1[i] - t0[i]
+            times.setdefault(idx[i], []).append(d / 1e3)
+            if d > 0:
+                over.setdefault(idx[i], []).append(100.0 * ov / d)
+    return {i: (mean(ts), mean(over[i]) if i in over else None) for i, ts in times.items()}
+
+
+@dataclass
+class RankStep:
+    """Figures of one rank for one strategy step (times in ms)."""
+    step_ms: float
+    compute_ms: float
+    comm_ms: float
+    exposed_ms: float
+    calls: int
+    bytes: int
+
+
+def rank_step(b: SpanBatch, comm_bytes) -> RankStep:
+    """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket)."""
+    kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
+    step = 0
+    comp, comm = [], []
+    calls = nbytes = 0
+    for i in range(len(kind)):
+        k = kind[i]
+        a, z = t0[i], t1[i]
+        if k == FWD or k == BWD:
+            comp.append((a, z))
+        elif k == COMM:
+            comm.append((a, z))
+            calls += 1
+            nbytes += comm_bytes(idx[i])
+        elif k == STEP:
+            step = z - a
+    cu, mu = union(comp), union(comm)
+    comm_len = length(mu)
+    exposed = comm_len - intersection_length(cu, mu)
+    return RankStep(step / 1e3, length(cu) / 1e3, comm_len / 1e3, exposed / 1e3, calls, nbytes)
+
+
+@dataclass
+class StepFigures:
+    """One strategy step across ranks: slowest rank's step time, mean of the rest."""
+    step: int
+    step_ms: float
+    compute_ms: float
+    comm_ms: float
+    exposed_ms: float
+    calls: float
+    bytes: float
+
+
+def combine(step: int, per_rank: list[RankStep]) -> StepFigures:
+    n = len(per_rank)
+    return StepFigures(
+        step=step,
+        step_ms=max(r.step_ms for r in per_rank),
+        compute_ms=sum(r.compute_ms for r in per_rank) / n,
+        comm_ms=sum(r.comm_ms for r in per_rank) / n,
+        exposed_ms=sum(r.exposed_ms for r in per_rank) / n,
+        calls=sum(r.calls for r in per_rank) / n,
+        bytes=sum(r.bytes for r in per_rank) / n,
+    )
+
+
+def overlap_pct(comm_ms: float, exposed_ms: float) -> float | None:
+    if comm_ms <= 0:
+        return None
+    return max(0.0, min(100.0, 100.0 * (1.0 - exposed_ms / comm_ms)))
+
+
+def bus_bandwidth_gbps(nbytes: float, comm_ms: float, world: int) -> float | None:
+    """nccl-tests' bus bandwidth: bytes x 2(N-1)/N / time."""
+    if comm_ms <= 0 or world < 2:
+        return None
+    return nbytes * 2 * (world - 1) / world / (comm_ms / 1e3) / 1e9
+
+
+def summarize(strategy: str, steps: list[StepFigures], batch: int, world: int,
+              skip_warmup: bool = True) -> dict:
+    """The per-strategy summary (the JSON fields of the headless run)."""
+    use = steps[1:] if skip_warmup and len(steps) > 1 else steps
+    ranks = strategy_ranks(strategy, world)
+    if not use:
+        return {"strategy": strategy, "ranks": ranks, "steps": 0}
+    med = lambda f: statistics.median(getattr(s, f) for s in use)  # noqa: E731
+    step_ms = med("step_ms")
+    comm_ms, exposed = med("comm_ms"), med("exposed_ms")
+    nbytes = med("bytes")
+    return {
+        "strategy": strategy,
+        "ranks": ranks,
+        "steps": len(steps),
+        "step_ms_median": step_ms,
+        "step_ms_min": min(s.step_ms for s in use),
+        "step_ms_max": max(s.step_ms for s in use),
+        "compute_ms": med("compute_ms"),
+        "comm_ms": comm_ms,
+        "exposed_comm_ms": exposed,
+        "overlap_pct": overlap_pct(comm_ms, exposed),
+        "allreduce_calls_per_step": med("calls"),
+        "bytes_per_step": nbytes,
+        "samples_per_s": batch / (step_ms / 1e3) if step_ms > 0 and batch > 0 else None,
+        "bus_bw_gbps": bus_bandwidth_gbps(nbytes, comm_ms, ranks),
+    }
+
+
+def speedups(rows: list[dict]) -> dict:
+    """DDP vs naive, and every strategy vs single, from summaries."""
+    by = {r["strategy"]: r for r in rows if r.get("step_ms_median")}
+    out = {}
+    if "ddp" in by and "naive" in by:
+        out["ddp_vs_naive"] = by["naive"]["step_ms_median"] / by["ddp"]["step_ms_median"]
+    if "single" in by:
+        for s, r in by.items():
+            if s != "single":
+                out[f"{s}_vs_single"] = by["single"]["step_ms_median"] / r["step_ms_median"]
+    return out
+
+
+__all__ = ["RankStep", "StepFigures", "rank_step", "combine", "summarize", "speedups",
+           "overlap_pct", "bus_bandwidth_gbps", "union", "intersection_length", "asdict"]

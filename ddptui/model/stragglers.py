@@ -1,0 +1,314 @@
+"""Who waits for whom: per-collective arrival, wait vs transfer, the culprit rank and layer.
+
+Pure functions over one strategy step's span batches (one per rank). A collective (an
+AllReduce of one parameter, or of one DDP bucket) is READY on a rank when that rank handed it
+to the backend (on GPU: when its stream reached it); the spans' issue column carries that
+time. Across ranks:
+
+    last arriver   the rank whose ready time is latest
+    wait (rank)    last arriver's ready - own ready: time spent waiting for the others
+    transfer       end - last arriver's ready: the collective itself, once all are there
+
+Per rank and step, waiting is the union of its waiting intervals (buckets in flight together
+do not count twice). The culprit of a step is the rank that made the others wait longest;
+its layer is the one whose backward ran longest against the other ranks' median for it.
+
+Times are put on one axis by `to_common(rank, ns)` first: identity on one host (one
+CLOCK_MONOTONIC); per-host clock offsets plug in there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+
+from ranks.wire import BWD, COMM
+
+from . import evidence as EV
+
+# a step names a culprit only when someone waited at least this long for it: below it, who
+# arrives last is scheduling noise (measured: README "Who waits for whom")
+MIN_CULPRIT_WAIT_MS = 2.0
+MIN_CULPRIT_SHARE = 0.05  # ... and at least this share of the step
+# a strategy names a culprit only when the same rank held the others up in this share of its
+# steps: on 2 busy cores, with no delay injected, either rank is now and then 10-30 ms late
+# (measured: README "Who waits for whom")
+MIN_CULPRIT_STEPS_PCT = 85.0
+
+
+def same_clock(rank: int, ns: int) -> int:
+    return ns
+
+
+@dataclass
+class Collective:
+    idx: int
+    nth: int  # the nth AllReduce of this parameter/bucket in the step (see comm_spans)
+    ready: dict[int, int]  # rank -> ns
+    end: dict[int, int]
+    last: int  # the last arriver
+    last_ready: int
+
+    def wait_ns(self, rank: int) -> int:
+        return self.last_ready - self.ready[rank]
+
+    @property
+    def transfer_ns(self) -> int:
+        return int(median(max(0, e - self.last_ready) for e in self.end.values()))
+
+
+@dataclass
+class StepWaits:
+    """Who waited for whom in one strategy step."""
+    collectives: list[Collective]
+    wait_ms: dict[int, float]  # per rank: union of its waiting intervals
+    caused_ms: dict[int, float]  # per rank: how long the others waited for it (max over them)
+    transfer_ms: float  # median over the collectives
+    last_arriver: int | None  # the rank the others waited longest for; None: nobody waited
+    culprit: tuple[int, int, float] | None = None  # (rank, layer, ms over the others) when clear
+    layer_excess_ms: dict[int, float] = field(default_factory=dict)
+    step: int = -1
+    t_ns: int = 0  # the step's start (earliest rank)
+    batches: dict | None = field(default=None, repr=False)  # rank -> span batch, for the evidence
+    _evidence: tuple | None = field(default=None, repr=False)
+
+    def _excess_ref(self) -> tuple[dict, dict]:
+        """Per-layer evidence (ddptui/model/evidence.py), worked out when first asked for (the
+        panel asks for the last steps only): per rank and (pass, layer), own ms - the other
+        ranks' median; per (pass, layer), the median over ranks."""
+        if self._evidence is None:
+            self._evidence = EV.step_excess(EV.step_sections(self.batches)) if self.batches else ({}, {})
+        return self._evidence
+
+    @property
+    def excess(self) -> dict:
+        return self._excess_ref()[0]
+
+    @property
+    def ref(self) -> dict:
+        return self._excess_ref()[1]
+
+
+def comm_spans(b):
+    """A span batch's AllReduces: (span index, ready time in µs after the batch's base,
+    (idx, nth)). (idx, nth) — the nth AllReduce of that parameter or bucket in the step — is
+    what names the same collective on every rank."""
+    seen: dict[int, int] = {}
+    ci = 0
+    for i in range(len(b.kind)):
+        if b.kind[i] == COMM:
+            idx = b.idx[i]
+            n = seen.get(idx, 0)
+            seen[idx] = n + 1
+            yield i, b.iss[ci], (idx, n)
+            ci += 1
+
+
+def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
+    """The step's collectives present on every rank, in the first rank's issue order."""
+    per_rank: dict[int, dict[tuple[int, int], tuple[int, int]]] = {}
+    order: list[tuple[int, int]] = []
+    for r, b in sorted(batches.items()):
+        got = {key: (to_common(r, b.base_ns + ready_us * 1000), to_common(r, b.base_ns + b.t1[i] * 1000))
+               for i, ready_us, key in comm_spans(b)}
+        per_rank[r] = got
+        if not order:
+            order = list(got)
+    out = []
+    for key in order:
+        if not all(key in g for g in per_rank.values()):
+            continue
+        ready = {r: g[key][0] for r, g in per_rank.items()}
+        end = {r: g[key][1] for r, g in per_rank.items()}
+        last = max(ready, key=lambda r: (ready[r], -r))
+        out.append(Collective(key[0], key[1], ready, end, last, ready[last]))
+    return out
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, cur_a, cur_z = 0, None, None
+    for a, z in sorted(intervals):
+        if z <= a:
+            continue
+        if cur_z is None or a > cur_z:
+            if cur_z is not None:
+                total += cur_z - cur_a
+            cur_a, cur_z = a, z
+        else:
+            cur_z = max(cur_z, z)
+    if cur_z is not None:
+        total += cur_z - cur_a
+    return total
+
+
+def backward_ms(b) -> dict[int, float]:
+    """layer -> this rank's backward duration in ms."""
+    return {b.idx[i]: (b.t1[i] - b.t0[i]) / 1000 for i in range(len(b.kind)) if b.kind[i] == BWD}
+
+
+def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits | None:
+    """None for a step without collectives on two or more ranks."""
+    if len(batches) < 2:
+        return None
+    cols = collectives(batches, to_common)
+    if not cols:
+        return None
+    ranks = sorted(batches)
+    wait = {r: _union_ns([(c.ready[r], c.last_ready) for c in cols]) / 1e6 for r in ranks}
+    caused = {r: 0.0 for r in ranks}
+    for c in cols:
+        worst = max(c.wait_ns(r) for r in ranks) / 1e6
+        caused[c.last] = max(caused[c.last], worst)
+    last = max(ranks, key=lambda r: (caused[r], -r))
+    transfer = median(c.transfer_ns for c in cols) / 1e6
+    sw = StepWaits(cols, wait, caused, transfer, last if caused[last] > 0 else None)
+    any_b = next(iter(batches.values()))
+    sw.step, sw.t_ns = any_b.step, min(to_common(r, b.base_ns) for r, b in batches.items())
+    sw.batches = dict(batches)
+    waited = caused[last]
+    if waited >= MIN_CULPRIT_WAIT_MS and waited >= MIN_CULPRIT_SHARE * step_ms:
+        bw = {r: backward_ms(batches[r]) for r in ranks}
+        mine = bw[last]
+        others = [r for r in ranks if r != last]
+        excess = {}
+        for layer, d in mine.items():
+            ref = [bw[r][layer] for r in others if layer in bw[r]]
+            if ref:
+                excess[layer] = d - median(ref)
+        sw.layer_excess_ms = excess
+        if excess:
+            layer = max(excess, key=excess.get)
+            sw.culprit = (last, layer, excess[layer])
+    return sw
+
+
+WAITS_LISTED_MAX = 8  # beyond this many ranks, waits are said as a spread, not rank by rank
+
+
+def wait_spread(wait_ms: dict) -> str:
+    """Many ranks' median waits in one line: 'median 1.0 · p95 1.9 · most r5 2.3 · least
+    r700 0.0 ms' (the rank that waits least is the one the others wait for)."""
+    vals = sorted((v, int(r)) for r, v in wait_ms.items())
+    if not vals:
+        return ""
+    q = lambda p: vals[min(len(vals) - 1, int(p * (len(vals) - 1) + 0.5))][0]  # noqa: E731
+    (lo, r_lo), (hi, r_hi) = vals[0], vals[-1]
+    return (f"median {q(0.5):.1f} · p95 {q(0.95):.1f} · most r{r_hi} {hi:.1f} · "
+            f"least r{r_lo} {lo:.1f} ms over {len(vals)} ranks")
+
+
+def culprit_text(culprit: tuple[int, int, float] | None, layer_names: list[str]) -> str:
+    """'rank 1 · fc2 backward +38 ms' (or '' when no rank held the others up)."""
+    if culprit is None:
+        return ""
+    r, layer, ms = culprit
+    name = layer_names[layer] if 0 <= layer < len(layer_names) else f"layer {layer}"
+    return f"rank {r} · {name} backward {ms:+.0f} ms" if abs(ms) >= 1 else \
+        f"rank {r} · {name} backward {ms:+.1f} ms"
+
+
+def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | None:
+    """A strategy's figures over its steps: `last_arriver_rank` (the rank the others waited for
+    longest, most often) and `last_arriver_pct` (in how many steps), `wait_ms_median` per rank,
+    `transfer_ms_median`, `culprit_layer` (that rank's most frequent culprit layer, among the
+    steps where it clearly held the others up) and `culprit` (in words) — only when that rank
+    was last in at least MIN_CULPRIT_STEPS_PCT % of the steps —, `named_pct` (share of steps
+    where a culprit was clear). `evidence`: the per-layer evidence (see `evidence()`); when it
+    names a slow rank and section, that is the culprit (`culprit_from` "layers", else
+    "arrival"), `culprit_rank` its rank."""
+    steps = [s for s in steps if s is not None]
+    if not steps:
+        return None
+    ranks = sorted(steps[0].wait_ms)
+    out = {
+        "last_arriver_rank": None, "last_arriver_pct": 0.0,
+        "wait_ms_median": {str(r): round(median(s.wait_ms.get(r, 0.0) for s in steps), 3) for r in ranks},
+        "transfer_ms_median": round(median(s.transfer_ms for s in steps), 3),
+        "culprit_layer": None, "culprit": "", "culprit_rank": None, "culprit_from": None, "steps": len(steps),
+        "named_pct": round(100.0 * sum(1 for s in steps if s.culprit) / len(steps), 1),
+    }
+    ev = evidence(steps, layer_names)
+    out["evidence"] = ev
+    counts: dict[int, int] = {}
+    for s in steps:
+        if s.last_arriver is not None:
+            counts[s.last_arriver] = counts.get(s.last_arriver, 0) + 1
+    if counts:
+        _arrival_culprit(out, steps, counts, layer_names)
+    if ev and ev["culprit"]:  # the per-layer evidence names the culprit when it can
+        c = ev["culprit"]
+        out.update(culprit=c["text"], culprit_layer=c["layer"], culprit_rank=c["rank"], culprit_from="layers")
+    return out
+
+
+def _arrival_culprit(out: dict, steps: list[StepWaits], counts: dict[int, int], layer_names: list[str]) -> None:
+    rank = max(counts, key=lambda r: (counts[r], -r))
+    out["last_arriver_rank"] = rank
+    out["last_arriver_pct"] = round(100.0 * counts[rank] / len(steps), 1)
+    layers: dict[int, list[float]] = {}
+    for s in steps:
+        if s.culprit is not None and s.culprit[0] == rank:
+            layers.setdefault(s.culprit[1], []).append(s.culprit[2])
+    if layers and out["last_arriver_pct"] >= MIN_CULPRIT_STEPS_PCT:
+        layer = max(layers, key=lambda k: (len(layers[k]), median(layers[k])))
+        out["culprit_layer"] = layer_names[layer] if 0 <= layer < len(layer_names) else str(layer)
+        out["culprit"] = culprit_text((rank, layer, median(layers[layer])), layer_names)
+        out.update(culprit_rank=rank, culprit_from="arrival")
+
+
+# a JSON document lists every rank's per-layer excess up to this many ranks (beyond: the
+# ranks found slow only)
+EXCESS_RANKS_MAX = 16
+
+
+def evidence(steps: list[StepWaits], layer_names: list[str], window: int = EV.WINDOW) -> dict | None:
+    """The per-layer evidence over these steps (ddptui/model/evidence.py): sliding windows of
+    `window` steps (one window of all of them when fewer), the newest window's verdict,
+    windows that named a culprit, when the newest culprit was detected. None: no step with
+    two or more ranks' layers."""
+    rows = [(s.step, s.t_ns, s.excess, s.ref) for s in steps if s.ref]
+    if not rows:
+        return None
+    size = min(window, len(rows))
+    ranks = len(rows[-1][2])
+    stride = 1 if ranks <= 64 else size  # many ranks: windows side by side
+    got = _scan_cached(rows, size, stride)
+    v = got["verdict"]
+    show = sorted(v.excess_ms) if len(v.excess_ms) <= EXCESS_RANKS_MAX else sorted({f.rank for f in v.findings})
+    c = v.culprit
+
+    def finding(f: EV.Finding) -> dict:
+        kind, layer = f.section
+        return {"rank": f.rank, "layer": layer_names[layer] if 0 <= layer < len(layer_names) else str(layer),
+                "pass": EV.PASS_NAMES.get(kind, "?"), "excess_ms": round(f.excess_ms, 3),
+                "mad_ms": round(f.mad_ms, 3), "ref_ms": round(f.ref_ms, 3), "slower_steps": f.slower,
+                "of": f.steps, "p": f.p, "text": f.text(layer_names)}
+    return {
+        "window_steps": size, "first_step": v.first, "last_step": v.last,
+        "windows": got["windows"], "windows_named": got["windows_named"],
+        "windows_named_pct": round(100.0 * got["windows_named"] / got["windows"], 1),
+        "windows_naming_culprit": got["windows_naming_culprit"],
+        "alpha": EV.ALPHA, "tests": v.tests, "need_steps": v.need,
+        "false_alarm_bound": None if v.bound is None else round(v.bound, 6),
+        "min_excess_ms": EV.MIN_EXCESS_MS, "min_excess_rel": EV.MIN_EXCESS_REL,
+        "culprit": finding(c) if c else None,
+        "findings": [finding(f) for f in v.findings[:8]],
+        "excess_ms": {str(r): {EV.section_name(k, layer_names): round(ms, 3)
+                               for k, ms in sorted(v.excess_ms.get(r, {}).items())} for r in show},
+        "detected_step": got["detected_step"], "onset_step": got["onset_step"],
+        "detection_steps": got["detection_steps"], "detection_s": got["detection_s"],
+    }
+
+
+_SCANS: dict = {}  # the same steps judged again (the panel draws 30 times a second): kept
+
+
+def _scan_cached(rows: list, size: int, stride: int) -> dict:
+    key = (len(rows), id(rows[0][2]), id(rows[-1][2]), size, stride)
+    hit = _SCANS.get(key)
+    if hit is not None and hit[0][0][2] is rows[0][2] and hit[0][-1][2] is rows[-1][2]:
+        return hit[1]
+    got = EV.scan(rows, size, stride)
+    if len(_SCANS) >= 32:
+        _SCANS.pop(next(iter(_SCANS)))
+    _SCANS[key] = (rows, got)
+    return got

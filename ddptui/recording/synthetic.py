@@ -1,0 +1,227 @@
+"""Deterministic synthetic runs: the frames ranks would send, without ranks.
+
+Used by UI tests (snapshots must not depend on timing), the drawing and ingest benchmarks,
+and anyone who wants to see the UI without torch. Timings follow the seeds' picture:
+naive runs its AllReduces after backward, interleaved per parameter during backward, DDP
+per bucket during backward.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+from ranks import spec, wire
+from ranks.wire import BWD, COMM, FWD, OPT, STEP
+
+from ddptui.model.store import Store
+
+
+def hello(rank: int, world: int, model: str, strategies, batch: int = 1024,
+          device: str = "cpu", backend: str = "gloo", bucket_cap_mb: float | None = None) -> dict:
+    return {
+        "t": "hello", "r": rank, "world": world, "local_rank": rank, "pid": 0, "host": "synthetic",
+        "device": device, "backend": backend, "note": "synthetic", "torch": "synthetic",
+        "model": model, "layers": spec.layer_names(model),
+        "params": [list(p) for p in spec.param_table(model)], "strategies": list(strategies),
+        "batch": batch, "steps": 0, "bucket_cap_mb": bucket_cap_mb, "seed": 0, "lr": 0.01, "threads": 1,
+    }
+
+
+def ddp_buckets(model: str, cap_mb: float = 25.0) -> list[list]:
+    """DDP-like buckets: parameters in reverse order, filled up to cap_mb."""
+    table = spec.param_table(model)
+    cap = cap_mb * 2**20
+    out, cur, size = [], [], 0
+    for i in reversed(range(len(table))):
+        nb = table[i][1] * spec.BYTES_PER_GRAD
+        if cur and size + nb > cap:
+            out.append([len(out), cur, size])
+            cur, size = [], 0
+        cur.append(i)
+        size += nb
+    if cur:
+        out.append([len(out), cur, size])
+    return out
+
+
+class SyntheticRun:
+    """Frames of a run, step by step. `ns_per_param` sets compute speed, `bw_gbps` comm.
+    `slow = (rank, layer, ms)`: that rank's backward of that layer takes ms longer from step
+    `slow_from` on (what --slow-rank does); `late = (share, lo_ms, hi_ms)`: in that share of
+    the steps a random rank's random layer (forward or backward) is lo..hi ms late, as ranks
+    sharing busy cores are."""
+
+    def __init__(self, model: str = "small", world: int = 2, strategies=("naive", "ddp"),
+                 seed: int = 0, batch: int = 1024, bucket_cap_mb: float = 25.0,
+                 us_per_mparam: float = 2000.0, bw_gbps: float = 2.0, jitter: float = 0.05,
+                 slow: tuple[int, int, float] | None = None, slow_from: int = 0,
+                 late: tuple[float, float, float] | None = None):
+        self.model, self.world, self.strategies = model, world, list(strategies)
+        self.rng = random.Random(seed)
+        self.batch = batch
+        self.cap = bucket_cap_mb
+        self.table = spec.param_table(model)
+        self.layers = spec.layer_names(model)
+        self.us_per_mparam = us_per_mparam
+        self.bw = bw_gbps
+        self.jitter = jitter
+        self.t = 1_000_000_000  # ns clock
+        self.buckets = ddp_buckets(model, bucket_cap_mb)
+        self.slow, self.slow_from, self.late = slow, slow_from, late
+        self._extra: dict[tuple[int, int, bool], int] = {}  # (rank, layer, backward) -> µs, this step
+
+    def header_frames(self) -> list[dict]:
+        return [hello(r, self.world, self.model, self.strategies, self.batch, bucket_cap_mb=self.cap)
+                for r in range(self.world)]
+
+    def _j(self, v: float) -> int:
+        return max(1, int(v * (1 + self.rng.uniform(-self.jitter, self.jitter))))
+
+    def _layer_us(self, layer: int, backward: bool) -> int:
+        numel = sum(n for _, n, li in self.table if li == layer)
+        return self._j(numel / 1e6 * self.us_per_mparam * (2 if backward else 1) / self.world + 20)
+
+    def _comm_us(self, nbytes: int) -> int:
+        return self._j(30 + nbytes / (self.bw * 1e3))
+
+    def step_frames(self, step: int) -> list[dict]:
+        """Frames for one step of every strategy on every rank (plus a buckets frame at 0)."""
+        out = []
+        for s in self.strategies:
+            base = self.t
+            longest = 0
+            ranks = range(spec.strategy_ranks(s, self.world))
+            self._extra = {}
+            if self.slow is not None and step >= self.slow_from:
+                self._extra[(self.slow[0], self.slow[1], True)] = int(self.slow[2] * 1000)
+            if self.late is not None and len(ranks) > 1 and self.rng.random() < self.late[0]:
+                key = (self.rng.randrange(len(ranks)), self.rng.randrange(len(self.layers)), self.rng.random() < 0.5)
+                self._extra[key] = self._extra.get(key, 0) + int(self.rng.uniform(self.late[1], self.late[2]) * 1000)
+            for r in ranks:
+                if s == "ddp" and step == 0:
+                    out.append({"t": "buckets", "r": r, "s": "ddp", "k": step, "cap_mb": self.cap,
+                                "buckets": self.buckets})
+                kinds, idxs, t0, t1, iss = self._one(s, r, base)
+                out.append(wire.encode_spans(r, s, step, base, kinds, idxs, t0, t1, iss))
+                longest = max(longest, t1[0] - base)
+            self.t = base + longest + 200_000
+        return out
+
+    def _one(self, s: str, rank: int, base: int):
+        n_layers = len(self.layers)
+        kinds, idxs, t0, t1, iss = [], [], [], [], []
+        t = base + self._j(50) * 1000 * rank // 4
+        scale = self.world if s == "single" else 1
+        for i in range(n_layers):
+            d = (self._layer_us(i, False) * scale + self._extra.get((rank, i, False), 0)) * 1000
+            kinds.append(FWD); idxs.append(i); t0.append(t); t1.append(t + d); t += d + 5000
+        bwd_end_of = {}
+        for i in reversed(range(n_layers)):
+            d = (self._layer_us(i, True) * scale + self._extra.get((rank, i, True), 0)) * 1000
+            kinds.append(BWD); idxs.append(i); t0.append(t); t1.append(t + d); t += d + 5000
+            bwd_end_of[i] = t
+        comm_free = 0
+
+        def comm(idx, ready, nbytes):
+            nonlocal comm_free
+            a = max(ready, comm_free)
+            z = a + self._comm_us(nbytes) * 1000
+            kinds.append(COMM); idxs.append(idx); t0.append(a); t1.append(z); iss.append(ready)
+            comm_free = z
+            return z
+
+        end = t
+        if s == "naive":
+            for pi, (_, numel, _) in enumerate(self.table):
+                end = comm(pi, max(end, comm_free), numel * spec.BYTES_PER_GRAD)
+        elif s == "interleaved":
+            for pi in reversed(range(len(self.table))):
+                end = max(end, comm(pi, bwd_end_of[self.table[pi][2]],
+                                    self.table[pi][1] * spec.BYTES_PER_GRAD))
+        elif s == "ddp":
+            for b, params, nbytes in self.buckets:
+                ready = max(bwd_end_of[self.table[p][2]] for p in params)
+                end = max(end, comm(b, ready, nbytes))
+        opt = self._j(300) * 1000
+        kinds.append(OPT); idxs.append(0); t0.append(end); t1.append(end + opt)
+        end += opt
+        kinds.insert(0, STEP); idxs.insert(0, 0); t0.insert(0, base); t1.insert(0, end)
+        return kinds, idxs, t0, t1, iss
+
+    def gpu_frame(self, step: int, n_gpus: int = 2) -> dict:
+        gpus = []
+        for i in range(n_gpus):
+            gpus.append({"index": i, "name": "Synthetic GPU", "util": float((37 * step + 23 * i) % 100),
+                         "mem_used_mb": 20000.0 + 100 * i, "mem_total_mb": 81920.0, "power_w": 250.0,
+                         "sm_clock_mhz": 1755.0, "pcie_tx_mbs": None, "pcie_rx_mbs": None,
+                         "nvlink_tx_mbs": None, "nvlink_rx_mbs": None})
+        return {"t": "gpu", "ts": self.t, "gpus": gpus}
+
+
+def fill_store(store, run: SyntheticRun, steps: int, gpu: bool = False) -> None:
+    """Feed a store with `steps` steps of a synthetic run (and compute figures)."""
+    for f in run.header_frames():
+        store.ingest(f)
+    for k in range(steps):
+        for f in run.step_frames(k):
+            store.ingest(f)
+        if gpu:
+            store.ingest(run.gpu_frame(k))
+    store.update()
+
+
+class SyntheticSource:
+    """The one synthetic source (a `ddptui.ui.source.Source` with `BucketControl`): a Store
+    filled with `steps` steps of a SyntheticRun, for UI tests, snapshots, benchmarks and
+    demos without torch. `add_steps(n)` adds steps now; `ahead` more steps arrive on the
+    wall clock, `per_s` a second after start() (a live feed, benchmarks). It records what
+    the app asks of it: `calls`, `polls`."""
+
+    def __init__(self, steps: int = 6, world: int = 2, model: str = "medium", strategies=("naive", "ddp"),
+                 gpu: bool = False, seed: int = 3, ahead: int = 0, per_s: float = 0.0):
+        self.run = SyntheticRun(model, world, strategies, seed=seed)
+        self.store = Store()
+        self.steps = 0
+        if steps:
+            self.add_steps(steps, gpu)
+        self.pending = [self.run.step_frames(k) + [self.run.gpu_frame(k)]
+                        for k in range(self.steps, self.steps + ahead)]
+        self.every = 1.0 / per_s if per_s else float("inf")
+        self.next_at = 0.0
+        self.state, self.message = "running", ""
+        self.calls: list[tuple] = []
+        self.polls = 0
+
+    def add_steps(self, n: int, gpu: bool = False) -> None:
+        """n more steps now (GPU samples with them on the first fill only)."""
+        if self.steps == 0:
+            fill_store(self.store, self.run, n, gpu=gpu)
+        else:
+            for k in range(self.steps, self.steps + n):
+                for f in self.run.step_frames(k):
+                    self.store.ingest(f)
+            self.store.update()
+        self.steps += n
+
+    def start(self) -> None:
+        self.calls.append(("start",))
+        self.next_at = time.monotonic() + self.every
+
+    def poll(self) -> bool:
+        self.polls += 1
+        now = time.monotonic()
+        while self.pending and now >= self.next_at:
+            for f in self.pending.pop(0):
+                self.store.ingest(f)
+            self.next_at += self.every
+        self.store.update()
+        return self.state != "running"
+
+    def set_bucket_cap(self, mb: float) -> int:
+        self.calls.append(("set_bucket_cap", mb))
+        return self.run.world
+
+    def stop(self, why: str = "") -> None:
+        self.calls.append(("stop", why))
+        if self.state == "running":
+            self.state = "stopped"

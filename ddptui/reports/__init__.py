@@ -1,0 +1,1 @@
+"""Figures out: text tables, JSON and CSV, the Chrome-trace export, the profiler cross-check."""

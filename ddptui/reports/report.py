@@ -1,0 +1,189 @@
+"""Text output of figures: the per-strategy table, speedups and the JSON document."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from ddptui.model import figures as F
+from ddptui.model import stragglers as ST
+
+
+def _f(v, fmt="{:.2f}", na="—"):
+    return na if v is None else fmt.format(v)
+
+
+def run_title(meta: dict) -> str:
+    """The title of a run's figures table (live headless, summary, replay --headless)."""
+    batch = f" · global batch {meta['batch']}" if meta.get("batch") else " · global batch unknown"
+    return f"{meta.get('model')} · {meta.get('world')} rank(s) · {meta.get('backend') or ''}{batch}"
+
+
+def summary_table(rows: list[dict], title: str = "") -> Table:
+    t = Table(title=title or None, header_style="bold")
+    for col in ("strategy", "ranks", "steps", "step ms (median)", "compute ms", "comm ms",
+                "exposed comm ms", "overlap %", "AllReduce/step", "MB/step", "samples/s", "bus GB/s"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in rows:
+        if not r.get("steps"):
+            t.add_row(r["strategy"], str(r.get("ranks", "")), "0", *["—"] * 9)
+            continue
+        t.add_row(r["strategy"], str(r["ranks"]), str(r["steps"]), _f(r["step_ms_median"]),
+                  _f(r["compute_ms"]), _f(r["comm_ms"]), _f(r["exposed_comm_ms"]),
+                  _f(r["overlap_pct"], "{:.0f}"), _f(r["allreduce_calls_per_step"], "{:.0f}"),
+                  _f(r["bytes_per_step"] / 1e6 if r.get("bytes_per_step") is not None else None, "{:.1f}"),
+                  _f(r["samples_per_s"], "{:,.0f}"), _f(r.get("bus_bw_gbps"), "{:.2f}"))
+    return t
+
+
+def speedup_lines(sp: dict) -> list[str]:
+    out = []
+    if "ddp_vs_naive" in sp:
+        out.append(f"DDP vs naive speedup: {sp['ddp_vs_naive']:.2f}x")
+    for k, v in sp.items():
+        if k.endswith("_vs_single"):
+            out.append(f"{k.replace('_vs_single', '')} vs single: {v:.2f}x")
+    return out
+
+
+def straggler_line(r: dict) -> str | None:
+    """'ddp: rank 1 arrived last in 92 % of steps · wait r0 41.0 ms, r1 0.2 ms (median) ·
+    transfer 19.9 ms · culprit rank 1 · fc2 backward +40 ms'."""
+    st = r.get("stragglers")
+    if not st:
+        return None
+    waits = ", ".join(f"r{k} {v:.1f} ms" for k, v in st["wait_ms_median"].items()) \
+        if len(st["wait_ms_median"]) <= ST.WAITS_LISTED_MAX else ST.wait_spread(st["wait_ms_median"])
+    who = (f"rank {st['last_arriver_rank']} arrived last in {st['last_arriver_pct']:.0f} % of steps"
+           if st["last_arriver_rank"] is not None else "nobody arrived last")
+    line = f"{r['strategy']}: {who} · wait {waits} (median) · transfer {st['transfer_ms_median']:.1f} ms"
+    ev = st.get("evidence") or {}
+    how = (f" (per-layer evidence: {ev['windows_naming_culprit']} of {ev['windows']} windows of "
+           f"{ev['window_steps']} steps)") if st.get("culprit_from") == "layers" else ""
+    return line + (f" · culprit {st['culprit']}{how}" if st.get("culprit") else " · no culprit")
+
+
+def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> None:
+    out = file or sys.stdout
+    console = Console(file=file, width=None if out.isatty() else 160)
+    console.print(summary_table(rows, title))
+    for line in speedup_lines(F.speedups(rows)):
+        console.print(line)
+    waits = [x for x in (straggler_line(r) for r in rows) if x]
+    if waits:
+        console.print("who waits for whom (per collective: last arriver's ready - own ready; transfer: end - last ready):")
+        for line in waits:
+            console.print("  " + line, markup=False, highlight=False)
+
+
+def json_doc(rows: list[dict], meta: dict, extra: dict | None = None) -> dict:
+    doc = {
+        "model": meta.get("model"), "world_size": meta.get("world"), "batch": meta.get("batch"),
+        "backend": meta.get("backend"), "device": meta.get("device"), "torch": meta.get("torch"),
+        "strategies": rows, "speedup": F.speedups(rows),
+        "layers": list(meta.get("layers") or []),  # forward order
+    }
+    if extra:
+        doc.update(extra)
+    return doc
+
+
+def write_json(path: str, doc: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+
+def report_run(store, json_path: str | None, extra, *, title: str | None = None, out=None, err=None,
+               notes=(), empty: str | None = None, when: str = "") -> None:
+    """The one report of a run's figures, live (`--headless`) or recorded (summary, replay
+    --headless): `notes` (warnings about the source) on err, the table on out (or the
+    `empty` warning when no step is complete), the dropped spans (`when`: during what), and
+    the JSON document, whose run fields are `extra(dropped spans)`."""
+    out, err = out or sys.stdout, err or sys.stderr
+    rows = store.summaries()
+    meta = dict(store.meta)
+    ranks = store.rank_snapshot()
+    if ranks and not meta.get("backend"):
+        meta["backend"] = ranks[min(ranks)].backend
+    for note in notes:
+        print(f"ddptui: warning: {note}", file=err, flush=True)
+    if any(r.get("steps") for r in rows):
+        print_summary(rows, meta, file=out, title=title or run_title(meta))
+    elif empty:
+        print(f"ddptui: warning: {empty}", file=err, flush=True)
+    dropped = sum(i.dropped_spans for i in ranks.values())
+    if dropped:
+        print(f"ddptui: warning: {dropped} spans were dropped{when} (the app could not keep up)",
+              file=err, flush=True)
+    if json_path:
+        write_json(json_path, json_doc(rows, meta, extra(dropped)))
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+
+
+def print_bench_tables(rows: list[dict], infos: list[dict], header: str, file=None) -> None:
+    """`ddptui bench`'s tables: measured figures, the cost model, the Amdahl ceiling."""
+    con = Console(file=file or sys.stdout, width=160)
+    t = Table(title=header, header_style="bold")
+    for col in ("model", "strategy", "ranks", "params", "step ms (median)", "comm ms",
+                "samples/s", "speedup vs single"):
+        t.add_column(col, justify="left" if col in ("model", "strategy") else "right")
+    last = None
+    for r in rows:
+        if last is not None and r["model"] != last:
+            t.add_section()
+        last = r["model"]
+        t.add_row(r["model"], r["strategy"], str(r["ranks"]), _params(r["params"]),
+                  _f(r["step_ms_median"]),
+                  "—" if r["strategy"] == "single" else _f(r["comm_ms"]),
+                  _f(r["samples_per_s"], "{:,.0f}"), _f(r["speedup_vs_single"], "{:.2f}×"))
+    con.print(t)
+
+    c = Table(title="cost model (seed 001): bytes/rank/step = 2(N−1)/N × params × 4 B; "
+                    "predicted comm = bytes / bus bandwidth", header_style="bold")
+    for col in ("model", "strategy", "AllReduce/step", "MB/rank/step", "bus GB/s (this)",
+                "bus GB/s (best)", "predicted comm ms", "measured comm ms", "exposed comm ms"):
+        c.add_column(col, justify="left" if col in ("model", "strategy") else "right")
+    last = None
+    for r in rows:
+        if r["strategy"] == "single":
+            continue
+        if last is not None and r["model"] != last:
+            c.add_section()
+        last = r["model"]
+        c.add_row(r["model"], r["strategy"], _f(r["allreduce_calls_per_step"], "{:.0f}"),
+                  _f(r["ring_bytes_per_rank_per_step"] / 1e6, "{:.2f}"), _f(r["bus_bw_gbps"]),
+                  _f(r["model_bus_bw_gbps"]), _f(r["predicted_comm_ms"]), _f(r["comm_ms"]),
+                  _f(r["exposed_comm_ms"]))
+    con.print(c)
+
+    a = Table(title="Amdahl (seed 002): f = T_single / (T_single + T_comm naive); "
+                    "ceiling = 1 / ((1 − f) + f / N)", header_style="bold")
+    for col in ("model", "ranks", "T_single ms", "T_comm naive ms", "f", "ceiling",
+                "achieved (best)", "of ceiling"):
+        a.add_column(col, justify="left" if col == "model" else "right")
+    for m in infos:
+        best = (f"{m['best_speedup']:.2f}× {m['best_strategy']}" if m.get("best_speedup") else "—")
+        eff = (m["best_speedup"] / m["amdahl_ceiling"]
+               if m.get("best_speedup") and m.get("amdahl_ceiling") else None)
+        a.add_row(m["model"], str(m["ranks"]), _f(m["t_single_ms"]), _f(m["t_comm_naive_ms"]),
+                  _f(m["amdahl_f"], "{:.3f}"), _f(m["amdahl_ceiling"], "{:.2f}×"), best,
+                  _f(eff * 100 if eff is not None else None, "{:.0f}%"))
+    con.print(a)
+    notes = [m for m in infos if m.get("amdahl_f") is None]
+    for m in notes:
+        con.print(f"{m['model']}: no Amdahl ceiling (needs single and naive measured)")
+
+
+def write_csv(path: str, rows: list[dict], fields) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})

@@ -1,0 +1,337 @@
+"""A recording as a Chrome trace (Trace Event Format JSON).
+
+Perfetto (ui.perfetto.dev, trace_processor), chrome://tracing and HTA-style tools open it:
+
+- a JSON object with a ``traceEvents`` list (``displayTimeUnit``: ms, ``otherData``: the
+  run's metadata);
+- a process per rank: ``pid`` = rank + 1 (pid 0 is the idle process in some viewers), named
+  by a ``process_name`` metadata event "rank N (device)", ordered by ``process_sort_index``;
+- a thread per lane: "step", "compute" (forward and backward per layer), "communication"
+  (one slice per AllReduce), "optimizer" (``thread_name``/``thread_sort_index`` metadata;
+  ``tid`` = pid * 100 + lane, unique across processes). A slice that would partly overlap
+  the one before it on its lane goes on an extra lane ("communication 2"), so slices on a
+  thread always nest properly;
+- complete events (``ph: "X"``) with ``ts``/``dur`` in µs on one time axis for all ranks
+  (the host's CLOCK_MONOTONIC, 0 = the first span of the recording) and ``args``: rank,
+  strategy, step, and layer (compute), parameter or bucket with its parameter names and
+  bytes (communication), queued_us (ready to start of an AllReduce), last_arriver (the rank
+  ready last), wait_us (last arriver's ready - this rank's), transfer_us (end - last ready);
+- instant events (``ph: "i"``, thread scope, on a "ddp events" lane, at the start of the DDP
+  step they apply to) for bucket-cap changes and for each new DDP bucket layout.
+
+Events are written in recording order: on every thread, start times never decrease.
+The file is written to a temporary name and renamed, so a failed export leaves nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+from ranks import spec, wire
+from ranks.wire import BWD, COMM, FWD, OPT, STEP
+
+from ddptui import __version__
+from ddptui.model.clocksync import HostClocks
+from ddptui.recording.loader import load
+from ddptui.recording.rankset import open_reader
+from ranks.recfile import FORMAT_VERSION, RecordingError
+from ddptui.model.store import in_force
+from ddptui.model.stragglers import comm_spans
+
+# lane: (tid offset, thread name, category)
+LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "communication"),
+         "optimizer": (4, "optimizer"), "events": (5, "ddp events")}
+LANE_OF_KIND = {STEP: "step", FWD: "compute", BWD: "compute", COMM: "communication", OPT: "optimizer"}
+SUBLANE_STRIDE = 10  # extra lanes for partly overlapping slices: tid offset + 10 * j
+
+
+def pid_of(rank: int) -> int:
+    return rank + 1
+
+
+def tid_of(rank: int, lane: str, sub: int = 0) -> int:
+    return pid_of(rank) * 100 + LANES[lane][0] + SUBLANE_STRIDE * sub
+
+
+def _is_layout(layout) -> bool:
+    return isinstance(layout, list) and all(
+        isinstance(b, list) and len(b) == 3 and isinstance(b[0], int) and isinstance(b[2], int)
+        and isinstance(b[1], list) and all(isinstance(p, int) for p in b[1]) for b in layout)
+
+
+class Scan:
+    """Pass 1, fed by recording.load(on_frame=...): what the writer needs to know up front."""
+
+    def __init__(self):
+        self.origin_ns: int | None = None
+        self.devices: dict[int, str] = {}
+        self.lanes: dict[int, set[str]] = {}
+        self.layouts: dict[tuple[int, str], list[tuple[int, dict[int, list]]]] = {}
+        self.ddp_base: dict[tuple[int, int], int] = {}  # (rank, step) -> start of a DDP step
+        self.events: set[int] = set()  # ranks with bucket events
+        self.clocks = HostClocks()  # multi-node: every host's times on node 0's axis
+        # (strategy, step, idx, n-th time) -> (last ready ns, the rank ready last): who waits
+        self.arrivals: dict[tuple, tuple[int, int]] = {}
+
+    def _arrivals(self, f: dict) -> None:
+        b = wire.decode_spans(f)
+        base = self.clocks.to_common(b.rank, b.base_ns)
+        for _, ready_us, (idx, n) in comm_spans(b):
+            ready = base + ready_us * 1000
+            key = (b.strategy, b.step, idx, n)
+            got = self.arrivals.get(key)
+            if got is None or ready > got[0]:
+                self.arrivals[key] = (ready, b.rank)
+
+    def __call__(self, f: dict) -> None:
+        t = f["t"]
+        if t in ("node", "clock"):
+            self.clocks.observe(f)
+        if t == "spans":
+            self._arrivals(f)
+            r, b = f["r"], self.clocks.to_common(f["r"], f["b"])
+            if self.origin_ns is None or b < self.origin_ns:
+                self.origin_ns = b
+            lanes = self.lanes.setdefault(r, set())
+            for k in set(f["kind"]):
+                lanes.add(LANE_OF_KIND[k])
+            if f["s"] == "ddp":
+                self.ddp_base[(r, f["k"])] = b
+        elif t == "hello":
+            self.devices[f["r"]] = str(f.get("device", ""))
+        elif t == "event" and f.get("what") == "bucket_cap_mb":
+            self.events.add(f["r"])
+        elif t == "buckets" and _is_layout(f.get("buckets")):
+            self.events.add(f["r"])
+            key = (f["r"], str(f.get("s", "ddp")))
+            self.layouts.setdefault(key, []).append(
+                (int(f.get("k", 0)), {b[0]: [b[1], b[2]] for b in f["buckets"]}))
+
+    def layout(self, rank: int, strategy: str, step: int) -> dict[int, list] | None:
+        got = self.layouts.get((rank, strategy))
+        return in_force(got, step, first=True) if got else None
+
+
+class TraceWriter:
+    """Pass 2: frames in, trace events out (streamed to a file object)."""
+
+    def __init__(self, out, meta: dict, scan: Scan):
+        self.out = out
+        self.meta = meta
+        self.scan = scan
+        self.origin = scan.origin_ns or 0
+        self.clocks = HostClocks()
+        params = meta.get("params") or []
+        self.param_names = [str(p[0]) for p in params]
+        self.param_bytes = spec.grad_bytes(params)
+        layers = meta.get("layers") or []
+        self.layer_names = [str(x) for x in layers]
+        self.param_layer = [int(p[2]) for p in params]
+        self.first = True
+        self.slices = 0
+        self.instants = 0
+        self.per_lane: dict[tuple[int, str], int] = {}
+        self.stacks: dict[tuple[int, str], list[list[int]]] = {}
+        self.named_tids: set[int] = set()
+        self.last_instant: dict[int, int] = {}
+        self.last_ts: dict[int, int] = {}
+
+    # -- output --------------------------------------------------------------------------
+    def emit(self, ev: dict) -> None:
+        self.out.write(("" if self.first else ",\n") + json.dumps(ev, separators=(",", ":")))
+        self.first = False
+
+    def begin(self) -> None:
+        self.out.write('{"traceEvents":[\n')
+        sc = self.scan
+        devices = dict(sc.devices)
+        for k, v in (self.meta.get("devices") or {}).items():
+            try:
+                devices.setdefault(int(k), str(v))
+            except (TypeError, ValueError):
+                pass
+        for r in sorted(set(sc.lanes) | sc.events):
+            dev = devices.get(r)
+            pid = pid_of(r)
+            self.emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"name": f"rank {r} ({dev})" if dev else f"rank {r}"}})
+            self.emit({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"sort_index": r}})
+            for lane in LANES:
+                if lane in sc.lanes.get(r, ()) or (lane == "events" and r in sc.events):
+                    self._name_thread(r, lane, 0)
+
+    def _name_thread(self, rank: int, lane: str, sub: int) -> int:
+        tid = tid_of(rank, lane, sub)
+        if tid not in self.named_tids:
+            self.named_tids.add(tid)
+            name = LANES[lane][1] + (f" {sub + 1}" if sub else "")
+            self.emit({"name": "thread_name", "ph": "M", "pid": pid_of(rank), "tid": tid,
+                       "args": {"name": name}})
+            self.emit({"name": "thread_sort_index", "ph": "M", "pid": pid_of(rank), "tid": tid,
+                       "args": {"sort_index": LANES[lane][0] + SUBLANE_STRIDE * sub}})
+        return tid
+
+    def finish(self, extra: dict) -> None:
+        other = {"ddptui": __version__, "recording_format": FORMAT_VERSION}
+        for k in ("model", "layers", "world", "batch", "strategies", "backend", "device",
+                  "devices", "torch", "host", "bucket_cap_mb", "steps", "seed", "lr", "settings"):
+            if self.meta.get(k) is not None:
+                other[k] = self.meta[k]
+        other.update(extra)
+        self.out.write('\n],\n"displayTimeUnit":"ms",\n"otherData":'
+                       + json.dumps(other, separators=(",", ":"), default=str) + "}\n")
+
+    # -- frames --------------------------------------------------------------------------
+    def frame(self, f: dict) -> None:
+        t = f["t"]
+        if t in ("node", "clock"):  # multi-node: the mapping in force from here on, as live
+            self.clocks.observe(f)
+        if t == "spans":
+            self._spans(f)
+        elif t == "event" and f.get("what") == "bucket_cap_mb":
+            cap, k = float(f.get("value")), int(f.get("k", 0))
+            self._instant(f["r"], k, f"bucket_cap_mb → {cap:g} MB",
+                          {"bucket_cap_mb": cap, "step": k, "rank": f["r"]})
+        elif t == "buckets" and _is_layout(f.get("buckets")):
+            lay = f["buckets"]
+            args = {"strategy": str(f.get("s", "ddp")), "step": int(f.get("k", 0)), "rank": f["r"],
+                    "bucket_cap_mb": f.get("cap_mb"), "buckets": len(lay),
+                    "bucket_bytes": [b[2] for b in lay],
+                    "bucket_params": [[self._pname(p) for p in b[1]] for b in lay]}
+            self._instant(f["r"], int(f.get("k", 0)), f"DDP buckets: {len(lay)}", args)
+
+    def _instant(self, rank: int, step: int, name: str, args: dict) -> None:
+        """At the start of DDP step `step` on this rank (known from pass 1), or else at the
+        latest time seen on the rank, never before an earlier instant of that rank."""
+        base = self.scan.ddp_base.get((rank, step))
+        ts_ns = base - self.origin if base is not None else self.last_ts.get(rank, 0)
+        ts_ns = max(ts_ns, self.last_instant.get(rank, 0))
+        self.last_instant[rank] = ts_ns
+        tid = self._name_thread(rank, "events", 0)
+        self.emit({"name": name, "cat": "ddp", "ph": "i", "s": "t", "ts": ts_ns / 1000,
+                   "pid": pid_of(rank), "tid": tid, "args": args})
+        self.instants += 1
+
+    def _pname(self, i: int) -> str:
+        return self.param_names[i] if 0 <= i < len(self.param_names) else f"param {i}"
+
+    def _lname(self, i: int) -> str:
+        return self.layer_names[i] if 0 <= i < len(self.layer_names) else f"layer {i}"
+
+    def _sublane(self, rank: int, lane: str, a: int, z: int) -> int:
+        """Lane index where [a, z] nests or follows (slices on one thread must nest)."""
+        stacks = self.stacks.setdefault((rank, lane), [])
+        for j, st in enumerate(stacks):
+            while st and st[-1] <= a:
+                st.pop()
+            if not st or z <= st[-1]:
+                st.append(z)
+                return j
+        stacks.append([z])
+        return len(stacks) - 1
+
+    def _spans(self, f: dict) -> None:
+        b = wire.decode_spans(f)
+        r, s, k = b.rank, b.strategy, b.step
+        off = self.clocks.to_common(r, b.base_ns) - self.origin
+        layout = self.scan.layout(r, s, k) if s == "ddp" else None
+        comm = {i: (off + ready_us * 1000, self.scan.arrivals.get((s, k, *key)))
+                for i, ready_us, key in comm_spans(b)}
+        items = []
+        for i in range(len(b)):
+            kind = b.kind[i]
+            a = off + b.t0[i] * 1000
+            z = max(a, off + b.t1[i] * 1000)
+            iss, last = comm.get(i, (None, None))
+            items.append((a, -(z - a), i, kind, z, iss, last))
+        items.sort()
+        for a, _neg, i, kind, z, iss, last in items:
+            lane = LANE_OF_KIND[kind]
+            idx = b.idx[i]
+            args = {"rank": r, "strategy": s, "step": k}
+            if kind in (FWD, BWD):
+                lname = self._lname(idx)
+                name = ("forward " if kind == FWD else "backward ") + lname
+                args["layer"] = lname
+            elif kind == COMM:
+                if layout is not None:
+                    params, nbytes = layout.get(idx, [[], 0])
+                    name = f"allreduce bucket {idx}"
+                    args["bucket"] = idx
+                    args["params"] = [self._pname(p) for p in params]
+                    args["layer"] = sorted({self._lname(self.param_layer[p]) for p in params
+                                            if 0 <= p < len(self.param_layer)})
+                    args["bytes"] = nbytes
+                else:
+                    pname = self._pname(idx)
+                    name = f"allreduce {pname}"
+                    args["param"] = pname
+                    if 0 <= idx < len(self.param_layer):
+                        args["layer"] = self._lname(self.param_layer[idx])
+                    args["bytes"] = self.param_bytes[idx] if 0 <= idx < len(self.param_bytes) else 0
+                if iss is not None:
+                    args["queued_us"] = max(0, a - iss) / 1000
+                if iss is not None and last is not None:  # who waits for whom (ddptui.model.stragglers)
+                    last_ready = last[0] - self.origin
+                    args["last_arriver"] = last[1]
+                    args["wait_us"] = max(0, last_ready - iss) / 1000
+                    args["transfer_us"] = max(0, z - max(a, last_ready)) / 1000
+            elif kind == OPT:
+                name = "optimizer"
+            else:
+                name = f"{s} step {k}"
+            sub = self._sublane(r, lane, a, z)
+            tid = self._name_thread(r, lane, sub)
+            self.emit({"name": name, "cat": lane, "ph": "X", "ts": a / 1000, "dur": (z - a) / 1000,
+                       "pid": pid_of(r), "tid": tid, "args": args})
+            self.slices += 1
+            self.per_lane[(r, lane)] = self.per_lane.get((r, lane), 0) + 1
+            self.last_ts[r] = max(self.last_ts.get(r, 0), a)
+
+
+def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
+    """Export `path` to `out_path` ('-' = stdout). Raises RecordingError for a bad file."""
+    scan = Scan()
+    got = load(path, on_frame=scan)  # pass 1: validates everything, finds origin and layouts
+    if got.span_frames == 0:
+        raise RecordingError(f"{path}: no spans in this recording; nothing to export")
+    r = open_reader(path)
+    tmp = None
+    try:
+        if out_path == "-":
+            fobj = sys.stdout
+        else:
+            d = os.path.dirname(os.path.abspath(out_path))
+            fd, tmp = tempfile.mkstemp(prefix=".ddptui-export-", suffix=".tmp", dir=d)
+            fobj = os.fdopen(fd, "w", encoding="utf-8")
+        w = TraceWriter(fobj, got.meta, scan)
+        w.begin()
+        skip = set(got.rejected)
+        for n, (_body, frame) in enumerate(r):  # pass 2: the frames pass 1 took
+            if n >= got.frames:
+                break
+            if n not in skip:
+                w.frame(frame)
+        w.finish({"recording": os.path.basename(path), "damage": got.damage,
+                  "skipped_frames": len(got.rejected), "frames": got.frames, "spans": got.spans,
+                  **({"clock_offsets": co} if (co := scan.clocks.offsets(got.meta.get("host"))) else {})})
+        if tmp is not None:
+            fobj.close()
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a trace is an ordinary file
+            os.replace(tmp, out_path)
+            tmp = None
+        else:
+            fobj.flush()
+    finally:
+        r.close()
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return w, got

@@ -1,0 +1,573 @@
+"""The Textual UI: a timeline pane per strategy, figures, a GPU panel; live or replay.
+
+Drawing follows the store at a fixed frame rate (a timer polls the source and redraws
+only when the store or the UI state changed). Anything that can take long — starting
+the ranks, stopping them, seeking in a large recording — runs in a worker thread.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import deque
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+from textual.widgets import Footer, Static
+
+from ranks import spec
+
+from .source import BucketControl, Source, StragglerControl, Transport
+from ddptui.model.store import Store
+from ddptui.model import figures as F
+from .viewmodel import PanelSpec, ViewModel, latest_steps, plan_layout
+from .widgets import (
+    GUTTER,
+    BucketsPanel,
+    FiguresPanel,
+    GotoScreen,
+    GpuPanel,
+    Headline,
+    HelpScreen,
+    HistoryPanel,
+    PaneState,
+    PartsView,
+    StartupScreen,
+    TimelinePane,
+    figures_panel,
+    headline,
+    screens,
+)
+from .widgets import theme as T
+from ddptui.ui.widgets.panel import Frame, Panel
+from .widgets import aggregate, waits
+from ddptui.ui.widgets.waits import WaitsPanel
+from ddptui.ui.widgets.hosts import HostsPanel
+from ddptui.ui.widgets.whatif import WhatIfPanel
+
+FPS = 15
+SPEEDS = spec.SPEED_LADDER
+# the panels below the lanes, in order of priority: (id, class)
+PANELS: tuple[tuple[str, type[Panel]], ...] = (
+    ("figures", FiguresPanel), ("hosts", HostsPanel), ("gpu", GpuPanel), ("buckets", BucketsPanel),
+    ("waits", WaitsPanel), ("history", HistoryPanel), ("whatif", WhatIfPanel))
+
+
+class DdpApp(App):
+    TITLE = "ddptui"
+    ENABLE_COMMAND_PALETTE = False
+    CSS = """
+    #title, #headline, #legend, #status { height: 1; }
+    #banner { height: auto; background: #7a0000; color: #ffffff; text-style: bold; padding: 0 1;
+              display: none; }
+    #panes { height: 1fr; grid-size: 1; grid-gutter: 0 2; grid-rows: 1fr; }
+    #panels { height: 6; grid-size: 1; grid-rows: 1fr; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),
+        Binding("question_mark", "help", "help"),
+        Binding("space", "pause", "pause/play"),
+        Binding("left", "step(-1)", "step"),
+        Binding("right", "step(1)", "step"),
+        Binding("plus,equals_sign", "zoom(1)", "zoom+"),
+        Binding("minus", "zoom(-1)", "zoom−"),
+        Binding("b", "bucket(-1)", "bucket−"),
+        Binding("B", "bucket(1)", "bucket+"),
+        Binding("d", "straggler", "straggler"),
+        Binding("left_square_bracket", "speed(-1)", "slower"),
+        Binding("right_square_bracket", "speed(1)", "faster"),
+        Binding("g", "goto", "go to"),
+        Binding("s", "screenshot", "screenshot"),
+    ]
+    ALWAYS = ("quit", "help", "screenshot")
+
+    def __init__(self, source: Source, *, title: str | None = None, fps: float = FPS,
+                 screenshot_dir: str = ".", record: str | None = None):
+        super().__init__()
+        self.source = source
+        self.talk_title = title
+        self.fps = fps
+        self.screenshot_dir = screenshot_dir
+        self.record = record  # live: where the run is recorded (shown in the status line)
+        self.transport: Transport | None = source if isinstance(source, Transport) else None
+        self.buckets: BucketControl | None = source if isinstance(source, BucketControl) else None
+        self.straggler: StragglerControl | None = source if isinstance(source, StragglerControl) else None
+        self.straggler_ms = 0.0  # what was last asked of the ranks (0: off)
+        self.vm = ViewModel()
+        self.panes: dict[str, TimelinePane] = {}
+        self._views: dict[tuple, object] = {}
+        self.asked_cap: float | None = None
+        self.error: str | None = None
+        self._started = False
+        self._stopping = False
+        self._busy = False  # a transport job (seek, play, speed) runs in a worker
+        self._jobs: deque = deque()
+        self._ui_gen = 0
+        self._drawn: tuple | None = None
+        self._layout_key: tuple | None = None
+        self._caps_seen = 0
+        self._banner_text = ""
+        self._banner_rows = 0
+        self._ticks = 0
+        self._t0 = time.monotonic()
+
+    # -- composition -----------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield PartsView(id="title")
+        yield Headline(id="headline")
+        yield Static(id="banner")
+        yield Grid(id="panes")
+        yield PartsView(id="legend")
+        with Grid(id="panels"):
+            for name, cls in PANELS:
+                yield cls(id=name)
+        yield PartsView(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.main = m = self.screen
+        m.styles.background, m.styles.color = T.BG, T.TEXT
+        self.grid, self.panel_grid = m.query_one("#panes", Grid), m.query_one("#panels", Grid)
+        self.panels: dict[str, Panel] = {name: m.query_one(f"#{name}", cls) for name, cls in PANELS}
+        self.headline = m.query_one(Headline)
+        self.title_bar, self.legend = m.query_one("#title", PartsView), m.query_one("#legend", PartsView)
+        self.status_bar, self.banner = m.query_one("#status", PartsView), m.query_one("#banner", Static)
+        self._caps_seen = len(self.source.store.cap_history())
+        if self.transport is None and not self._has_step():
+            self.push_screen(StartupScreen())
+        self.run_worker(self._start_source, thread=True, name="start", exit_on_error=False)
+        self.set_interval(1 / self.fps, self._tick)
+        self._redraw()
+
+    @property
+    def replay(self) -> bool:
+        return self.transport is not None
+
+    @property
+    def paused(self) -> bool:
+        return self.vm.paused
+
+    @property
+    def pinned(self) -> int | None:
+        return self.vm.pinned
+
+    def _start_source(self) -> None:
+        try:
+            self.source.start()
+        except Exception as e:  # noqa: BLE001 - shown to the user, the app stays usable
+            self.error = f"could not start: {type(e).__name__}: {e}"
+        self._started = True
+
+    # -- the frame clock -------------------------------------------------------------------
+    def _tick(self) -> None:
+        if not self.is_running or not self.main.is_running:
+            return  # shutting down
+        self._ticks += 1
+        src = self.source
+        if self._started and not self._stopping and not self._busy and not self.error:  # (poll is cheap)
+            try:
+                src.poll()
+            except Exception as e:  # noqa: BLE001
+                self.error = f"{type(e).__name__}: {e}"
+        if isinstance(self.screen, StartupScreen):
+            self._draw_startup()
+        if self._draw_key() != self._drawn:
+            self._redraw()
+
+    def _draw_key(self) -> tuple:
+        """Everything a frame depends on: unchanged key, nothing to draw."""
+        src, store = self.source, self.source.store
+        sizes = tuple(w.size for w in (*self.panes.values(), *self.panels.values()))
+        return id(store), store.version, self._ui_gen, src.state, self._busy, self.size, sizes
+
+    def _has_step(self) -> bool:
+        store = self.source.store
+        return bool(latest_steps(store))
+
+    def _draw_startup(self) -> None:
+        src = self.source
+        if self._has_step():
+            self.pop_screen()
+            return
+        failed = src.state == "failed" or self.error is not None
+        lines = screens.startup_lines(src.store, "failed" if failed else src.state,
+                                      self.error or src.message, None,
+                                      time.monotonic() - self._t0, self._ticks, self.size.width)
+        self.screen.show(lines)
+
+    # -- drawing -----------------------------------------------------------------------------
+    def _redraw(self) -> None:
+        store = self.source.store
+        self._drawn = self._draw_key()
+        strategies = store.strategies()
+        self._sync_panes(store, strategies)
+        self._draw_banner()
+        self._sync_layout(store, strategies)
+        shown = self.shown_steps()
+        views = {s: self._view(store, s, k) for s, k in shown.items()}
+        mpc = self._ms_per_cell(views)
+        cap_since = store.cap_changed_at(shown.get("ddp") or 0)
+        hosts = store.hosts()
+        nodes = tuple((r, n) for n, rs in sorted(hosts.items()) for r in rs) if len(hosts) > 1 else None
+        for s, pane in self.panes.items():
+            ddp = s == "ddp"
+            view, labels = aggregate.for_pane(views.get(s), pane.size.height, hosts, waits.culprit_rank(store, shown, s))
+            pane.show(PaneState(view, mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
+                                nodes if labels is None else None, labels))
+        rows = figures_panel.compare_rows(store, shown)
+        frame = Frame(store, shown, views, rows)
+        for panel in self.panels.values():
+            if panel.display:
+                panel.draw(frame)
+        slow = waits.culprit_gist(store, shown)
+        self.headline.show(headline.build(rows, F.speedups(rows), self.size.width, slow))
+        self.title_bar.show([self._title_parts(store, strategies)])
+        self.legend.show([self._legend_parts(mpc, self.size.width)])
+        self.status_bar.show([self._status_parts(store)])
+        self._notify_caps(store)
+
+    def _view(self, store: Store, strategy: str, step: int | None):
+        """store.view, kept while nothing that shapes it (layouts, events) changed."""
+        if step is None:
+            return None
+        key = (id(store), strategy, step, store.view_stamp(strategy))
+        got = self._views.get(key)
+        if got is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            got = self._views[key] = store.view(strategy, step)
+        return got
+
+    def _sync_panes(self, store: Store, strategies: list[str]) -> None:
+        layers = list(store.meta.get("layers") or [])
+        params = [str(p[0]) for p in store.meta.get("params") or []]
+        for s in strategies:
+            if s not in self.panes:
+                self.panes[s] = TimelinePane(s, layers, params, id=f"pane-{s}")
+                self.grid.mount(self.panes[s])
+            else:  # names known only once a rank said hello (ddptui run: the user's modules)
+                self.panes[s].set_names(layers, params)
+
+    def _sync_layout(self, store: Store, strategies: list[str]) -> None:
+        w, h = self.size
+        specs = [PanelSpec(name, cls.rows_min(store), cls.rows_max(store), cls.MIN_WIDTH, cls.GROW)
+                 for name, cls in PANELS]
+        key = (w, h, tuple(strategies), store.world, tuple(specs), self._banner_rows)
+        if key == self._layout_key:
+            return
+        self._layout_key = key
+        ranks = [store.expected_ranks(s) for s in strategies]
+        plan = plan_layout(w, h, ranks, specs, self._banner_rows)
+        grid = self.grid
+        grid.styles.grid_size_columns = plan.cols
+        grid.styles.grid_size_rows = len(plan.pane_rows)
+        grid.styles.grid_rows = " ".join(str(x) for x in plan.pane_rows)
+        shown = plan.shown
+        for name, panel in self.panels.items():
+            panel.display = name in shown
+        pg = self.panel_grid
+        pg.display = bool(plan.shelves)
+        pg.styles.grid_size_columns = plan.panel_cols
+        pg.styles.grid_size_rows = max(1, len(plan.shelves))
+        pg.styles.grid_rows = " ".join(str(x) for x in plan.shelf_rows) or "1"
+        pg.styles.height = sum(plan.shelf_rows)
+
+    def shown_steps(self) -> dict[str, int | None]:
+        """The step each strategy pane shows."""
+        t = self.transport
+        return self.vm.shown_steps(self.source.store, t.position_step if t else None, replay=t is not None)
+
+    def _ms_per_cell(self, views: dict) -> float:
+        lanes = [p.lane_width for p in self.panes.values() if p.lane_width > 0]
+        lane_w = min(lanes) if lanes else max(10, self.size.width - GUTTER)
+        return self.vm.ms_per_cell(views, lane_w, id(self.source.store))
+
+    def _cap_note(self) -> str:
+        return f"→ {self.asked_cap:g} MB asked…" if self.asked_cap is not None else ""
+
+    def _title_parts(self, store: Store, strategies: list[str]) -> list:
+        m = store.meta
+        infos = store.rank_snapshot()
+        first = infos[min(infos)] if infos else None
+        device = m.get("device") or (first.device if first else "")
+        backend = m.get("backend") or (first.backend if first else "")
+        ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
+        bits = [str(m.get("model") or "?"), ranks, device, backend,
+                f"global batch {m.get('batch')}" if m.get("batch") else "", " vs ".join(strategies)]
+        parts = [(" ddptui ", T.style("#000000", T.TEXT, bold=True))]
+        if self.talk_title:
+            parts.append((f" {self.talk_title} ", T.style(T.WARN, bold=True)))
+        parts.append((" " + " · ".join(b for b in bits if b), T.style(T.TEXT)))
+        return parts
+
+    # legend entries, most important first: the last ones go when the line is too short
+    LEGEND = (("forward", T.FWD_A), ("backward", T.BWD_A), ("AllReduce", T.COMM_A),
+              ("waits for ranks", T.WAIT), ("last to arrive", T.COMM_LAST), ("queued", T.QUEUED),
+              ("optimizer", T.OPT), ("2+ at once", T.COMM_MULTI))
+
+    def _legend_parts(self, mpc: float, width: int = 1000) -> list:
+        zoom = self.vm.zoom
+        text = f"│ 1 cell = {mpc:.3g} ms · zoom {zoom}×"
+        if width >= 160:
+            text += " · one scale for all panes"
+        scale = (text, T.style(T.DIM))
+        room = width - len(scale[0])
+        parts = []
+        for name, c in self.LEGEND:
+            entry = [(" ██", T.style(T.LANE_COLOURS[c])), (f" {name} ", T.style(T.TEXT))]
+            n = sum(len(t) for t, _ in entry)
+            if n > room:
+                break
+            parts += entry
+            room -= n
+        return parts + [scale]
+
+    def _status_parts(self, store: Store) -> list:
+        parts = self._replay_status() if self.replay else self._live_status(store)
+        dropped = [(r, i.dropped_spans) for r, i in sorted(store.rank_snapshot().items()) if i.dropped_spans]
+        if dropped:
+            text = ", ".join(f"r{r} {n}" for r, n in dropped)
+            parts.append((f" · dropped spans: {text}", T.style(T.ERROR, bold=True)))
+        if store.rejected:
+            parts.append((f" · rejected frames or connections: {store.rejected}", T.style(T.ERROR, bold=True)))
+        if not self.panels["waits"].display:  # no room for the panel: its gist here
+            gist = waits.compact(store, self.shown_steps())
+            if gist:
+                parts.append((f" · {gist}", T.style(T.WARN, bold=True)))
+        return parts
+
+    def _live_status(self, store: Store) -> list:
+        src = self.source
+        latest = max(latest_steps(store), default=None)
+        if self._stopping:
+            return [(" ⏹ stopping ranks… ", T.style("#000000", T.WARN, bold=True))]
+        if self.paused:
+            parts = [(" ⏸ PAUSED ", T.style("#000000", T.WARN, bold=True)),
+                     (f" step {self.pinned} · training continues (latest {latest}) · ←/→ step, space resumes",
+                      T.style(T.TEXT))]
+        elif src.state == "failed" or self.error:
+            parts = [(" ✗ RUN FAILED ", T.style("#ffffff", T.ERROR, bold=True)),
+                     (" press q to quit", T.style(T.TEXT))]
+        elif src.state == "finished":
+            parts = [(" ■ FINISHED ", T.style("#000000", T.TEXT, bold=True)),
+                     (f" {src.message} · press q to quit", T.style(T.TEXT))]
+        else:
+            parts = [(" ● LIVE ", T.style("#000000", T.GOOD, bold=True)),
+                     (f" {src.state} · step {latest if latest is not None else '–'}", T.style(T.TEXT))]
+        if self.record:
+            parts.append((f" · recording → {self.record}", T.style(T.DIM)))
+        return parts
+
+    def _replay_status(self) -> list:
+        src = self.transport
+        badge = {"playing": " ▶ REPLAY ", "paused": " ⏸ REPLAY ", "finished": " ■ REPLAY "}.get(
+            src.state, " REPLAY ")
+        text = f" {src.speed:g}× · step {max(src.position_step, 0)}/{max(src.steps_total - 1, 0)}"
+        text += f" · {src.name}" + (" · loop" if src.loop else "")
+        if self._busy:
+            text += " · seeking…"
+        parts = [(badge, T.style("#000000", T.GOOD if src.playing else T.WARN, bold=True)),
+                 (text, T.style(T.TEXT))]
+        if src.skipped:
+            parts.append((f" · {src.skipped} invalid frames skipped", T.style(T.ERROR, bold=True)))
+        if src.message:
+            parts.append((f" · {src.message}", T.style(T.WARN)))
+        return parts
+
+    def _draw_banner(self) -> None:
+        src = self.source
+        msg = self.error or (src.message if src.state == "failed" else None)
+        text = f"✗ RUN FAILED — {msg}" if msg else ""
+        banner = self.banner
+        banner.display = bool(msg)
+        self._banner_rows = 1 + len(text) // max(1, self.size.width - 2) if msg else 0
+        if text != self._banner_text:
+            self._banner_text = text
+            banner.update(Text(text))  # error text is plain: never parse it as markup
+
+    def _notify_caps(self, store: Store) -> None:
+        changes = store.cap_history()
+        for k, cap in changes[self._caps_seen:]:
+            self.notify(f"DDP re-wrapped: bucket_cap_mb = {cap:g} MB from step {k}", timeout=2.5,
+                        title="bucket cap applied")
+            if self.asked_cap == cap:
+                self.asked_cap = None
+        self._caps_seen = len(changes)
+
+    def redraw(self) -> None:
+        """Draw now, with the newest data (the UI state changed: a key, a finished job; or a
+        test wants the frame after a layout)."""
+        self._ui_gen += 1
+        self.vm.changed()
+        self._redraw()
+
+
+    # -- actions -----------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if isinstance(self.screen, StartupScreen):
+            return action in self.ALWAYS
+        if action == "bucket":
+            return self.buckets is not None
+        if action == "straggler":
+            return self.straggler is not None
+        if action in ("speed", "goto"):
+            return self.replay
+        return True
+
+    def action_pause(self) -> None:
+        if self.transport:
+            self._transport(self.transport.toggle_play)
+            return
+        self.vm.toggle_pause(self.source.store)
+        self.redraw()
+
+    def action_step(self, delta: int) -> None:
+        if self.transport:
+            t = self.transport
+            self._transport(lambda: t.step_by(delta))
+            return
+        if self.vm.step(self.source.store, delta):
+            self.redraw()
+
+    def action_zoom(self, d: int) -> None:
+        self.vm.zoom_by(d)
+        self.redraw()
+
+    def action_bucket(self, direction: int) -> None:
+        store = self.source.store
+        current = self.asked_cap
+        if current is None:
+            changes = store.cap_history()
+            current = changes[-1][1] if changes else float(
+                store.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB)
+        ladder = spec.BUCKET_LADDER_MB
+        nxt = (max((x for x in ladder if x < current), default=None) if direction < 0
+               else min((x for x in ladder if x > current), default=None))
+        if nxt is None:
+            self.notify(f"bucket_cap_mb is at the {'bottom' if direction < 0 else 'top'} of the ladder "
+                        f"({' / '.join(f'{x:g}' for x in ladder)} MB)", severity="warning")
+            return
+        if not self._started or self.buckets is None or self.buckets.set_bucket_cap(nxt) == 0:
+            self.notify("no rank is connected yet: try again in a moment", severity="warning")
+            return
+        self.asked_cap = nxt
+        self.notify(f"asked every rank for bucket_cap_mb = {nxt:g} MB (all re-wrap DDP at the same step)", timeout=2.5,
+                    title="bucket cap")
+        self.redraw()
+
+    def action_straggler(self) -> None:
+        """A straggler on the highest rank (its middle layer's backward half a step longer), or
+        off again; every rank switches at the same step."""
+        store = self.source.store
+        if self.straggler_ms:
+            ms = 0.0
+        else:
+            steps = [f.step_ms for s in store.strategies() for f in store.recent_figures(s, n=10)]
+            ms = float(max(2, round(0.5 * sorted(steps)[len(steps) // 2]))) if steps else 40.0
+        if not self._started or self.straggler is None or self.straggler.set_straggler(ms) == 0:
+            self.notify("no rank is connected yet: try again in a moment", severity="warning")
+            return
+        self.straggler_ms = ms
+        names = list(store.meta.get("layers") or [])
+        where = f"rank {max(store.world - 1, 0)} · {names[(len(names) - 1) // 2]}" if names else "the highest rank"
+        self.notify(f"straggler on: {where} backward +{ms:g} ms every step" if ms else "straggler off",
+                    title="straggler", timeout=2.5)
+        self.redraw()
+
+    def action_speed(self, d: int) -> None:
+        t = self.transport
+        i = min(range(len(SPEEDS)), key=lambda j: abs(SPEEDS[j] - t.speed))
+        nxt = SPEEDS[min(len(SPEEDS) - 1, max(0, i + d))]
+        self._transport(lambda: t.set_speed(nxt))
+
+    def action_goto(self) -> None:
+        t = self.transport
+
+        def go(step: int | None) -> None:
+            if step is not None:
+                self._transport(lambda: t.seek(step))
+        self.push_screen(GotoScreen(t.steps_total), go)
+
+    def action_screenshot(self) -> None:
+        name = f"ddptui-{time.strftime('%Y%m%d-%H%M%S')}.svg"
+        try:
+            path = self.save_screenshot(filename=name, path=self.screenshot_dir)
+        except OSError as e:
+            self.notify(f"screenshot failed: {e}", severity="error")
+            return
+        self.notify(f"screenshot saved: {os.path.abspath(path)}", title="screenshot")
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(spec.BUCKET_LADDER_MB))
+
+    async def action_quit(self) -> None:
+        if self._stopping:
+            self.notify("still stopping the ranks…")
+            return
+        self._stopping = True
+        self.notify("stopping ranks…", title="quit")
+        self.redraw()
+        self.run_worker(self._stop_source, thread=True, name="stop", exit_on_error=False)
+
+    def _stop_source(self) -> None:
+        code = self.exit_code()  # a failure seen before stopping still counts
+        try:
+            self.source.stop("stopped by user")
+        finally:
+            self.call_from_thread(self.exit, max(code, self.exit_code()))
+
+    def exit_code(self) -> int:
+        return 1 if self.source.state == "failed" or self.error else 0
+
+    # -- transport jobs (replay): one at a time, off the event loop ----------------------------
+    def _transport(self, job) -> None:
+        self._jobs.append(job)
+        if not self._busy:
+            self._busy = True
+            self.run_worker(self._run_jobs, thread=True, name="transport", exit_on_error=False)
+        self._ui_gen += 1
+
+    def _run_jobs(self) -> None:
+        try:
+            while self._jobs:
+                self._jobs.popleft()()
+        finally:
+            self.call_from_thread(self._jobs_done)
+
+    def _jobs_done(self) -> None:
+        if self._jobs:  # queued while the worker was finishing
+            self.run_worker(self._run_jobs, thread=True, name="transport", exit_on_error=False)
+        else:
+            self._busy = False
+        self.redraw()
+
+
+def run_live_app(opts, plan, run=None) -> int:
+    """Launch the ranks (a LiveRun, or the given run) and show them; 0 after a normal quit,
+    1 if the run failed. Whatever happens, no rank is left running."""
+    from ddptui.live.session import LiveRun
+    run = run or LiveRun(opts, plan)
+    app = DdpApp(run, record=opts.record)
+    try:
+        app.run()
+    finally:
+        if run.state in ("running", "starting"):
+            run.stop("the UI closed")
+    return app.exit_code()
+
+
+def run_replay_app(path: str, *, speed: float = 1.0, loop: bool = False, title: str | None = None) -> int:
+    """Replay a recording in the UI; 2 (with a message) if the file cannot be read."""
+    from ranks.recfile import RecordingError
+    from ddptui.recording.replay import ReplaySource
+    try:
+        src = ReplaySource(path, speed=speed, loop=loop)
+    except RecordingError as e:
+        print(f"ddptui: error: {e}", file=sys.stderr)
+        return 2
+    DdpApp(src, title=title).run()
+    return 0

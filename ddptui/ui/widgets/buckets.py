@@ -1,0 +1,76 @@
+"""DDP's buckets at the step shown: which layers each holds, its size, how long its
+AllReduce ran and how much of that ran while the rank computed (forward/backward)."""
+from __future__ import annotations
+
+from ddptui.model.store import Store
+from ddptui.model.views import StepView
+from . import theme as T
+from .panel import Frame, Panel
+from .text import Parts
+
+
+def layer_text(params: list[int], param_layer: list[int], layer_names: list[str]) -> str:
+    """'fc4–fc5' for contiguous layers, 'fc1,fc3' otherwise."""
+    layers = sorted({param_layer[p] for p in params if p < len(param_layer)})
+    name = (lambda i: layer_names[i] if i < len(layer_names) else f"L{i}")  # noqa: E731
+    if not layers:
+        return "?"
+    if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 1:
+        return f"{name(layers[0])}–{name(layers[-1])}"
+    return ",".join(name(i) for i in layers)
+
+
+def bucket_rows(store: Store, view: StepView, layout: list) -> list[tuple[int, list[int], float, float | None, float | None]]:
+    """(bucket, params, MB, time ms, overlap %) per bucket, means over the ranks (the store's
+    per-step figures: computed once per step, not per frame)."""
+    figs = store.bucket_figures(view.strategy, view.step) or {}
+    out = []
+    for b, params, nbytes in layout:
+        t, ov = figs.get(b, (None, None))
+        out.append((int(b), list(params), nbytes / 2**20, t, ov))
+    return out
+
+
+def build(store: Store, view: StepView | None, rows: int) -> list[Parts]:
+    if view is None:
+        return [[("DDP buckets: waiting for a DDP step…", T.style(T.DIM))]]
+    layout = store.bucket_layout("ddp", view.step) or []
+    params = store.meta.get("params") or []
+    param_layer = [int(p[2]) if len(p) > 2 else 0 for p in params]
+    names = list(store.meta.get("layers") or [])
+    cap = f" · cap {view.bucket_cap_mb:g} MB" if view.bucket_cap_mb is not None else ""
+    lines: list[Parts] = [
+        [(f"DDP buckets · step {view.step}{cap}", T.style(T.TEXT, bold=True)),
+         (" · in the order DDP reduces them", T.style(T.DIM))],
+        [(f"{'bucket':<8}{'layers':<14}{'MB':>8}{'time ms':>10}{'overlap':>9}", T.style(T.DIM, bold=True))]]
+    got = bucket_rows(store, view, layout)
+    room = max(0, rows - 2)
+    show = got if len(got) <= room else got[:max(0, room - 1)]
+    for b, ps, mb, t, ov in show:
+        lines.append([(f"b{b:<7}", T.style(T.LANE_COLOURS[T.COMM_A + (b & 1)], bold=True)),
+                      (f"{layer_text(ps, param_layer, names)[:13]:<14}{mb:>8.2f}"
+                       f"{'–' if t is None else f'{t:.2f}':>10}{'–' if ov is None else f'{ov:.0f}%':>9}",
+                       T.style(T.TEXT))])
+    if len(show) < len(got):
+        lines.append([(f"… {len(got) - len(show)} more buckets", T.style(T.WARN))])
+    return lines
+
+
+class BucketsPanel(Panel):
+    MIN_WIDTH = 52
+
+    @staticmethod
+    def rows_min(store: Store) -> int:
+        if "ddp" not in store.strategies():
+            return 0
+        n = len(store.bucket_layout("ddp") or [])
+        return min(2 + n, 5) if n else 0
+
+    @staticmethod
+    def rows_max(store: Store) -> int:
+        if "ddp" not in store.strategies():
+            return 0
+        return 2 + len(store.bucket_layout("ddp") or [])
+
+    def build_lines(self, frame: Frame) -> list[Parts]:
+        return build(frame.store, frame.views.get("ddp"), self.inner[1])

@@ -1,0 +1,117 @@
+"""Per-GPU NVML figures with history on a fixed 0–100 scale; per-rank CPU without NVML.
+
+Only draws what the sampler put in the store: a None is N/A, never an error.
+"""
+from __future__ import annotations
+
+from ddptui.model.store import Store
+from . import theme as T
+from .panel import Frame, Panel
+from .text import Parts
+
+
+def _num(v, spec: str, unit: str = "") -> str:
+    return "N/A" if v is None else format(v, spec) + unit
+
+
+def _rate(v) -> str:
+    if v is None:
+        return "N/A"
+    return f"{v / 1024:.1f} GB/s" if v >= 1024 else f"{v:.0f} MB/s"
+
+
+def _mem_pct(g: dict):
+    used, total = g.get("mem_used_mb"), g.get("mem_total_mb")
+    return 100.0 * used / total if used is not None and total else None
+
+
+def gpu_lines(samples: list[dict], width: int, rows: int, ranks_of: dict | None = None,
+              clock_res_ns: int | None = None) -> list[Parts]:
+    """`ranks_of`: GPU UUID -> the ranks on it; `clock_res_ns`: the worst GPU-timer mapping
+    residual the ranks reported (how far a span's time may be off, beyond the timer's own)."""
+    latest = samples[-1].get("gpus") or []
+    names = sorted({str(g.get("name", "")) for g in latest})
+    title = [(f"GPU · NVML · {', '.join(names)}", T.style(T.TEXT, bold=True))]
+    if clock_res_ns is not None:
+        title.append((f" · clock residual {abs(clock_res_ns) / 1000:.1f} µs", T.style(T.DIM)))
+    lines: list[Parts] = [title]
+    ranks_of = ranks_of or {}
+    per_gpu = 2 if rows - 1 >= 2 * len(latest) else 1
+    hist_w = max(4, min(30, (width - 44) // 2))
+    for g in latest:
+        i = g.get("index")
+        hist = [next((x for x in s.get("gpus") or [] if x.get("index") == i), {}) for s in samples[-hist_w:]]
+        util_h = T.spark([h.get("util") for h in hist], width=hist_w)
+        mem_h = T.spark([_mem_pct(h) for h in hist], width=hist_w)
+        used, total = g.get("mem_used_mb"), g.get("mem_total_mb")
+        mem = (f"{_num(None if used is None else used / 1024, '.1f')}/"
+               f"{_num(None if total is None else total / 1024, '.0f')} GB")
+        on = ranks_of.get(g.get("uuid"))
+        first = [(f"GPU{i} ", T.style(T.TEXT, bold=True)),
+                 *([(f"r{','.join(map(str, on))} ", T.style(T.DIM))] if on else []), ("util ", T.style(T.DIM)),
+                 (f"{_num(g.get('util'), '>3.0f', '%'):>4} ", T.style(T.TEXT, bold=True)),
+                 (f"{util_h:<{hist_w}}", T.style(T.GOOD)), (" mem ", T.style(T.DIM)),
+                 (f"{mem:>13} ", T.style(T.TEXT)), (f"{mem_h:<{hist_w}}", T.style("#5aa9ff"))]
+        second = [("     ", T.style()), (f"{_num(g.get('power_w'), '.0f', ' W')}  ", T.style(T.TEXT)),
+                  *([(f"SM active {g['sm_active']:.0f}%  ", T.style(T.TEXT))]
+                    if g.get("sm_active") is not None else []),
+                  (f"SM {_num(g.get('sm_clock_mhz'), '.0f', ' MHz')}  ", T.style(T.TEXT)),
+                  (f"PCIe ↑{_rate(g.get('pcie_tx_mbs'))} ↓{_rate(g.get('pcie_rx_mbs'))}  ", T.style(T.TEXT)),
+                  (f"NVLink ↑{_rate(g.get('nvlink_tx_mbs'))} ↓{_rate(g.get('nvlink_rx_mbs'))}", T.style(T.TEXT))]
+        if per_gpu == 2:
+            lines += [first, second]
+        else:
+            lines.append(first + [("  ", T.style())] + second[1:3])
+    return lines
+
+
+def cpu_lines(samples: list[dict], width: int) -> list[Parts]:
+    lines: list[Parts] = [[("no NVML (no GPU): CPU use per rank (psutil)", T.style(T.WARN, bold=True))]]
+    latest = samples[-1].get("ranks") or {}
+    hist_w = max(4, min(60, width - 22))
+    for r in sorted(latest, key=int):
+        hist = [s.get("ranks", {}).get(r) for s in samples[-hist_w:]]
+        lines.append([(f"rank {r:<3}", T.style(T.TEXT, bold=True)), (" CPU ", T.style(T.DIM)),
+                      (f"{_num(latest[r], '>4.0f', '%'):>5} ", T.style(T.TEXT, bold=True)),
+                      (T.spark(hist), T.style(T.GOOD))])
+    if not latest:
+        lines.append([("waiting for the ranks' processes…", T.style(T.DIM))])
+    return lines
+
+
+def wanted_rows(store: Store) -> int:
+    """Rows the panel would like: a title, then two per GPU or one per rank."""
+    gpu, cpu = store.samples()
+    if gpu:
+        return 1 + 2 * len(gpu[-1].get("gpus") or [])
+    if cpu:
+        return 1 + max(1, len(cpu[-1].get("ranks") or {}))
+    return 1
+
+
+def build(store: Store, width: int, rows: int) -> list[Parts]:
+    gpu, cpu = store.samples()
+    ranks = store.rank_snapshot()
+    ranks_of: dict = {}
+    res = [i.clock_res_ns for i in ranks.values() if i.clock_res_ns is not None]
+    for r, i in sorted(ranks.items()):
+        if i.uuid:
+            ranks_of.setdefault(i.uuid, []).append(r)
+    if gpu:
+        return gpu_lines(gpu, width, rows, ranks_of, max(res, key=abs) if res else None)
+    if cpu:
+        return cpu_lines(cpu, width)
+    return [[("GPU / CPU: waiting for samples…", T.style(T.DIM))]]
+
+
+class GpuPanel(Panel):
+    MIN_WIDTH = 60
+
+    @staticmethod
+    def rows_min(store: Store) -> int:
+        return 2
+
+    rows_max = staticmethod(wanted_rows)
+
+    def build_lines(self, frame: Frame) -> list[Parts]:
+        return build(frame.store, self.size.width or 80, self.size.height or 3)

@@ -1,0 +1,88 @@
+"""The headline: one line that says what the audience should see, and never overflows.
+
+Candidates go from the fullest sentence to the shortest; the first that fits the width is
+shown. The sentence is honest either way: DDP slower than naive says "slower".
+"""
+from __future__ import annotations
+
+from rich.cells import cell_len
+
+from . import theme as T
+from .text import Parts, PartsView
+
+SAME = 0.005  # within this of 1.0: "about the same"
+
+
+def _pct(v: float) -> str:
+    return f"{v:.0f} %"
+
+
+def _vs(v: float) -> str:
+    return f"{v:.2f}×"
+
+
+def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
+    """(text, verdict) from the fullest to the shortest; verdict: good | bad | same | none.
+
+    `sp`: speedups (ddptui.model.figures.speedups: ddp_vs_naive, X_vs_single); `overlap`: the
+    share (%) of each strategy's communication hidden behind compute (None: no comm)."""
+    v = sp.get("ddp_vs_naive")
+    hid = overlap.get("ddp")
+    if v is not None:
+        hidden = [] if hid is None else [
+            f" — {_pct(hid)} of communication hidden behind backward",
+            f" — {_pct(hid)} of comm hidden",
+            f" · {_pct(hid)} hidden"]
+        if abs(v - 1) < SAME:
+            head = [f"DDP as fast as naive ({_vs(v)})", f"DDP ≈ naive ({_vs(v)})"]
+            verdict = "same"
+        elif v > 1:
+            head = [f"DDP {_vs(v)} faster than naive", f"DDP {_vs(v)} faster"]
+            verdict = "good"
+        else:
+            slower = (1 / v - 1) * 100 if v > 0 else float("inf")
+            head = [f"DDP slower than naive here ({_vs(v)}, steps {slower:.0f} % longer)",
+                    f"DDP slower than naive here ({_vs(v)})", f"DDP slower ({_vs(v)})"]
+            verdict = "bad"
+        out = [(h + t, verdict) for h in head for t in hidden]
+        return out + [(h, verdict) for h in head]
+    singles = {k[:-10]: x for k, x in sp.items() if k.endswith("_vs_single")}
+    if singles:
+        best = max(singles, key=singles.get)
+        x = singles[best]
+        word = "faster than" if x > 1 + SAME else "slower than" if x < 1 - SAME else "as fast as"
+        return [(f"{best.upper() if best == 'ddp' else best} {_vs(x)} {word} one device", "good" if x > 1 else "bad"),
+                (f"{best} {_vs(x)} vs single", "none")]
+    if hid is not None:
+        return [(f"DDP hides {_pct(hid)} of its communication behind backward", "good"),
+                (f"DDP: {_pct(hid)} comm hidden", "good")]
+    return [("waiting for complete steps of two strategies to compare…", "none"), ("waiting…", "none")]
+
+
+def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "") -> tuple[str, str]:
+    """The fullest candidate within `width` cells (the shortest, cut, if none fits). `slow`:
+    a straggler in words ('rank 1 · fc2 backward +40 ms'), said first when there is one."""
+    cands = candidates(sp, overlap)
+    if slow:
+        cands = [(f"{t} · slow: {slow}", v) for t, v in cands] + [(f"slow: {slow}", "bad")] + cands
+    for text, verdict in cands:
+        if cell_len(text) <= width:
+            return text, verdict
+    text, verdict = cands[-1]
+    return text[:max(0, width - 1)] + "…" if width > 0 else "", verdict
+
+
+COLOUR = {"good": T.GOOD, "bad": T.ERROR, "same": T.WARN, "none": T.DIM}
+
+
+def build(rows: list[dict], sp: dict, width: int, slow: str = "") -> list[Parts]:
+    overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
+    text, verdict = headline(sp, overlap, max(0, width - 2), slow)
+    return [[(" " + text + " ", T.style("#000000" if verdict != "none" else T.TEXT,
+                                        COLOUR[verdict] if verdict != "none" else T.BG, bold=True))]]
+
+
+class Headline(PartsView):
+    DEFAULT_CSS = """
+    Headline { height: 1; }
+    """

@@ -1,0 +1,159 @@
+"""Start-up progress, help, and jump-to-step screens."""
+from __future__ import annotations
+
+import textwrap
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Input, Static
+
+from ddptui.model.store import Store
+from . import theme as T
+from .text import Parts, PartsView
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+DONE, WAIT, FAIL, TODO = "✓", "…", "✗", "·"
+MARK_STYLE = {DONE: T.GOOD, FAIL: T.ERROR, TODO: T.DIM}
+PAST_RENDEZVOUS = ("building", "training", "done")
+
+
+def _item(mark: str, text: str, spin: str) -> Parts:
+    shown = spin if mark == WAIT else mark
+    colour = MARK_STYLE.get(mark, T.WARN)
+    return [(f" {shown} ", T.style(colour, bold=True)),
+            (text, T.style(T.ERROR if mark == FAIL else T.TEXT, bold=mark == FAIL))]
+
+
+def startup_lines(store: Store, state: str, message: str, first_step_s: float | None,
+                  elapsed: float, tick: int, width: int = 80) -> list[Parts]:
+    """Honest progress: spawn, each rank connected, rendezvous, first step; or the failure."""
+    spin = SPINNER[tick % len(SPINNER)]
+    ranks = store.rank_snapshot()
+    world = store.world
+    log = store.log_lines()[-6:]
+    meta = store.meta
+    lines: list[Parts] = [
+        [(f" starting {meta.get('model', '?')} on {world} rank(s) · {meta.get('note') or ''}",
+          T.style(T.TEXT, bold=True)), (f"   {elapsed:4.1f} s", T.style(T.DIM))], []]
+    spawned = state not in ("created", "starting")
+    lines.append(_item(DONE if spawned else WAIT, f"spawning torchrun ({world} rank(s))", spin))
+    for r in range(world):
+        info = ranks.get(r)
+        if info is None:
+            lines.append(_item(WAIT if spawned else TODO, f"rank {r}: waiting to connect", spin))
+        elif info.error or info.exit:
+            lines.append(_item(FAIL, f"rank {r} {info.phase}: {info.error or info.exit}", spin))
+        else:
+            lines.append(_item(DONE, f"rank {r} connected — {info.device or '?'} · "
+                                     f"{info.backend or '?'} · {info.phase}", spin))
+    phases = [ranks[r].phase if r in ranks else "" for r in range(world)]
+    past = all(p in PAST_RENDEZVOUS for p in phases)
+    lines.append(_item(DONE if past else WAIT if "rendezvous" in phases else TODO, "rendezvous", spin))
+    first = DONE if first_step_s is not None else WAIT if past else TODO
+    took = f" after {first_step_s:.1f} s" if first_step_s is not None else ""
+    lines.append(_item(first, f"first step done{took}", spin))
+    if state == "failed":
+        lines += [[], [(" ✗ start-up failed ", T.style("#000000", T.ERROR, bold=True))]]
+        lines += [[(f" {part}", T.style(T.ERROR, bold=True))]
+                  for part in textwrap.wrap(message or "?", max(20, width - 2))]
+        lines.append([(" press q to quit", T.style(T.TEXT))])
+    lines += [[], [(" log", T.style(T.DIM, bold=True))]]
+    colour = {"error": T.ERROR, "warn": T.WARN}
+    lines += [[(f"   {text}", T.style(colour.get(level, T.DIM)))] for _, level, text in log]
+    return lines
+
+
+class StartupScreen(Screen):
+    DEFAULT_CSS = """
+    StartupScreen { background: #000000; }
+    StartupScreen #startup-title { height: 1; }
+    StartupScreen #startup-body { height: 1fr; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield PartsView(id="startup-title")
+        yield PartsView(id="startup-body")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#startup-title", PartsView).show(
+            [[(" ddptui ", T.style("#000000", T.TEXT, bold=True)), (" start-up", T.style(T.TEXT, bold=True))]])
+
+    def show(self, lines: list[Parts]) -> None:
+        self.query_one("#startup-body", PartsView).show(lines)
+
+
+HELP = """\
+[b]Keys[/b]
+  space      pause the view (live: training goes on, data is kept) · replay: play / pause
+  ← / →      earlier / later step (live: pauses the view first)
+  + / −      zoom the time axis in / out (all panes share one scale)
+  b / B      live: DDP bucket_cap_mb down / up the ladder {ladder} MB
+  d          live: a straggler on / off — the highest rank's middle layer backward takes half a
+             step longer (every rank switches at the same step; the timeline marks it)
+  [ / ]      replay: slower / faster (0.25× – 8×)
+  g          replay: jump to a step
+  s          save an SVG screenshot (the path is shown)
+  ?          this help            q   quit (stops every rank cleanly)
+
+[b]Reading a pane[/b]  one pane per strategy; per rank two lanes on one time axis from the step's start
+  [#5aa9ff]███[/] forward per layer   [#3ddc84]███[/] backward per layer   (alternating shades, fcN = layer)
+  [#ff9f1a]███[/] AllReduce (per parameter for naive, per bucket bN for DDP)   [#6b4a1e]███[/] queued behind another
+  [#a3203c]███[/] ready, waiting for the other ranks   [#ff5fd7]███[/] the rank the others waited for (last to arrive)
+  [#ffe14d]███[/] two or more AllReduces at once (one-row lanes; taller lanes give each a row)
+  [#c8c8c8]███[/] optimizer     ⚑ marks the step where a new bucket cap took effect
+
+[b]Figures[/b]  step ms: the step shown · the rest: medians of the last 100 steps (DDP: since the last
+  bucket change) · comm % / exp %: communication and exposed communication as % of the step
+  busy %: share of the step spent computing (forward, backward): the per-strategy GPU utilisation
+  NVML cannot give, strategies alternating step by step · GPU %: NVML over samples inside that
+  strategy's steps ("–": steps shorter than a sample) · panels below show as room allows
+
+[dim]press esc or ? to close[/dim]"""
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [Binding("escape,question_mark", "app.pop_screen", "close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; background: #000000 60%; }
+    HelpScreen > Vertical { width: 104; max-width: 100%; height: auto; max-height: 100%;
+                            border: round #f0f0f0; background: #000000; padding: 0 1; }
+    """
+
+    def __init__(self, ladder: tuple[float, ...]):
+        super().__init__()
+        self.ladder = ladder
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Text.from_markup(HELP.format(ladder=" → ".join(f"{x:g}" for x in self.ladder))))
+
+
+class GotoScreen(ModalScreen):
+    """Asks for a step number; dismisses with the int, or None when cancelled."""
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+    DEFAULT_CSS = """
+    GotoScreen { align: center middle; background: #000000 60%; }
+    GotoScreen > Vertical { width: 44; height: auto; border: round #f0f0f0; background: #000000; }
+    """
+
+    def __init__(self, steps_total: int):
+        super().__init__()
+        self.steps_total = steps_total
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(f" jump to step (0–{max(0, self.steps_total - 1)}), enter to go")
+            yield Input(type="integer", placeholder="step", id="goto-step")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        try:
+            self.dismiss(int(event.value))
+        except ValueError:
+            self.notify("type a step number", severity="warning")
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,268 @@
+"""One strategy's pane: a header, a time axis, and per rank a compute and a comm lane.
+
+A Line-API widget: every lane line is a cached Strip keyed by everything that shapes it
+(strategy, step, width, scale, rank, lane), so a redraw of an unchanged step is lookups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.segment import Segment
+from textual.cache import LRUCache
+from textual.strip import Strip
+from textual.widget import Widget
+
+from ddptui.model.views import StepView
+from . import theme as T
+from ddptui.ui import layout
+from ddptui.ui.layout import fit_ranks, nice_ceil
+from .lanes import comm_bars, compute_bars, lane_segments
+
+GUTTER = 9  # "r12 comp "
+def short_param(name: str) -> str:
+    """'fc3.0.weight' -> 'fc3.w'."""
+    parts = name.split(".")
+    return f"{parts[0]}.{parts[-1][:1]}" if len(parts) > 1 else name
+
+
+@dataclass
+class PaneState:
+    """What a pane shows; the app builds one per strategy per frame."""
+    view: StepView | None
+    ms_per_cell: float
+    cap_note: str = ""  # DDP: a bucket cap asked for but not applied yet
+    cap_since: int | None = None  # DDP: step where the current cap took effect
+    nodes: tuple | None = None  # multi-node: ((rank, node), ...) — lanes grouped and labelled by host
+    labels: dict | None = None  # aggregated lanes (widgets/aggregate.py): lane -> (compute, comm) labels
+
+    def key(self) -> tuple:
+        v = self.view
+        shown = (v.step, v.n_buckets, v.bucket_cap_mb, tuple(v.marks)) if v else None
+        return shown, self.ms_per_cell, self.cap_note, self.cap_since, self.nodes, \
+            tuple(self.labels.items()) if self.labels else None
+
+
+class TimelinePane(Widget):
+    DEFAULT_CSS = """
+    TimelinePane { height: 1fr; min-height: 2; background: #000000; }
+    """
+
+    rows_min = staticmethod(layout.rows_min)
+    rows_for = staticmethod(layout.rows_for)
+    rows_max = staticmethod(layout.rows_max)
+    rows_big = staticmethod(layout.rows_big)
+
+    def __init__(self, strategy: str, layers: list[str], params: list[str], **kw):
+        super().__init__(**kw)
+        self.strategy = strategy
+        self.layer_names = layers
+        self.params = [short_param(p) for p in params]
+        self.state = PaneState(None, 1.0)
+        self._ranks: list[int] = []
+        self._node: dict[int, int] = {}
+        self.geom = (0, 0)  # (width, height) as of this render: cheaper than self.size per line
+        self._cache: LRUCache[tuple, Strip] = LRUCache(2048)
+        self._fit: tuple[tuple, tuple] = ((), ([], [], 1, 0, 2))
+
+    def set_names(self, layers: list[str], params: list[str]) -> None:
+        """Layer and parameter names for labels; redraws only when they changed."""
+        short = [short_param(p) for p in params]
+        if layers != self.layer_names or short != self.params:
+            self.layer_names, self.params = layers, short
+            self._cache.clear()
+            self.refresh()
+
+    def render_lines(self, crop):
+        self.geom = (self.size.width, self.size.height)
+        return super().render_lines(crop)
+
+    # -- state ---------------------------------------------------------------------------
+    def show(self, state: PaneState) -> None:
+        if state.key() != self.state.key():
+            self.refresh()
+        if state.view is not self.state.view or state.nodes != self.state.nodes:
+            node = dict(state.nodes or ())
+            self._ranks = sorted(state.view.spans, key=lambda r: (node.get(r, 0), r)) if state.view else []
+            self._node = node
+            self._cache.clear()
+        self.state = state
+
+    def ranks(self) -> list[int]:
+        return self._ranks
+
+    def fit(self) -> tuple[list[int], list[int], int, int, int]:
+        """(ranks shown, ranks hidden, rows per lane, blank rows between ranks, first lane row)
+        for the height: thicker lanes when there is room, fewer ranks (and a note) when there
+        is not; when not even one rank fits under the axis, the lanes go without it (compact:
+        the legend still gives the scale, the header says what is hidden)."""
+        ranks = self.ranks()
+        h = self.geom[1]
+        key = (h, tuple(ranks))
+        if key != self._fit[0]:
+            got = (*fit_ranks(ranks, h - 2), 2)
+            if not got[0] and ranks and h >= 3:
+                n = (h - 1) // 2
+                got = (ranks[:n], ranks[n:], 1, 0, 1)
+            self._fit = key, got
+        return self._fit[1]
+
+    @property
+    def compact(self) -> bool:
+        return self.state.view is not None and self.fit()[4] == 1
+
+    @property
+    def lane_width(self) -> int:
+        return max(0, self.size.width - GUTTER)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    # -- lines ---------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        width = self.geom[0]
+        v = self.state.view
+        if y == 0:
+            if v is not None and self.fit()[4] == 1:  # compact: no axis; the note goes up here
+                return self._compact_header(self.fit()[1], width)
+            return self._strip(self._header(), width)
+        if v is None:
+            text = [("waiting for the first complete step…", T.style(T.DIM))] if y == 1 else []
+            return self._strip(text, width)
+        shown, hidden, lane_h, gap, top = self.fit()
+        if y == 1 and top == 2:
+            if not shown and hidden:  # no room for a single rank: say so where the axis goes
+                return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
+            return self._axis(width)
+        block = 2 * lane_h + gap
+        i, r = divmod(y - top, block)
+        if i < len(shown) and r < 2 * lane_h:
+            lane, row = divmod(r, lane_h)
+            return self._lane(shown[i], lane, width, row, lane_h)
+        if hidden and shown and top == 2 and y == top + block * len(shown):
+            return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
+        return Strip.blank(width, T.style())
+
+    def _strip(self, parts: list[tuple[str, object]], width: int) -> Strip:
+        segs = [Segment(t, s) for t, s in parts]
+        return Strip(segs).adjust_cell_length(width, T.style())
+
+    def _header(self) -> list[tuple[str, object]]:
+        st, v = self.state, self.state.view
+        colour = T.strategy_colour(self.strategy)
+        out = [(f" {self.strategy.upper()} ", T.style("#000000", colour, bold=True))]
+        if v is None:
+            return out
+        figs = [f for f in v.figures.values() if f is not None]
+        step_ms = max((f.step_ms for f in figs), default=v.duration_ms)
+        calls = figs[0].calls if figs else 0
+        exposed = sum(f.exposed_ms for f in figs) / len(figs) if figs else 0.0
+        for m in v.marks:  # a bucket cap or a straggler took effect at this step
+            tag = ("NEW CAP" if m.startswith("bucket") else "STRAGGLER OFF" if m == "straggler off"
+                   else "STRAGGLER ON")
+            out.append((f" ⚑ {tag} ", T.style("#000000", T.WARN, bold=True)))
+        text = f" step {v.step} · {step_ms:.1f} ms"
+        if self.strategy == "ddp":
+            text += self._buckets(v)
+        out.append((text, T.style(T.TEXT, bold=True)))
+        if st.cap_note:
+            out.append((f" {st.cap_note}", T.style(T.WARN, bold=True)))
+        out.append((f" · {calls} AllReduce · exposed {exposed:.1f} ms", T.style(T.TEXT, bold=True)))
+        if st.labels:  # aggregated lanes (widgets/aggregate.py)
+            out.append((f" · {len(v.figures)} ranks in bands", T.style(T.DIM)))
+        return out
+
+    def _compact_header(self, hidden: list[int], width: int) -> Strip:
+        """The header with, at its right end, what the compact layout leaves out."""
+        note = f" ⚠ {hidden_who(hidden)} hidden · no axis " if hidden else " no axis "
+        style = T.style("#000000", T.WARN, bold=True) if hidden else T.style(T.DIM)
+        room = max(0, width - len(note))
+        parts = self._header()
+        while len(parts) > 1 and sum(len(t) for t, _ in parts) > room:
+            parts.pop()  # whole parts go, from the right: no number is cut in half
+        head = self._strip(parts, width).crop(0, room).adjust_cell_length(room, T.style())
+        return Strip([*head, Segment(note, style)]).crop(0, width)
+
+    def _buckets(self, v: StepView) -> str:
+        text = ""
+        if v.n_buckets is not None:
+            text += f" · {v.n_buckets} bucket{'s' if v.n_buckets != 1 else ''}"
+        if v.bucket_cap_mb is not None:
+            text += f" · cap {v.bucket_cap_mb:g} MB"
+            if self.state.cap_since and not v.marks:
+                text += f" (since step {self.state.cap_since})"
+        return text
+
+    def _axis(self, width: int) -> Strip:
+        lane_w = width - GUTTER
+        mpc = self.state.ms_per_cell
+        segs = [Segment("      ms ", T.style(T.DIM))]
+        if lane_w <= 0:
+            return Strip(segs).adjust_cell_length(width)
+        tick = nice_ceil(mpc * 9)
+        cells = ["─"] * lane_w
+        marks = []
+        t = 0.0
+        last_end = -1
+        while True:
+            x = round(t / mpc)
+            if x >= lane_w:
+                break
+            label = f"{t:g}"
+            if x > last_end and x + len(label) <= lane_w:
+                marks.append((x, label))
+                last_end = x + len(label)
+            t += tick
+        pos = 0
+        dim, bright = T.style(T.DIM), T.style(T.TEXT, bold=True)
+        for x, label in marks:
+            if x > pos:
+                segs.append(Segment("".join(cells[pos:x]), dim))
+            segs.append(Segment(label, bright))
+            pos = x + len(label)
+        if pos < lane_w:
+            segs.append(Segment("─" * (lane_w - pos), dim))
+        return Strip(segs, width)
+
+    def _lane(self, rank: int, lane: int, width: int, row: int, rows: int) -> Strip:
+        v, mpc = self.state.view, self.state.ms_per_cell
+        key = (self.strategy, v.step, width, mpc, rank, lane, row, rows)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = self._draw_lane(v, rank, lane, width, mpc, row, rows)
+        return got
+
+    def _draw_lane(self, v: StepView, rank: int, lane: int, width: int, mpc: float,
+                   row: int, rows: int) -> Strip:
+        spans = v.spans.get(rank, [])
+        first = row == 0
+        if lane == 0:
+            gutter = Segment(f"r{rank:<3}comp " if first else " " * GUTTER, T.style(T.TEXT, bold=True))
+            bars = compute_bars(spans, self.layer_names)
+            labels = first
+        else:
+            # concurrent AllReduces get the lane's rows (each row labels its own bars)
+            # multi-node: the comm row names the rank's host (node) under its rank label
+            label = f"n{self._node[rank]:<2} comm " if self.state.nodes and rank in self._node else "    comm "
+            gutter = Segment(label[:GUTTER] if first else " " * GUTTER, T.style(T.DIM))
+            bars = comm_bars(spans, self._comm_label, row, rows)
+            labels = True
+        named = self.state.labels.get(rank) if self.state.labels and first else None
+        if named is not None:  # an aggregated lane (widgets/aggregate.py) says what it is
+            gutter = Segment(named[lane][:GUTTER].ljust(GUTTER), gutter.style)
+        lane_w = width - GUTTER
+        if lane_w <= 0:
+            return Strip([gutter]).crop(0, width)
+        return Strip([gutter, *lane_segments(bars, lane_w, mpc, labels=labels)], width)
+
+    def _comm_label(self, idx: int) -> str:
+        if self.strategy == "ddp":
+            return f"b{idx}"
+        return self.params[idx] if idx < len(self.params) else f"p{idx}"
+
+
+def hidden_who(hidden: list[int]) -> str:
+    return f"rank {hidden[0]}" if len(hidden) == 1 else f"ranks {hidden[0]}–{hidden[-1]}"
+
+
+def hidden_note(hidden: list[int]) -> str:
+    return f"⚠ {hidden_who(hidden)} hidden — enlarge the terminal"

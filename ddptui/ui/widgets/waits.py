@@ -1,0 +1,150 @@
+"""Who waits for whom: per strategy, the rank the others waited for and the layer that made it
+late; per rank, its wait (for the others) against the transfer itself over the last steps.
+One summary line when that is all the room there is."""
+from __future__ import annotations
+
+from ddptui.model import stragglers as ST
+from ddptui.model.store import Store
+from . import theme as T
+from .panel import Frame, Panel
+from .text import Parts
+
+RECENT = 20  # steps the medians and bars are over (a live talk: a change shows within seconds)
+
+
+def _recent(store: Store, strategy: str, upto: int | None) -> list[ST.StepWaits]:
+    return store.recent_waits(strategy, upto, RECENT)
+
+
+_SUMMARIES: dict = {}  # (store, strategy) -> (the steps summarised, the summary)
+
+
+def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
+    """ST.summarize of a strategy's last RECENT steps, kept while they are the same steps
+    (the panel, the status bar, the headline and the lanes ask for it every frame)."""
+    steps = _recent(store, strategy, upto)
+    key = (id(store), strategy)
+    got = _SUMMARIES.get(key)
+    if got is not None and len(got[0]) == len(steps) and all(a is b for a, b in zip(got[0], steps)):
+        return got[1]
+    out = ST.summarize(steps, list(store.meta.get("layers") or []))
+    if len(_SUMMARIES) >= 16:
+        _SUMMARIES.pop(next(iter(_SUMMARIES)))
+    _SUMMARIES[key] = (steps, out)
+    return out
+
+
+def _strategies(store: Store) -> list[str]:
+    return [s for s in store.strategies() if store.waits_kept(s)]
+
+
+def summary_line(store: Store, shown: dict) -> Parts:
+    """'who waits · naive: rank 1 last 92 % · culprit rank 1 · fc2 backward +40 ms · ddp: …'."""
+    parts: Parts = [("who waits ", T.style(T.TEXT, bold=True))]
+    for s in _strategies(store):
+        got = _summary(store, s, shown.get(s))
+        if not got:
+            continue
+        parts.append((f"· {s}: ", T.style(T.strategy_colour(s), bold=True)))
+        if got["last_arriver_rank"] is None:
+            parts.append(("nobody waits ", T.style(T.DIM)))
+            continue
+        parts.append((f"rank {got['last_arriver_rank']} last {got['last_arriver_pct']:.0f} % ", T.style(T.TEXT)))
+        if got["culprit"]:
+            parts.append((f"· culprit {got['culprit']} ", T.style(T.WARN, bold=True)))
+    return parts
+
+
+def compact(store: Store, shown: dict) -> str:
+    """The status bar's share when the panel has no room (80x24): 'waits: rank 1 last (naive
+    100 %, ddp 92 %) · fc2 backward +40 ms', or '' while nobody clearly waits."""
+    best = None
+    bits = []
+    for s in _strategies(store):
+        got = _summary(store, s, shown.get(s))
+        if got and got["culprit"]:
+            bits.append(f"{s} {got['last_arriver_pct']:.0f} %")
+            if best is None or got["last_arriver_pct"] > best["last_arriver_pct"]:
+                best = got
+    if best is None:
+        return ""
+    culprit = best["culprit"].split(" · ", 1)[-1]
+    return f"waits: rank {best['culprit_rank']} last ({', '.join(bits)}) · {culprit}"
+
+
+def culprit_rank(store: Store, shown: dict, strategy: str) -> int | None:
+    """The rank the per-layer evidence names over a strategy's last RECENT steps, or None."""
+    if strategy not in _strategies(store):
+        return None
+    got = _summary(store, strategy, shown.get(strategy))
+    return got["culprit_rank"] if got and got["culprit_from"] == "layers" else None
+
+
+def culprit_gist(store: Store, shown: dict) -> str:
+    """The slow rank and section the per-layer evidence names over the last RECENT steps
+    ('rank 1 · fc2 backward +40 ms'; the largest excess over the strategies), or ''."""
+    best = None
+    for s in _strategies(store):
+        got = _summary(store, s, shown.get(s))
+        c = got and got["evidence"] and got["evidence"]["culprit"]
+        if c and (best is None or c["excess_ms"] > best["excess_ms"]):
+            best = c
+    return best["text"] if best else ""
+
+
+def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
+    strategies = _strategies(store)
+    if not strategies:
+        return [[("who waits for whom: needs two or more ranks that communicate", T.style(T.DIM))]]
+    if rows < 3:
+        return [summary_line(store, shown)]
+    lines: list[Parts] = [[("Who waits for whom", T.style(T.TEXT, bold=True)),
+                           (f" · medians of the last {RECENT} steps · wait: own AllReduce ready, the "
+                            "others not yet · transfer: once all are ready", T.style(T.DIM))]]
+    for s in strategies:
+        got = _summary(store, s, shown.get(s))
+        if not got or len(lines) + 2 > rows:
+            continue
+        head: Parts = [(f"{s:<12}", T.style(T.strategy_colour(s), bold=True))]
+        if got["last_arriver_rank"] is None:
+            head.append(("nobody waits", T.style(T.DIM)))
+        else:
+            head.append((f"rank {got['last_arriver_rank']} arrives last in {got['last_arriver_pct']:.0f} % "
+                         "of steps", T.style(T.TEXT)))
+            head.append((f" · culprit {got['culprit']}" if got["culprit"] else " · no clear culprit",
+                         T.style(T.WARN, bold=True) if got["culprit"] else T.style(T.DIM)))
+        lines.append(head)
+        waits = {int(r): v for r, v in got["wait_ms_median"].items()}
+        transfer = got["transfer_ms_median"]
+        if len(waits) > ST.WAITS_LISTED_MAX:  # many ranks: the spread, not a bar each
+            lines.append([(f"{'':12}wait ", T.style(T.DIM)), (ST.wait_spread(got["wait_ms_median"]), T.style(T.TEXT)),
+                          (f" · transfer {transfer:.1f} ms", T.style(T.DIM))])
+            continue
+        top = max([transfer, *waits.values()]) or 1.0
+        tail = f"· transfer {transfer:.1f} ms"
+        bar_w = max(1, min(12, (width - 14 - len(tail)) // max(1, len(waits)) - 12))
+        row: Parts = [(f"{'':12}wait ", T.style(T.DIM))]
+        for r, v in sorted(waits.items()):
+            w = max(0, round(bar_w * v / top))
+            row += [(f"r{r} ", T.style(T.TEXT, bold=True)),
+                    ("█" * w + " " * (bar_w - w), T.style(T.LANE_COLOURS[T.WAIT])),
+                    (f" {v:5.1f}  ", T.style(T.TEXT))]
+        row.append((tail, T.style(T.DIM)))
+        lines.append(row)
+    return lines[:rows]
+
+
+class WaitsPanel(Panel):
+    MIN_WIDTH = 60
+
+    @staticmethod
+    def rows_min(store: Store) -> int:
+        return 1 if _strategies(store) else 0
+
+    @staticmethod
+    def rows_max(store: Store) -> int:
+        n = len(_strategies(store))
+        return 1 + 2 * n if n else 0
+
+    def build_lines(self, frame: Frame) -> list[Parts]:
+        return build(frame.store, frame.shown, self.inner[0] or 120, self.inner[1] or 1)

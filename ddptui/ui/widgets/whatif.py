@@ -1,0 +1,75 @@
+"""What if: DDP's step at each cap of the bucket ladder, predicted from the last steps at the
+cap in force (ddptui.whatif), next to the figures measured at each cap the run has tried.
+Predictions are marked as such, with the fitted alpha, beta and the fit's error."""
+from __future__ import annotations
+
+import time
+
+from ranks import spec
+
+from ddptui.model import whatif as W
+from ddptui.model.store import Store
+from . import theme as T
+from .panel import Frame, Panel
+from .text import Parts
+
+EVERY_S = 1.0  # predictions are recomputed at most this often (and when the step shown changes)
+
+
+def build(store: Store, got, cap_now: float | None) -> list[Parts]:
+    if isinstance(got, str):
+        return [[("what if: ", T.style(T.TEXT, bold=True)), (got, T.style(T.DIM))]]
+    fit, basis, rows = got
+    cap_txt = f"{basis.cap_mb:g} MB" + ("" if basis.explicit else " (default)")
+    lines: list[Parts] = [
+        [("what if", T.style(T.TEXT, bold=True)),
+         (f" · PREDICTED from {len(basis.steps)} steps at {cap_txt}", T.style(T.WARN)),
+         (f" · α {fit.alpha_ms:.2f} ms β {fit.beta_ms_per_mb:.2f} ms/MB fit ±{fit.err_pct:.0f}%",
+          T.style(T.DIM))],
+        [(f"{'cap MB':>7}{'buckets':>8}{'pred step':>11}{'overlap':>9}{'meas step':>11}{'overlap':>9}",
+          T.style(T.DIM, bold=True))]]
+    for cap, p, m in rows:
+        now = cap_now is not None and cap == cap_now
+        ov = "–" if p.overlap_pct is None else f"{p.overlap_pct:.0f}%"
+        ms = "–" if not m else f"{m['step_ms']:.1f}"
+        mo = "–" if not m or m["overlap_pct"] is None else f"{m['overlap_pct']:.0f}%"
+        lines.append([(f"{cap:>7g}", T.style(T.GOOD if now else T.TEXT, bold=now)),
+                      (f"{p.collectives:>8}{p.step_ms:>11.1f}{ov:>9}", T.style(T.WARN)),
+                      (f"{ms:>11}{mo:>9}", T.style(T.TEXT)),
+                      ("  ◀ in force" if now else "", T.style(T.GOOD))])
+    return lines
+
+
+class WhatIfPanel(Panel):
+    MIN_WIDTH = 60
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._key = None
+        self._at = 0.0
+        self._got = None
+
+    @staticmethod
+    def rows_min(store: Store) -> int:
+        return 0 if "ddp" not in store.strategies() else 3
+
+    @staticmethod
+    def rows_max(store: Store) -> int:
+        return 0 if "ddp" not in store.strategies() else 2 + len(spec.BUCKET_LADDER_MB)
+
+    def predictions(self, store: Store, upto: int | None):
+        key = (upto, store.view_stamp("ddp"), len(store.cap_history()))
+        now = time.monotonic()
+        if self._got is None or (key != self._key and now - self._at >= EVERY_S):
+            try:
+                self._got = W.ladder(store, upto=upto)
+            except (W.WhatIfError, ValueError, ZeroDivisionError) as e:
+                self._got = f"waiting for steady ddp steps ({e})" if isinstance(e, W.WhatIfError) else str(e)
+            self._key, self._at = key, now
+        return self._got
+
+    def build_lines(self, frame: Frame) -> list[Parts]:
+        store = frame.store
+        upto = frame.shown.get("ddp")
+        cap = store.cap_at(upto) if upto is not None else None
+        return build(store, self.predictions(store, upto), cap)
