@@ -6,7 +6,7 @@ Real torchrun, 2 CPU ranks on gloo, the ddp strategy alone, for medium and xlarg
 starts at bucket_cap_mb 25 and is stepped through the ladder 1, 5, 100 and back to 25 by the
 app's own control (`LiveRun.set_bucket_cap`, the `b`/`B` keys: every rank re-wraps DDP at the
 same step). Each phase keeps N steps after the two that follow a re-wrap (the one-bucket step
-and the bucket rebuild). From the first 25 MB phase alone (ddptui.whatif: the recorded
+and the bucket rebuild). From the first 25 MB phase alone (ddptui.model.whatif: the recorded
 backward and collective-ready times, alpha + beta x bytes fitted to that phase's collectives)
 it predicts every cap's step time and exposed communication and prints them next to the
 medians measured in each phase (25 MB: the last phase, not the one predicted from).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The seeds' scaling reading, from ddptui.whatif's simulator: predicted DDP efficiency
+"""The seeds' scaling reading, from ddptui.model.whatif's simulator: predicted DDP efficiency
 against world size at PCIe 4, NVLink 4, 100 and 400 Gb/s, for the seeds' MLPs and a 7B
 dense model. Prints the README's markdown table. Predictions only: no GPU checked them.
 

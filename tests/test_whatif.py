@@ -1,4 +1,4 @@
-"""What if (ddptui.whatif, `ddptui whatif`, the what-if panel): DDP's bucketing against a real
+"""What if (ddptui.model.whatif, `ddptui whatif`, the what-if panel): DDP's bucketing against a real
 DDP's, the simulator on hand-checkable steps, the verb on a real run's recording."""
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ class Join:
               retry_for: float = RETRY_FOR) -> tuple[socket.socket, wire.FrameReader, dict]:
         """Connect and handshake; while node 0 cannot be reached or closes the connection
         unanswered, try again with backoff (saying so) for `retry_for` s. Refused: final."""
-        from .netlisten import HANDSHAKE_MAX, NetError, Refused, client_handshake
+        from ddptui.live.netlisten import HANDSHAKE_MAX, NetError, Refused, client_handshake
         give_up = time.monotonic() + retry_for
         wait = 0.25
         what = "this node" if role == "ctl" else f"rank {r}"

@@ -1,6 +1,6 @@
 """`ddptui whatif FILE --bucket-cap 1,5,25,100 [--world 2,4,8] [--bus-gbps X] [--json PATH]`:
 DDP's step under another bucket cap, world size or network, predicted from a recording
-(ddptui.whatif), next to what the recording measured under the same settings.
+(ddptui.model.whatif), next to what the recording measured under the same settings.
 
 Exit status: 0 with predictions; 2 for a bad command line, a bad file, or a recording with
 nothing to predict from (one line on stderr: `ddptui: error: ...`).

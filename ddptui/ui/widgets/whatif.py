@@ -1,5 +1,5 @@
 """What if: DDP's step at each cap of the bucket ladder, predicted from the last steps at the
-cap in force (ddptui.whatif), next to the figures measured at each cap the run has tried.
+cap in force (ddptui.model.whatif), next to the figures measured at each cap the run has tried.
 Predictions are marked as such, with the fitted alpha, beta and the fit's error."""
 from __future__ import annotations
 
