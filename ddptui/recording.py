@@ -174,7 +174,10 @@ class Reader:
 
     def __new__(cls, path: str = "", *a, **kw):
         if cls is Reader and isinstance(path, str) and os.path.isdir(path):
-            from .rankset import RankSetReader  # a directory of per-rank files: one run
+            from .kineto import KinetoReader, trace_files
+            from .rankset import RankSetReader, _RANK_FILE  # a directory of per-rank files: one run
+            if trace_files(path) and not any(_RANK_FILE.fullmatch(n) for n in os.listdir(path)):
+                return KinetoReader(path, *a, **kw)  # torch.profiler traces, one per rank
             return super().__new__(RankSetReader)
         return super().__new__(cls)
 
