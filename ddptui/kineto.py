@@ -179,8 +179,8 @@ def _read_ijson(path: str, info: dict):
     except (ijson.JSONError, ValueError, EOFError, OSError, msgspec.ValidationError) as e:
         why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
         raise RecordingError(f"{name}: not a readable torch.profiler JSON trace ({why})") from None
-    if not n and "traceEvents" not in info:
-        raise RecordingError(f"{name}: not a torch.profiler trace (no traceEvents)")
+    if not n:
+        raise RecordingError(f"{name}: not a torch.profiler trace (no events in traceEvents)")
 
 
 def _int(v, default=-1) -> int:
@@ -282,7 +282,7 @@ class RankTrace:
                                    "AccumulateGrad" in name))
             elif cat == "user_annotation" or name.startswith(("Optimizer.", "DistributedDataParallel.")):
                 self.ranges.append((t0, t1, tid, name, False))
-            elif a is not None and a.fwd_tid is None:
+            elif a is not None and not a.fwd_tid:  # forward ops: no (or 0) "Fwd thread id"
                 seq = _int(a.seq)
                 if seq >= 0:
                     self.fwd_seq.setdefault(seq, t0)
@@ -443,9 +443,12 @@ def rank_steps(tr: RankTrace, names: list[str], per_step) -> dict:
     # collectives in issue order per step
     colls: dict = {}
     if tr.nccl:
-        for t0, t1, ext, nb in sorted(tr.nccl, key=lambda c: (c[2], c[0])):
+        launched = []  # issue order: when the launching op started (then the kernel)
+        for t0, t1, ext, nb in tr.nccl:
             lt = tr.ext_t0[ext] if 0 < ext < len(tr.ext_t0) else -1
-            k = step_of(lt) if lt >= 0 else step_of(t0)
+            launched.append((lt if lt >= 0 else t0, t0, t1, nb))
+        for lt, t0, t1, nb in sorted(launched):
+            k = step_of(lt)
             if k is not None:
                 colls.setdefault(k, []).append((t0, t1, t0, nb))
                 add(k, wire.STEP, 0, t0, t1)

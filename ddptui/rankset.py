@@ -25,7 +25,8 @@ def rank_files(path: str) -> list[str]:
         raise RecordingError(f"{path}: cannot list ({e.strerror})") from None
     found = sorted((int(m.group(1)), n) for n in names if (m := _RANK_FILE.fullmatch(n)))
     if not found:
-        raise RecordingError(f"{path}: a directory without per-rank recordings (rank<N>.ddptui)")
+        raise RecordingError(f"{path}: a directory without per-rank recordings (rank<N>.ddptui) "
+                              f"or torch.profiler traces (*.json, *.json.gz)")
     return [os.path.join(path, n) for _, n in found]
 
 
