@@ -114,7 +114,8 @@ def test_benchmarks_quick_print_their_figures():
     figure = r"=\S+ goal(<=|>=)\S+ (OK|MISS)$"
     for pattern in (r"^P1 overhead median_ratio", r"^P2 ingest events_per_s",
                     r"^P4 replay bytes_per_span", r"^P4 replay open_index_s",
-                    r"^P5 startup first_step_s"):
+                    r"^P5 startup first_step_s", r"^P8 trace_import rss_ratio",
+                    r"^P8 trace_import mb_per_cpu_s"):
         assert re.search(pattern + figure, out, re.M), pattern
     assert re.search(r"^P3\w* \S+ \S+" + figure, out, re.M)
     # the summary table names every benchmark
