@@ -29,6 +29,7 @@ BENCHMARKS = [
     ("P5", "p5_startup.py", "command to first step"),
     ("P6", "p6_user_overhead.py", "ddptui.instrument overhead (transformer example)"),
     ("P7", "p7_hook_cost.py", "host cost of the CUDA hook path per layer (stand-ins)"),
+    ("P8", "p8_trace_import.py", "torch.profiler traces opened: RSS and MB/s (--quick: 32 MB)"),
     ("P9", "p9_whatif.py", "what-if predictions vs measurement (bucket caps)"),
     ("P10", "p10_stragglers.py", "stragglers named from per-layer evidence"),
 ]

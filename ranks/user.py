@@ -12,7 +12,8 @@ What is timed, through the same Recorder as the built-in workers (ranks.instrume
 CLOCK_MONOTONIC on CPU, pooled CUDA events mapped by GpuTimeMap on GPU; `comm_starts` for
 gloo's concurrent collectives):
 - forward and backward of the chosen modules (`layers`): "auto" (the model's blocks:
-  top-level children, containers such as ModuleList/Sequential/ModuleDict opened), an int
+  top-level children, containers such as ModuleList/Sequential/ModuleDict opened, wrappers
+  opened until >= 4 blocks hold the parameters: `auto_layers`), an int
   depth (the modules at that depth, and leaves above it), or a list of module names. Spans
   are a module's first call start to its last call end in a step (a module called twice,
   e.g. a shared block, is one span); nested choices overlap. Backward starts when the

@@ -12,21 +12,52 @@ UNCALLED = (nn.ModuleList, nn.ModuleDict)
 
 
 # -- which modules are layers ----------------------------------------------------------------
+AUTO_MIN_BLOCKS = 4
+
+
+def _n_params(mod: nn.Module) -> int:
+    return sum(p.numel() for p in mod.parameters())
+
+
+def _children(prefix: str, mod: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A module's children, containers (ModuleList/Sequential/ModuleDict) opened."""
+    out = []
+    for n, ch in mod.named_children():
+        if isinstance(ch, CONTAINERS) and len(ch):
+            out += _children(f"{prefix}{n}.", ch)
+        else:
+            out.append((f"{prefix}{n}", ch))
+    return out
+
+
+def auto_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """layers="auto": start from the model's children (containers opened); while fewer than
+    AUTO_MIN_BLOCKS of them hold parameters, or those hold under half of the model's, open
+    the one with children that holds the most parameters (a LightningModule -> its model ->
+    its blocks; HF `transformer.h.N`, `model.layers.N`). A level that already has them is kept
+    whole, even where one block holds most parameters."""
+    total = _n_params(model)
+    level = _children("", model)
+    for _ in range(64):
+        sizes = [_n_params(m) for _, m in level]
+        held = [n for n in sizes if n]
+        if len(held) >= AUTO_MIN_BLOCKS and sum(held) * 2 >= total:
+            break
+        openable = [i for i, (_, m) in enumerate(level) if any(True for _ in m.children())]
+        if not openable:
+            break
+        i = max(openable, key=lambda j: sizes[j])
+        name, mod = level[i]
+        level[i:i + 1] = _children(name + ".", mod)
+    return level or [("model", model)]
+
+
 def choose_layers(model: nn.Module, layers="auto") -> list[tuple[str, nn.Module]]:
     """(name, module) of the modules to time, in registration order; ValueError if none or
     a name is unknown. One module reachable under several names is chosen once."""
     out: list[tuple[str, nn.Module]] = []
     if isinstance(layers, str) and layers == "auto":
-        def walk(prefix, mod):
-            for n, ch in mod.named_children():
-                name = f"{prefix}{n}"
-                if isinstance(ch, CONTAINERS) and len(ch):
-                    walk(name + ".", ch)
-                else:
-                    out.append((name, ch))
-        walk("", model)
-        if not out:
-            out = [("model", model)]
+        out = auto_layers(model)
     elif isinstance(layers, int) and not isinstance(layers, bool):
         if layers < 1:
             raise ValueError(f"layers depth must be at least 1 (got {layers})")

@@ -107,17 +107,19 @@ def test_bench_bad_input_one_line_exit_2(args, needle):
 def test_benchmarks_quick_print_their_figures():
     env = os.environ.copy()
     env.setdefault("OMP_NUM_THREADS", "1")
-    # the quick figures that run in minutes here; P6, P8, P9 and P11 start many ranks or record
+    # the quick figures that run in minutes here; P6, P9 and P11 start many ranks or record
     # real runs: `benchmarks/run_all.py` runs them all (benchmarks/README.md)
     p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run_all.py"), "--quick",
-                        "--only", "P1,P2,P3,P4,P5,P7,P10"],
+                        "--only", "P1,P2,P3,P4,P5,P7,P8,P10"],
                        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     out = p.stdout
     figure = r"=\S+ goal(<=|>=)\S+ (OK|MISS)$"
     for pattern in (r"^P1 overhead median_ratio", r"^P2 ingest events_per_s",
                     r"^P4 replay bytes_per_span", r"^P4 replay open_index_s",
-                    r"^P5 startup first_step_s", r"^P7 hook_cost us_per_layer", r"^P10a stragglers named_pct"):
+                    r"^P5 startup first_step_s", r"^P7 hook_cost us_per_layer",
+                    r"^P10a stragglers named_pct", r"^P8 trace_import rss_ratio",
+                    r"^P8 trace_import mb_per_cpu_s"):
         assert re.search(pattern + figure, out, re.M), pattern
     assert re.search(r"^P3\w* \S+ \S+" + figure, out, re.M)
     # the summary table names every benchmark

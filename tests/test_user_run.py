@@ -259,3 +259,60 @@ def test_run_auto_instruments_a_script_that_knows_nothing_of_ddptui(tmp_path):
     names = sorted(p for b in s["buckets"] for p in b["params"])
     assert names == ["0.bias", "0.weight", "2.bias", "2.weight"]
     assert "global batch unknown" in r.stdout
+
+
+def test_auto_layers_open_wrappers_to_blocks():
+    """layers="auto" goes through single-child wrappers (a LightningModule holding its model,
+    an HF *ForCausalLM holding `model`/`transformer`) to a level of >= 4 blocks."""
+    import torch.nn as nn
+
+    from ranks.user import choose_layers
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.mlp = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    class Decoder(nn.Module):  # HF's LlamaModel: embed, layers.N, norm
+        def __init__(self, n):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(10, 16)
+            self.layers = nn.ModuleList([Block() for _ in range(n)])
+            self.norm = nn.LayerNorm(16)
+
+    class CausalLM(nn.Module):  # HF's *ForCausalLM: model, lm_head
+        def __init__(self, n):
+            super().__init__()
+            self.model, self.lm_head = Decoder(n), nn.Linear(16, 10)
+
+    class Lit(nn.Module):  # a LightningModule: one child, its model
+        def __init__(self, n):
+            super().__init__()
+            self.model = CausalLM(n)
+
+    names = [n for n, _ in choose_layers(Lit(6))]
+    assert names == ["model.model.embed_tokens"] + [f"model.model.layers.{i}" for i in range(6)] \
+        + ["model.model.norm", "model.lm_head"]
+    # nested single-child wrappers
+    w = nn.Sequential()
+    w.add_module("inner", nn.Module())
+    w.inner.add_module("net", Decoder(4))
+    assert [n for n, _ in choose_layers(w)][1:5] == [f"inner.net.layers.{i}" for i in range(4)]
+    # a level of >= 4 blocks holding the parameters is kept whole, even when one of them
+    # holds most (a stage that is a module of its own, not a container)
+    class Stage(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.a, self.b = Block(), Block()
+            self.big = nn.Linear(16 * n, 16 * n)
+
+    stages = nn.Module()
+    for i in range(4):
+        stages.add_module(f"stage{i + 1}", Stage(i + 1))
+    assert [n for n, _ in choose_layers(stages)] == ["stage1", "stage2", "stage3", "stage4"]
+    wrapped = nn.Module()
+    wrapped.body = stages
+    wrapped.head = nn.Linear(16, 2)
+    assert [n for n, _ in choose_layers(wrapped)] == [f"body.stage{i}" for i in range(1, 5)] + ["head"]
+    # a model with no children is one layer
+    assert [n for n, _ in choose_layers(nn.Linear(2, 2))] == ["model"]

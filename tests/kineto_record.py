@@ -1,0 +1,44 @@
+"""Records torch.profiler (Kineto) traces of a small DDP run on CPU with gloo, one JSON per
+rank, as users record theirs (`tensorboard_trace_handler`, `with_modules=True`).
+
+    torchrun --nproc-per-node 2 tests/kineto_record.py OUT_DIR [--steps N] [--no-modules]
+"""
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--no-modules", action="store_true")
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(4)],
+                          nn.Linear(256, 10))
+    ddp = DDP(model, bucket_cap_mb=0.25)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=a.steps),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(a.out, worker_name=f"rank{rank}"),
+        record_shapes=True, with_modules=not a.no_modules, with_stack=not a.no_modules)
+    with prof:
+        for _ in range(a.steps + 1):
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            prof.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
