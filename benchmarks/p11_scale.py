@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """P11: many ranks into the real collector and store (no torch).
 
-`ddptui.ingest.loadgen` in its own process simulates N ranks (one Unix-socket connection each, the
+`ddptui.live.loadgen` in its own process simulates N ranks (one Unix-socket connection each, the
 run's token, pre-built frames of a synthetic medium run, naive and DDP, 10 steps a second);
 this process runs the real Collector (its own thread) and Store, and calls `Store.update()`
 ten times a second as the UI does. Figures per N: spans the store took against spans sent
@@ -44,7 +44,7 @@ def one(n: int, seconds: float, rate: float) -> dict:
     env = env_for_ranks()
     env["DDPTUI_TOKEN"] = token
     c0 = thread_cpu(col._thread.native_id)
-    gen = subprocess.Popen([sys.executable, "-m", "ddptui.ingest.loadgen", "--socket", col.path, "--ranks", str(n),
+    gen = subprocess.Popen([sys.executable, "-m", "ddptui.live.loadgen", "--socket", col.path, "--ranks", str(n),
                             "--rate", str(rate), "--seconds", str(seconds)], cwd=ROOT, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     upd, t_start = 0.0, None

@@ -15,7 +15,7 @@ from .helpers import ROOT, cli_env
 
 def drive(store, col, token, *args, timeout=60):
     env = cli_env({"DDPTUI_TOKEN": token})
-    p = subprocess.run([sys.executable, "-m", "ddptui.ingest.loadgen", "--socket", col.path, *args],
+    p = subprocess.run([sys.executable, "-m", "ddptui.live.loadgen", "--socket", col.path, *args],
                        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     return p
 
@@ -53,9 +53,9 @@ def test_wrong_token_is_refused_and_bad_options_are_one_line():
     finally:
         col.close()
     env = {k: v for k, v in cli_env().items() if k != "DDPTUI_TOKEN"}
-    p = subprocess.run([sys.executable, "-m", "ddptui.ingest.loadgen", "--socket", "/nonexistent"],
+    p = subprocess.run([sys.executable, "-m", "ddptui.live.loadgen", "--socket", "/nonexistent"],
                        capture_output=True, text=True, timeout=30, env=env, cwd=ROOT)
     assert p.returncode == 2 and p.stderr.strip() == "loadgen: DDPTUI_TOKEN is not set (the run's token)"
-    p = subprocess.run([sys.executable, "-m", "ddptui.ingest.loadgen", "--socket", os.path.join(ROOT, "no.sock")],
+    p = subprocess.run([sys.executable, "-m", "ddptui.live.loadgen", "--socket", os.path.join(ROOT, "no.sock")],
                        capture_output=True, text=True, timeout=30, env=cli_env({"DDPTUI_TOKEN": "x"}), cwd=ROOT)
     assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("loadgen: ")

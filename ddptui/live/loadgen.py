@@ -1,7 +1,7 @@
 """A load generator without torch: N simulated ranks, one connection each to a run's Unix
 socket, sending a synthetic run's frames at a steady pace (steps per second).
 
-    python -m ddptui.ingest.loadgen --socket PATH --ranks 1024 --rate 10 --seconds 10 --model medium
+    python -m ddptui.live.loadgen --socket PATH --ranks 1024 --rate 10 --seconds 10 --model medium
 
 The token comes from the environment (DDPTUI_TOKEN), as the real ranks get it. Frames are
 built once (ddptui.synthetic, a few different steps taken in turn) and only their step and
@@ -94,7 +94,7 @@ class LoadGen:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddptui.ingest.loadgen",
+    p = argparse.ArgumentParser(prog="python -m ddptui.live.loadgen",
                                 description="simulated ranks over a run's Unix socket (no torch); "
                                             "the token comes from DDPTUI_TOKEN")
     p.add_argument("--socket", required=True, help="the run's Unix socket")
