@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from functools import partial
 
 from .clock import now_ns
 from .wire import BWD, COMM, FWD, OPT, STEP
@@ -329,6 +328,27 @@ def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool,
     return out
 
 
+class Pending:
+    """A finished step not yet turned into spans (Recorder.poll(lazy=True)): calling it
+    resolves it; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
+
+    __slots__ = ("rec", "r")
+
+    def __init__(self, rec: "Recorder", r: StepRecord):
+        self.rec, self.r = rec, r
+
+    def __call__(self) -> tuple:
+        return self.rec._resolve(self.r)
+
+    @property
+    def n_spans(self) -> int:
+        r = self.r
+        n = 1 + len(r.comm_idx) + (r.opt_s is not None and r.opt_e is not None)
+        n += sum(1 for a, b in zip(r.fwd_s, r.fwd_e) if a is not None and b is not None)
+        n += sum(1 for a, b in zip(r.bwd_s, r.bwd_e) if a is not None and b is not None)
+        return n
+
+
 class Recorder:
     """One per rank. Strategies call the mark_* methods from hooks; the worker calls
     begin/end around each step and poll() to collect finished steps as span tuples."""
@@ -454,7 +474,7 @@ class Recorder:
                       all(t is None or clock.done(t) for t in rec.comm_end)):
                 break
             self.pending.pop(0)
-            out.append(partial(self._resolve, rec) if lazy else self._resolve(rec))
+            out.append(Pending(self, rec) if lazy else self._resolve(rec))
         return out
 
     def _resolve(self, r: StepRecord) -> tuple:

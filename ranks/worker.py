@@ -244,13 +244,12 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         shift = parse_shift(os.environ["DDPTUI_VERIFY_SHIFT"])
 
     def emit(items):
-        # items resolve themselves on the sender thread (Recorder.poll(lazy=True)); a step
-        # has at most this many spans, counted if its frame is dropped
-        n_max = 2 * n_layers + 2 + len(spec.param_table(args.model))
+        # items resolve themselves on the sender thread (Recorder.poll(lazy=True))
         for item in items:
+            n = item.n_spans
             if shift:
                 item = partial(shift_lazy, item, shift)
-            em.put(item, n_spans=n_max)
+            em.put(item, n_spans=n)
     # --- end verify ---
 
     from .strategies import Straggle

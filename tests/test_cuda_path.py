@@ -157,6 +157,7 @@ def test_lazy_poll_leaves_the_resolution_to_the_caller():
     assert callable(lazy) and not calls  # nothing resolved on the polling (training) thread
     item = lazy()
     assert calls and item[0] == "naive" and len(item[3]) == 2
+    assert lazy.n_spans == len(item[3])  # what a dropped frame counts
 
 
 @pytest.mark.parametrize("sm_khz", [1_200_000, 1_980_000, 900_000])
