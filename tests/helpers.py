@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -153,8 +154,18 @@ def run_main_batch(arglists, max_memory: int | None = None, timeout=120) -> list
     return [subprocess.CompletedProcess(a, rc, o, e) for a, (rc, o, e) in zip(arglists, json.loads(p.stdout))]
 
 
+def _signals_as_a_terminal_gives_them():
+    """In the child, before exec: Ctrl-C and SIGTERM delivered and handled as a shell's
+    foreground command gets them, whatever the test process (its threads, libraries loaded
+    in-process by earlier tests) blocked or ignored."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def start_cli(*args, env=None, cwd=ROOT, **kw) -> subprocess.Popen:
     """Start the real CLI and return at once (the caller reads, signals and waits)."""
+    kw.setdefault("preexec_fn", _signals_as_a_terminal_gives_them)
     return subprocess.Popen(ddptui_cmd(*args), env=cli_env(env), cwd=cwd, **kw)
 
 
