@@ -130,14 +130,16 @@ def test_slow_rank_bad_values_are_one_line(tmp_path):
 @pytest.mark.asyncio
 async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
     """The live app on 2 real CPU ranks: `d` puts a straggler on rank 1 (small's middle layer,
-    fc2) at one agreed step — the timeline marks it — and
-    the waits figures name rank 1; `d` again switches it off."""
+    fc2) at one agreed step — the timeline marks it —, the per-layer evidence names it within
+    20 steps (headline and waits panel), the waits figures name rank 1; `d` again switches it
+    off."""
     import asyncio
     import time
 
     from ddptui.ui.app import DdpApp
     from ddptui.live.launcher import plan
     from ddptui.live.session import LiveRun, RunOptions
+    from ddptui.ui.widgets import waits
 
     from .helpers import assert_no_leftovers
 
@@ -160,6 +162,21 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
             await until(lambda: len(st.slow_changes) >= 1, 30, "the straggler to be applied")
             k, ms, rank, layer = st.slow_changes[0]
             assert ms > 0 and rank == 1 and layer == 1
+
+            def named_by_evidence(strategy):
+                ev = (st.summary(strategy)["stragglers"] or {}).get("evidence") or {}
+                c = ev.get("culprit")
+                return c is not None and (c["rank"], c["layer"], c["pass"]) == (1, "fc2", "backward")
+
+            # the per-layer evidence names the change within 20 steps (and a poll or two)
+            for s in ("naive", "ddp"):
+                await until(lambda: named_by_evidence(s), 240, f"{s}: evidence naming rank 1 · fc2")
+                assert st.latest_complete(s) - k <= 22, (s, k, st.latest_complete(s))
+                ev = st.summary(s)["stragglers"]["evidence"]
+                assert abs(ev["onset_step"] - k) <= 2 and ev["detection_steps"] <= 20, (s, ev)
+            app.redraw()
+            assert waits.culprit_gist(st, {}).startswith("rank 1 · fc2 backward +")
+            assert "slow: rank 1 · fc2 backward +" in app.headline.render_line(0).text
             await until(lambda: (st.latest_complete("ddp") or 0) >= k + 10, 90, "10 steps with the straggler")
             since = [w for w in st.recent_waits("ddp", n=1000) if w is not None][-10:]
             got = S.summarize(since, spec.layer_names("small"))
