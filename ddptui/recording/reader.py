@@ -1,12 +1,5 @@
-"""Reading a recording (format: ranks.recfile): a versioned header, then the frames the ranks sent, in one zlib stream.
-
-    magic  8 bytes  b"\\x89DDPTUI\\n"
-    u16    format version (big-endian)
-    u32    header length, then a msgpack map: run metadata
-    ...    zlib stream of length-prefixed msgpack frames (see ranks.wire), sync-flushed
-           when a step is complete (the last rank's spans of a strategy step are written)
-           and at least every FLUSH_EVERY_S when frames come, so a file cut at any byte
-           (a run killed at any instant) replays to its last complete step
+"""Reading a recording (format: ranks.recfile): a versioned header, then the frames the ranks sent, in one zlib stream
+(the layout is described there).
 
 Reading never trusts a length: frame lengths are capped at wire.MAX_FRAME, the header at
 MAX_HEADER, and the stream is inflated 16 KiB at a time (deflate bounds the output of each
