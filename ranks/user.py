@@ -173,7 +173,7 @@ class Handle:
         ddp._ddptui = self
         self._handles.append(ddp.register_forward_pre_hook(self._ddp_forward))
         if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(lambda o, a, kw: self.rec.opt_begin()))
+            self._handles.append(optimizer.register_step_pre_hook(opt_step_pre(self.rec.opt_begin)))
             self._handles.append(optimizer.register_step_post_hook(self._after_opt))
 
     # -- set-up -------------------------------------------------------------------------
@@ -339,6 +339,27 @@ class Handle:
         self._sink.send_now({"t": "hello", "r": self.rank, "world": self.world, "pid": os.getpid(),
                              "backend": self.backend, "strategies": [STRATEGY],
                              "layers": self.layers})
+
+
+def opt_step_pre(begin):
+    """An optimizer step pre-hook that starts the optimizer's span (`begin()`) now or, when
+    step() is given a closure (Lightning's automatic optimization, LBFGS), when the closure
+    returns: the closure runs the forward and backward inside step()."""
+    def pre(opt, args, kwargs):  # args: (the optimizer, *step's positional arguments)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            begin()
+            return None
+
+        def timed_closure():
+            try:
+                return closure()
+            finally:
+                begin()
+        if "closure" in kwargs:
+            return args, dict(kwargs, closure=timed_closure)
+        return (args[0], timed_closure, *args[2:]), kwargs
+    return pre
 
 
 def _cap_mb(ddp) -> float | None:

@@ -32,7 +32,7 @@ def _auto() -> None:
 
     DDP.__init__ = init
 
-    def pre(opt, args, kwargs):
+    def begin():
         for h in user._handles:
             h.rec.opt_begin()
 
@@ -40,7 +40,7 @@ def _auto() -> None:
         for h in user._handles:
             h._after_opt(opt, args, kwargs)
 
-    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_pre_hook(user.opt_step_pre(begin))
     register_optimizer_step_post_hook(post)
 
 

@@ -316,3 +316,43 @@ def test_auto_layers_open_wrappers_to_blocks():
     assert [n for n, _ in choose_layers(wrapped)] == [f"body.stage{i}" for i in range(1, 5)] + ["head"]
     # a model with no children is one layer
     assert [n for n, _ in choose_layers(nn.Linear(2, 2))] == ["model"]
+
+
+def test_optimizer_step_with_a_closure_times_only_the_update(pg):
+    """optimizer.step(closure) (Lightning's automatic optimization, LBFGS): the forward and
+    backward run inside step(); the optimizer's span starts when the closure returns."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddptui
+    from ddptui.recording.loader import load
+    from ranks import wire
+    torch.manual_seed(0)
+    model = DDP(_nets()(), bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    h = ddptui.instrument(model, optimizer=opt, batch=16, record=str(pg / "run"))
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        time.sleep(0.02)  # the closure's own work after backward: not the optimizer's
+        return loss
+    for _ in range(3):
+        opt.step(closure)  # positional
+        opt.step(closure=closure)  # keyword
+    h.close()
+    got = load(str(pg / "run"))
+    assert got.store.complete_steps("ddp") == list(range(6))
+    for k in range(6):
+        b = got.store.raw["ddp"][k][0]
+        span = {wire.KIND_NAMES[kd]: (b.t0[i], b.t1[i]) for i, kd in enumerate(b.kind)
+                if wire.KIND_NAMES[kd] in ("optimizer", "step")}
+        bwd_end = max(b.t1[i] for i, kd in enumerate(b.kind) if wire.KIND_NAMES[kd] == "backward")
+        o0, o1 = span["optimizer"]
+        assert o0 >= bwd_end + 15_000 and o1 - o0 < 15_000, (k, o0, o1, bwd_end)
+        assert o1 <= span["step"][1]
