@@ -61,7 +61,10 @@ def test_verify_fails_naming_a_shifted_kind(tmp_path):
     assert rows[("naive", "backward")]["median_abs_err_us"] > 2500
     assert rows[("naive", "forward")]["ok"]
     fail_line = [ln for ln in p.stderr.splitlines() if "verify FAILED" in ln]
-    assert fail_line and "naive backward" in fail_line[0] and "forward" not in fail_line[0]
+    # the shifted kind is named on both strategies; naive's forward, unshifted, is not (with 3
+    # profiled steps a busy machine can hold up a few of single's 12 forward spans: not asserted)
+    assert fail_line and "naive backward" in fail_line[0] and "single backward" in fail_line[0]
+    assert "naive forward" not in fail_line[0]
     assert_no_leftovers()
 
 
