@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="default: medium on CPU, xlarge on GPU")
     p.add_argument("--strategy", default="ddp", choices=("ddp", "naive", "interleaved"))
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="global batch (default 1024; 256 with --quick: shorter steps, the same hooks)")
     p.add_argument("--steps", type=int, default=None, help="timed steps of each side")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--block", type=int, default=0,
@@ -48,6 +49,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.host_bound:
         a.batch_size = 16 if a.ranks <= 16 else a.ranks
+    elif a.batch_size is None:
+        a.batch_size = 256 if a.quick else 1024
     steps = a.steps or (16 if a.quick else 60)
     try:
         import torch

@@ -9,7 +9,7 @@ process group and pass a barrier (the floor of any torchrun-based start). Median
 runs. Goal: <= 6 s.
 
     python benchmarks/p5_startup.py            # 5 runs of each
-    python benchmarks/p5_startup.py --quick    # 2 runs of each
+    python benchmarks/p5_startup.py --quick    # 1 run of each
 """
 from __future__ import annotations
 
@@ -71,10 +71,10 @@ def time_to_line(cmd: list[str], pattern, stream: str, env: dict, timeout: float
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="P5: command to first complete step")
-    p.add_argument("--quick", action="store_true", help="2 runs of each (CI)")
+    p.add_argument("--quick", action="store_true", help="1 run of each (CI)")
     p.add_argument("--runs", type=int, default=None)
     a = p.parse_args(argv)
-    runs = a.runs or (2 if a.quick else 5)
+    runs = a.runs or (1 if a.quick else 5)
     env = env_for_ranks(1)
     app, inner, ref = [], [], []
     with tempfile.TemporaryDirectory(prefix="ddptui-p5-") as tmp:

@@ -387,9 +387,11 @@ def _gone(procs: list[psutil.Process], timeout: float) -> bool:
     return not alive
 
 
-async def _tab_session(port: int, query: str, seconds: float, then=None) -> tuple[int, int, int]:
-    """A websocket client (a browser's part): reads the tab's output for `seconds`; returns
-    (bytes, the largest row, the largest column a cursor move named), after `then()`."""
+async def _tab_session(port: int, query: str, seconds: float, then=None,
+                       until=None) -> tuple[int, int, int]:
+    """A websocket client (a browser's part): reads the tab's output for `seconds` (or until
+    `until(bytes, rows, cols)` holds); returns (bytes, the largest row, the largest column a
+    cursor move named), after `then()`."""
     import aiohttp
     rows = cols = n = 0
     async with aiohttp.ClientSession() as http:
@@ -407,6 +409,8 @@ async def _tab_session(port: int, query: str, seconds: float, then=None) -> tupl
                         rows, cols = max(rows, int(r)), max(cols, int(c))
                     if n > 100_000 and rows:
                         await ws.send_str('["resize", {"width": 99999999, "height": 99999999}]')
+                    if until is not None and until(n, rows, cols):
+                        break
                 elif m.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
                     break
             if then is not None:
@@ -418,8 +422,14 @@ def test_a_tabs_size_is_clamped_and_it_ends_when_its_browser_closes(serve):
     from ddptui.cli.serve import MAX_COLS, MAX_ROWS
     p, port, _ = serve
     seen = []
+    big = []
+
+    def grown(n, rows, cols):  # a full screen drawn after the resize to 99999999 was sent
+        if n > 100_000 and rows and not big:
+            big.append(n)
+        return bool(big) and n > big[0] + 200_000 and rows >= MAX_ROWS * 0.9
     n, rows, cols = asyncio.run(_tab_session(port, "width=100000&height=100000", 12,
-                                             then=lambda: seen.extend(_tabs(p.pid))))
+                                             then=lambda: seen.extend(_tabs(p.pid)), until=grown))
     assert n > 0 and MAX_ROWS * 0.9 <= rows <= MAX_ROWS and 0 < cols <= MAX_COLS, (n, rows, cols)
     assert len(seen) == 1 and seen[0].memory_info().rss < 1 << 30
     assert _gone(seen, 10)  # the browser closed: its tab process ended
@@ -443,9 +453,12 @@ def test_sigterm_ends_the_server_and_every_tab(serve):
 
     def term_server():
         seen.extend(_tabs(p.pid))
+        seen.append(time.monotonic())
         p.send_signal(signal.SIGTERM)  # the server only (not its process group)
     asyncio.run(_tab_session(port, "width=120&height=40", 5, then=term_server))
-    assert p.wait(15) == 0 and len(seen) == 1
+    assert p.wait(30) == 0 and len(seen) == 2
+    # promptly: the open websocket does not hold the server (aiohttp waits for its handlers)
+    assert time.monotonic() - seen.pop() < 8
     assert _gone(seen, 5)
 
 

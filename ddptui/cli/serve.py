@@ -19,6 +19,7 @@ logs a malformed or over-long request as one line, not a traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import glob
 import logging
 import os
@@ -277,6 +278,12 @@ def _server_class(base):
         def initialize_logging(self) -> None:
             super().initialize_logging()
             logging.getLogger("aiohttp.server").addFilter(_OneLine())
+
+        async def on_shutdown(self, app) -> None:
+            # Ctrl-C or SIGTERM: end the tabs first, so each one's websocket closes and the
+            # server is not left waiting on open connections (aiohttp waits for its handlers)
+            await asyncio.to_thread(end_children)
+            await super().on_shutdown(app)
 
         async def handle_websocket(self, request):
             # the size a page asks for, clamped before textual-serve reads it
