@@ -15,7 +15,7 @@ from ddptui.recording.kineto import KinetoReader
 from ddptui.recording.loader import load
 from ddptui.recording.rankset import open_reader as Reader
 from ranks import wire
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, run_main
 from tests.kineto_traces import a100_doc, a100_pair
 
 # the model of tests/kineto_record.py: 4 blocks Linear(256, 256)+ReLU, then Linear(256, 10)
@@ -44,7 +44,7 @@ def cpu_traces_plain(tmp_path_factory):
 
 def _summary(d: str, tmp_path, name="s.json") -> dict:
     out = tmp_path / name
-    p = run_cli("summary", d, "--json", str(out))
+    p = run_main("summary", d, "--json", str(out))
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
     return json.loads(out.read_text())
@@ -96,10 +96,10 @@ def test_cpu_traces_without_module_records_one_layer(cpu_traces_plain, tmp_path)
 
 @pytest.mark.slow
 def test_cpu_traces_replay_headless_and_export(cpu_traces, tmp_path):
-    p = run_cli("replay", cpu_traces, "--headless")
+    p = run_main("replay", cpu_traces, "--headless")
     assert p.returncode == 0 and "ddp" in p.stdout, p.stderr
     out = tmp_path / "t.json"
-    p = run_cli("export", cpu_traces, "-o", str(out))
+    p = run_main("export", cpu_traces, "-o", str(out))
     assert p.returncode == 0, p.stderr
     evs = json.loads(out.read_text())["traceEvents"]
     assert {e.get("pid") for e in evs if e.get("ph") == "X"} >= {0, 1} or len(evs) > 50
@@ -161,7 +161,7 @@ def _bad(tmp_path, files: dict) -> subprocess.CompletedProcess:
     d.mkdir(parents=True)
     for n, data in files.items():
         (d / n).write_bytes(data)
-    p = run_cli("summary", str(d))
+    p = run_main("summary", str(d))
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr
     lines = p.stderr.strip().splitlines()

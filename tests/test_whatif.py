@@ -14,7 +14,7 @@ from ranks.wire import BWD, COMM, FWD, OPT, STEP, SpanBatch
 
 from ddptui.model import whatif as W
 
-from .helpers import run_cli, run_live
+from .helpers import run_cli, run_live, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
@@ -41,7 +41,7 @@ def test_buckets_equal_a_real_ddps_at_every_cap(tmp_path, model):
         for cap in (None, *spec.BUCKET_LADDER_MB):
             s = DDPStrategy(base, rec, torch.device("cpu"), 0.01, 1, bucket_cap_mb=cap)
             got = None
-            for k in range(3):  # step 0: one bucket; DDP rebuilds after it
+            for k in range(2):  # step 0: one bucket; DDP rebuilds after it, before step 1
                 s.prepare(); rec.begin("ddp", k); s.step(x, y); rec.end(); rec.poll()
                 change = s.take_layout_change()
                 got = change[0] if change else got
@@ -184,7 +184,7 @@ def test_the_verb_on_a_real_runs_recording(tmp_path):
     run = run_live(steps=6, model="small", strategies=("naive", "ddp"), batch=256, record=rec)
     assert run.state == "finished", run.message
     out = tmp_path / "w.json"
-    r = run_cli("whatif", rec, "--bucket-cap", "1,25,100", "--world", "2,8", "--json", str(out))
+    r = run_main("whatif", rec, "--bucket-cap", "1,25,100", "--world", "2,8", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "PREDICTIONS" in r.stdout and "fit error" in r.stdout and "unchecked" in r.stdout
     doc = json.loads(out.read_text())
@@ -195,7 +195,7 @@ def test_the_verb_on_a_real_runs_recording(tmp_path):
     assert doc["fit"]["collectives"] > 0 and doc["fit"]["beta_ms_per_mb"] > 0
     ddp25 = next(p for p in doc["bucket_caps"] if p["cap_mb"] == 25.0)
     assert ddp25["measured"]["steps"] >= 3  # the cap it ran: measured next to predicted
-    r = run_cli("whatif", rec, "--json", "-", "--strategy", "ddp")
+    r = run_main("whatif", rec, "--json", "-", "--strategy", "ddp")
     assert r.returncode == 0 and json.loads(r.stdout)["bucket_caps"]
 
 
@@ -209,17 +209,17 @@ def test_the_verb_on_a_real_runs_recording(tmp_path):
     (["--hop-us", "-1"], "--hop-us must be in"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says):
-    r = run_cli("whatif", DEMO, *args)
+    r = run_main("whatif", DEMO, *args)
     assert r.returncode == 2 and says in r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and not r.stdout
 
 
 def test_bad_files_are_one_line(tmp_path):
-    r = run_cli("whatif", str(tmp_path / "missing.ddptui"))
+    r = run_main("whatif", str(tmp_path / "missing.ddptui"))
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
     junk = tmp_path / "junk.ddptui"
     junk.write_bytes(b"not a recording")
-    r = run_cli("whatif", str(junk))
+    r = run_main("whatif", str(junk))
     assert r.returncode == 2 and r.stderr.startswith("ddptui: error:") and "Traceback" not in r.stderr
 
 
