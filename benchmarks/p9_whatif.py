@@ -29,7 +29,7 @@ import time
 
 from _common import env_for_ranks, result_line
 
-from ddptui.model import whatif as W
+from ddptui.model import whatif
 from ddptui.live.launcher import plan as make_plan
 from ddptui.live.session import LiveRun, RunOptions
 
@@ -57,7 +57,7 @@ def run_model(model: str, batch: int, keep: int, out_dir: str, timeout_s: float 
             st = run.store
             k = st.latest_complete("ddp")
             cur = phases[-1]
-            if k is not None and cur[1] is not None and k >= cur[1] + W.SKIP_AFTER_CHANGE + keep - 1:
+            if k is not None and cur[1] is not None and k >= cur[1] + whatif.SKIP_AFTER_CHANGE + keep - 1:
                 if cur[2] is None:
                     cur[2] = k
                     if not todo:
@@ -82,9 +82,9 @@ def run_model(model: str, batch: int, keep: int, out_dir: str, timeout_s: float 
 
 def check(model: str, store, phases) -> list[dict]:
     src = phases[0]
-    basis = W.collect(store, "ddp", cap_mb=SOURCE, upto=src[2])
-    fit = W.fit_comm(basis)
-    delays = W.fit_delays(basis)
+    basis = whatif.collect(store, "ddp", cap_mb=SOURCE, upto=src[2])
+    fit = whatif.fit_comm(basis)
+    delays = whatif.fit_delays(basis)
     print(f"{model}: predicted from {len(basis.steps)} steps at {SOURCE:g} MB ({basis.steps[0]}..{basis.steps[-1]}); "
           f"fit alpha {fit.alpha_ms:.2f} ms, beta {fit.beta_ms_per_mb:.3f} ms/MB, "
           f"error {fit.err_pct:.0f} % over {fit.n} collectives ({fit.sizes} sizes)")
@@ -92,8 +92,8 @@ def check(model: str, store, phases) -> list[dict]:
           f"{'pred exp':>9} {'meas exp':>9} {'err':>6} {'meas steps':>10}")
     rows = []
     for cap, first, last in phases[1:]:
-        p = W.predict(basis, fit, cap_mb=cap, explicit=True, delays=delays)
-        m = W.measured(store, "ddp", cap, since=first, upto=last)
+        p = whatif.predict(basis, fit, cap_mb=cap, explicit=True, delays=delays)
+        m = whatif.measured(store, "ddp", cap, since=first, upto=last)
         if m is None:
             continue
         e_step = 100.0 * (p.step_ms - m["step_ms"]) / m["step_ms"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import _common  # noqa: F401  (this checkout importable)
 
-from ddptui.model import whatif as W
+from ddptui.model import whatif
 from ranks import spec
 
 BUSES = (("PCIe 4", 25.0), ("NVLink 4", 50.0), ("100 Gb/s", 12.5), ("400 Gb/s", 50.0))
@@ -35,7 +35,7 @@ def llama7b() -> list[tuple[int, int]]:
     return out
 
 
-def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: float) -> W.Basis:
+def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: float) -> whatif.Basis:
     layers = max(layer for _, layer in params) + 1
     per_layer = [0] * layers
     for n, layer in params:
@@ -50,8 +50,8 @@ def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: f
         t += bwd * per_layer[layer] / total
         bwd_end[layer] = t
     comp.append((fwd, t))
-    tr = {0: W.RankTrace(0, 0.0, t, [(0.0, t)], bwd_end, [])}
-    return W.Basis("ddp", 2, 1, "nccl", [n * bytes_per for n, _ in params], [layer for _, layer in params],
+    tr = {0: whatif.RankTrace(0, 0.0, t, [(0.0, t)], bwd_end, [])}
+    return whatif.Basis("ddp", 2, 1, "nccl", [n * bytes_per for n, _ in params], [layer for _, layer in params],
                    25.0, False, None, [0], [tr], [{}])
 
 
@@ -59,7 +59,7 @@ def main() -> None:
     models = [(m, [(n, layer) for _, n, layer in spec.param_table(m)], spec.BYTES_PER_GRAD, ms)
               for m, ms in (("small", 36.1), ("medium", 118.0), ("large", 411.2), ("xlarge", 595.6))]
     models.append(("7B dense (bf16)", llama7b(), 2, 200.0))
-    fit = W.CommFit(alpha_ms=2 * HOP_MS, beta_ms_per_mb=0.0, n=0, err_pct=0.0, world=2)
+    fit = whatif.CommFit(alpha_ms=2 * HOP_MS, beta_ms_per_mb=0.0, n=0, err_pct=0.0, world=2)
     print("| model | params | compute ms | bus | " + " | ".join(f"N={n}" for n in WORLDS) + " |")
     print("|---|---|---|---|" + "---|" * len(WORLDS))
     for name, params, bpg, ms in models:
@@ -67,7 +67,7 @@ def main() -> None:
         for bus, gbps in BUSES:
             effs = []
             for n in WORLDS:
-                p = W.predict(b, fit, world=n, bus_gbps=gbps, delays=W.Delays({}, {}), hop_ms=HOP_MS)
+                p = whatif.predict(b, fit, world=n, bus_gbps=gbps, delays=whatif.Delays({}, {}), hop_ms=HOP_MS)
                 effs.append(f"{p.efficiency_pct:.0f} %")
             total = sum(n for n, _ in params)
             print(f"| {name} | {total / 1e6:,.1f} M | {ms:g} | {bus} ({gbps:g} GB/s) | " + " | ".join(effs) + " |")

@@ -13,7 +13,6 @@ import os
 import socket
 import sys
 import threading
-import time
 import traceback
 from datetime import timedelta
 from functools import partial
@@ -185,7 +184,6 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     import torch
     import torch.distributed as dist
 
-    from . import wire
     from .instrument import CpuClock, CudaClock, Recorder
     from .models import build_model, make_dataset
     from .strategies import STRATEGY_CLASSES, DDPStrategy

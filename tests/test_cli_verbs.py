@@ -221,10 +221,20 @@ def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
         monkeypatch.setattr(app, "run_replay_app", fake)
     except ImportError:
         monkeypatch.setitem(sys.modules, "ddptui.ui.app", types.SimpleNamespace(run_replay_app=fake))
-    tty = types.SimpleNamespace(isatty=lambda: True)
-    monkeypatch.setattr(cmd_replay, "sys", types.SimpleNamespace(stdin=tty, stdout=tty))
+    monkeypatch.setattr(cmd_replay, "require_terminal", lambda what, instead: None)  # as on a terminal
     assert cmd_replay.main([str(small_rec), "--speed", speed, "--loop", "--title", "My talk"]) == 0
     assert calls == [(str(small_rec), float(speed), True, "My talk")]
+
+
+@pytest.mark.parametrize("args, says", [
+    (("replay", "{f}"), "the replay UI needs a terminal; use --headless to print the figures"),
+    (("--gpus", "2"), "the live UI needs a terminal; use --headless to run without one"),
+    (("run", "--nproc-per-node", "2", "--", os.path.join(ROOT, "examples", "train_cnn.py")),
+     "the live UI needs a terminal; use --headless to run without one"),
+])
+def test_uis_without_a_terminal_say_so_in_one_line(small_rec, args, says):
+    res = run_main(*[a.replace("{f}", str(small_rec)) for a in args])  # (pytest's stdin is no tty)
+    assert res.returncode == 2 and res.stderr.strip() == f"ddptui: error: {says}", res.stderr
 
 
 def test_replay_headless_title(small_rec):

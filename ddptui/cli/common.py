@@ -69,3 +69,21 @@ def record_path(a, stem: str, ranks: int) -> str | None:
 def sigterm_to_interrupt(signum, frame):
     """A SIGTERM handler: stop as Ctrl-C does (ranks stopped, the report printed)."""
     raise KeyboardInterrupt
+
+
+def require_terminal(what: str, instead: str) -> None:
+    """The UIs draw on a terminal: without one, a one-line error naming what to use instead."""
+    import sys
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise CliError(f"{what} needs a terminal; {instead}")
+
+
+def open_live_ui(opts, plan, run=None) -> int:
+    """The live UI on this terminal (after `require_terminal`); says where the run was recorded."""
+    import sys
+    from ddptui.ui.app import run_live_app
+    code = run_live_app(opts, plan, run)
+    if opts.record and os.path.exists(opts.record):
+        print(f"ddptui: recorded to {opts.record} (ddptui replay {opts.record})", file=sys.stderr)
+    return code
+

@@ -12,6 +12,7 @@ from ranks import spec
 
 from ddptui import __version__
 from .common import CliError, Parser, check_environment, check_writable_path, record_path, sigterm_to_interrupt
+from .common import open_live_ui, require_terminal
 from .options import add_numeric, run_parent
 
 SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join", "whatif")
@@ -135,13 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             from ddptui.live.headless import run_headless
             signal.signal(signal.SIGTERM, sigterm_to_interrupt)
             return run_headless(opts, plan, a.json)
-        if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            raise CliError("the live UI needs a terminal; use --headless to run without one")
-        from ddptui.ui.app import run_live_app
-        code = run_live_app(opts, plan)
-        if opts.record and os.path.exists(opts.record):
-            print(f"ddptui: recorded to {opts.record} (ddptui replay {opts.record})", file=sys.stderr)
-        return code
+        require_terminal("the live UI", "use --headless to run without one")
+        return open_live_ui(opts, plan)
     except CliError as e:
         print(f"ddptui: error: {e}", file=sys.stderr)
         return 2

@@ -81,7 +81,6 @@ NUMERIC: dict[str, Whole | Real] = {
     # multi-node (ddptui/live/multinode.py, ddptui join)
     "--nnodes": Whole(1, 64),
     "--node-rank": Whole(0, 63),
-    "--nproc-per-node": Whole(1, 64),
     "--retry-for": Real(0, 3600, unit="s"),
     # ddptui whatif (lists take each item through the same check)
     "--bucket-cap": Real(0, 4096, lo_open=True, unit="MB"),

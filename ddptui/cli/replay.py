@@ -12,12 +12,11 @@ before it: a `ddptui: warning:` line names the damage and the steps read, exit s
 from __future__ import annotations
 
 import copy
-import sys
 
 from ranks import spec
 
 from . import summary as cmd_summary
-from .common import CliError, check_writable_path, Parser
+from .common import CliError, check_writable_path, Parser, require_terminal
 from .options import add_numeric
 from ddptui.recording.rankset import open_reader
 from ranks.recfile import RecordingError
@@ -71,8 +70,7 @@ def main(argv: list[str]) -> int:
     if a.json:
         raise CliError("--json needs --headless (the UI writes no figures file)")
     check_file(a.file)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise CliError("the replay UI needs a terminal; use --headless to print the figures")
+    require_terminal("the replay UI", "use --headless to print the figures")
     try:
         from ddptui.ui.app import run_replay_app
     except ImportError as e:

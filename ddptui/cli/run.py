@@ -18,6 +18,7 @@ import time
 from ranks import user
 
 from .common import CliError, check_writable_path, Parser, sigterm_to_interrupt, check_environment, record_path
+from .common import open_live_ui, require_terminal
 from .options import add_numeric
 from ddptui.live.session import LiveRun, RunOptions
 
@@ -129,13 +130,8 @@ def main(argv: list[str]) -> int:
     if a.headless:
         signal.signal(signal.SIGTERM, sigterm_to_interrupt)
         return headless(run, opts, a.json)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise CliError("the live UI needs a terminal; use --headless to run without one")
-    from ddptui.ui.app import run_live_app
-    code = run_live_app(opts, plan, run)
-    if opts.record and os.path.exists(opts.record):
-        print(f"ddptui: recorded to {opts.record} (ddptui replay {opts.record})", file=sys.stderr)
-    return code
+    require_terminal("the live UI", "use --headless to run without one")
+    return open_live_ui(opts, plan, run)
 
 
 def headless(run: UserRun, opts: RunOptions, json_path: str | None) -> int:

@@ -22,7 +22,7 @@ import tempfile
 from ranks import spec
 from ranks.wire import COMM
 
-from ddptui.reports import verify as V
+from ddptui.reports import verify
 from .common import check_writable_path, Parser
 from .options import add_numeric
 
@@ -108,7 +108,7 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
     """(JSON document, printed table, notes) for a finished run's store and rank profiles."""
     n_layers = len(spec.MODEL_WIDTHS[model]) - 1
     notes: list[str] = []
-    pairs: list[V.Pair] = []
+    pairs: list[verify.Pair] = []
     ranks = store.rank_snapshot()
     raw = store.span_batches()
     paths = sorted(glob.glob(os.path.join(prof_dir, "profile.rank*.json")))
@@ -116,7 +116,7 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
     cuda = False
     first = ranks[min(ranks)] if ranks else None
     backend = first.backend if first else ""
-    profs = [V.load_profile(path) for path in paths]
+    profs = [verify.load_profile(path) for path in paths]
     cuda = any(p.cuda for p in profs)
     # NCCL with one rank launches no kernel for an in-place sum: nothing to compare with
     check_comm = not (cuda and len(ranks) == 1)
@@ -131,13 +131,13 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
         lo, hi = prof.window
         batches = [b for s, per in raw.items() for k, rs in per.items() if lo <= k < hi
                    for r, b in rs.items() if r == prof.rank]
-        dsteps = V.steps_from_batches(batches)
-        psteps = V.profile_steps(prof, n_layers)
+        dsteps = verify.steps_from_batches(batches)
+        psteps = verify.profile_steps(prof, n_layers)
 
         def comm_bytes(strategy, step, idx, r=prof.rank):
             return store.comm_bytes_fn(strategy, r, step)(idx)
 
-        got, rank_notes = V.match_rank(dsteps, psteps, comm_bytes, n_layers=n_layers,
+        got, rank_notes = verify.match_rank(dsteps, psteps, comm_bytes, n_layers=n_layers,
                                        check_comm=check_comm)
         pairs.extend(got)
         notes.extend(f"rank {prof.rank}: {n}" for n in rank_notes)
@@ -148,16 +148,16 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
                 if k >= 1 and r in rs:
                     for kd in rs[r].kind:
                         if kd != COMM or check_comm:
-                            pairs.append(V.Pair(s, kd, None, None))
-    tol, late = V.tolerances(cuda, backend)
-    rows = V.summarize(pairs, tol, [s for s in strategies if s in raw], late_only=late)
+                            pairs.append(verify.Pair(s, kd, None, None))
+    tol, late = verify.tolerances(cuda, backend)
+    rows = verify.summarize(pairs, tol, [s for s in strategies if s in raw], late_only=late)
     doc = {"ok": bool(rows) and all(r["ok"] for r in rows),
            "device": first.device if first else device,
            "backend": first.backend if first else "",
-           "ranks": len(ranks), "model": model, "pass_pct": V.PASS_PCT,
-           "communication_checked": check_comm, "short_span_us": V.SHORT_SPAN_US,
+           "ranks": len(ranks), "model": model, "pass_pct": verify.PASS_PCT,
+           "communication_checked": check_comm, "short_span_us": verify.SHORT_SPAN_US,
            "compared": rows}
     title = (f"ddptui verify · {model} · {len(ranks)} rank(s) · {doc['backend']} · "
              f"{doc['device']} · |Δ| = ddptui vs torch.profiler, µs; tolerance start/end"
              + " (+: a start is held only when late)")
-    return doc, V.format_table(rows, title), notes
+    return doc, verify.format_table(rows, title), notes

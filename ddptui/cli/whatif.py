@@ -13,7 +13,7 @@ import sys
 
 from ranks import spec
 
-from ddptui.model import whatif as W
+from ddptui.model import whatif as whatif_model
 from .common import CliError, Parser, check_writable_path
 from .options import NUMERIC, add_numeric
 
@@ -81,7 +81,7 @@ def _f(v, fmt="{:.1f}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def text(rep: W.Report) -> list[str]:
+def text(rep: whatif_model.Report) -> list[str]:
     b, f = rep.basis, rep.fit
     cap = (f" at bucket_cap_mb {b['cap_mb']:g}{'' if b['cap_explicit'] else ' (DDP default: first bucket 1 MiB)'}"
            if b.get("cap_mb") is not None else "")
@@ -128,9 +128,9 @@ def main(argv: list[str]) -> int:
     from .summary import read
     got = read(a.file)
     try:
-        rep = W.whatif(got.store, caps=caps, worlds=a.world, bus_gbps=a.bus_gbps,
+        rep = whatif_model.whatif(got.store, caps=caps, worlds=a.world, bus_gbps=a.bus_gbps,
                        strategy=a.strategy, from_cap=a.from_cap, hop_us=a.hop_us)
-    except W.WhatIfError as e:
+    except whatif_model.WhatIfError as e:
         raise CliError(f"{a.file}: {e}") from None
     doc = rep.as_dict()
     doc["recording"] = a.file

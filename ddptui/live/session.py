@@ -287,12 +287,8 @@ class LiveRun:
         self._stop_ev.set()
         if self.listener is not None:  # multi-node: the joins end with the run
             self.listener.close(self.message or self.state)
-        if self.launcher is not None and self.launcher.poll() is None:
+        if self.launcher is not None:  # (torchrun already gone: its orphaned workers reaped)
             self.launcher.stop(grace=5.0, workers=self.rank_pids())
-        elif self.launcher is not None:
-            self.launcher._reap(self.rank_pids())
-            if not self.launcher.log.closed:
-                self.launcher.log.close()
         if self.collector is not None:
             self.collector.close()
         with self._rec_lock:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ranks import spec
 
-from . import figures as F
+from . import figures
 
 
 def ring_bytes_per_rank(params: int, ranks: int, bytes_per_grad: int = spec.BYTES_PER_GRAD) -> float:
@@ -33,7 +33,7 @@ def model_figures(model: str, ranks: int, summaries: list[dict], device: str) ->
     params = spec.param_count(model)
     ring = ring_bytes_per_rank(params, ranks)
     by = {s["strategy"]: s for s in summaries if s.get("step_ms_median")}
-    sp = F.speedups(list(by.values()))
+    sp = figures.speedups(list(by.values()))
     # the network's effective bus bandwidth, as the best any strategy of this run reached
     bw, bw_from = None, None
     for s, r in by.items():

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from ranks import schema, spec, wire
 from ranks.wire import SpanBatch
 
-from . import figures as F
-from . import stragglers as ST
+from . import figures
+from . import stragglers
 from .clocksync import KEEP_COLLECTIVES, HostClocks, coll_sample
 from .summary import bucket_rows, strategy_summary
 from .views import StepView, step_view
@@ -67,15 +67,15 @@ class Store:
         self.meta: dict = {}
         self.ranks: dict[int, RankInfo] = {}
         self.raw: dict[str, OrderedDict[int, dict[int, SpanBatch]]] = {}
-        self.step_figs: dict[str, OrderedDict[int, F.StepFigures]] = {}
-        self.rank_figs: dict[tuple[str, int, int], F.RankStep] = {}
+        self.step_figs: dict[str, OrderedDict[int, figures.StepFigures]] = {}
+        self.rank_figs: dict[tuple[str, int, int], figures.RankStep] = {}
         self.bucket_figs: dict[tuple[str, int], dict] = {}  # (strategy, step) of complete steps
         self.layouts: dict[tuple[str, int], list[tuple[int, dict[int, int], list]]] = {}
         self.ddp_reported: dict[tuple[str, int], list[int]] = {}  # bucket sizes DDP itself reports
         self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
         self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
         self.slow_changes: list[tuple[int, float, int, int]] = []  # (step, ms, rank, layer) as applied
-        self.waits: dict[str, OrderedDict[int, ST.StepWaits | None]] = {}  # kept like raw spans
+        self.waits: dict[str, OrderedDict[int, stragglers.StepWaits | None]] = {}  # kept like raw spans
         self.log: deque[tuple[float, str, str]] = deque(maxlen=500)
         self.log_seq = 0  # lines ever logged (the deque keeps the last 500): readers follow this
         self.gpu: deque[dict] = deque(maxlen=600)
@@ -251,7 +251,7 @@ class Store:
         """A time of `rank`'s host clock on node 0's axis (identity on one host)."""
         return self.host_clocks.to_common(rank, ns)
 
-    def _collect_clock_samples(self, w: ST.StepWaits, shift: dict[int, int], step: tuple) -> None:
+    def _collect_clock_samples(self, w: stragglers.StepWaits, shift: dict[int, int], step: tuple) -> None:
         """Multi-node: each collective of a step, per host against node 0, in raw host times
         (what the clock refinement reads; ddptui/model/clocksync.py)."""
         by_node: dict[int, list[int]] = {}
@@ -337,7 +337,7 @@ class Store:
         pb = self._param_bytes
         return lambda i: pb[i] if i < len(pb) else 0
 
-    def rank_figures(self, strategy: str, step: int, rank: int) -> F.RankStep | None:
+    def rank_figures(self, strategy: str, step: int, rank: int) -> figures.RankStep | None:
         with self.lock:
             key = (strategy, step, rank)
             got = self.rank_figs.get(key)
@@ -345,7 +345,7 @@ class Store:
                 b = self.raw.get(strategy, {}).get(step, {}).get(rank)
                 if b is None:
                     return None
-                got = self.rank_figs[key] = F.rank_step(b, self.comm_bytes_fn(strategy, rank, step))
+                got = self.rank_figs[key] = figures.rank_step(b, self.comm_bytes_fn(strategy, rank, step))
             return got
 
     def bucket_figures(self, strategy: str, step: int) -> dict[int, tuple[float, float | None]] | None:
@@ -358,7 +358,7 @@ class Store:
                 ranks = self.raw.get(strategy, {}).get(step)
                 if not ranks:
                     return None
-                got = F.bucket_step(ranks.values())
+                got = figures.bucket_step(ranks.values())
                 if len(ranks) >= self.expected_ranks(strategy):
                     self.bucket_figs[key] = got
             return got
@@ -375,9 +375,9 @@ class Store:
                     if ranks is None or len(ranks) < want or k in figs:
                         continue
                     rs = [self.rank_figures(strategy, k, r) for r in sorted(ranks)]
-                    figs[k] = F.combine(k, rs)
+                    figs[k] = figures.combine(k, rs)
                     waits = self.waits.setdefault(strategy, OrderedDict())
-                    waits[k] = ST.step_waits(ranks, figs[k].step_ms)
+                    waits[k] = stragglers.step_waits(ranks, figs[k].step_ms)
                     if waits[k] is not None and self.clocks:
                         self._collect_clock_samples(waits[k], self._shift.get((strategy, k), {}), (strategy, k))
                     dirty.discard(k)
@@ -466,7 +466,7 @@ class Store:
         return None
 
     def recent_figures(self, strategy: str, upto: int | None = None, n: int = 20,
-                       since: int = 0) -> list[F.StepFigures]:
+                       since: int = 0) -> list[figures.StepFigures]:
         """Up to n complete steps' figures with since <= k <= upto, oldest first."""
         out = []
         with self.lock:
@@ -497,7 +497,7 @@ class Store:
         with self.lock:
             return len(self.layouts.get((strategy, 0), ())), len(self.events)
 
-    def recent_waits(self, strategy: str, upto: int | None = None, n: int = 20) -> list[ST.StepWaits]:
+    def recent_waits(self, strategy: str, upto: int | None = None, n: int = 20) -> list[stragglers.StepWaits]:
         """Who waited for whom in the last n kept steps 0 < k <= upto that had collectives
         on two or more ranks, oldest first."""
         with self.lock:

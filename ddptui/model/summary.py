@@ -2,8 +2,8 @@
 strategy (`strategy_summary`) and the bucket layout with parameter names (`bucket_rows`)."""
 from __future__ import annotations
 
-from . import figures as F
-from . import stragglers as ST
+from . import figures
+from . import stragglers
 
 
 def strategy_summary(store, strategy: str) -> dict:
@@ -11,10 +11,10 @@ def strategy_summary(store, strategy: str) -> dict:
     (the first step, a warm-up, left out) and its bucket layout: one row of the JSON `strategies`."""
     with store.lock:
         steps = list(store.step_figs.get(strategy, {}).values())
-        out = F.summarize(strategy, steps, int(store.meta.get("batch") or 0), store.world)
+        out = figures.summarize(strategy, steps, int(store.meta.get("batch") or 0), store.world)
         # who waits for whom, over the kept steps but the first (warm-up)
         waits = [w for k, w in store.waits.get(strategy, {}).items() if k > 0]
-        out["stragglers"] = ST.summarize(waits, list(store.meta.get("layers") or []))
+        out["stragglers"] = stragglers.summarize(waits, list(store.meta.get("layers") or []))
         buckets = bucket_rows(store, strategy)
         if buckets is not None:
             out["buckets"] = buckets

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from . import figures as F
-from . import stragglers as ST
+from . import figures as step_figures
+from . import stragglers
 
 
 @dataclass(slots=True)
@@ -26,12 +26,12 @@ class StepView:
     strategy: str
     step: int
     spans: Mapping[int, list[Span]]  # (RankSpans: made per rank when asked for)
-    figures: dict[int, F.RankStep]
+    figures: dict[int, step_figures.RankStep]
     duration_ms: float
     bucket_cap_mb: float | None = None
     n_buckets: int | None = None
     marks: list[str] = field(default_factory=list)
-    waits: ST.StepWaits | None = None  # who waited for whom (two or more ranks communicating)
+    waits: stragglers.StepWaits | None = None  # who waited for whom (two or more ranks communicating)
 
 
 
@@ -51,7 +51,7 @@ class RankSpans(Mapping):
             got = [Span(b.kind[i], b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3)
                    for i in range(len(b.kind))]
             arrivals = self._arrivals
-            for i, ready_us, key in ST.comm_spans(b):
+            for i, ready_us, key in stragglers.comm_spans(b):
                 s = got[i]
                 s.issued_ms = off + ready_us / 1e3
                 last = arrivals.get(key)

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from ranks import spec
 from ranks.wire import BWD, COMM, FWD, STEP
 
-from . import figures as F
+from . import figures
 
 MIB = 1024 * 1024
 FIRST_BUCKET_BYTES = MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -143,7 +143,7 @@ def trace_step(batches: dict) -> dict[int, RankTrace]:
                 start, end = a, z
         if start is None:
             continue
-        out[r] = RankTrace(r, start, end, F.union(comp), bwd, colls)
+        out[r] = RankTrace(r, start, end, figures.union(comp), bwd, colls)
     return out
 
 
@@ -403,9 +403,9 @@ def simulate(tr: dict[int, RankTrace], colls: list[tuple[list[int] | None, int]]
     out = {}
     for r, t in tr.items():
         last = max([t.last_compute] + [e for _, e in spans[r]])
-        mu = F.union(spans[r])
-        comm = F.length(mu)
-        exposed = comm - F.intersection_length(t.compute, mu)
+        mu = figures.union(spans[r])
+        comm = figures.length(mu)
+        exposed = comm - figures.intersection_length(t.compute, mu)
         out[r] = SimRank(last + t.tail - t.start, spans[r], exposed, comm)
     return out
 
@@ -465,7 +465,7 @@ def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int 
     if n < 2:
         comm = exp = 0.0
     return Prediction(basis.strategy, n, cap_mb if cap_mb is not None else basis.cap_mb, bus_gbps,
-                      len(colls), step, comm, exp, F.overlap_pct(comm, exp), nc,
+                      len(colls), step, comm, exp, figures.overlap_pct(comm, exp), nc,
                       100.0 * nc / step if step > 0 else None)
 
 
@@ -491,7 +491,7 @@ def measured(store, strategy: str, cap_mb: float | None = None, since: int = 0,
     med = lambda name: statistics.median(getattr(f, name) for f in use)  # noqa: E731
     comm, exp = med("comm_ms"), med("exposed_ms")
     return {"steps": len(use), "step_ms": med("step_ms"), "comm_ms": comm, "exposed_ms": exp,
-            "overlap_pct": F.overlap_pct(comm, exp), "first_step": use[0].step, "last_step": use[-1].step}
+            "overlap_pct": figures.overlap_pct(comm, exp), "first_step": use[0].step, "last_step": use[-1].step}
 
 
 @dataclass

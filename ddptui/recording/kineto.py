@@ -39,7 +39,7 @@ from typing import Any
 import msgpack
 import msgspec
 
-from ranks import spec, wire
+from ranks import wire
 
 from ranks.recfile import RecordingError
 

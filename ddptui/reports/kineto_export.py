@@ -114,7 +114,7 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
     from ddptui.reports.trace import Scan
 
     scan = Scan()
-    got = load(path, on_frame=scan)
+    got = load(path, store=scan.store, on_frame=scan)
     meta = got.meta
     recorded = [str(s) for s in meta.get("strategies") or []]
     have: dict[str, set] = {}

@@ -8,8 +8,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ddptui.model import figures as F
-from ddptui.model import stragglers as ST
+from ddptui.model import figures
+from ddptui.model import stragglers
 
 
 def _f(v, fmt="{:.2f}", na="—"):
@@ -56,7 +56,7 @@ def straggler_line(r: dict) -> str | None:
     if not st:
         return None
     waits = ", ".join(f"r{k} {v:.1f} ms" for k, v in st["wait_ms_median"].items()) \
-        if len(st["wait_ms_median"]) <= ST.WAITS_LISTED_MAX else ST.wait_spread(st["wait_ms_median"])
+        if len(st["wait_ms_median"]) <= stragglers.WAITS_LISTED_MAX else stragglers.wait_spread(st["wait_ms_median"])
     who = (f"rank {st['last_arriver_rank']} arrived last in {st['last_arriver_pct']:.0f} % of steps"
            if st["last_arriver_rank"] is not None else "nobody arrived last")
     line = f"{r['strategy']}: {who} · wait {waits} (median) · transfer {st['transfer_ms_median']:.1f} ms"
@@ -70,7 +70,7 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
     out = file or sys.stdout
     console = Console(file=file, width=None if out.isatty() else 160)
     console.print(summary_table(rows, title))
-    for line in speedup_lines(F.speedups(rows)):
+    for line in speedup_lines(figures.speedups(rows)):
         console.print(line)
     waits = [x for x in (straggler_line(r) for r in rows) if x]
     if waits:
@@ -83,7 +83,7 @@ def json_doc(rows: list[dict], meta: dict, extra: dict | None = None) -> dict:
     doc = {
         "model": meta.get("model"), "world_size": meta.get("world"), "batch": meta.get("batch"),
         "backend": meta.get("backend"), "device": meta.get("device"), "torch": meta.get("torch"),
-        "strategies": rows, "speedup": F.speedups(rows),
+        "strategies": rows, "speedup": figures.speedups(rows),
         "layers": list(meta.get("layers") or []),  # forward order
     }
     if extra:

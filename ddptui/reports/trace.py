@@ -62,18 +62,37 @@ def _is_layout(layout) -> bool:
 
 
 class Scan:
-    """Pass 1, fed by recording.load(on_frame=...): what the writer needs to know up front."""
+    """Pass 1, fed by recording.load(store=scan.store, on_frame=scan): the Store that load()
+    fills keeps the run (clocks, devices, bucket layouts, events); this keeps what the Store
+    keeps only for its last steps but a trace needs for every step: where its time starts,
+    each rank's lanes, the start of each DDP step, and who was ready last for each collective."""
 
-    def __init__(self):
+    def __init__(self, store=None):
+        from ddptui.model.store import Store
+        self.store = store if store is not None else Store()
         self.origin_ns: int | None = None
-        self.devices: dict[int, str] = {}
         self.lanes: dict[int, set[str]] = {}
-        self.layouts: dict[tuple[int, str], list[tuple[int, dict[int, list]]]] = {}
         self.ddp_base: dict[tuple[int, int], int] = {}  # (rank, step) -> start of a DDP step
-        self.events: set[int] = set()  # ranks with bucket events
-        self.clocks = HostClocks()  # multi-node: every host's times on node 0's axis
         # (strategy, step, idx, n-th time) -> (last ready ns, the rank ready last): who waits
         self.arrivals: dict[tuple, tuple[int, int]] = {}
+        self._layouts: dict[tuple[int, str], list] = {}
+
+    @property
+    def clocks(self):
+        """Every host's times on node 0's axis (multi-node), as the Store maps them."""
+        return self.store.host_clocks
+
+    @property
+    def devices(self) -> dict[int, str]:
+        return {r: str(info.device) for r, info in self.store.rank_snapshot().items()}
+
+    @property
+    def events(self) -> set[int]:
+        """Ranks with bucket events: a bucket layout, or (rank 0) a bucket-cap change."""
+        ranks = {r for (_s, r) in self.store.layouts}
+        if self.store.cap_changes:
+            ranks.add(0)
+        return ranks
 
     def _arrivals(self, f: dict) -> None:
         b = wire.decode_spans(f)
@@ -86,31 +105,25 @@ class Scan:
                 self.arrivals[key] = (ready, b.rank)
 
     def __call__(self, f: dict) -> None:
-        t = f["t"]
-        if t in ("node", "clock"):
-            self.clocks.observe(f)
-        if t == "spans":
-            self._arrivals(f)
-            r, b = f["r"], self.clocks.to_common(f["r"], f["b"])
-            if self.origin_ns is None or b < self.origin_ns:
-                self.origin_ns = b
-            lanes = self.lanes.setdefault(r, set())
-            for k in set(f["kind"]):
-                lanes.add(LANE_OF_KIND[k])
-            if f["s"] == "ddp":
-                self.ddp_base[(r, f["k"])] = b
-        elif t == "hello":
-            self.devices[f["r"]] = str(f.get("device", ""))
-        elif t == "event" and f.get("what") == "bucket_cap_mb":
-            self.events.add(f["r"])
-        elif t == "buckets" and _is_layout(f.get("buckets")):
-            self.events.add(f["r"])
-            key = (f["r"], str(f.get("s", "ddp")))
-            self.layouts.setdefault(key, []).append(
-                (int(f.get("k", 0)), {b[0]: [b[1], b[2]] for b in f["buckets"]}))
+        if f["t"] != "spans":
+            return
+        self._arrivals(f)
+        r, b = f["r"], self.clocks.to_common(f["r"], f["b"])
+        if self.origin_ns is None or b < self.origin_ns:
+            self.origin_ns = b
+        lanes = self.lanes.setdefault(r, set())
+        for k in set(f["kind"]):
+            lanes.add(LANE_OF_KIND[k])
+        if f["s"] == "ddp":
+            self.ddp_base[(r, f["k"])] = b
 
     def layout(self, rank: int, strategy: str, step: int) -> dict[int, list] | None:
-        got = self.layouts.get((rank, strategy))
+        """{bucket: [parameter indices, bytes]} in force on `rank` at `step`, from the Store."""
+        got = self._layouts.get((rank, strategy))
+        if got is None:
+            got = self._layouts[(rank, strategy)] = [
+                (k, {b[0]: [b[1], b[2]] for b in lay})
+                for k, _sizes, lay in self.store.layouts.get((strategy, rank), ())]
         return in_force(got, step, first=True) if got else None
 
 
@@ -295,7 +308,7 @@ class TraceWriter:
 def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
     """Export `path` to `out_path` ('-' = stdout). Raises RecordingError for a bad file."""
     scan = Scan()
-    got = load(path, on_frame=scan)  # pass 1: validates everything, finds origin and layouts
+    got = load(path, store=scan.store, on_frame=scan)  # pass 1: validates everything into the Store
     if got.span_frames == 0:
         raise RecordingError(f"{path}: no spans in this recording; nothing to export")
     r = open_reader(path)

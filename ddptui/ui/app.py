@@ -21,7 +21,7 @@ from ranks import spec
 
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
-from ddptui.model import figures as F
+from ddptui.model import figures
 from .viewmodel import PanelSpec, ViewModel, latest_steps, plan_layout
 from .widgets import (
     GUTTER,
@@ -40,7 +40,7 @@ from .widgets import (
     headline,
     screens,
 )
-from .widgets import theme as T
+from .widgets import theme
 from ddptui.ui.widgets.panel import Frame, Panel
 from .widgets import aggregate, waits
 from ddptui.ui.widgets.waits import WaitsPanel
@@ -129,7 +129,7 @@ class DdpApp(App):
 
     def on_mount(self) -> None:
         self.main = m = self.screen
-        m.styles.background, m.styles.color = T.BG, T.TEXT
+        m.styles.background, m.styles.color = theme.BG, theme.TEXT
         self.grid, self.panel_grid = m.query_one("#panes", Grid), m.query_one("#panels", Grid)
         self.panels: dict[str, Panel] = {name: m.query_one(f"#{name}", cls) for name, cls in PANELS}
         self.headline = m.query_one(Headline)
@@ -223,7 +223,7 @@ class DdpApp(App):
             if panel.display:
                 panel.draw(frame)
         slow = waits.culprit_gist(store, shown)
-        self.headline.show(headline.build(rows, F.speedups(rows), self.size.width, slow))
+        self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow))
         self.title_bar.show([self._title_parts(store, strategies)])
         self.legend.show([self._legend_parts(mpc, self.size.width)])
         self.status_bar.show([self._status_parts(store)])
@@ -297,27 +297,27 @@ class DdpApp(App):
         ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
         bits = [str(m.get("model") or "?"), ranks, device, backend,
                 f"global batch {m.get('batch')}" if m.get("batch") else "", " vs ".join(strategies)]
-        parts = [(" ddptui ", T.style("#000000", T.TEXT, bold=True))]
+        parts = [(" ddptui ", theme.style("#000000", theme.TEXT, bold=True))]
         if self.talk_title:
-            parts.append((f" {self.talk_title} ", T.style(T.WARN, bold=True)))
-        parts.append((" " + " · ".join(b for b in bits if b), T.style(T.TEXT)))
+            parts.append((f" {self.talk_title} ", theme.style(theme.WARN, bold=True)))
+        parts.append((" " + " · ".join(b for b in bits if b), theme.style(theme.TEXT)))
         return parts
 
     # legend entries, most important first: the last ones go when the line is too short
-    LEGEND = (("forward", T.FWD_A), ("backward", T.BWD_A), ("AllReduce", T.COMM_A),
-              ("waits for ranks", T.WAIT), ("last to arrive", T.COMM_LAST), ("queued", T.QUEUED),
-              ("optimizer", T.OPT), ("2+ at once", T.COMM_MULTI))
+    LEGEND = (("forward", theme.FWD_A), ("backward", theme.BWD_A), ("AllReduce", theme.COMM_A),
+              ("waits for ranks", theme.WAIT), ("last to arrive", theme.COMM_LAST), ("queued", theme.QUEUED),
+              ("optimizer", theme.OPT), ("2+ at once", theme.COMM_MULTI))
 
     def _legend_parts(self, mpc: float, width: int = 1000) -> list:
         zoom = self.vm.zoom
         text = f"│ 1 cell = {mpc:.3g} ms · zoom {zoom}×"
         if width >= 160:
             text += " · one scale for all panes"
-        scale = (text, T.style(T.DIM))
+        scale = (text, theme.style(theme.DIM))
         room = width - len(scale[0])
         parts = []
         for name, c in self.LEGEND:
-            entry = [(" ██", T.style(T.LANE_COLOURS[c])), (f" {name} ", T.style(T.TEXT))]
+            entry = [(" ██", theme.style(theme.LANE_COLOURS[c])), (f" {name} ", theme.style(theme.TEXT))]
             n = sum(len(t) for t, _ in entry)
             if n > room:
                 break
@@ -330,35 +330,35 @@ class DdpApp(App):
         dropped = [(r, i.dropped_spans) for r, i in sorted(store.rank_snapshot().items()) if i.dropped_spans]
         if dropped:
             text = ", ".join(f"r{r} {n}" for r, n in dropped)
-            parts.append((f" · dropped spans: {text}", T.style(T.ERROR, bold=True)))
+            parts.append((f" · dropped spans: {text}", theme.style(theme.ERROR, bold=True)))
         if store.rejected:
-            parts.append((f" · rejected frames or connections: {store.rejected}", T.style(T.ERROR, bold=True)))
+            parts.append((f" · rejected frames or connections: {store.rejected}", theme.style(theme.ERROR, bold=True)))
         if not self.panels["waits"].display:  # no room for the panel: its gist here
             gist = waits.compact(store, self.shown_steps())
             if gist:
-                parts.append((f" · {gist}", T.style(T.WARN, bold=True)))
+                parts.append((f" · {gist}", theme.style(theme.WARN, bold=True)))
         return parts
 
     def _live_status(self, store: Store) -> list:
         src = self.source
         latest = max(latest_steps(store), default=None)
         if self._stopping:
-            return [(" ⏹ stopping ranks… ", T.style("#000000", T.WARN, bold=True))]
+            return [(" ⏹ stopping ranks… ", theme.style("#000000", theme.WARN, bold=True))]
         if self.paused:
-            parts = [(" ⏸ PAUSED ", T.style("#000000", T.WARN, bold=True)),
+            parts = [(" ⏸ PAUSED ", theme.style("#000000", theme.WARN, bold=True)),
                      (f" step {self.pinned} · training continues (latest {latest}) · ←/→ step, space resumes",
-                      T.style(T.TEXT))]
+                      theme.style(theme.TEXT))]
         elif src.state == "failed" or self.error:
-            parts = [(" ✗ RUN FAILED ", T.style("#ffffff", T.ERROR, bold=True)),
-                     (" press q to quit", T.style(T.TEXT))]
+            parts = [(" ✗ RUN FAILED ", theme.style("#ffffff", theme.ERROR, bold=True)),
+                     (" press q to quit", theme.style(theme.TEXT))]
         elif src.state == "finished":
-            parts = [(" ■ FINISHED ", T.style("#000000", T.TEXT, bold=True)),
-                     (f" {src.message} · press q to quit", T.style(T.TEXT))]
+            parts = [(" ■ FINISHED ", theme.style("#000000", theme.TEXT, bold=True)),
+                     (f" {src.message} · press q to quit", theme.style(theme.TEXT))]
         else:
-            parts = [(" ● LIVE ", T.style("#000000", T.GOOD, bold=True)),
-                     (f" {src.state} · step {latest if latest is not None else '–'}", T.style(T.TEXT))]
+            parts = [(" ● LIVE ", theme.style("#000000", theme.GOOD, bold=True)),
+                     (f" {src.state} · step {latest if latest is not None else '–'}", theme.style(theme.TEXT))]
         if self.record:
-            parts.append((f" · recording → {self.record}", T.style(T.DIM)))
+            parts.append((f" · recording → {self.record}", theme.style(theme.DIM)))
         return parts
 
     def _replay_status(self) -> list:
@@ -369,12 +369,12 @@ class DdpApp(App):
         text += f" · {src.name}" + (" · loop" if src.loop else "")
         if self._busy:
             text += " · seeking…"
-        parts = [(badge, T.style("#000000", T.GOOD if src.playing else T.WARN, bold=True)),
-                 (text, T.style(T.TEXT))]
+        parts = [(badge, theme.style("#000000", theme.GOOD if src.playing else theme.WARN, bold=True)),
+                 (text, theme.style(theme.TEXT))]
         if src.skipped:
-            parts.append((f" · {src.skipped} invalid frames skipped", T.style(T.ERROR, bold=True)))
+            parts.append((f" · {src.skipped} invalid frames skipped", theme.style(theme.ERROR, bold=True)))
         if src.message:
-            parts.append((f" · {src.message}", T.style(T.WARN)))
+            parts.append((f" · {src.message}", theme.style(theme.WARN)))
         return parts
 
     def _draw_banner(self) -> None:

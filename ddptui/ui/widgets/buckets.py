@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ddptui.model.store import Store
 from ddptui.model.views import StepView
-from . import theme as T
+from . import theme
 from .panel import Frame, Panel
 from .text import Parts
 
@@ -33,26 +33,26 @@ def bucket_rows(store: Store, view: StepView, layout: list) -> list[tuple[int, l
 
 def build(store: Store, view: StepView | None, rows: int) -> list[Parts]:
     if view is None:
-        return [[("DDP buckets: waiting for a DDP step…", T.style(T.DIM))]]
+        return [[("DDP buckets: waiting for a DDP step…", theme.style(theme.DIM))]]
     layout = store.bucket_layout("ddp", view.step) or []
     params = store.meta.get("params") or []
     param_layer = [int(p[2]) if len(p) > 2 else 0 for p in params]
     names = list(store.meta.get("layers") or [])
     cap = f" · cap {view.bucket_cap_mb:g} MB" if view.bucket_cap_mb is not None else ""
     lines: list[Parts] = [
-        [(f"DDP buckets · step {view.step}{cap}", T.style(T.TEXT, bold=True)),
-         (" · in the order DDP reduces them", T.style(T.DIM))],
-        [(f"{'bucket':<8}{'layers':<14}{'MB':>8}{'time ms':>10}{'overlap':>9}", T.style(T.DIM, bold=True))]]
+        [(f"DDP buckets · step {view.step}{cap}", theme.style(theme.TEXT, bold=True)),
+         (" · in the order DDP reduces them", theme.style(theme.DIM))],
+        [(f"{'bucket':<8}{'layers':<14}{'MB':>8}{'time ms':>10}{'overlap':>9}", theme.style(theme.DIM, bold=True))]]
     got = bucket_rows(store, view, layout)
     room = max(0, rows - 2)
     show = got if len(got) <= room else got[:max(0, room - 1)]
     for b, ps, mb, t, ov in show:
-        lines.append([(f"b{b:<7}", T.style(T.LANE_COLOURS[T.COMM_A + (b & 1)], bold=True)),
+        lines.append([(f"b{b:<7}", theme.style(theme.LANE_COLOURS[theme.COMM_A + (b & 1)], bold=True)),
                       (f"{layer_text(ps, param_layer, names)[:13]:<14}{mb:>8.2f}"
                        f"{'–' if t is None else f'{t:.2f}':>10}{'–' if ov is None else f'{ov:.0f}%':>9}",
-                       T.style(T.TEXT))])
+                       theme.style(theme.TEXT))])
     if len(show) < len(got):
-        lines.append([(f"… {len(got) - len(show)} more buckets", T.style(T.WARN))])
+        lines.append([(f"… {len(got) - len(show)} more buckets", theme.style(theme.WARN))])
     return lines
 
 

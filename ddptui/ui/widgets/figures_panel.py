@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from ddptui.model import figures as F
+from ddptui.model import figures
 from ddptui.model.store import Store
-from . import theme as T
+from . import theme
 from .panel import Frame, Panel
 from .text import Parts
 
@@ -29,7 +29,7 @@ COLUMNS = (("strategy", 12, "<", "strategy"), ("step ms", 9, ">", "this"), ("med
 DROP_ORDER = ("samples", "exposed", "median", "gpu_pct", "overlap")  # dropped first when narrow
 
 
-def recent(store: Store, strategy: str, upto: int | None, n: int = WINDOW) -> list[F.StepFigures]:
+def recent(store: Store, strategy: str, upto: int | None, n: int = WINDOW) -> list[figures.StepFigures]:
     """Up to n complete steps <= upto, oldest first. DDP: only since the last cap change."""
     since = store.cap_changed_at(upto) if strategy == "ddp" else 0
     return store.recent_figures(strategy, upto, n, since)
@@ -55,21 +55,21 @@ def gpu_pct_by_strategy(store: Store) -> dict[str, float]:
             vals = [g.get("sm_active") if g.get("sm_active") is not None else g.get("util") for g in gpus]
             vals = [v for v in vals if v is not None]
             if vals:
-                got.append(F.mean(vals))
+                got.append(figures.mean(vals))
         if got:
-            out[strategy] = F.mean(got)
+            out[strategy] = figures.mean(got)
     return out
 
 
 def compare_rows(store: Store, shown: dict[str, int | None]) -> list[dict]:
-    """Per strategy: the summary of its recent steps (F.summarize) plus this step, shares of
+    """Per strategy: the summary of its recent steps (figures.summarize) plus this step, shares of
     the step, GPU % and the recent step times."""
     batch, world = int(store.meta.get("batch") or 0), store.world
     gpu = gpu_pct_by_strategy(store)
     rows = []
     for s in store.strategies():
         win = recent(store, s, shown.get(s))
-        row = F.summarize(s, win, batch, world, skip_warmup=True)
+        row = figures.summarize(s, win, batch, world, skip_warmup=True)
         step = row.get("step_ms_median")
         share = (lambda v: None if v is None or not step else 100.0 * v / step)  # noqa: E731
         row.update(this=win[-1].step_ms if win else None, comm_pct=share(row.get("comm_ms")),
@@ -111,18 +111,18 @@ def build(store: Store, shown: dict[str, int | None], width: int = 120, rows: li
     head = "".join(f"{name:{al}{w}}" for name, w, al, _ in cols)
     if spark_w >= 8:
         head += f"  step time, last {spark_w}"
-    lines: list[Parts] = [[(head, T.style(T.DIM, bold=True))]]
+    lines: list[Parts] = [[(head, theme.style(theme.DIM, bold=True))]]
     top = max((max(r["history"]) for r in rows if r.get("history")), default=0.0)
     for row in rows:
         s = row["strategy"]
         cells = [_cell(row, key) for *_, key in cols]
-        line = [(f"{cells[0]:<12}", T.style(T.strategy_colour(s), bold=True)),
-                ("".join(f"{c:{al}{w}}" for c, (_, w, al, _) in zip(cells[1:], cols[1:])), T.style(T.TEXT))]
+        line = [(f"{cells[0]:<12}", theme.style(theme.strategy_colour(s), bold=True)),
+                ("".join(f"{c:{al}{w}}" for c, (_, w, al, _) in zip(cells[1:], cols[1:])), theme.style(theme.TEXT))]
         if spark_w >= 8:
-            line.append(("  " + T.spark(row.get("history") or [], 0.0, top or 1.0, width=spark_w),
-                         T.style(T.strategy_colour(s))))
+            line.append(("  " + theme.spark(row.get("history") or [], 0.0, top or 1.0, width=spark_w),
+                         theme.style(theme.strategy_colour(s))))
         lines.append(line)
-    lines.append(_notes_line(F.speedups(rows), width))
+    lines.append(_notes_line(figures.speedups(rows), width))
     return lines
 
 
@@ -135,8 +135,8 @@ def _notes_line(sp: dict, width: int) -> Parts:
     text = next((n for n in notes if len(n) + (len(vs) + 3 if vs else 0) <= width), notes[-1])
     parts: Parts = []
     if vs:
-        parts.append((vs + " · ", T.style(T.TEXT)))
-    parts.append((text, T.style(T.DIM)))
+        parts.append((vs + " · ", theme.style(theme.TEXT)))
+    parts.append((text, theme.style(theme.DIM)))
     return parts
 
 

@@ -5,7 +5,7 @@ Only draws what the sampler put in the store: a None is N/A, never an error.
 from __future__ import annotations
 
 from ddptui.model.store import Store
-from . import theme as T
+from . import theme
 from .panel import Frame, Panel
 from .text import Parts
 
@@ -31,9 +31,9 @@ def gpu_lines(samples: list[dict], width: int, rows: int, ranks_of: dict | None 
     residual the ranks reported (how far a span's time may be off, beyond the timer's own)."""
     latest = samples[-1].get("gpus") or []
     names = sorted({str(g.get("name", "")) for g in latest})
-    title = [(f"GPU · NVML · {', '.join(names)}", T.style(T.TEXT, bold=True))]
+    title = [(f"GPU · NVML · {', '.join(names)}", theme.style(theme.TEXT, bold=True))]
     if clock_res_ns is not None:
-        title.append((f" · clock residual {abs(clock_res_ns) / 1000:.1f} µs", T.style(T.DIM)))
+        title.append((f" · clock residual {abs(clock_res_ns) / 1000:.1f} µs", theme.style(theme.DIM)))
     lines: list[Parts] = [title]
     ranks_of = ranks_of or {}
     per_gpu = 2 if rows - 1 >= 2 * len(latest) else 1
@@ -41,41 +41,41 @@ def gpu_lines(samples: list[dict], width: int, rows: int, ranks_of: dict | None 
     for g in latest:
         i = g.get("index")
         hist = [next((x for x in s.get("gpus") or [] if x.get("index") == i), {}) for s in samples[-hist_w:]]
-        util_h = T.spark([h.get("util") for h in hist], width=hist_w)
-        mem_h = T.spark([_mem_pct(h) for h in hist], width=hist_w)
+        util_h = theme.spark([h.get("util") for h in hist], width=hist_w)
+        mem_h = theme.spark([_mem_pct(h) for h in hist], width=hist_w)
         used, total = g.get("mem_used_mb"), g.get("mem_total_mb")
         mem = (f"{_num(None if used is None else used / 1024, '.1f')}/"
                f"{_num(None if total is None else total / 1024, '.0f')} GB")
         on = ranks_of.get(g.get("uuid"))
-        first = [(f"GPU{i} ", T.style(T.TEXT, bold=True)),
-                 *([(f"r{','.join(map(str, on))} ", T.style(T.DIM))] if on else []), ("util ", T.style(T.DIM)),
-                 (f"{_num(g.get('util'), '>3.0f', '%'):>4} ", T.style(T.TEXT, bold=True)),
-                 (f"{util_h:<{hist_w}}", T.style(T.GOOD)), (" mem ", T.style(T.DIM)),
-                 (f"{mem:>13} ", T.style(T.TEXT)), (f"{mem_h:<{hist_w}}", T.style("#5aa9ff"))]
-        second = [("     ", T.style()), (f"{_num(g.get('power_w'), '.0f', ' W')}  ", T.style(T.TEXT)),
-                  *([(f"SM active {g['sm_active']:.0f}%  ", T.style(T.TEXT))]
+        first = [(f"GPU{i} ", theme.style(theme.TEXT, bold=True)),
+                 *([(f"r{','.join(map(str, on))} ", theme.style(theme.DIM))] if on else []), ("util ", theme.style(theme.DIM)),
+                 (f"{_num(g.get('util'), '>3.0f', '%'):>4} ", theme.style(theme.TEXT, bold=True)),
+                 (f"{util_h:<{hist_w}}", theme.style(theme.GOOD)), (" mem ", theme.style(theme.DIM)),
+                 (f"{mem:>13} ", theme.style(theme.TEXT)), (f"{mem_h:<{hist_w}}", theme.style("#5aa9ff"))]
+        second = [("     ", theme.style()), (f"{_num(g.get('power_w'), '.0f', ' W')}  ", theme.style(theme.TEXT)),
+                  *([(f"SM active {g['sm_active']:.0f}%  ", theme.style(theme.TEXT))]
                     if g.get("sm_active") is not None else []),
-                  (f"SM {_num(g.get('sm_clock_mhz'), '.0f', ' MHz')}  ", T.style(T.TEXT)),
-                  (f"PCIe ↑{_rate(g.get('pcie_tx_mbs'))} ↓{_rate(g.get('pcie_rx_mbs'))}  ", T.style(T.TEXT)),
-                  (f"NVLink ↑{_rate(g.get('nvlink_tx_mbs'))} ↓{_rate(g.get('nvlink_rx_mbs'))}", T.style(T.TEXT))]
+                  (f"SM {_num(g.get('sm_clock_mhz'), '.0f', ' MHz')}  ", theme.style(theme.TEXT)),
+                  (f"PCIe ↑{_rate(g.get('pcie_tx_mbs'))} ↓{_rate(g.get('pcie_rx_mbs'))}  ", theme.style(theme.TEXT)),
+                  (f"NVLink ↑{_rate(g.get('nvlink_tx_mbs'))} ↓{_rate(g.get('nvlink_rx_mbs'))}", theme.style(theme.TEXT))]
         if per_gpu == 2:
             lines += [first, second]
         else:
-            lines.append(first + [("  ", T.style())] + second[1:3])
+            lines.append(first + [("  ", theme.style())] + second[1:3])
     return lines
 
 
 def cpu_lines(samples: list[dict], width: int) -> list[Parts]:
-    lines: list[Parts] = [[("no NVML (no GPU): CPU use per rank (psutil)", T.style(T.WARN, bold=True))]]
+    lines: list[Parts] = [[("no NVML (no GPU): CPU use per rank (psutil)", theme.style(theme.WARN, bold=True))]]
     latest = samples[-1].get("ranks") or {}
     hist_w = max(4, min(60, width - 22))
     for r in sorted(latest, key=int):
         hist = [s.get("ranks", {}).get(r) for s in samples[-hist_w:]]
-        lines.append([(f"rank {r:<3}", T.style(T.TEXT, bold=True)), (" CPU ", T.style(T.DIM)),
-                      (f"{_num(latest[r], '>4.0f', '%'):>5} ", T.style(T.TEXT, bold=True)),
-                      (T.spark(hist), T.style(T.GOOD))])
+        lines.append([(f"rank {r:<3}", theme.style(theme.TEXT, bold=True)), (" CPU ", theme.style(theme.DIM)),
+                      (f"{_num(latest[r], '>4.0f', '%'):>5} ", theme.style(theme.TEXT, bold=True)),
+                      (theme.spark(hist), theme.style(theme.GOOD))])
     if not latest:
-        lines.append([("waiting for the ranks' processes…", T.style(T.DIM))])
+        lines.append([("waiting for the ranks' processes…", theme.style(theme.DIM))])
     return lines
 
 
@@ -101,7 +101,7 @@ def build(store: Store, width: int, rows: int) -> list[Parts]:
         return gpu_lines(gpu, width, rows, ranks_of, max(res, key=abs) if res else None)
     if cpu:
         return cpu_lines(cpu, width)
-    return [[("GPU / CPU: waiting for samples…", T.style(T.DIM))]]
+    return [[("GPU / CPU: waiting for samples…", theme.style(theme.DIM))]]
 
 
 class GpuPanel(Panel):

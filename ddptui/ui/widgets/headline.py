@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 
-from . import theme as T
+from . import theme
 from .text import Parts, PartsView
 
 SAME = 0.005  # within this of 1.0: "about the same"
@@ -72,14 +72,14 @@ def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "") -> tuple[
     return text[:max(0, width - 1)] + "…" if width > 0 else "", verdict
 
 
-COLOUR = {"good": T.GOOD, "bad": T.ERROR, "same": T.WARN, "none": T.DIM}
+COLOUR = {"good": theme.GOOD, "bad": theme.ERROR, "same": theme.WARN, "none": theme.DIM}
 
 
 def build(rows: list[dict], sp: dict, width: int, slow: str = "") -> list[Parts]:
     overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
     text, verdict = headline(sp, overlap, max(0, width - 2), slow)
-    return [[(" " + text + " ", T.style("#000000" if verdict != "none" else T.TEXT,
-                                        COLOUR[verdict] if verdict != "none" else T.BG, bold=True))]]
+    return [[(" " + text + " ", theme.style("#000000" if verdict != "none" else theme.TEXT,
+                                        COLOUR[verdict] if verdict != "none" else theme.BG, bold=True))]]
 
 
 class Headline(PartsView):

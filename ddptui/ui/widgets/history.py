@@ -2,9 +2,9 @@
 as eighth-block column charts (one band per strategy; bands grow with the panel's height)."""
 from __future__ import annotations
 
-from ddptui.model import figures as F
+from ddptui.model import figures
 from ddptui.model.store import Store
-from . import theme as T
+from . import theme
 from .figures_panel import recent
 from .panel import Frame, Panel
 from .text import Parts
@@ -14,12 +14,12 @@ LABEL = 8  # strategy label
 VALUE = 7  # last value
 
 
-def _value(f: F.StepFigures, metric: str) -> float | None:
+def _value(f: figures.StepFigures, metric: str) -> float | None:
     if metric == "step time":
         return f.step_ms
     if metric == "exposed comm":
         return f.exposed_ms
-    return F.overlap_pct(f.comm_ms, f.exposed_ms)
+    return figures.overlap_pct(f.comm_ms, f.exposed_ms)
 
 
 def column_chart(values: list, width: int, rows: int, hi: float) -> list[str]:
@@ -42,7 +42,7 @@ def column_chart(values: list, width: int, rows: int, hi: float) -> list[str]:
             elif e >= (r + 1) * 8:
                 line.append("█")
             elif e > r * 8:
-                line.append(T.SPARK[e - r * 8])
+                line.append(theme.SPARK[e - r * 8])
             else:
                 line.append(" ")
         out.append("".join(line))
@@ -67,17 +67,17 @@ def build(store: Store, shown: dict[str, int | None], width: int, rows: int) -> 
         for more in (f" · last {chart_w} steps", f" · top {top:.3g}" if unit == "ms" else ""):
             if len(title + more) <= block:
                 title += more
-        head.append((f"{title[:block]:<{block}}" + " " * gap, T.style(T.TEXT, bold=True)))
+        head.append((f"{title[:block]:<{block}}" + " " * gap, theme.style(theme.TEXT, bold=True)))
         body: list[Parts] = []
         for s in strategies:
-            colour = T.strategy_colour(s)
+            colour = theme.strategy_colour(s)
             last = next((v for v in reversed(vals[s]) if v is not None), None)
             shown_v = "–" if last is None else f"{last:.0f}%" if unit == "%" else f"{last:.1f}"
             for i, line in enumerate(column_chart(vals[s], chart_w, band, top or 1.0)):
                 label = s[:LABEL - 1] if i == band - 1 else ""
                 val = shown_v if i == band - 1 else ""
-                body.append([(f"{label:<{LABEL}}", T.style(colour, bold=True)), (line, T.style(colour, T.TRACK)),
-                             (f"{val:>{VALUE}}", T.style(T.TEXT)), (" " * gap, T.style())])
+                body.append([(f"{label:<{LABEL}}", theme.style(colour, bold=True)), (line, theme.style(colour, theme.TRACK)),
+                             (f"{val:>{VALUE}}", theme.style(theme.TEXT)), (" " * gap, theme.style())])
         bodies.append(body)
     lines = [head]
     for i in range(len(bodies[0])):

@@ -6,7 +6,7 @@ Shown only when ranks run on two or more hosts."""
 from __future__ import annotations
 
 from ddptui.model.store import Store
-from . import theme as T
+from . import theme
 from .panel import Frame, Panel
 from .text import Parts
 
@@ -34,9 +34,9 @@ def _figures(h: dict, short: bool) -> str:
 def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
     got = host_rows(store, shown)
     strategy = got[0]["strategy"] if got else None
-    lines: list[Parts] = [[("Hosts", T.style(T.TEXT, bold=True)),
+    lines: list[Parts] = [[("Hosts", theme.style(theme.TEXT, bold=True)),
                            (f" · clocks on node 0's axis · medians of the last {RECENT} {strategy or ''} steps",
-                            T.style(T.DIM))]]
+                            theme.style(theme.DIM))]]
     got = got[:max(0, rows - 1)]
     # columns as wide as their longest entry (host names cut at 12), so a row fits its panel
     host_w = max((len(h["host"][:12]) for h in got), default=0) + 1
@@ -46,10 +46,10 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
     long = max((len(_figures(h, False)) for h in got), default=0)
     short = node_w + host_w + ranks_w + clock_w + long > width
     for h in got:
-        lines.append([(f"{'node ' + str(h['node']):<{node_w}}", T.style(T.TEXT, bold=True)),
-                      (f"{h['host'][:12]:<{host_w}}{span_text(h['ranks']):<{ranks_w}}", T.style(T.TEXT)),
-                      (f"{_clock(h):<{clock_w}}", T.style(T.DIM)),
-                      (_figures(h, short), T.style(T.TEXT))])
+        lines.append([(f"{'node ' + str(h['node']):<{node_w}}", theme.style(theme.TEXT, bold=True)),
+                      (f"{h['host'][:12]:<{host_w}}{span_text(h['ranks']):<{ranks_w}}", theme.style(theme.TEXT)),
+                      (f"{_clock(h):<{clock_w}}", theme.style(theme.DIM)),
+                      (_figures(h, short), theme.style(theme.TEXT))])
     return lines
 
 

@@ -13,7 +13,7 @@ from rich.segment import Segment
 
 from ranks.wire import BWD, COMM, FWD, OPT
 
-from . import theme as T
+from . import theme
 
 Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
 
@@ -24,11 +24,11 @@ def compute_bars(spans, layer_names: list[str]) -> list[Bar]:
     for s in spans:
         k = s.kind
         if k == FWD or k == BWD:
-            base = T.FWD_A if k == FWD else T.BWD_A
+            base = theme.FWD_A if k == FWD else theme.BWD_A
             name = layer_names[s.idx] if s.idx < len(layer_names) else f"L{s.idx}"
             out.append((s.start_ms, s.end_ms, base + (s.idx & 1), name))
         elif k == OPT:
-            out.append((s.start_ms, s.end_ms, T.OPT, "opt"))
+            out.append((s.start_ms, s.end_ms, theme.OPT, "opt"))
     return out
 
 
@@ -79,24 +79,24 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
         return comm_bars(spans, label, r_show, need)
     last = rows - 1
     mine = [(i, s) for i, (s, r) in enumerate(zip(comms, sub)) if min(r, last) == row]
-    out: list[Bar] = [(s.issued_ms, s.start_ms, T.QUEUED, "") for _, s in mine
+    out: list[Bar] = [(s.issued_ms, s.start_ms, theme.QUEUED, "") for _, s in mine
                       if s.issued_ms is not None and s.issued_ms < s.start_ms]
     for i, s in mine:
-        colour = T.COMM_LAST if s.last else T.COMM_A + (i & 1)
+        colour = theme.COMM_LAST if s.last else theme.COMM_A + (i & 1)
         begin = s.start_ms
         if s.others_ms is not None and s.others_ms > begin and not s.last:
             # ready here, but the last rank is not: waiting, then the transfer itself
             begin = min(s.others_ms, s.end_ms)
-            out.append((s.start_ms, begin, T.WAIT, ""))
+            out.append((s.start_ms, begin, theme.WAIT, ""))
         out.append((begin, s.end_ms, colour, label_of(s.idx)))
     if row == last and (sub and max(sub) > last):
-        out += [(a, z, T.COMM_MULTI, "") for a, z in overlaps([s for _, s in mine])]
+        out += [(a, z, theme.COMM_MULTI, "") for a, z in overlaps([s for _, s in mine])]
     return out
 
 
-_FILL = [bytes((c,)) for c in range(len(T.LANE_COLOURS))]
-_BLOCK = [("█" if c else " ") for c in range(len(T.LANE_COLOURS))]
-_FULL = [T.full_style(c) for c in range(len(T.LANE_COLOURS))]
+_FILL = [bytes((c,)) for c in range(len(theme.LANE_COLOURS))]
+_BLOCK = [("█" if c else " ") for c in range(len(theme.LANE_COLOURS))]
+_FULL = [theme.full_style(c) for c in range(len(theme.LANE_COLOURS))]
 
 
 def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, set[int], list]:
@@ -150,7 +150,7 @@ def _mixed(chunk: bytes) -> Segment:
         j += 1
     rest = chunk[j:]
     right = max(set(rest), key=rest.count)
-    return Segment(T.LEFT_EIGHTHS[j], T.mixed_style(left, right))
+    return Segment(theme.LEFT_EIGHTHS[j], theme.mixed_style(left, right))
 
 
 def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool = True) -> list[Segment]:
@@ -182,7 +182,7 @@ def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool 
                     continue
         lab = lab_get(c)
         if lab is not None:
-            append(Segment(lab[0], T.label_style(lab[1])))
+            append(Segment(lab[0], theme.label_style(lab[1])))
             continue
         colour = sub[c * 8]
         append(Segment(block[colour] * (e - c), full[colour]))

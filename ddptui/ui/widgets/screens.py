@@ -11,20 +11,20 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static
 
 from ddptui.model.store import Store
-from . import theme as T
+from . import theme
 from .text import Parts, PartsView
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 DONE, WAIT, FAIL, TODO = "✓", "…", "✗", "·"
-MARK_STYLE = {DONE: T.GOOD, FAIL: T.ERROR, TODO: T.DIM}
+MARK_STYLE = {DONE: theme.GOOD, FAIL: theme.ERROR, TODO: theme.DIM}
 PAST_RENDEZVOUS = ("building", "training", "done")
 
 
 def _item(mark: str, text: str, spin: str) -> Parts:
     shown = spin if mark == WAIT else mark
-    colour = MARK_STYLE.get(mark, T.WARN)
-    return [(f" {shown} ", T.style(colour, bold=True)),
-            (text, T.style(T.ERROR if mark == FAIL else T.TEXT, bold=mark == FAIL))]
+    colour = MARK_STYLE.get(mark, theme.WARN)
+    return [(f" {shown} ", theme.style(colour, bold=True)),
+            (text, theme.style(theme.ERROR if mark == FAIL else theme.TEXT, bold=mark == FAIL))]
 
 
 def startup_lines(store: Store, state: str, message: str, first_step_s: float | None,
@@ -37,7 +37,7 @@ def startup_lines(store: Store, state: str, message: str, first_step_s: float | 
     meta = store.meta
     lines: list[Parts] = [
         [(f" starting {meta.get('model', '?')} on {world} rank(s) · {meta.get('note') or ''}",
-          T.style(T.TEXT, bold=True)), (f"   {elapsed:4.1f} s", T.style(T.DIM))], []]
+          theme.style(theme.TEXT, bold=True)), (f"   {elapsed:4.1f} s", theme.style(theme.DIM))], []]
     spawned = state not in ("created", "starting")
     lines.append(_item(DONE if spawned else WAIT, f"spawning torchrun ({world} rank(s))", spin))
     for r in range(world):
@@ -56,13 +56,13 @@ def startup_lines(store: Store, state: str, message: str, first_step_s: float | 
     took = f" after {first_step_s:.1f} s" if first_step_s is not None else ""
     lines.append(_item(first, f"first step done{took}", spin))
     if state == "failed":
-        lines += [[], [(" ✗ start-up failed ", T.style("#000000", T.ERROR, bold=True))]]
-        lines += [[(f" {part}", T.style(T.ERROR, bold=True))]
+        lines += [[], [(" ✗ start-up failed ", theme.style("#000000", theme.ERROR, bold=True))]]
+        lines += [[(f" {part}", theme.style(theme.ERROR, bold=True))]
                   for part in textwrap.wrap(message or "?", max(20, width - 2))]
-        lines.append([(" press q to quit", T.style(T.TEXT))])
-    lines += [[], [(" log", T.style(T.DIM, bold=True))]]
-    colour = {"error": T.ERROR, "warn": T.WARN}
-    lines += [[(f"   {text}", T.style(colour.get(level, T.DIM)))] for _, level, text in log]
+        lines.append([(" press q to quit", theme.style(theme.TEXT))])
+    lines += [[], [(" log", theme.style(theme.DIM, bold=True))]]
+    colour = {"error": theme.ERROR, "warn": theme.WARN}
+    lines += [[(f"   {text}", theme.style(colour.get(level, theme.DIM)))] for _, level, text in log]
     return lines
 
 
@@ -80,7 +80,7 @@ class StartupScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#startup-title", PartsView).show(
-            [[(" ddptui ", T.style("#000000", T.TEXT, bold=True)), (" start-up", T.style(T.TEXT, bold=True))]])
+            [[(" ddptui ", theme.style("#000000", theme.TEXT, bold=True)), (" start-up", theme.style(theme.TEXT, bold=True))]])
 
     def show(self, lines: list[Parts]) -> None:
         self.query_one("#startup-body", PartsView).show(lines)

@@ -13,7 +13,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from ddptui.model.views import StepView
-from . import theme as T
+from . import theme
 from ddptui.ui import layout
 from ddptui.ui.layout import fit_ranks, nice_ceil
 from .lanes import comm_bars, compute_bars, lane_segments
@@ -126,12 +126,12 @@ class TimelinePane(Widget):
                 return self._compact_header(self.fit()[1], width)
             return self._strip(self._header(), width)
         if v is None:
-            text = [("waiting for the first complete step…", T.style(T.DIM))] if y == 1 else []
+            text = [("waiting for the first complete step…", theme.style(theme.DIM))] if y == 1 else []
             return self._strip(text, width)
         shown, hidden, lane_h, gap, top = self.fit()
         if y == 1 and top == 2:
             if not shown and hidden:  # no room for a single rank: say so where the axis goes
-                return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
+                return self._strip([(hidden_note(hidden), theme.style(theme.WARN, bold=True))], width)
             return self._axis(width)
         block = 2 * lane_h + gap
         i, r = divmod(y - top, block)
@@ -139,17 +139,17 @@ class TimelinePane(Widget):
             lane, row = divmod(r, lane_h)
             return self._lane(shown[i], lane, width, row, lane_h)
         if hidden and shown and top == 2 and y == top + block * len(shown):
-            return self._strip([(hidden_note(hidden), T.style(T.WARN, bold=True))], width)
-        return Strip.blank(width, T.style())
+            return self._strip([(hidden_note(hidden), theme.style(theme.WARN, bold=True))], width)
+        return Strip.blank(width, theme.style())
 
     def _strip(self, parts: list[tuple[str, object]], width: int) -> Strip:
         segs = [Segment(t, s) for t, s in parts]
-        return Strip(segs).adjust_cell_length(width, T.style())
+        return Strip(segs).adjust_cell_length(width, theme.style())
 
     def _header(self) -> list[tuple[str, object]]:
         st, v = self.state, self.state.view
-        colour = T.strategy_colour(self.strategy)
-        out = [(f" {self.strategy.upper()} ", T.style("#000000", colour, bold=True))]
+        colour = theme.strategy_colour(self.strategy)
+        out = [(f" {self.strategy.upper()} ", theme.style("#000000", colour, bold=True))]
         if v is None:
             return out
         figs = [f for f in v.figures.values() if f is not None]
@@ -159,27 +159,27 @@ class TimelinePane(Widget):
         for m in v.marks:  # a bucket cap or a straggler took effect at this step
             tag = ("NEW CAP" if m.startswith("bucket") else "STRAGGLER OFF" if m == "straggler off"
                    else "STRAGGLER ON")
-            out.append((f" ⚑ {tag} ", T.style("#000000", T.WARN, bold=True)))
+            out.append((f" ⚑ {tag} ", theme.style("#000000", theme.WARN, bold=True)))
         text = f" step {v.step} · {step_ms:.1f} ms"
         if self.strategy == "ddp":
             text += self._buckets(v)
-        out.append((text, T.style(T.TEXT, bold=True)))
+        out.append((text, theme.style(theme.TEXT, bold=True)))
         if st.cap_note:
-            out.append((f" {st.cap_note}", T.style(T.WARN, bold=True)))
-        out.append((f" · {calls} AllReduce · exposed {exposed:.1f} ms", T.style(T.TEXT, bold=True)))
+            out.append((f" {st.cap_note}", theme.style(theme.WARN, bold=True)))
+        out.append((f" · {calls} AllReduce · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
         if st.labels:  # aggregated lanes (widgets/aggregate.py)
-            out.append((f" · {len(v.figures)} ranks in bands", T.style(T.DIM)))
+            out.append((f" · {len(v.figures)} ranks in bands", theme.style(theme.DIM)))
         return out
 
     def _compact_header(self, hidden: list[int], width: int) -> Strip:
         """The header with, at its right end, what the compact layout leaves out."""
         note = f" ⚠ {hidden_who(hidden)} hidden · no axis " if hidden else " no axis "
-        style = T.style("#000000", T.WARN, bold=True) if hidden else T.style(T.DIM)
+        style = theme.style("#000000", theme.WARN, bold=True) if hidden else theme.style(theme.DIM)
         room = max(0, width - len(note))
         parts = self._header()
         while len(parts) > 1 and sum(len(t) for t, _ in parts) > room:
             parts.pop()  # whole parts go, from the right: no number is cut in half
-        head = self._strip(parts, width).crop(0, room).adjust_cell_length(room, T.style())
+        head = self._strip(parts, width).crop(0, room).adjust_cell_length(room, theme.style())
         return Strip([*head, Segment(note, style)]).crop(0, width)
 
     def _buckets(self, v: StepView) -> str:
@@ -195,7 +195,7 @@ class TimelinePane(Widget):
     def _axis(self, width: int) -> Strip:
         lane_w = width - GUTTER
         mpc = self.state.ms_per_cell
-        segs = [Segment("      ms ", T.style(T.DIM))]
+        segs = [Segment("      ms ", theme.style(theme.DIM))]
         if lane_w <= 0:
             return Strip(segs).adjust_cell_length(width)
         tick = nice_ceil(mpc * 9)
@@ -213,7 +213,7 @@ class TimelinePane(Widget):
                 last_end = x + len(label)
             t += tick
         pos = 0
-        dim, bright = T.style(T.DIM), T.style(T.TEXT, bold=True)
+        dim, bright = theme.style(theme.DIM), theme.style(theme.TEXT, bold=True)
         for x, label in marks:
             if x > pos:
                 segs.append(Segment("".join(cells[pos:x]), dim))
@@ -236,14 +236,14 @@ class TimelinePane(Widget):
         spans = v.spans.get(rank, [])
         first = row == 0
         if lane == 0:
-            gutter = Segment(f"r{rank:<3}comp " if first else " " * GUTTER, T.style(T.TEXT, bold=True))
+            gutter = Segment(f"r{rank:<3}comp " if first else " " * GUTTER, theme.style(theme.TEXT, bold=True))
             bars = compute_bars(spans, self.layer_names)
             labels = first
         else:
             # concurrent AllReduces get the lane's rows (each row labels its own bars)
             # multi-node: the comm row names the rank's host (node) under its rank label
             label = f"n{self._node[rank]:<2} comm " if self.state.nodes and rank in self._node else "    comm "
-            gutter = Segment(label[:GUTTER] if first else " " * GUTTER, T.style(T.DIM))
+            gutter = Segment(label[:GUTTER] if first else " " * GUTTER, theme.style(theme.DIM))
             bars = comm_bars(spans, self._comm_label, row, rows)
             labels = True
         named = self.state.labels.get(rank) if self.state.labels and first else None

@@ -3,16 +3,16 @@ late; per rank, its wait (for the others) against the transfer itself over the l
 One summary line when that is all the room there is."""
 from __future__ import annotations
 
-from ddptui.model import stragglers as ST
+from ddptui.model import stragglers
 from ddptui.model.store import Store
-from . import theme as T
+from . import theme
 from .panel import Frame, Panel
 from .text import Parts
 
 RECENT = 20  # steps the medians and bars are over (a live talk: a change shows within seconds)
 
 
-def _recent(store: Store, strategy: str, upto: int | None) -> list[ST.StepWaits]:
+def _recent(store: Store, strategy: str, upto: int | None) -> list[stragglers.StepWaits]:
     return store.recent_waits(strategy, upto, RECENT)
 
 
@@ -20,14 +20,14 @@ _SUMMARIES: dict = {}  # (store, strategy) -> (the steps summarised, the summary
 
 
 def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
-    """ST.summarize of a strategy's last RECENT steps, kept while they are the same steps
+    """stragglers.summarize of a strategy's last RECENT steps, kept while they are the same steps
     (the panel, the status bar, the headline and the lanes ask for it every frame)."""
     steps = _recent(store, strategy, upto)
     key = (id(store), strategy)
     got = _SUMMARIES.get(key)
     if got is not None and len(got[0]) == len(steps) and all(a is b for a, b in zip(got[0], steps)):
         return got[1]
-    out = ST.summarize(steps, list(store.meta.get("layers") or []))
+    out = stragglers.summarize(steps, list(store.meta.get("layers") or []))
     if len(_SUMMARIES) >= 16:
         _SUMMARIES.pop(next(iter(_SUMMARIES)))
     _SUMMARIES[key] = (steps, out)
@@ -40,18 +40,18 @@ def _strategies(store: Store) -> list[str]:
 
 def summary_line(store: Store, shown: dict) -> Parts:
     """'who waits · naive: rank 1 last 92 % · culprit rank 1 · fc2 backward +40 ms · ddp: …'."""
-    parts: Parts = [("who waits ", T.style(T.TEXT, bold=True))]
+    parts: Parts = [("who waits ", theme.style(theme.TEXT, bold=True))]
     for s in _strategies(store):
         got = _summary(store, s, shown.get(s))
         if not got:
             continue
-        parts.append((f"· {s}: ", T.style(T.strategy_colour(s), bold=True)))
+        parts.append((f"· {s}: ", theme.style(theme.strategy_colour(s), bold=True)))
         if got["last_arriver_rank"] is None:
-            parts.append(("nobody waits ", T.style(T.DIM)))
+            parts.append(("nobody waits ", theme.style(theme.DIM)))
             continue
-        parts.append((f"rank {got['last_arriver_rank']} last {got['last_arriver_pct']:.0f} % ", T.style(T.TEXT)))
+        parts.append((f"rank {got['last_arriver_rank']} last {got['last_arriver_pct']:.0f} % ", theme.style(theme.TEXT)))
         if got["culprit"]:
-            parts.append((f"· culprit {got['culprit']} ", T.style(T.WARN, bold=True)))
+            parts.append((f"· culprit {got['culprit']} ", theme.style(theme.WARN, bold=True)))
     return parts
 
 
@@ -95,41 +95,41 @@ def culprit_gist(store: Store, shown: dict) -> str:
 def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
     strategies = _strategies(store)
     if not strategies:
-        return [[("who waits for whom: needs two or more ranks that communicate", T.style(T.DIM))]]
+        return [[("who waits for whom: needs two or more ranks that communicate", theme.style(theme.DIM))]]
     if rows < 3:
         return [summary_line(store, shown)]
-    lines: list[Parts] = [[("Who waits for whom", T.style(T.TEXT, bold=True)),
+    lines: list[Parts] = [[("Who waits for whom", theme.style(theme.TEXT, bold=True)),
                            (f" · medians of the last {RECENT} steps · wait: own AllReduce ready, the "
-                            "others not yet · transfer: once all are ready", T.style(T.DIM))]]
+                            "others not yet · transfer: once all are ready", theme.style(theme.DIM))]]
     for s in strategies:
         got = _summary(store, s, shown.get(s))
         if not got or len(lines) + 2 > rows:
             continue
-        head: Parts = [(f"{s:<12}", T.style(T.strategy_colour(s), bold=True))]
+        head: Parts = [(f"{s:<12}", theme.style(theme.strategy_colour(s), bold=True))]
         if got["last_arriver_rank"] is None:
-            head.append(("nobody waits", T.style(T.DIM)))
+            head.append(("nobody waits", theme.style(theme.DIM)))
         else:
             head.append((f"rank {got['last_arriver_rank']} arrives last in {got['last_arriver_pct']:.0f} % "
-                         "of steps", T.style(T.TEXT)))
+                         "of steps", theme.style(theme.TEXT)))
             head.append((f" · culprit {got['culprit']}" if got["culprit"] else " · no clear culprit",
-                         T.style(T.WARN, bold=True) if got["culprit"] else T.style(T.DIM)))
+                         theme.style(theme.WARN, bold=True) if got["culprit"] else theme.style(theme.DIM)))
         lines.append(head)
         waits = {int(r): v for r, v in got["wait_ms_median"].items()}
         transfer = got["transfer_ms_median"]
-        if len(waits) > ST.WAITS_LISTED_MAX:  # many ranks: the spread, not a bar each
-            lines.append([(f"{'':12}wait ", T.style(T.DIM)), (ST.wait_spread(got["wait_ms_median"]), T.style(T.TEXT)),
-                          (f" · transfer {transfer:.1f} ms", T.style(T.DIM))])
+        if len(waits) > stragglers.WAITS_LISTED_MAX:  # many ranks: the spread, not a bar each
+            lines.append([(f"{'':12}wait ", theme.style(theme.DIM)), (stragglers.wait_spread(got["wait_ms_median"]), theme.style(theme.TEXT)),
+                          (f" · transfer {transfer:.1f} ms", theme.style(theme.DIM))])
             continue
         top = max([transfer, *waits.values()]) or 1.0
         tail = f"· transfer {transfer:.1f} ms"
         bar_w = max(1, min(12, (width - 14 - len(tail)) // max(1, len(waits)) - 12))
-        row: Parts = [(f"{'':12}wait ", T.style(T.DIM))]
+        row: Parts = [(f"{'':12}wait ", theme.style(theme.DIM))]
         for r, v in sorted(waits.items()):
             w = max(0, round(bar_w * v / top))
-            row += [(f"r{r} ", T.style(T.TEXT, bold=True)),
-                    ("█" * w + " " * (bar_w - w), T.style(T.LANE_COLOURS[T.WAIT])),
-                    (f" {v:5.1f}  ", T.style(T.TEXT))]
-        row.append((tail, T.style(T.DIM)))
+            row += [(f"r{r} ", theme.style(theme.TEXT, bold=True)),
+                    ("█" * w + " " * (bar_w - w), theme.style(theme.LANE_COLOURS[theme.WAIT])),
+                    (f" {v:5.1f}  ", theme.style(theme.TEXT))]
+        row.append((tail, theme.style(theme.DIM)))
         lines.append(row)
     return lines[:rows]
 

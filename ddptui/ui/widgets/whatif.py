@@ -7,9 +7,9 @@ import time
 
 from ranks import spec
 
-from ddptui.model import whatif as W
+from ddptui.model import whatif
 from ddptui.model.store import Store
-from . import theme as T
+from . import theme
 from .panel import Frame, Panel
 from .text import Parts
 
@@ -18,25 +18,25 @@ EVERY_S = 1.0  # predictions are recomputed at most this often (and when the ste
 
 def build(store: Store, got, cap_now: float | None) -> list[Parts]:
     if isinstance(got, str):
-        return [[("what if: ", T.style(T.TEXT, bold=True)), (got, T.style(T.DIM))]]
+        return [[("what if: ", theme.style(theme.TEXT, bold=True)), (got, theme.style(theme.DIM))]]
     fit, basis, rows = got
     cap_txt = f"{basis.cap_mb:g} MB" + ("" if basis.explicit else " (default)")
     lines: list[Parts] = [
-        [("what if", T.style(T.TEXT, bold=True)),
-         (f" · PREDICTED from {len(basis.steps)} steps at {cap_txt}", T.style(T.WARN)),
+        [("what if", theme.style(theme.TEXT, bold=True)),
+         (f" · PREDICTED from {len(basis.steps)} steps at {cap_txt}", theme.style(theme.WARN)),
          (f" · α {fit.alpha_ms:.2f} ms β {fit.beta_ms_per_mb:.2f} ms/MB fit ±{fit.err_pct:.0f}%",
-          T.style(T.DIM))],
+          theme.style(theme.DIM))],
         [(f"{'cap MB':>7}{'buckets':>8}{'pred step':>11}{'overlap':>9}{'meas step':>11}{'overlap':>9}",
-          T.style(T.DIM, bold=True))]]
+          theme.style(theme.DIM, bold=True))]]
     for cap, p, m in rows:
         now = cap_now is not None and cap == cap_now
         ov = "–" if p.overlap_pct is None else f"{p.overlap_pct:.0f}%"
         ms = "–" if not m else f"{m['step_ms']:.1f}"
         mo = "–" if not m or m["overlap_pct"] is None else f"{m['overlap_pct']:.0f}%"
-        lines.append([(f"{cap:>7g}", T.style(T.GOOD if now else T.TEXT, bold=now)),
-                      (f"{p.collectives:>8}{p.step_ms:>11.1f}{ov:>9}", T.style(T.WARN)),
-                      (f"{ms:>11}{mo:>9}", T.style(T.TEXT)),
-                      ("  ◀ in force" if now else "", T.style(T.GOOD))])
+        lines.append([(f"{cap:>7g}", theme.style(theme.GOOD if now else theme.TEXT, bold=now)),
+                      (f"{p.collectives:>8}{p.step_ms:>11.1f}{ov:>9}", theme.style(theme.WARN)),
+                      (f"{ms:>11}{mo:>9}", theme.style(theme.TEXT)),
+                      ("  ◀ in force" if now else "", theme.style(theme.GOOD))])
     return lines
 
 
@@ -62,9 +62,9 @@ class WhatIfPanel(Panel):
         now = time.monotonic()
         if self._got is None or (key != self._key and now - self._at >= EVERY_S):
             try:
-                self._got = W.ladder(store, upto=upto)
-            except (W.WhatIfError, ValueError, ZeroDivisionError) as e:
-                self._got = f"waiting for steady ddp steps ({e})" if isinstance(e, W.WhatIfError) else str(e)
+                self._got = whatif.ladder(store, upto=upto)
+            except (whatif.WhatIfError, ValueError, ZeroDivisionError) as e:
+                self._got = f"waiting for steady ddp steps ({e})" if isinstance(e, whatif.WhatIfError) else str(e)
             self._key, self._at = key, now
         return self._got
 
