@@ -254,7 +254,7 @@ def test_hostile_clients_rejected_run_unaffected():
     from ddptui.live.session import LiveRun, RunOptions
     from ranks import wire
 
-    run = LiveRun(RunOptions(model="small", steps=25, batch_size=256), plan(2, None, "cpu"))
+    run = LiveRun(RunOptions(model="small", steps=12, batch_size=256), plan(2, None, "cpu"))
     run.start()
     run.collector.auth_timeout = 1.0
     path = run.collector.path
@@ -293,8 +293,8 @@ def test_hostile_clients_rejected_run_unaffected():
                 f"protocol version {wire.PROTOCOL_VERSION + 1}, but this ddptui speaks version "
                 f"{wire.PROTOCOL_VERSION}"):
         assert why in text, why
-    assert st.complete_steps("naive") == list(range(25))
-    assert st.complete_steps("ddp") == list(range(25))
+    assert st.complete_steps("naive") == list(range(12))
+    assert st.complete_steps("ddp") == list(range(12))
     me = psutil.Process()
     assert not [c for c in me.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
 
