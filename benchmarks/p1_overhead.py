@@ -11,7 +11,7 @@ per-rank figures and the ratio of medians are printed too. Goal: <= 1.03 on CPU 
 (xlarge).
 
     python benchmarks/p1_overhead.py            # 60 steps of each side
-    python benchmarks/p1_overhead.py --quick    # 16 steps (CI)
+    python benchmarks/p1_overhead.py --quick    # 10 steps (CI)
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         a.batch_size = 16 if a.ranks <= 16 else a.ranks
     elif a.batch_size is None:
         a.batch_size = 256 if a.quick else 1024
-    steps = a.steps or (16 if a.quick else 60)
+    steps = a.steps or (10 if a.quick else 60)
     try:
         import torch
         cuda = a.device != "cpu" and torch.cuda.is_available()
