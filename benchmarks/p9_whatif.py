@@ -90,6 +90,16 @@ def check(model: str, store, phases) -> list[dict]:
           f"error {fit.err_pct:.0f} % over {fit.n} collectives ({fit.sizes} sizes)")
     print(f"  {'cap MB':>6} {'buckets':>7} {'pred step':>10} {'meas step':>10} {'err':>6}   "
           f"{'pred exp':>9} {'meas exp':>9} {'err':>6} {'meas steps':>10}")
+    # the source steps themselves, replayed: what the simulator makes of what it was given
+    # (not counted: a gap here is the model's; a gap only elsewhere is the run changing)
+    p = whatif.predict(basis, fit, cap_mb=SOURCE, explicit=True, delays=delays)
+    m = whatif.measured(store, "ddp", SOURCE, since=basis.steps[0], upto=src[2])
+    if m is not None:
+        print(f"  {'source':>6} {p.collectives:>7} {p.step_ms:>10.1f} {m['step_ms']:>10.1f} "
+              f"{100.0 * (p.step_ms - m['step_ms']) / m['step_ms']:>+5.0f}%   "
+              f"{p.exposed_ms:>9.1f} {m['exposed_ms']:>9.1f} "
+              f"{(100.0 * (p.exposed_ms - m['exposed_ms']) / m['exposed_ms']) if m['exposed_ms'] else 0:>+5.0f}% "
+              f"{m['steps']:>10}")
     rows = []
     for cap, first, last in phases[1:]:
         p = whatif.predict(basis, fit, cap_mb=cap, explicit=True, delays=delays)
