@@ -32,7 +32,7 @@ import time
 
 from _common import ROOT, env_for_ranks, median, result_line
 
-from ddptui.model import evidence as EV
+from ddptui.model import evidence
 from ddptui.recording.loader import load
 from ranks.recfile import RecordWriter
 from ddptui.model.store import Store
@@ -86,7 +86,7 @@ def analyse(path: str) -> dict:
     for s in store.strategies():
         waits = store.recent_waits(s, None, 10**9)
         rows = [(w.step, w.t_ns, w.excess, w.ref) for w in waits if w.ref]
-        verdicts = [EV.judge([(k, e, ref) for k, _, e, ref in win]) for win in EV.windows(rows)]
+        verdicts = [evidence.judge([(k, e, ref) for k, _, e, ref in win]) for win in evidence.windows(rows)]
         figs = store.recent_figures(s, None, 10**9, since=1)
         summ = store.summary(s)
         out[s] = {"verdicts": verdicts, "names": names, "steps": len(rows),
@@ -141,8 +141,8 @@ def main(argv=None) -> int:
             spread = f"step {median(sm):.0f} ms (quartiles {q[len(q) // 4]:.0f}..{q[3 * len(q) // 4]:.0f})" if q else ""
             arrival = (f"arrival: rank {st['last_arriver_rank']} last in {st['last_arriver_pct']:.0f} % of steps, "
                        f"waits " + ", ".join(f"r{r} {v:.1f}" for r, v in st["wait_ms_median"].items()) + " ms")
-            print(f"P10 {name} {s}: {got['steps']} steps, {len(vs)} windows of {EV.WINDOW} "
-                  f"({got['steps'] // EV.WINDOW} side by side), {spread}; {arrival}")
+            print(f"P10 {name} {s}: {got['steps']} steps, {len(vs)} windows of {evidence.WINDOW} "
+                  f"({got['steps'] // evidence.WINDOW} side by side), {spread}; {arrival}")
             if not vs:
                 continue
             if slow:

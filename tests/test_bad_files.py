@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 from ddptui.recording import loader, rankset
-from ranks import recfile as RF
+from ranks import recfile
 from ranks import wire
 
 from .helpers import run_main, run_main_batch, store_of, synthetic_frames, synthetic_meta, write_recording
@@ -36,9 +36,9 @@ def ddptui_many(arglists, timeout=120):
     return run_main_batch(arglists, max_memory=AS_LIMIT, timeout=timeout)
 
 
-def header(meta=None, version=RF.FORMAT_VERSION, length=None) -> bytes:
+def header(meta=None, version=recfile.FORMAT_VERSION, length=None) -> bytes:
     head = msgpack.packb(synthetic_meta() if meta is None else meta, use_bin_type=True)
-    return RF.MAGIC + struct.pack(">HI", version, len(head) if length is None else length) + head
+    return recfile.MAGIC + struct.pack(">HI", version, len(head) if length is None else length) + head
 
 
 def frames_bytes(frames) -> bytes:
@@ -59,11 +59,11 @@ BAD = {
     "empty": b"",
     "wrong-magic": b"PK\x03\x04 this is a zip file, not a recording" * 4,
     "text-file": b"hello, I am a text file\n" * 10,
-    "newer-version": header(version=RF.FORMAT_VERSION + 1) + zlib.compress(frames_bytes(GOOD)),
-    "cut-in-magic": RF.MAGIC[:5],
+    "newer-version": header(version=recfile.FORMAT_VERSION + 1) + zlib.compress(frames_bytes(GOOD)),
+    "cut-in-magic": recfile.MAGIC[:5],
     "cut-in-header": header()[:-7],
     "header-claims-4GiB": header(length=0xFFFFFFFF) + b"\x00" * 64,
-    "header-garbage": header()[:len(RF.MAGIC) + 6] + b"\xc1" * (len(header()) - len(RF.MAGIC) - 6),
+    "header-garbage": header()[:len(recfile.MAGIC) + 6] + b"\xc1" * (len(header()) - len(recfile.MAGIC) - 6),
     "header-wrong-types": header({"world": "two", "model": "small"}) + zlib.compress(b""),
     "no-frames-cut": header(),
     "corrupt-zlib-at-start": header() + b"\x00\xff" * 50,
@@ -127,7 +127,7 @@ def test_bad_file_is_one_error_line(bad_runs, case, verb):
 
 @pytest.mark.parametrize("case,expect", [
     ("empty", "empty file"), ("wrong-magic", "wrong magic bytes"), ("text-file", "wrong magic"),
-    ("newer-version", f"format version {RF.FORMAT_VERSION + 1} is newer"),
+    ("newer-version", f"format version {recfile.FORMAT_VERSION + 1} is newer"),
     ("cut-in-header", "truncated inside the header"), ("header-claims-4GiB", "header claims"),
     ("header-garbage", "corrupt header"), ("header-wrong-types", "'world'"),
     ("corrupt-zlib-at-start", "corrupted bytes"), ("length-prefix-4GiB", "4294967295"),

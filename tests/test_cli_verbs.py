@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from ddptui.recording import loader, rankset
-from ranks import recfile as RF
+from ranks import recfile
 
 from .test_export import recording_counts, trace_counts, validate_trace
 from .helpers import ROOT, cli_env, run_cli, run_main, start_cli, synthetic_frames, write_recording
@@ -131,7 +131,7 @@ def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
                 continue
             try:
                 got = loader.load(str(rec))  # the file as it is being written
-            except RF.RecordingError:
+            except recfile.RecordingError:
                 continue
             seen = min((len(ks) for ks in got.steps_read().values()), default=0)
             if seen >= 3 and len(got.steps_read()) == 2:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui.model import evidence as EV
+from ddptui.model import evidence
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun, SyntheticSource, fill_store
 from ddptui.ui.widgets import headline, waits
@@ -24,28 +24,28 @@ def noisy_store(model="medium", world=2, steps=60, slow=None, slow_from=0, seed=
 
 def test_need_steps_keeps_the_bound():
     # 20 steps, 20 one-sided tests (2 ranks x medium's 10 sections): 18 of 20 keep it under 1 %
-    assert EV.need_steps(20, 20) == 18
-    assert 20 * EV.binom_tail(20, 18) <= EV.ALPHA < 20 * EV.binom_tail(20, 17)
-    assert EV.binom_tail(20, 20) == pytest.approx(2 ** -20)
-    assert EV.need_steps(5, 20) is None  # 5 steps cannot say anything at 1 %
-    assert EV.need_steps(20, 10240) == 20  # 1,024 ranks: every step
+    assert evidence.need_steps(20, 20) == 18
+    assert 20 * evidence.binom_tail(20, 18) <= evidence.ALPHA < 20 * evidence.binom_tail(20, 17)
+    assert evidence.binom_tail(20, 20) == pytest.approx(2 ** -20)
+    assert evidence.need_steps(5, 20) is None  # 5 steps cannot say anything at 1 %
+    assert evidence.need_steps(20, 10240) == 20  # 1,024 ranks: every step
 
 
 def test_excess_is_against_the_other_ranks_median():
     s = (BWD, 1)
-    exc, ref = EV.step_excess({0: {s: 10.0}, 1: {s: 12.0}, 2: {s: 50.0}, 3: {s: 11.0}})
+    exc, ref = evidence.step_excess({0: {s: 10.0}, 1: {s: 12.0}, 2: {s: 50.0}, 3: {s: 11.0}})
     assert exc[2][s] == 50 - 11  # others: 10, 11, 12
     assert exc[0][s] == 10 - 12  # others: 11, 12, 50 -> 12
     assert exc[1][s] == 12 - 11  # others: 10, 11, 50 -> 11
     assert ref[s] == 11.5
-    exc, _ = EV.step_excess({0: {s: 10.0}, 1: {s: 25.0}})
+    exc, _ = evidence.step_excess({0: {s: 10.0}, 1: {s: 25.0}})
     assert exc == {0: {s: -15.0}, 1: {s: 15.0}}
 
 
 def window_of(rows):
     out = []
     for k, secs in enumerate(rows):
-        e, ref = EV.step_excess(secs)
+        e, ref = evidence.step_excess(secs)
         out.append((k, e, ref))
     return out
 
@@ -53,15 +53,15 @@ def window_of(rows):
 def test_judge_names_a_steady_excess_not_spikes():
     f, b = (FWD, 0), (BWD, 0)
     steady = [{0: {f: 10.0, b: 20.0}, 1: {f: 10.0 + (k % 3 - 1) * 0.1, b: 60.0 + k % 2}} for k in range(20)]
-    v = EV.judge(window_of(steady))
+    v = evidence.judge(window_of(steady))
     assert v.culprit.rank == 1 and v.culprit.section == b and v.culprit.excess_ms == pytest.approx(40.5, abs=0.6)
-    assert v.culprit.slower == 20 and v.tests == 4 and v.need == 17 and v.bound <= EV.ALPHA
+    assert v.culprit.slower == 20 and v.tests == 4 and v.need == 17 and v.bound <= evidence.ALPHA
     # huge but rare: rank 1 80 ms late in 8 steps of 20, slightly faster otherwise
     spikes = [{0: {f: 10.0, b: 20.0}, 1: {f: 10.0, b: 100.0 if k % 5 < 2 else 19.0}} for k in range(20)]
-    assert EV.judge(window_of(spikes)).culprit is None
+    assert evidence.judge(window_of(spikes)).culprit is None
     # steady but small: 1 ms over a 20 ms section (under MIN_EXCESS_MS)
     small = [{0: {b: 20.0}, 1: {b: 21.0}} for _ in range(20)]
-    v = EV.judge(window_of(small))
+    v = evidence.judge(window_of(small))
     assert v.culprit is None and v.excess_ms[1][b] == 1.0
 
 
@@ -136,7 +136,7 @@ def test_median_of_the_others_matches_the_plain_definition():
     for n in range(3, 12):
         for t in range(200):  # ties (few distinct values) and no ties
             vals = {r: {s: float(rng.choice([1, 2, 3, 5, 8])) if t % 2 else rng.random()} for r in range(n)}
-            exc, ref = EV.step_excess(vals)
+            exc, ref = evidence.step_excess(vals)
             for r in range(n):
                 others = [vals[q][s] for q in range(n) if q != r]
                 assert exc[r][s] == pytest.approx(vals[r][s] - median(others), abs=1e-12), (n, t, r)

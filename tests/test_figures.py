@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from ddptui.model import figures as F
+from ddptui.model import figures
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun, fill_store
 from ranks import wire
@@ -24,10 +24,10 @@ def covered(ivs):
 @given(intervals, intervals)
 @settings(max_examples=200, deadline=None)
 def test_union_and_intersection_match_point_sets(xs, ys):
-    ux, uy = F.union(xs), F.union(ys)
-    assert F.length(ux) == len(covered(xs))
+    ux, uy = figures.union(xs), figures.union(ys)
+    assert figures.length(ux) == len(covered(xs))
     assert all(a < b for a, b in ux) and all(ux[i][1] < ux[i + 1][0] for i in range(len(ux) - 1))
-    assert F.intersection_length(ux, uy) == len(covered(xs) & covered(ys))
+    assert figures.intersection_length(ux, uy) == len(covered(xs) & covered(ys))
 
 
 def batch(spans, iss=None):
@@ -43,16 +43,16 @@ def test_exposed_communication_is_what_compute_does_not_cover():
     # compute 0-100 (fwd) and 100-300 (bwd); comm 250-400 -> 50 covered, 100 exposed
     b = batch([(STEP, 0, 0, 420), (FWD, 0, 0, 100), (BWD, 0, 100, 300), (COMM, 0, 250, 400),
                (OPT, 0, 400, 420)], iss=[240])
-    r = F.rank_step(b, lambda i: 1000)
+    r = figures.rank_step(b, lambda i: 1000)
     assert (r.step_ms, r.compute_ms, r.comm_ms, r.exposed_ms) == (0.42, 0.3, 0.15, 0.1)
     assert r.calls == 1 and r.bytes == 1000
-    assert F.overlap_pct(r.comm_ms, r.exposed_ms) == pytest.approx(100 / 3)
+    assert figures.overlap_pct(r.comm_ms, r.exposed_ms) == pytest.approx(100 / 3)
 
 
 def test_bus_bandwidth_like_nccl_tests():
     # 1 GB across 4 ranks in 1 s -> 1.5 GB/s bus bandwidth
-    assert F.bus_bandwidth_gbps(1e9, 1000.0, 4) == pytest.approx(1.5)
-    assert F.bus_bandwidth_gbps(1e9, 1000.0, 1) is None
+    assert figures.bus_bandwidth_gbps(1e9, 1000.0, 4) == pytest.approx(1.5)
+    assert figures.bus_bandwidth_gbps(1e9, 1000.0, 1) is None
 
 
 def test_decode_rejects_inconsistent_frames():
@@ -95,7 +95,7 @@ def test_store_summary_and_eviction_from_synthetic_run():
     assert len(st.raw["naive"]) == 10 and st.view("naive", 5) is None
     v = st.view("ddp", 29)
     assert set(v.spans) == {0, 1} and v.n_buckets == len(st.bucket_layout("ddp"))
-    assert F.speedups(list(rows.values()))["ddp_vs_naive"] > 1
+    assert figures.speedups(list(rows.values()))["ddp_vs_naive"] > 1
 
 
 def test_store_queries():
@@ -134,12 +134,12 @@ def test_bucket_figures_match_the_spans_of_the_view():
     v = st.view("ddp", k)
     times, over = {}, {}
     for spans in v.spans.values():
-        compute = F.union([(s.start_ms, s.end_ms) for s in spans if s.kind in (FWD, BWD)])
+        compute = figures.union([(s.start_ms, s.end_ms) for s in spans if s.kind in (FWD, BWD)])
         for s in spans:
             if s.kind == COMM:
                 d = s.end_ms - s.start_ms
                 times.setdefault(s.idx, []).append(d)
-                over.setdefault(s.idx, []).append(100 * F.intersection_length([(s.start_ms, s.end_ms)], compute) / d)
+                over.setdefault(s.idx, []).append(100 * figures.intersection_length([(s.start_ms, s.end_ms)], compute) / d)
     got = st.bucket_figures("ddp", k)
     assert set(got) == set(times) and len(got) > 1
     for b, (t, ov) in got.items():

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from ddptui.model import figures as F
+from ddptui.model import figures
 from ddptui.recording.rankset import open_reader
 from ranks import wire
 
@@ -32,11 +32,11 @@ def ddptui_overlap(rec: str, strategy: str, steps: set[int]) -> dict[int, float]
     acc: dict[int, list[float]] = {}
     for _, f in open_reader(rec):
         if f["t"] == "spans" and f["s"] == strategy and f["k"] in steps:
-            x = F.rank_step(wire.decode_spans(f), lambda i: 0)
+            x = figures.rank_step(wire.decode_spans(f), lambda i: 0)
             a = acc.setdefault(f["r"], [0.0, 0.0])
             a[0] += x.comm_ms
             a[1] += x.exposed_ms
-    return {r: F.overlap_pct(c, e) for r, (c, e) in acc.items()}
+    return {r: figures.overlap_pct(c, e) for r, (c, e) in acc.items()}
 
 
 def steps_of(rec: str, strategy: str, kind: int = wire.STEP) -> Counter:

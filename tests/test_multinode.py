@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from ddptui.model import stragglers as ST
+from ddptui.model import stragglers
 from ddptui.model.clocksync import MIN_STEPS, ClockEstimate, CollSample, coll_sample, map_ns, refine
 from ddptui.ingest.collector import Collector
 from ddptui.ingest.feed import Feed
@@ -168,7 +168,7 @@ def test_store_reads_collectives_in_each_hosts_raw_clock(world, nodes):
         want = []
         for strategy in st.strategies():
             for k, batches in plain.raw[strategy].items():
-                for c in ST.collectives(batches):
+                for c in stragglers.collectives(batches):
                     want.append(coll_sample([c.ready[r] for r in here], [c.end[r] for r in here],
                                             [c.ready[r] + theta[node] for r in there],
                                             [c.end[r] + theta[node] for r in there], (strategy, k)))

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from ddptui.recording import loader, rankset
-from ranks import recfile as RF
+from ranks import recfile
 from ranks import wire
 
 from .helpers import DEMO, store_of, synthetic_frames, synthetic_meta, write_recording
@@ -39,9 +39,9 @@ def test_round_trip_frames_and_header(tmp_path):
     assert got == frames
     assert w.frames == len(frames) and w.spans == span_count(frames)
     with open(p, "rb") as f:
-        head = f.read(len(RF.MAGIC) + 2)
-    assert head[:len(RF.MAGIC)] == RF.MAGIC
-    assert struct.unpack(">H", head[len(RF.MAGIC):])[0] == RF.FORMAT_VERSION
+        head = f.read(len(recfile.MAGIC) + 2)
+    assert head[:len(recfile.MAGIC)] == recfile.MAGIC
+    assert struct.unpack(">H", head[len(recfile.MAGIC):])[0] == recfile.FORMAT_VERSION
 
 
 def test_load_gives_the_same_figures_as_feeding_the_store(tmp_path):
@@ -71,7 +71,7 @@ def test_unclosed_writer_is_readable_up_to_its_last_flush(tmp_path):
     """A run killed at any instant: what was flushed replays; no close() needed."""
     frames = synthetic_frames(steps=6)
     p = tmp_path / "live.ddptui"
-    w = RF.RecordWriter(str(p), synthetic_meta())
+    w = recfile.RecordWriter(str(p), synthetic_meta())
     flushed_at = 0
     for i, f in enumerate(frames):
         w.write(f)
@@ -90,9 +90,9 @@ def test_unclosed_writer_is_readable_up_to_its_last_flush(tmp_path):
 
 def test_writer_sync_flushes_on_its_own(tmp_path, monkeypatch):
     """Without explicit flush() calls, frames reach the file within FLUSH_EVERY_S."""
-    monkeypatch.setattr(RF, "FLUSH_EVERY_S", 0.0)
+    monkeypatch.setattr(recfile, "FLUSH_EVERY_S", 0.0)
     p = tmp_path / "a.ddptui"
-    w = RF.RecordWriter(str(p), synthetic_meta())
+    w = recfile.RecordWriter(str(p), synthetic_meta())
     frames = synthetic_frames(steps=2)
     for f in frames:
         w.write(f)
@@ -104,12 +104,12 @@ def test_writer_sync_flushes_on_its_own(tmp_path, monkeypatch):
 def test_every_complete_step_is_flushed_without_waiting(tmp_path, monkeypatch):
     """Killed at any instant (a copy of the unclosed file): every step whose spans from all
     ranks were written is on disk, even with no time-based flush at all."""
-    monkeypatch.setattr(RF, "FLUSH_EVERY_S", 1e9)
+    monkeypatch.setattr(recfile, "FLUSH_EVERY_S", 1e9)
     strategies = ("naive", "ddp", "single")
     frames = synthetic_frames(steps=5, world=3, strategies=strategies)
     meta = synthetic_meta(world=3, strategies=strategies)
     p = tmp_path / "live.ddptui"
-    w = RF.RecordWriter(str(p), meta)
+    w = recfile.RecordWriter(str(p), meta)
     snap = tmp_path / "snap.ddptui"
     done: dict[str, int] = {}
     for f in frames:
@@ -131,13 +131,13 @@ def test_truncated_at_every_byte_replays_a_prefix(tmp_path):
     p = tmp_path / "a.ddptui"
     write_recording(p, frames, flush_each="spans")
     data = p.read_bytes()
-    head_len = len(RF.MAGIC) + 6 + len(msgpack.packb(synthetic_meta(), use_bin_type=True))
+    head_len = len(recfile.MAGIC) + 6 + len(msgpack.packb(synthetic_meta(), use_bin_type=True))
     cut = tmp_path / "cut.ddptui"
     last = 0
     for n in range(0, len(data)):
         cut.write_bytes(data[:n])
         if n < head_len:
-            with pytest.raises(RF.RecordingError) as e:
+            with pytest.raises(recfile.RecordingError) as e:
                 rankset.open_reader(str(cut))
             assert str(cut) in str(e.value)
             continue
@@ -179,9 +179,9 @@ def _file(tmp_path, raw: bytes, name="x.ddptui") -> str:
     return str(p)
 
 
-def _header(meta, version=RF.FORMAT_VERSION) -> bytes:
+def _header(meta, version=recfile.FORMAT_VERSION) -> bytes:
     head = msgpack.packb(meta, use_bin_type=True)
-    return RF.MAGIC + struct.pack(">HI", version, len(head)) + head
+    return recfile.MAGIC + struct.pack(">HI", version, len(head)) + head
 
 
 @pytest.mark.parametrize("meta,what", [
@@ -190,13 +190,13 @@ def _header(meta, version=RF.FORMAT_VERSION) -> bytes:
 ])
 def test_header_fields_with_wrong_types_are_rejected(tmp_path, meta, what):
     p = _file(tmp_path, _header(meta) + zlib.compress(b""))
-    with pytest.raises(RF.RecordingError, match=what):
+    with pytest.raises(recfile.RecordingError, match=what):
         rankset.open_reader(p)
 
 
 def test_header_not_a_map_is_rejected(tmp_path):
     p = _file(tmp_path, _header([1, 2, 3]))
-    with pytest.raises(RF.RecordingError, match="not a map"):
+    with pytest.raises(recfile.RecordingError, match="not a map"):
         rankset.open_reader(p)
 
 
@@ -222,7 +222,7 @@ def _read_all(path: str):
     """What every verb does first: load into a store. Only RecordingError may escape."""
     try:
         got = loader.load(path)
-    except RF.RecordingError as e:
+    except recfile.RecordingError as e:
         assert str(e).startswith(path) and "\n" not in str(e)
         return None
     got.store.summaries()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddptui.model import stragglers as S
+from ddptui.model import stragglers
 from ranks import spec
 from ranks.wire import BWD, COMM, STEP, decode_spans, encode_spans
 
@@ -26,7 +26,7 @@ def test_last_arriver_wait_union_and_culprit_layer():
     # rank 1's fc2 (layer 1) backward is 40 ms longer: its two buckets are ready 40 ms late
     b0 = batch(0, {2: (0, 10), 1: (10, 20), 0: (20, 30)}, [(0, 12, 60), (1, 31, 75)])
     b1 = batch(1, {2: (0, 10), 1: (10, 60), 0: (60, 70)}, [(0, 52, 61), (1, 71, 76)])
-    sw = S.step_waits({0: b0, 1: b1}, step_ms=100)
+    sw = stragglers.step_waits({0: b0, 1: b1}, step_ms=100)
     assert [c.last for c in sw.collectives] == [1, 1]
     # waits 12..52 and 31..71 overlap: the union is 59 ms, not 40 + 40
     assert sw.wait_ms[0] == pytest.approx(59, abs=0.01)
@@ -35,26 +35,26 @@ def test_last_arriver_wait_union_and_culprit_layer():
     # transfer = end - last ready, median over ranks (8.5, 4.5 ms), then over the collectives
     assert sw.transfer_ms == pytest.approx(6.5, abs=0.01)
     assert sw.culprit[:2] == (1, 1) and sw.culprit[2] == pytest.approx(40, abs=0.01)
-    assert S.culprit_text(sw.culprit, spec.layer_names("small")) == "rank 1 · fc2 backward +40 ms"
+    assert stragglers.culprit_text(sw.culprit, spec.layer_names("small")) == "rank 1 · fc2 backward +40 ms"
 
 
 def test_no_culprit_when_nobody_waited_long():
     b0 = batch(0, {0: (0, 10)}, [(0, 10.0, 20)])
     b1 = batch(1, {0: (0, 10.5)}, [(0, 10.5, 20)])
-    sw = S.step_waits({0: b0, 1: b1}, step_ms=30)
+    sw = stragglers.step_waits({0: b0, 1: b1}, step_ms=30)
     assert sw.last_arriver == 1 and sw.culprit is None
-    assert S.step_waits({0: b0}, step_ms=30) is None  # one rank: nobody to wait for
+    assert stragglers.step_waits({0: b0}, step_ms=30) is None  # one rank: nobody to wait for
 
 
 def test_summary_names_the_rank_the_others_waited_for_most_often():
-    slow = S.step_waits({0: batch(0, {1: (0, 10)}, [(0, 10, 20)]),
+    slow = stragglers.step_waits({0: batch(0, {1: (0, 10)}, [(0, 10, 20)]),
                          1: batch(1, {1: (0, 50)}, [(0, 50, 55)])}, step_ms=60)
-    fast = S.step_waits({0: batch(0, {1: (0, 12)}, [(0, 12, 20)]),
+    fast = stragglers.step_waits({0: batch(0, {1: (0, 12)}, [(0, 12, 20)]),
                          1: batch(1, {1: (0, 10)}, [(0, 10, 20)])}, step_ms=60)
-    got = S.summarize([slow, slow, slow, fast], spec.layer_names("small"))
+    got = stragglers.summarize([slow, slow, slow, fast], spec.layer_names("small"))
     assert got["last_arriver_rank"] == 1 and got["last_arriver_pct"] == 75.0
     assert got["culprit_layer"] is None  # 3 steps in 4: not enough to name a culprit
-    got = S.summarize([slow] * 7 + [fast], spec.layer_names("small"))
+    got = stragglers.summarize([slow] * 7 + [fast], spec.layer_names("small"))
     assert got["last_arriver_pct"] == 87.5
     assert got["culprit_layer"] == "fc2" and got["culprit"].startswith("rank 1 · fc2 backward +40")
     assert got["wait_ms_median"] == {"0": 40.0, "1": 0.0}
@@ -65,8 +65,8 @@ def test_clock_mapping_is_a_separate_step():
     """Per-host offsets plug in through to_common: a rank 5 ms behind on its own clock."""
     b0 = batch(0, {0: (0, 10)}, [(0, 10, 20)])
     b1 = batch(1, {0: (0, 10)}, [(0, 5, 15)])
-    plain = S.step_waits({0: b0, 1: b1}, step_ms=30)
-    fixed = S.step_waits({0: b0, 1: b1}, step_ms=30,
+    plain = stragglers.step_waits({0: b0, 1: b1}, step_ms=30)
+    fixed = stragglers.step_waits({0: b0, 1: b1}, step_ms=30,
                          to_common=lambda r, ns: ns + 5 * MS if r == 1 else ns)
     assert plain.wait_ms[1] == pytest.approx(5) and fixed.wait_ms == {0: 0.0, 1: 0.0}
 
@@ -179,7 +179,7 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
             assert "slow: rank 1 · fc2 backward +" in app.headline.render_line(0).text
             await until(lambda: (st.latest_complete("ddp") or 0) >= k + 10, 90, "10 steps with the straggler")
             since = [w for w in st.recent_waits("ddp", n=1000) if w is not None][-10:]
-            got = S.summarize(since, spec.layer_names("small"))
+            got = stragglers.summarize(since, spec.layer_names("small"))
             assert got["last_arriver_rank"] == 1, got
             # the steps that clearly had a culprit name rank 1's fc2 (small steps: the delay is
             # half of one, so a busy core now and then hides it)

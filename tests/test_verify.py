@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ddptui.reports import verify as V
+from ddptui.reports import verify
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from .helpers import run_cli, run_main, assert_no_leftovers
@@ -37,7 +37,7 @@ def test_verify_passes_on_two_cpu_ranks(tmp_path):
     for kind in ("forward", "backward", "allreduce", "optimizer", "step"):
         r = rows[("naive", kind)]
         assert r["n"] > 0 and r["unmatched"] == 0, r
-        assert r["within_tol_pct"] >= V.PASS_PCT and r["tol_us"] > 0
+        assert r["within_tol_pct"] >= verify.PASS_PCT and r["tol_us"] > 0
     # 7 profiled steps x 2 ranks x 8 parameters, each found with the right size
     assert rows[("naive", "allreduce")]["n"] == 7 * 2 * 8
     assert rows[("naive", "forward")]["n"] == 7 * 2 * 4
@@ -79,7 +79,7 @@ def test_verify_bad_options_one_line():
 
 # -- the matcher on hand-made records ------------------------------------------------------------
 def _ev(name, t0, t1, seq=-1, tid=1, shapes=None):
-    return V.Ev(name, tid, t0, t1, seq, 0, 0, 0, shapes)
+    return verify.Ev(name, tid, t0, t1, seq, 0, 0, 0, shapes)
 
 
 def _profile_step(base=0):
@@ -89,36 +89,36 @@ def _profile_step(base=0):
            _ev("aten::linear", b + 100, b + 200, 1), _ev("aten::addmm", b + 110, b + 190, 2),
            _ev("aten::relu", b + 210, b + 250, 3),
            _ev("aten::linear", b + 300, b + 400, 4), _ev("aten::addmm", b + 310, b + 390, 5),
-           _ev(V.EVAL + "AddmmBackward0", b + 500, b + 600, 5),
-           _ev(V.EVAL + "torch::autograd::AccumulateGrad", b + 605, b + 620),
-           _ev(V.EVAL + "ReluBackward0", b + 700, b + 750, 3),
-           _ev(V.EVAL + "AddmmBackward0", b + 760, b + 800, 2),
-           _ev(V.EVAL + "torch::autograd::AccumulateGrad", b + 805, b + 830),
+           _ev(verify.EVAL + "AddmmBackward0", b + 500, b + 600, 5),
+           _ev(verify.EVAL + "torch::autograd::AccumulateGrad", b + 605, b + 620),
+           _ev(verify.EVAL + "ReluBackward0", b + 700, b + 750, 3),
+           _ev(verify.EVAL + "AddmmBackward0", b + 760, b + 800, 2),
+           _ev(verify.EVAL + "torch::autograd::AccumulateGrad", b + 805, b + 830),
            _ev("aten::add_", b + 806, b + 820),
            _ev("gloo:all_reduce", b + 900, b + 950, tid=7, shapes=[[6]]),
            _ev("gloo:all_reduce", b + 960, b + 990, tid=8, shapes=[[2]]),
            _ev("aten::_foreach_add_", b + 1000, b + 1100)]
-    return V.Profile(0, (1, 2), False, 0, sorted(evs, key=lambda e: (e.t0, -e.t1)))
+    return verify.Profile(0, (1, 2), False, 0, sorted(evs, key=lambda e: (e.t0, -e.t1)))
 
 
 def test_matcher_pairs_structurally_and_counts_size_mismatches():
-    ps = V.profile_steps(_profile_step(), 2)
+    ps = verify.profile_steps(_profile_step(), 2)
     assert len(ps) == 1
     p = ps[0]
     # a layer starts where the one before ended (ddptui marks both with one timestamp)
     assert p.fwd == {0: (100, 250), 1: (250, 400)}
     # layer 0 ends with its gradient accumulated, and starts where layer 1 ended
     assert p.bwd == {1: (500, 620), 0: (620, 820)}
-    d = V.DStep("naive", 1, 0, 1100, fwd={0: (100, 250), 1: (250, 400)},
+    d = verify.DStep("naive", 1, 0, 1100, fwd={0: (100, 250), 1: (250, 400)},
                 bwd={1: (500, 620), 0: (620, 820)},
                 comm=[(0, 900, 950, 890), (1, 960, 990, 955)], opt=(1000, 1100))
     sizes = {0: 24, 1: 8}
-    pairs, notes = V.match_rank([d], ps, lambda s, k, i: sizes[i])
+    pairs, notes = verify.match_rank([d], ps, lambda s, k, i: sizes[i])
     assert all(x.d_start == 0 and x.d_end == 0 for x in pairs)
     assert sorted(x.kind for x in pairs) == sorted([STEP, OPT, FWD, FWD, BWD, BWD, COMM, COMM])
     # a collective of the wrong size is not silently paired
-    pairs, notes = V.match_rank([d], ps, lambda s, k, i: {0: 24, 1: 12}[i])
+    pairs, notes = verify.match_rank([d], ps, lambda s, k, i: {0: 24, 1: 12}[i])
     assert [x.d_start for x in pairs if x.kind == COMM] == [0, None] and notes
     # a step more on one side: nothing of that rank can be paired
-    pairs, notes = V.match_rank([d, d], ps, lambda s, k, i: sizes[i])
+    pairs, notes = verify.match_rank([d, d], ps, lambda s, k, i: sizes[i])
     assert all(x.d_start is None for x in pairs) and notes

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ddptui.reports import verify as V
+from ddptui.reports import verify
 from ranks.wire import BWD, COMM, FWD, KIND_NAMES, OPT, STEP
 from tests.gpu_trace import AUTOGRAD, MAIN, KinetoRank
 
@@ -30,22 +30,22 @@ def _index(prof):
             by_tid.setdefault(e.tid, []).append(e)
     by_linked: dict = {}
     for e in prof.events:
-        if V._is_device_work(e) and e.linked > 0:
+        if verify._is_device_work(e) and e.linked > 0:
             by_linked.setdefault(e.linked, []).append(e)
     return by_tid, by_linked
 
 
 def test_real_trace_backward_and_its_allreduces_are_found_on_the_autograd_thread():
     doc = _a100()
-    prof = V.profile_from_kineto(doc)
+    prof = verify.profile_from_kineto(doc)
     assert prof.cuda and prof.rank == 0
     host = [e for e in prof.events if e.dev == 0]
     main = next(e.tid for e in host if e.name.startswith("ProfilerStep#"))
-    evals = [e for e in host if e.name.startswith(V.EVAL)]
+    evals = [e for e in host if e.name.startswith(verify.EVAL)]
     c10d = [e for e in host if e.name == "c10d::allreduce_"]
     assert evals and {e.tid for e in evals} == {e.tid for e in c10d} != {main}
     by_tid, by_linked = _index(prof)
-    spans = [V._device_span([c, *V._nested(by_tid, c)], by_linked) for c in c10d]
+    spans = [verify._device_span([c, *verify._nested(by_tid, c)], by_linked) for c in c10d]
     kernels = sorted((e["ts"], e["dur"]) for e in doc["traceEvents"]
                      if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel_AllReduce"))
     assert len(kernels) == 15 and len([s for s in spans if s]) == 15
@@ -53,25 +53,25 @@ def test_real_trace_backward_and_its_allreduces_are_found_on_the_autograd_thread
         assert t0 == round(ts * 1000) and abs(t1 - (t0 + round(dur * 1000))) <= 1
     # an AccumulateGrad node that issued an AllReduce: its NCCL kernel is not the layer's compute
     acc = next(e for e in evals if "AccumulateGrad" in e.name
-               and any(k.name == "c10d::allreduce_" for k in V._nested(by_tid, e)))
-    ops = V._compute_ops(by_tid, [acc, *V._nested(by_tid, acc)])
+               and any(k.name == "c10d::allreduce_" for k in verify._nested(by_tid, e)))
+    ops = verify._compute_ops(by_tid, [acc, *verify._nested(by_tid, acc)])
     dev = [d for o in ops for d in by_linked.get(o.corr, ())]
     assert not any("nccl" in d.name.lower() for d in dev)
-    every = [d for o in [acc, *V._nested(by_tid, acc)] for d in by_linked.get(o.corr, ())]
+    every = [d for o in [acc, *verify._nested(by_tid, acc)] for d in by_linked.get(o.corr, ())]
     assert any("nccl" in d.name.lower() for d in every)  # it was there to be left out
 
 
 def test_real_trace_backward_thread_sample_reads():
     with open(os.path.join(DATA, "hta_backward_thread.json")) as f:
-        prof = V.profile_from_kineto(json.load(f))
-    evals = [e for e in prof.events if e.name.startswith(V.EVAL)]
+        prof = verify.profile_from_kineto(json.load(f))
+    evals = [e for e in prof.events if e.name.startswith(verify.EVAL)]
     main = next(e.tid for e in prof.events if e.name.startswith("ProfilerStep#"))
     assert evals and all(e.tid != main and e.seq >= 0 for e in evals)
 
 
 def test_a_file_that_is_not_a_kineto_trace_is_one_clear_error():
-    with pytest.raises(V.VerifyError, match="not a Kineto trace"):
-        V.profile_from_kineto({"events": []})
+    with pytest.raises(verify.VerifyError, match="not a Kineto trace"):
+        verify.profile_from_kineto({"events": []})
 
 
 def _run(strategies=("naive", "ddp"), steps=3, **kw):
@@ -83,13 +83,13 @@ def _run(strategies=("naive", "ddp"), steps=3, **kw):
 
 
 def _verify(r, shift=None, backend="nccl", check_comm=True):
-    prof = V.profile_from_kineto(r.trace())
-    dsteps = V.steps_from_batches(r.batches(shift))
-    psteps = V.profile_steps(prof, r.n_layers)
-    pairs, notes = V.match_rank(dsteps, psteps, r.comm_bytes, n_layers=r.n_layers,
+    prof = verify.profile_from_kineto(r.trace())
+    dsteps = verify.steps_from_batches(r.batches(shift))
+    psteps = verify.profile_steps(prof, r.n_layers)
+    pairs, notes = verify.match_rank(dsteps, psteps, r.comm_bytes, n_layers=r.n_layers,
                                 check_comm=check_comm)
-    tol, late = V.tolerances(True, backend)
-    rows = V.summarize(pairs, tol, ["naive", "ddp"], late_only=late)
+    tol, late = verify.tolerances(True, backend)
+    rows = verify.summarize(pairs, tol, ["naive", "ddp"], late_only=late)
     return {(x["strategy"], x["kind"]): x for x in rows}, notes
 
 
@@ -98,7 +98,7 @@ def _verify(r, shift=None, backend="nccl", check_comm=True):
     "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"])
 def test_gpu_verify_passes_on_a_trace_of_the_real_shape(nccl_name):
     r = _run(nccl_name=nccl_name)
-    ev_threads = {e["tid"] for e in r.trace()["traceEvents"] if e["name"].startswith(V.EVAL)}
+    ev_threads = {e["tid"] for e in r.trace()["traceEvents"] if e["name"].startswith(verify.EVAL)}
     assert ev_threads == {AUTOGRAD} and AUTOGRAD != MAIN  # as on a real GPU
     rows, notes = _verify(r)
     assert not notes, notes

@@ -23,7 +23,7 @@ from statistics import median
 
 from ranks.wire import BWD, COMM
 
-from . import evidence as EV
+from . import evidence as layer_evidence
 
 # a step names a culprit only when someone waited at least this long for it: below it, who
 # arrives last is scheduling noise (measured: README "Who waits for whom")
@@ -76,7 +76,7 @@ class StepWaits:
         panel asks for the last steps only): per rank and (pass, layer), own ms - the other
         ranks' median; per (pass, layer), the median over ranks."""
         if self._evidence is None:
-            self._evidence = EV.step_excess(EV.step_sections(self.batches)) if self.batches else ({}, {})
+            self._evidence = layer_evidence.step_excess(layer_evidence.step_sections(self.batches)) if self.batches else ({}, {})
         return self._evidence
 
     @property
@@ -260,7 +260,7 @@ def _arrival_culprit(out: dict, steps: list[StepWaits], counts: dict[int, int], 
 EXCESS_RANKS_MAX = 16
 
 
-def evidence(steps: list[StepWaits], layer_names: list[str], window: int = EV.WINDOW) -> dict | None:
+def evidence(steps: list[StepWaits], layer_names: list[str], window: int = layer_evidence.WINDOW) -> dict | None:
     """The per-layer evidence over these steps (ddptui/model/evidence.py): sliding windows of
     `window` steps (one window of all of them when fewer), the newest window's verdict,
     windows that named a culprit, when the newest culprit was detected. None: no step with
@@ -276,10 +276,10 @@ def evidence(steps: list[StepWaits], layer_names: list[str], window: int = EV.WI
     show = sorted(v.excess_ms) if len(v.excess_ms) <= EXCESS_RANKS_MAX else sorted({f.rank for f in v.findings})
     c = v.culprit
 
-    def finding(f: EV.Finding) -> dict:
+    def finding(f: layer_evidence.Finding) -> dict:
         kind, layer = f.section
         return {"rank": f.rank, "layer": layer_names[layer] if 0 <= layer < len(layer_names) else str(layer),
-                "pass": EV.PASS_NAMES.get(kind, "?"), "excess_ms": round(f.excess_ms, 3),
+                "pass": layer_evidence.PASS_NAMES.get(kind, "?"), "excess_ms": round(f.excess_ms, 3),
                 "mad_ms": round(f.mad_ms, 3), "ref_ms": round(f.ref_ms, 3), "slower_steps": f.slower,
                 "of": f.steps, "p": f.p, "text": f.text(layer_names)}
     return {
@@ -287,12 +287,12 @@ def evidence(steps: list[StepWaits], layer_names: list[str], window: int = EV.WI
         "windows": got["windows"], "windows_named": got["windows_named"],
         "windows_named_pct": round(100.0 * got["windows_named"] / got["windows"], 1),
         "windows_naming_culprit": got["windows_naming_culprit"],
-        "alpha": EV.ALPHA, "tests": v.tests, "need_steps": v.need,
+        "alpha": layer_evidence.ALPHA, "tests": v.tests, "need_steps": v.need,
         "false_alarm_bound": None if v.bound is None else round(v.bound, 6),
-        "min_excess_ms": EV.MIN_EXCESS_MS, "min_excess_rel": EV.MIN_EXCESS_REL,
+        "min_excess_ms": layer_evidence.MIN_EXCESS_MS, "min_excess_rel": layer_evidence.MIN_EXCESS_REL,
         "culprit": finding(c) if c else None,
         "findings": [finding(f) for f in v.findings[:8]],
-        "excess_ms": {str(r): {EV.section_name(k, layer_names): round(ms, 3)
+        "excess_ms": {str(r): {layer_evidence.section_name(k, layer_names): round(ms, 3)
                                for k, ms in sorted(v.excess_ms.get(r, {}).items())} for r in show},
         "detected_step": got["detected_step"], "onset_step": got["onset_step"],
         "detection_steps": got["detection_steps"], "detection_s": got["detection_s"],
@@ -307,7 +307,7 @@ def _scan_cached(rows: list, size: int, stride: int) -> dict:
     hit = _SCANS.get(key)
     if hit is not None and hit[0][0][2] is rows[0][2] and hit[0][-1][2] is rows[-1][2]:
         return hit[1]
-    got = EV.scan(rows, size, stride)
+    got = layer_evidence.scan(rows, size, stride)
     if len(_SCANS) >= 32:
         _SCANS.pop(next(iter(_SCANS)))
     _SCANS[key] = (rows, got)
