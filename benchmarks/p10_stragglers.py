@@ -85,8 +85,8 @@ def analyse(path: str) -> dict:
     out = {}
     for s in store.strategies():
         waits = store.recent_waits(s, None, 10**9)
-        rows = [(w.step, w.t_ns, w.excess, w.ref) for w in waits if w.ref]
-        verdicts = [evidence.judge([(k, e, ref) for k, _, e, ref in win]) for win in evidence.windows(rows)]
+        rows = [(w.step, w.sections, w.excess) for w in waits if w.ref]
+        verdicts = [evidence.judge(win) for win in evidence.windows(rows)]
         figs = store.recent_figures(s, None, 10**9, since=1)
         summ = store.summary(s)
         out[s] = {"verdicts": verdicts, "names": names, "steps": len(rows),

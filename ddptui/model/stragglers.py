@@ -71,21 +71,27 @@ class StepWaits:
     batches: dict | None = field(default=None, repr=False)  # rank -> span batch, for the evidence
     _evidence: tuple | None = field(default=None, repr=False)
 
-    def _excess_ref(self) -> tuple[dict, dict]:
+    def _sections_excess_ref(self) -> tuple[dict, dict, dict]:
         """Per-layer evidence (ddptui/model/evidence.py), worked out when first asked for (the
-        panel asks for the last steps only): per rank and (pass, layer), own ms - the other
-        ranks' median; per (pass, layer), the median over ranks."""
+        panel asks for the last steps only): per rank, (pass, layer) -> ms; per rank and
+        (pass, layer), own ms - the other ranks' median; per (pass, layer), the median over
+        ranks."""
         if self._evidence is None:
-            self._evidence = layer_evidence.step_excess(layer_evidence.step_sections(self.batches)) if self.batches else ({}, {})
+            secs = layer_evidence.step_sections(self.batches) if self.batches else {}
+            self._evidence = (secs, *layer_evidence.step_excess(secs))
         return self._evidence
 
     @property
+    def sections(self) -> dict:
+        return self._sections_excess_ref()[0]
+
+    @property
     def excess(self) -> dict:
-        return self._excess_ref()[0]
+        return self._sections_excess_ref()[1]
 
     @property
     def ref(self) -> dict:
-        return self._excess_ref()[1]
+        return self._sections_excess_ref()[2]
 
 
 def comm_spans(b):
@@ -265,7 +271,7 @@ def evidence(steps: list[StepWaits], layer_names: list[str], window: int = layer
     `window` steps (one window of all of them when fewer), the newest window's verdict,
     windows that named a culprit, when the newest culprit was detected. None: no step with
     two or more ranks' layers."""
-    rows = [(s.step, s.t_ns, s.excess, s.ref) for s in steps if s.ref]
+    rows = [(s.step, s.t_ns, s.sections, s.excess) for s in steps if s.ref]
     if not rows:
         return None
     size = min(window, len(rows))
@@ -280,15 +286,15 @@ def evidence(steps: list[StepWaits], layer_names: list[str], window: int = layer
         kind, layer = f.section
         return {"rank": f.rank, "layer": layer_names[layer] if 0 <= layer < len(layer_names) else str(layer),
                 "pass": layer_evidence.PASS_NAMES.get(kind, "?"), "excess_ms": round(f.excess_ms, 3),
-                "mad_ms": round(f.mad_ms, 3), "ref_ms": round(f.ref_ms, 3), "slower_steps": f.slower,
+                "mad_ms": round(f.mad_ms, 3), "ref_ms": round(f.ref_ms, 3),
+                "fast_excess_ms": round(f.fast_excess_ms, 3), "slower_steps": f.slower,
                 "of": f.steps, "p": f.p, "text": f.text(layer_names)}
     return {
         "window_steps": size, "first_step": v.first, "last_step": v.last,
         "windows": got["windows"], "windows_named": got["windows_named"],
         "windows_named_pct": round(100.0 * got["windows_named"] / got["windows"], 1),
         "windows_naming_culprit": got["windows_naming_culprit"],
-        "alpha": layer_evidence.ALPHA, "tests": v.tests, "need_steps": v.need,
-        "false_alarm_bound": None if v.bound is None else round(v.bound, 6),
+        "fast_quantile": layer_evidence.FAST_QUANTILE, "tests": v.tests, "need_steps": v.need,
         "min_excess_ms": layer_evidence.MIN_EXCESS_MS, "min_excess_rel": layer_evidence.MIN_EXCESS_REL,
         "culprit": finding(c) if c else None,
         "findings": [finding(f) for f in v.findings[:8]],
