@@ -3,20 +3,24 @@
 against measurement in the same run.
 
 Real torchrun, 2 CPU ranks on gloo, the ddp strategy alone, for medium and xlarge: the run
-starts at bucket_cap_mb 25 and is stepped through the ladder 1, 5, 100 and back to 25 by the
-app's own control (`LiveRun.set_bucket_cap`, the `b`/`B` keys: every rank re-wraps DDP at the
-same step). Each phase keeps N steps after the two that follow a re-wrap (the one-bucket step
-and the bucket rebuild). From the first 25 MB phase alone (ddptui.model.whatif: the recorded
-backward and collective-ready times, alpha + beta x bytes fitted to that phase's collectives)
-it predicts every cap's step time and exposed communication and prints them next to the
-medians measured in each phase (25 MB: the last phase, not the one predicted from).
+starts at bucket_cap_mb 25 and the caps take turns, 1, 5, 100, 25, 1, 5, 100, 25, ... for
+ROUNDS rounds, by the app's own control (`LiveRun.set_bucket_cap`, the `b`/`B` keys: every
+rank re-wraps DDP at the same step). Each phase keeps N steps after the two that follow a
+re-wrap (the one-bucket step and the bucket rebuild). Two ranks sharing two cores drift by
+more than the goals over a few minutes (the same cap measured 10 % apart in two phases a
+minute apart), so every cap is measured across the whole run, as the strategies take turns
+step by step: the figures of a cap are the medians over all its phases. From the 25 MB steps
+alone (ddptui.model.whatif: the recorded backward and collective-ready times, alpha + beta x
+bytes fitted to those steps' collectives) it predicts every other cap's step time and
+exposed communication and prints them next to what those caps measured. The 25 MB steps
+replayed are printed too (not counted: a gap there is the model's own).
 
 Figures: median over the caps and models of |predicted - measured| / measured for the step
 time (goal <= 10 %), and for the exposed communication (goal <= 20 %, or within 2 ms).
 World-size and bandwidth predictions are not checked here: no GPU here.
 
-    python benchmarks/p9_whatif.py            # 10 kept steps per phase
-    python benchmarks/p9_whatif.py --quick    # 4 kept steps per phase, medium only
+    python benchmarks/p9_whatif.py            # 3 rounds, 6 kept steps per phase (~8 min here)
+    python benchmarks/p9_whatif.py --quick    # 1 round, 4 kept steps per phase, medium only
 """
 from __future__ import annotations
 
@@ -34,20 +38,21 @@ from ddptui.live.launcher import plan as make_plan
 from ddptui.live.session import LiveRun, RunOptions
 
 SOURCE = 25.0
-LADDER = (1.0, 5.0, 100.0, 25.0)  # after the first 25 MB phase
+ROUND = (1.0, 5.0, 100.0, 25.0)  # the caps' turns after the first 25 MB phase, ROUNDS times
+ROUNDS = 3
 STEP_GOAL_PCT = 10.0
 EXPOSED_GOAL_PCT = 20.0
 EXPOSED_GOAL_MS = 2.0
 
 
-def run_model(model: str, batch: int, keep: int, out_dir: str, timeout_s: float = 900.0):
+def run_model(model: str, batch: int, keep: int, rounds: int, out_dir: str, timeout_s: float = 900.0):
     """One live run through the caps; returns (store, [(cap, first step, last step)])."""
     os.environ.update({k: v for k, v in env_for_ranks().items() if k == "OMP_NUM_THREADS"})
     opts = RunOptions(model=model, strategies=["ddp"], steps=0, batch_size=batch, bucket_cap_mb=SOURCE,
                       record=os.path.join(out_dir, f"p9-{model}.ddptui"), hang_s=120.0)
     run = LiveRun(opts, make_plan(2, None, "cpu"))
     phases: list[list] = [[SOURCE, 0, None]]
-    todo = list(LADDER)
+    todo = list(ROUND) * rounds
     t_end = time.monotonic() + timeout_s
     try:
         run.start()
@@ -81,11 +86,11 @@ def run_model(model: str, batch: int, keep: int, out_dir: str, timeout_s: float 
 
 
 def check(model: str, store, phases) -> list[dict]:
-    src = phases[0]
-    basis = whatif.collect(store, "ddp", cap_mb=SOURCE, upto=src[2])
+    basis = whatif.collect(store, "ddp", cap_mb=SOURCE)
     fit = whatif.fit_comm(basis)
     delays = whatif.fit_delays(basis)
-    print(f"{model}: predicted from {len(basis.steps)} steps at {SOURCE:g} MB ({basis.steps[0]}..{basis.steps[-1]}); "
+    print(f"{model}: predicted from {len(basis.steps)} steps at {SOURCE:g} MB "
+          f"({sum(1 for c, _, _ in phases if c == SOURCE)} phases, steps {basis.steps[0]}..{basis.steps[-1]}); "
           f"fit alpha {fit.alpha_ms:.2f} ms, beta {fit.beta_ms_per_mb:.3f} ms/MB, "
           f"error {fit.err_pct:.0f} % over {fit.n} collectives ({fit.sizes} sizes)")
     print(f"  {'cap MB':>6} {'buckets':>7} {'pred step':>10} {'meas step':>10} {'err':>6}   "
@@ -93,7 +98,7 @@ def check(model: str, store, phases) -> list[dict]:
     # the source steps themselves, replayed: what the simulator makes of what it was given
     # (not counted: a gap here is the model's; a gap only elsewhere is the run changing)
     p = whatif.predict(basis, fit, cap_mb=SOURCE, explicit=True, delays=delays)
-    m = whatif.measured(store, "ddp", SOURCE, since=basis.steps[0], upto=src[2])
+    m = whatif.measured(store, "ddp", SOURCE)
     if m is not None:
         print(f"  {'source':>6} {p.collectives:>7} {p.step_ms:>10.1f} {m['step_ms']:>10.1f} "
               f"{100.0 * (p.step_ms - m['step_ms']) / m['step_ms']:>+5.0f}%   "
@@ -101,9 +106,9 @@ def check(model: str, store, phases) -> list[dict]:
               f"{(100.0 * (p.exposed_ms - m['exposed_ms']) / m['exposed_ms']) if m['exposed_ms'] else 0:>+5.0f}% "
               f"{m['steps']:>10}")
     rows = []
-    for cap, first, last in phases[1:]:
+    for cap in sorted({c for c, _, _ in phases} - {SOURCE}):
         p = whatif.predict(basis, fit, cap_mb=cap, explicit=True, delays=delays)
-        m = whatif.measured(store, "ddp", cap, since=first, upto=last)
+        m = whatif.measured(store, "ddp", cap)  # every phase of that cap
         if m is None:
             continue
         e_step = 100.0 * (p.step_ms - m["step_ms"]) / m["step_ms"]
@@ -112,21 +117,32 @@ def check(model: str, store, phases) -> list[dict]:
         rows.append({"model": model, "cap": cap, "step_err": e_step, "exp_err": e_exp, "exp_diff": d_exp})
         print(f"  {cap:>6g} {p.collectives:>7} {p.step_ms:>10.1f} {m['step_ms']:>10.1f} {e_step:>+5.0f}%   "
               f"{p.exposed_ms:>9.1f} {m['exposed_ms']:>9.1f} {e_exp:>+5.0f}% {m['steps']:>10}")
+    # the run's own drift: each phase's median step next to its cap's other phases
+    for cap in sorted({c for c, _, _ in phases}):
+        per = [whatif.measured(store, "ddp", cap, since=a, upto=z) for c, a, z in phases
+               if c == cap and a is not None and z is not None]
+        print(f"  {cap:g} MB, step median of each phase in turn: "
+              + ", ".join(f"{m['step_ms']:.0f}" for m in per if m) + " ms")
     return rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="4 kept steps per phase, medium only")
+    ap.add_argument("--quick", action="store_true", help="1 round, 4 kept steps per phase, medium only")
+    ap.add_argument("--rounds", type=int, default=None, help=f"turns of the caps (default {ROUNDS}; --quick 1)")
     ap.add_argument("--keep", metavar="DIR", help="keep the recordings in DIR (ddptui whatif FILE reads them)")
     a = ap.parse_args(argv)
-    keep = 4 if a.quick else 10
+    keep = 4 if a.quick else 6
+    rounds = a.rounds or (1 if a.quick else ROUNDS)
+    if rounds < 1:
+        print("P9: --rounds must be at least 1", file=sys.stderr)
+        return 2
     models = [("medium", 1024)] if a.quick else [("medium", 1024), ("xlarge", 512)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="ddptui-p9-") as tmp:
         d = a.keep or tmp
         for model, batch in models:
-            store, phases = run_model(model, batch, keep, d)
+            store, phases = run_model(model, batch, keep, rounds, d)
             print(f"{model}: phases (cap, first step, last step) {phases}")
             rows += check(model, store, phases)
     if not rows:
