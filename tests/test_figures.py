@@ -28,6 +28,8 @@ def test_union_and_intersection_match_point_sets(xs, ys):
     assert figures.length(ux) == len(covered(xs))
     assert all(a < b for a, b in ux) and all(ux[i][1] < ux[i + 1][0] for i in range(len(ux) - 1))
     assert figures.intersection_length(ux, uy) == len(covered(xs) & covered(ys))
+    assert figures.union_length(list(xs)) == len(covered(xs))
+    assert figures.union_length(xs + ys) == len(covered(xs) | covered(ys))
 
 
 def batch(spans, iss=None):

@@ -24,6 +24,21 @@ def union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
+def union_length(intervals: list[tuple[int, int]]) -> int:
+    """The length of the union of [a, b) intervals (sorts the list in place)."""
+    intervals.sort()
+    total = 0
+    cur_a = cur_z = -(1 << 62)
+    for a, z in intervals:
+        if a > cur_z:
+            if z > a:
+                total += cur_z - cur_a
+                cur_a, cur_z = a, z
+        elif z > cur_z:
+            cur_z = z
+    return total + cur_z - cur_a
+
+
 def length(intervals) -> int:
     return sum(b - a for a, b in intervals)
 
@@ -95,26 +110,24 @@ class RankStep:
 
 
 def rank_step(b: SpanBatch, comm_bytes) -> RankStep:
-    """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket)."""
-    kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
+    """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket). Exposed
+    communication is the union of compute and communication less the union of compute."""
+    idx, t0, t1 = b.idx, b.t0, b.t1
     step = 0
     comp, comm = [], []
-    calls = nbytes = 0
-    for i in range(len(kind)):
-        k = kind[i]
-        a, z = t0[i], t1[i]
+    nbytes = 0
+    for i, k in enumerate(b.kind):
         if k == FWD or k == BWD:
-            comp.append((a, z))
+            comp.append((t0[i], t1[i]))
         elif k == COMM:
-            comm.append((a, z))
-            calls += 1
+            comm.append((t0[i], t1[i]))
             nbytes += comm_bytes(idx[i])
         elif k == STEP:
-            step = z - a
-    cu, mu = union(comp), union(comm)
-    comm_len = length(mu)
-    exposed = comm_len - intersection_length(cu, mu)
-    return RankStep(step / 1e3, length(cu) / 1e3, comm_len / 1e3, exposed / 1e3, calls, nbytes)
+            step = t1[i] - t0[i]
+    calls = len(comm)
+    both = comp + comm
+    cu, mu = union_length(comp), union_length(comm)
+    return RankStep(step / 1e3, cu / 1e3, mu / 1e3, (union_length(both) - cu) / 1e3, calls, nbytes)
 
 
 @dataclass

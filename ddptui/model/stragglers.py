@@ -109,22 +109,45 @@ def comm_spans(b):
             ci += 1
 
 
+def _rank_comms(b, to_common) -> dict[tuple[int, int], tuple[int, int]]:
+    """(idx, nth) -> (ready, end) in ns on the common clock, for one rank's batch (comm_spans,
+    inlined: this runs for every rank of every step)."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    seen: dict[int, int] = {}
+    base, idx, iss, t1 = b.base_ns, b.idx, b.iss, b.t1
+    ci = 0
+    same = to_common is same_clock
+    r = b.rank
+    for i, k in enumerate(b.kind):
+        if k == COMM:
+            j = idx[i]
+            n = seen.get(j, 0)
+            seen[j] = n + 1
+            ready, end = base + iss[ci] * 1000, base + t1[i] * 1000
+            out[(j, n)] = (ready, end) if same else (to_common(r, ready), to_common(r, end))
+            ci += 1
+    return out
+
+
 def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
     """The step's collectives present on every rank, in the first rank's issue order."""
     per_rank: dict[int, dict[tuple[int, int], tuple[int, int]]] = {}
     order: list[tuple[int, int]] = []
     for r, b in sorted(batches.items()):
-        got = {key: (to_common(r, b.base_ns + ready_us * 1000), to_common(r, b.base_ns + b.t1[i] * 1000))
-               for i, ready_us, key in comm_spans(b)}
+        got = _rank_comms(b, to_common) if b.rank == r else \
+            {key: (to_common(r, b.base_ns + ready_us * 1000), to_common(r, b.base_ns + b.t1[i] * 1000))
+             for i, ready_us, key in comm_spans(b)}
         per_rank[r] = got
         if not order:
             order = list(got)
     out = []
     for key in order:
-        if not all(key in g for g in per_rank.values()):
+        try:
+            got = {r: g[key] for r, g in per_rank.items()}
+        except KeyError:
             continue
-        ready = {r: g[key][0] for r, g in per_rank.items()}
-        end = {r: g[key][1] for r, g in per_rank.items()}
+        ready = {r: v[0] for r, v in got.items()}
+        end = {r: v[1] for r, v in got.items()}
         last = max(ready, key=lambda r: (ready[r], -r))
         out.append(Collective(key[0], key[1], ready, end, last, ready[last]))
     return out
@@ -162,7 +185,7 @@ def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits
     wait = {r: _union_ns([(c.ready[r], c.last_ready) for c in cols]) / 1e6 for r in ranks}
     caused = {r: 0.0 for r in ranks}
     for c in cols:
-        worst = max(c.wait_ns(r) for r in ranks) / 1e6
+        worst = (c.last_ready - min(c.ready.values())) / 1e6
         caused[c.last] = max(caused[c.last], worst)
     last = max(ranks, key=lambda r: (caused[r], -r))
     transfer = median(c.transfer_ns for c in cols) / 1e6
