@@ -85,7 +85,7 @@ def analyse(path: str) -> dict:
     out = {}
     for s in store.strategies():
         waits = store.recent_waits(s, None, 10**9)
-        rows = [(w.step, w.sections, w.excess) for w in waits if w.ref]
+        rows = [(w.step, w.flat, w.excess) for w in waits if w.ref]
         verdicts = [evidence.judge(win) for win in evidence.windows(rows)]
         figs = store.recent_figures(s, None, 10**9, since=1)
         summ = store.summary(s)

@@ -16,15 +16,26 @@
 
     python benchmarks/p3_drawing.py            # 300 frames; 5 s at 30 fps
     python benchmarks/p3_drawing.py --quick    # 60 frames; 2 s
+    python benchmarks/p3_drawing.py --vs a967aee [--rounds 3]
+
+--vs REV measures another revision's code in the same run: REV is checked out into a
+temporary git worktree and both revisions' own P3 run as subprocesses, taking turns (this
+code, REV, this code, REV, ...), so the machine's mood falls on both; it prints each run's
+figures, the medians and this code's ratio to REV's (P3a_vs, P3b_vs: goal <= 1).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
-from _common import result_line
+from _common import ROOT, result_line
 
 from ddptui.ui.app import DdpApp  # noqa: E402
 from ddptui.recording.synthetic import SyntheticSource  # noqa: E402
@@ -74,13 +85,62 @@ async def cpu_share(seconds: float, steps_per_s: float, ranks: int = 64) -> tupl
     return 100.0 * cpu / wall, last - first, app._ticks
 
 
+FIGURE = re.compile(r"^(P3[ab]) \S+ \S+=([\d.]+) ", re.M)
+
+
+def one_run(root: str, quick: bool) -> dict[str, float]:
+    """One P3 run of the code under `root`, in a subprocess: {'P3a': ms, 'P3b': %}."""
+    env = dict(os.environ, PYTHONPATH=root)
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "p3_drawing.py")] + (["--quick"] if quick else [])
+    p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    got = {k: float(v) for k, v in FIGURE.findall(p.stdout)}
+    if p.returncode != 0 or len(got) != 2:
+        sys.exit(f"P3: the run of {root} failed ({p.returncode}): "
+                 + ((p.stderr or p.stdout).strip().splitlines() or ["no output"])[-1])
+    return got
+
+
+def versus(rev: str, rounds: int, quick: bool) -> int:
+    """This code and REV's, taking turns; medians and ratios."""
+    with tempfile.TemporaryDirectory(prefix="ddptui-p3-vs-") as tmp:
+        other = os.path.join(tmp, "tree")
+        p = subprocess.run(["git", "worktree", "add", "--detach", other, rev], cwd=ROOT,
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"P3: cannot check out {rev}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}",
+                  file=sys.stderr)
+            return 2
+        try:
+            runs: dict[str, list[dict]] = {"this": [], rev: []}
+            for k in range(rounds):
+                for name, root in (("this", ROOT), (rev, other)):
+                    got = one_run(root, quick)
+                    runs[name].append(got)
+                    print(f"P3 round {k + 1}/{rounds} {name}: P3a {got['P3a']:.2f} ms, P3b {got['P3b']:.1f} %", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", other], cwd=ROOT, capture_output=True)
+    med = {name: {f: statistics.median(r[f] for r in rs) for f in ("P3a", "P3b")} for name, rs in runs.items()}
+    print(f"P3 medians over {rounds} turns each: this code P3a {med['this']['P3a']:.2f} ms, P3b {med['this']['P3b']:.1f} %; "
+          f"{rev}: P3a {med[rev]['P3a']:.2f} ms, P3b {med[rev]['P3b']:.1f} %")
+    print(result_line("P3a_vs", "frame_ratio", rev, med["this"]["P3a"] / med[rev]["P3a"], "<=", 1.0, "{:.2f}"))
+    print(result_line("P3b_vs", "cpu_ratio", rev, med["this"]["P3b"] / med[rev]["P3b"], "<=", 1.0, "{:.2f}"))
+    print(result_line("P3b", "cpu_pct", "share", med["this"]["P3b"], "<=", GOAL_CPU_PCT, "{:.1f}"))
+    return 0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="P3: UI drawing cost")
     p.add_argument("--quick", action="store_true", help="short run for CI")
     p.add_argument("--steps-per-s", type=float, default=5.0, help="(b) new steps per second (default 5)")
     p.add_argument("--ranks", type=int, default=64,
                    help="(b) ranks (default 64; past what fits, the panes draw aggregated lanes)")
+    p.add_argument("--vs", metavar="REV", help="also measure git revision REV's code, taking turns (see the docstring)")
+    p.add_argument("--rounds", type=int, default=3, help="with --vs: turns of each (default 3)")
     a = p.parse_args()
+    if a.vs:
+        if a.rounds < 1:
+            sys.exit("P3: --rounds must be at least 1")
+        sys.exit(versus(a.vs, a.rounds, a.quick))
     renders = 60 if a.quick else 300
     seconds = 2.0 if a.quick else 5.0
 

@@ -42,7 +42,7 @@ def test_excess_is_against_the_other_ranks_median():
 
 
 def window_of(rows):
-    return [(k, secs, evidence.step_excess(secs)[0]) for k, secs in enumerate(rows)]
+    return [(k, evidence.flatten(secs), evidence.step_excess(secs)[0]) for k, secs in enumerate(rows)]
 
 
 def test_judge_names_a_steady_excess_not_spikes():
@@ -63,6 +63,15 @@ def test_judge_names_a_steady_excess_not_spikes():
     assert v.culprit is None and v.excess_ms[1][b] == 18.0
     v = evidence.judge(window_of([{0: {b: 100.0}, 1: {b: 122.0}} for _ in range(20)]))
     assert v.culprit.excess_ms == 22.0
+
+
+def test_a_section_missing_from_a_step_is_not_judged_the_rest_is():
+    f, b = (FWD, 0), (BWD, 0)
+    rows = [{0: {f: 10.0, b: 20.0}, 1: {f: 50.0, b: 60.0}} for _ in range(20)]
+    del rows[7][1][f]  # rank 1's forward not measured in one step
+    v = evidence.judge(window_of(rows))
+    assert [(x.rank, x.section) for x in v.findings] == [(1, b)]
+    assert v.tests == 2 and v.excess_ms == {0: {b: -40.0}, 1: {b: 40.0}}
 
 
 def test_slow_rank_named_although_the_others_preemptions_make_it_faster_now_and_then():

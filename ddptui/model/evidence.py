@@ -64,6 +64,21 @@ def sections_of(b) -> dict[Section, float]:
     return out
 
 
+Flat = tuple[tuple[tuple[int, Section], ...], tuple[float, ...]]  # ((rank, section) ..., ms ...)
+_last_keys: list = [()]  # the keys of the last flattened step: the next one most likely has the same
+
+
+def flatten(sections: Sections) -> Flat:
+    """One step's sections as a key column and a value column, ranks and sections in order:
+    a window of steps with the same keys is turned column-wise by zip, in C."""
+    keys = tuple((r, key) for r in sorted(sections) for key in sorted(sections[r]))
+    if keys == _last_keys[0]:
+        keys = _last_keys[0]
+    else:
+        _last_keys[0] = keys
+    return keys, tuple(sections[r][key] for r, key in keys)
+
+
 def step_sections(batches: dict) -> Sections:
     """rank -> its sections, for one step's span batches (rank -> batch)."""
     return {r: sections_of(b) for r, b in batches.items()}
@@ -179,25 +194,33 @@ def _mad(vals: list[float], m: float) -> float:
     return median(abs(v - m) for v in vals)
 
 
-Step = tuple[int, Sections, dict[int, dict[Section, float]]]  # (step, sections, step_excess's excess)
+Step = tuple[int, Flat, dict[int, dict[Section, float]]]  # (step, its flattened sections, step_excess's excess)
 
 
 def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MIN_EXCESS_REL,
           min_slower: float = MIN_SLOWER) -> Verdict:
-    """A window of steps, each (step, sections per rank, excess per rank and section as
+    """A window of steps, each (step, its sections flattened, excess per rank and section as
     `step_excess` gives it), oldest first -> who is slow in which section."""
     steps = len(window)
     first = window[0][0] if window else -1
     last = window[-1][0] if window else -1
-    # a section counts where it was measured on every step of the window
-    durations: dict[int, dict[Section, list[float]]] = {}
-    for _, secs, _ in window:
-        for r, got in secs.items():
-            mine = durations.setdefault(r, {})
-            for key, ms in got.items():
-                mine.setdefault(key, []).append(ms)
-    fast: Sections = {r: {key: fast_time(v) for key, v in got.items() if len(v) == steps}
-                      for r, got in durations.items()}
+    flats = [f for _, f, _ in window]
+    keys = flats[0][0] if flats else ()
+    if all(f[0] is keys or f[0] == keys for f in flats):  # the same sections every step
+        cols = dict(zip(keys, zip(*(f[1] for f in flats))))
+    else:  # a section counts where it was measured on every step of the window
+        per: dict = {}
+        for ks, vs in flats:
+            for k, v in zip(ks, vs):
+                per.setdefault(k, []).append(v)
+        cols = {k: v for k, v in per.items() if len(v) == steps}
+    qi = min(steps - 1, int(FAST_QUANTILE * (steps - 1) + 0.5)) if steps else 0
+    fast: Sections = {}
+    for (r, key), col in cols.items():
+        got = fast.get(r)
+        if got is None:
+            got = fast[r] = {}
+        got[key] = sorted(col)[qi]
     excess, _ = step_excess(fast)
     need = need_steps(steps, min_slower)
     tests = sum(len(v) for v in excess.values())
@@ -210,7 +233,7 @@ def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MI
             slower = sum(1 for v in series if v > 0)
             if slower < need or len(series) != steps:
                 continue
-            mine = durations[r][key]
+            mine = cols[(r, key)]
             others = [d - e for d, e in zip(mine, series)]  # the others' median, step by step
             ex, ref = shift(mine, others), median(others)
             if ex < min_ms or ex < min_rel * ref:
@@ -253,8 +276,8 @@ def onset(values: list[float], level: float) -> int:
     return at
 
 
-def scan(steps: list[tuple[int, int, Sections, dict]], size: int = WINDOW, stride: int = 1) -> dict | None:
-    """Sliding windows over steps (step, start ns, sections, excess), oldest first: the
+def scan(steps: list[tuple[int, int, Flat, dict]], size: int = WINDOW, stride: int = 1) -> dict | None:
+    """Sliding windows over steps (step, start ns, flattened sections, excess), oldest first: the
     newest window's verdict, how many windows named anyone and the newest culprit, and when
     that culprit was first named (detection: the first window of the run of windows naming
     it that reaches the newest) against the change's estimated onset. None: fewer steps

@@ -71,18 +71,18 @@ class StepWaits:
     batches: dict | None = field(default=None, repr=False)  # rank -> span batch, for the evidence
     _evidence: tuple | None = field(default=None, repr=False)
 
-    def _sections_excess_ref(self) -> tuple[dict, dict, dict]:
+    def _sections_excess_ref(self) -> tuple[tuple, dict, dict]:
         """Per-layer evidence (ddptui/model/evidence.py), worked out when first asked for (the
-        panel asks for the last steps only): per rank, (pass, layer) -> ms; per rank and
-        (pass, layer), own ms - the other ranks' median; per (pass, layer), the median over
-        ranks."""
+        panel asks for the last steps only): every rank's (pass, layer) -> ms, flattened; per
+        rank and (pass, layer), own ms - the other ranks' median; per (pass, layer), the
+        median over ranks."""
         if self._evidence is None:
             secs = layer_evidence.step_sections(self.batches) if self.batches else {}
-            self._evidence = (secs, *layer_evidence.step_excess(secs))
+            self._evidence = (layer_evidence.flatten(secs), *layer_evidence.step_excess(secs))
         return self._evidence
 
     @property
-    def sections(self) -> dict:
+    def flat(self) -> tuple:
         return self._sections_excess_ref()[0]
 
     @property
@@ -294,11 +294,11 @@ def evidence(steps: list[StepWaits], layer_names: list[str], window: int = layer
     `window` steps (one window of all of them when fewer), the newest window's verdict,
     windows that named a culprit, when the newest culprit was detected. None: no step with
     two or more ranks' layers."""
-    rows = [(s.step, s.t_ns, s.sections, s.excess) for s in steps if s.ref]
+    rows = [(s.step, s.t_ns, s.flat, s.excess) for s in steps if s.ref]
     if not rows:
         return None
     size = min(window, len(rows))
-    ranks = len(rows[-1][2])
+    ranks = len(rows[-1][3])
     stride = 1 if ranks <= 64 else size  # many ranks: windows side by side
     got = _scan_cached(rows, size, stride)
     v = got["verdict"]

@@ -48,8 +48,7 @@ class RankSpans(Mapping):
         if got is None:
             b = self._batches[r]  # (KeyError for a rank not in the step)
             off = (b.base_ns - self._origin) / 1e6
-            got = [Span(b.kind[i], b.idx[i], off + b.t0[i] / 1e3, off + b.t1[i] / 1e3)
-                   for i in range(len(b.kind))]
+            got = [Span(k, j, off + a / 1e3, off + z / 1e3) for k, j, a, z in zip(b.kind, b.idx, b.t0, b.t1)]
             arrivals = self._arrivals
             for i, ready_us, key in stragglers.comm_spans(b):
                 s = got[i]

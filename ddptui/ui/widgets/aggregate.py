@@ -24,23 +24,27 @@ def _q(sorted_vals: list[float], q: float) -> float:
     return sorted_vals[min(len(sorted_vals) - 1, int(q * (len(sorted_vals) - 1) + 0.5))]
 
 
-def band_spans(spans: dict[int, list[Span]], ranks: list[int], q: float) -> list[Span]:
-    """The q-quantile lane of these ranks: span by span (ranks of one strategy send the same
-    spans in the same order; ranks whose list differs from the first's are left out), the
-    quantile of the starts, ends and ready times."""
+def band_spans(spans: dict[int, list[Span]], ranks: list[int], qs: tuple[float, ...]) -> list[list[Span]]:
+    """The q-quantile lanes of these ranks, one per q of `qs`: span by span (ranks of one
+    strategy send the same spans in the same order; ranks whose list differs from the
+    first's are left out), the quantile of the starts, ends and ready times (each column
+    sorted once for every q)."""
     lists = [spans[r] for r in ranks if r in spans]
     if not lists:
-        return []
+        return [[] for _ in qs]
     shape = [(s.kind, s.idx) for s in lists[0]]
-    lists = [sp for sp in lists if len(sp) == len(shape) and all((s.kind, s.idx) == k for s, k in zip(sp, shape))]
-    out = []
+    lists = [sp for sp in lists if len(sp) == len(shape) and [(s.kind, s.idx) for s in sp] == shape]
+    out: list[list[Span]] = [[] for _ in qs]
     for i, (kind, idx) in enumerate(shape):
-        starts = sorted(sp[i].start_ms for sp in lists)
-        ends = sorted(sp[i].end_ms for sp in lists)
-        ready = sorted(sp[i].issued_ms for sp in lists if sp[i].issued_ms is not None)
-        others = sorted(sp[i].others_ms for sp in lists if sp[i].others_ms is not None)
-        out.append(Span(kind, idx, _q(starts, q), max(_q(ends, q), _q(starts, q)),
-                        _q(ready, q) if ready else None, _q(others, q) if others else None, False))
+        col = [sp[i] for sp in lists]
+        starts = sorted([s.start_ms for s in col])
+        ends = sorted([s.end_ms for s in col])
+        ready = sorted([s.issued_ms for s in col if s.issued_ms is not None])
+        others = sorted([s.others_ms for s in col if s.others_ms is not None])
+        for lane, q in zip(out, qs):
+            a = _q(starts, q)
+            lane.append(Span(kind, idx, a, max(_q(ends, q), a), _q(ready, q) if ready else None,
+                             _q(others, q) if others else None, False))
     return out
 
 
@@ -82,10 +86,11 @@ def aggregate(view: StepView, lanes: int, hosts: dict[int, list[int]] | None = N
             singles.append(r)
     spans: dict[int, list[Span]] = {}
     labels: dict[int, tuple[str, str]] = {}
+    qs = (0.5, 0.95)
     for g, (name, members) in enumerate(groups_of(ranks, hosts, n_groups)):
-        for j, q in enumerate((0.5, 0.95)):
+        for j, (q, band) in enumerate(zip(qs, band_spans(view.spans, members, qs))):
             lane = BAND_BASE + 2 * g + j
-            spans[lane] = band_spans(view.spans, members, q)
+            spans[lane] = band
             labels[lane] = (f"p{int(q * 100)} comp ", f"{name[:8]:<9}" if j == 0 else f"×{len(members):<8}")
     for r in singles:
         spans[r] = view.spans[r]
