@@ -27,3 +27,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+TOKEN = b"0123456789abcdef0123456789abcdef"  # the run's token in the multi-node and doors tests
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    """TOKEN in a file only its owner can read, as `--token-file` wants it."""
+    p = tmp_path / "token"
+    p.write_bytes(TOKEN + b"\n")
+    p.chmod(0o600)
+    return str(p)

@@ -28,7 +28,7 @@ from ranks import wire
 
 from .helpers import ROOT, wait_no_workers
 
-TOKEN = b"0123456789abcdef0123456789abcdef"
+from tests.conftest import TOKEN
 DEMO = os.path.join(ROOT, "demo", "cpu-small-2ranks.ddptui")
 
 
@@ -46,14 +46,6 @@ def wait_for(cond, timeout: float, step: float = 0.05):
             return got
         time.sleep(step)
     return cond()
-
-
-@pytest.fixture
-def token_file(tmp_path):
-    p = tmp_path / "token"
-    p.write_bytes(TOKEN + b"\n")
-    p.chmod(0o600)
-    return str(p)
 
 
 # -- the token file ---------------------------------------------------------------------------

@@ -24,21 +24,13 @@ from ranks import wire
 
 from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, assert_no_leftovers, worker_procs
 
-TOKEN = b"0123456789abcdef0123456789abcdef"
+from tests.conftest import TOKEN
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def token_file(tmp_path):
-    p = tmp_path / "token"
-    p.write_bytes(TOKEN + b"\n")
-    p.chmod(0o600)
-    return str(p)
 
 
 # -- the clock estimate (pure) -------------------------------------------------------------------

@@ -214,13 +214,12 @@ def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MI
             for k, v in zip(ks, vs):
                 per.setdefault(k, []).append(v)
         cols = {k: v for k, v in per.items() if len(v) == steps}
-    qi = min(steps - 1, int(FAST_QUANTILE * (steps - 1) + 0.5)) if steps else 0
     fast: Sections = {}
     for (r, key), col in cols.items():
         got = fast.get(r)
         if got is None:
             got = fast[r] = {}
-        got[key] = sorted(col)[qi]
+        got[key] = fast_time(col)
     excess, _ = step_excess(fast)
     need = need_steps(steps, min_slower)
     tests = sum(len(v) for v in excess.values())

@@ -109,7 +109,7 @@ def comm_spans(b):
             ci += 1
 
 
-def _rank_comms(b, to_common) -> dict[tuple[int, int], tuple[int, int]]:
+def _rank_comms(r: int, b, to_common) -> dict[tuple[int, int], tuple[int, int]]:
     """(idx, nth) -> (ready, end) in ns on the common clock, for one rank's batch (comm_spans,
     inlined: this runs for every rank of every step)."""
     out: dict[tuple[int, int], tuple[int, int]] = {}
@@ -117,7 +117,6 @@ def _rank_comms(b, to_common) -> dict[tuple[int, int], tuple[int, int]]:
     base, idx, iss, t1 = b.base_ns, b.idx, b.iss, b.t1
     ci = 0
     same = to_common is same_clock
-    r = b.rank
     for i, k in enumerate(b.kind):
         if k == COMM:
             j = idx[i]
@@ -134,10 +133,7 @@ def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
     per_rank: dict[int, dict[tuple[int, int], tuple[int, int]]] = {}
     order: list[tuple[int, int]] = []
     for r, b in sorted(batches.items()):
-        got = _rank_comms(b, to_common) if b.rank == r else \
-            {key: (to_common(r, b.base_ns + ready_us * 1000), to_common(r, b.base_ns + b.t1[i] * 1000))
-             for i, ready_us, key in comm_spans(b)}
-        per_rank[r] = got
+        got = per_rank[r] = _rank_comms(r, b, to_common)
         if not order:
             order = list(got)
     out = []

@@ -81,13 +81,8 @@ _EV_DEC = msgspec.json.Decoder(_Ev)
 _ARGS_DEC = msgspec.json.Decoder(_Args)
 
 
-class _EvA(msgspec.Struct):
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
+class _EvA(_Ev):
+    """An event with its args decoded at once (a small file: no use deferring them)."""
     args: _Args | None = None
 
 
