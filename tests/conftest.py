@@ -8,8 +8,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# every process this test session starts inherits this tag: leftover checks look only at ours
-os.environ.setdefault("DDPTUI_TEST_SESSION", uuid.uuid4().hex)
+# every process this test session starts inherits this tag: leftover checks look only at
+# ours. One tag per pytest-xdist worker, so tests running side by side never see (or
+# signal) each other's ranks.
+_RUN = os.environ.setdefault("DDPTUI_TEST_RUN", uuid.uuid4().hex)
+os.environ["DDPTUI_TEST_SESSION"] = f"{_RUN}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 def cuda_available() -> bool:
@@ -20,7 +23,17 @@ def cuda_available() -> bool:
         return False
 
 
+# module-scoped fixtures that start real ranks: the tests sharing one run go to one
+# pytest-xdist worker (`--dist loadgroup`), so the run is made once
+SHARED_RUNS = {"run", "live", "cpu_traces", "cpu_traces_plain"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        shared = SHARED_RUNS.intersection(getattr(item, "fixturenames", ()))
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{min(shared)}"))
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -21,15 +21,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
 
 
-def worker_procs() -> list[psutil.Process]:
-    """Every ranks.worker / torchrun process started by this test session still alive
-    (tagged through the DDPTUI_TEST_SESSION environment variable they inherit)."""
+WORKERS = ("ranks.worker", "torch.distributed.run")
+
+
+def worker_procs(needles=WORKERS, tag: str | None = None) -> list[psutil.Process]:
+    """Every process started by this test session (or worker of a parallel session) still
+    alive whose command line holds one of `needles` (by default ranks.worker and torchrun):
+    they are told apart by the environment variable DDPTUI_TEST_SESSION they inherit
+    (`tag`: that value instead, e.g. one a single test set on the processes it started)."""
     out = []
     me = os.getpid()
-    tag = os.environ.get("DDPTUI_TEST_SESSION")
+    tag = tag or os.environ.get("DDPTUI_TEST_SESSION")
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cl = " ".join(p.info["cmdline"] or [])
-        if p.info["pid"] != me and ("ranks.worker" in cl or "torch.distributed.run" in cl):
+        if p.info["pid"] != me and any(n in cl for n in needles):
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             try:

@@ -16,7 +16,7 @@ import pytest
 
 from ranks import spec
 
-from .helpers import ROOT, run_cli, run_main, assert_no_leftovers
+from .helpers import ROOT, run_cli, run_main, assert_no_leftovers, worker_procs
 
 TABLE_COLUMNS = ("model", "strategy", "ranks", "params", "step ms (median)", "comm ms",
                  "samples/s", "speedup vs single")
@@ -103,45 +103,34 @@ def test_bench_bad_input_one_line_exit_2(args, needle):
     assert len(lines) == 1 and lines[0].startswith("ddptui: error:") and needle in lines[0], p.stderr
 
 
+# the quick figures that run in minutes here, in two halves that can run side by side: the
+# ones that start torchrun and those that do not. P6, P9 and P11 start many ranks or record
+# real runs: `benchmarks/run_all.py` runs them all (benchmarks/README.md)
+QUICK = {
+    "torchrun": ("P1,P5", (r"^P1 overhead median_ratio", r"^P5 startup first_step_s")),
+    "in-process": ("P2,P3,P4,P7,P8,P10", (
+        r"^P2 ingest events_per_s", r"^P4 replay bytes_per_span", r"^P4 replay open_index_s",
+        r"^P7 hook_cost us_per_layer", r"^P10a stragglers named_pct", r"^P8 trace_import rss_ratio",
+        r"^P8 trace_import mb_per_cpu_s", r"^P3\w* \S+ \S+")),
+}
+
+
 @pytest.mark.slow
-def test_benchmarks_quick_print_their_figures():
+@pytest.mark.parametrize("half", sorted(QUICK))
+def test_benchmarks_quick_print_their_figures(half):
+    only, patterns = QUICK[half]
     env = os.environ.copy()
     env.setdefault("OMP_NUM_THREADS", "1")
-    # the quick figures that run in minutes here; P6, P9 and P11 start many ranks or record
-    # real runs: `benchmarks/run_all.py` runs them all (benchmarks/README.md)
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run_all.py"), "--quick",
-                        "--only", "P1,P2,P3,P4,P5,P7,P8,P10"],
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run_all.py"), "--quick", "--only", only],
                        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     out = p.stdout
     figure = r"=\S+ goal(<=|>=)\S+ (OK|MISS)$"
-    for pattern in (r"^P1 overhead median_ratio", r"^P2 ingest events_per_s",
-                    r"^P4 replay bytes_per_span", r"^P4 replay open_index_s",
-                    r"^P5 startup first_step_s", r"^P7 hook_cost us_per_layer",
-                    r"^P10a stragglers named_pct", r"^P8 trace_import rss_ratio",
-                    r"^P8 trace_import mb_per_cpu_s"):
+    for pattern in patterns:
         assert re.search(pattern + figure, out, re.M), pattern
-    assert re.search(r"^P3\w* \S+ \S+" + figure, out, re.M)
-    # the summary table names every benchmark
+    # the summary table names every benchmark run
     table = out[out.rindex("benchmark"):]
-    for tag in ("P1", "P2", "P4", "P5"):
+    for tag in only.split(","):
         assert tag in table
     assert "FAILED" not in table
-    assert _left_behind(("ranks.bench_overhead", "trivial_worker.py")) == []
-
-
-def _left_behind(needles) -> list:
-    """This test session's processes (tagged DDPTUI_TEST_SESSION) still running."""
-    import psutil
-    tag = os.environ.get("DDPTUI_TEST_SESSION")
-    out = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cl = " ".join(proc.info["cmdline"] or [])
-        if any(n in cl for n in needles) and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            try:
-                if tag and proc.environ().get("DDPTUI_TEST_SESSION") != tag:
-                    continue
-            except psutil.Error:
-                continue
-            out.append(proc)
-    return out
+    assert worker_procs(("ranks.bench_overhead", "trivial_worker.py")) == []

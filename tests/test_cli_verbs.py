@@ -19,7 +19,7 @@ from ddptui.recording import loader, rankset
 from ranks import recfile
 
 from .test_export import recording_counts, trace_counts, validate_trace
-from .helpers import ROOT, cli_env, run_cli, run_main, start_cli, synthetic_frames, write_recording
+from .helpers import ROOT, cli_env, run_cli, run_main, start_cli, synthetic_frames, worker_procs, write_recording
 
 LIVE = ["--headless", "--gpus", "2", "--model", "small", "--batch-size", "256"]
 RUN_FIELDS = ("model", "world_size", "batch", "backend", "device")
@@ -101,26 +101,15 @@ def test_recording_header_describes_the_run(live):
 
 
 def _our_workers(mark: str) -> list[psutil.Process]:
-    """ranks.worker / torchrun processes started by this test (they carry its mark)."""
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            if "ranks.worker" not in " ".join(p.info["cmdline"] or []):
-                continue
-            if p.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if p.environ().get("DDPTUI_TEST_MARK") == mark:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return out
+    """ranks.worker processes started by this test (they carry its mark as their tag)."""
+    return worker_procs(("ranks.worker",), tag=mark)
 
 
 @pytest.mark.slow
 def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
     rec = tmp_path / "killed.ddptui"
     mark = uuid.uuid4().hex
-    proc = start_cli(*LIVE, "--steps", "0", "--record", str(rec), env=dict(NO_GPU, DDPTUI_TEST_MARK=mark),
+    proc = start_cli(*LIVE, "--steps", "0", "--record", str(rec), env=dict(NO_GPU, DDPTUI_TEST_SESSION=mark),
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen = 0
     try:

@@ -80,6 +80,7 @@ def test_slow_rank_option_parsing():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # arrival order and per-layer times: a neighbour test's ranks would blur them
 def test_slow_rank_is_found_on_two_real_ranks(tmp_path):
     """2 CPU ranks, medium, rank 1's fc2 backward 40 ms longer: naive and DDP name rank 1 and
     fc2; rank 0 waits ~40 ms a step, rank 1 hardly at all. The JSON carries the figures."""
@@ -127,6 +128,7 @@ def test_slow_rank_bad_values_are_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.asyncio
 async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
     """The live app on 2 real CPU ranks: `d` puts a straggler on rank 1 (small's middle layer,

@@ -18,6 +18,7 @@ import pytest
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,  # the straggler it switches on must be named: the cores to itself
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
 ]
