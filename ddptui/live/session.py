@@ -23,6 +23,7 @@ from .launcher import (PROJECT_ROOT, Launcher, Plan, describe_exit, rank_exit_co
 from .nvml import CpuSampler, GpuSampler
 from ranks.recfile import RecordWriter
 from ddptui.model.store import Store
+from ddptui.model.updater import Updater
 from .watchdog import Watchdog
 
 
@@ -69,6 +70,7 @@ class LiveRun:
         self.first_step_s: float | None = None
         self.multinode = opts.multinode
         self.listener = None  # multi-node: ddptui.live.netlisten.NetListener
+        self.updater = Updater(self.store)  # the store's figures, off the drawing thread
 
     # -- metadata ----------------------------------------------------------------------
     def meta(self) -> dict:
@@ -111,6 +113,7 @@ class LiveRun:
         self.launcher = Launcher(cmd, env, log_path, cwd=self.cwd)
         self._sampler = threading.Thread(target=self._sample_loop, name="ddptui-sampler", daemon=True)
         self._sampler.start()
+        self.updater.start()
         self.state = "running"
 
     cwd = PROJECT_ROOT  # where torchrun starts
@@ -186,7 +189,8 @@ class LiveRun:
         if self.state not in ("running", "starting"):
             return True
         st = self.store
-        st.update()
+        if self.first_step_s is None:  # (later steps: the Updater's thread)
+            st.update()
         now = time.monotonic()
         if self.first_step_s is None and any(st.latest_complete(s) is not None for s in st.strategies()):
             self.first_step_s = now - self.started
@@ -298,4 +302,5 @@ class LiveRun:
                 self.recorder.close()
         if getattr(self, "run_dir", None):
             shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.updater.stop()
         self.store.update()

@@ -2,7 +2,8 @@
 recorder's summary and the headless report read figures out.
 
 Ingest is cheap (columns are kept as they arrive); figures are computed by update(),
-called by whoever reads, off the collector thread. Raw spans are kept for the last
+off the collector thread: while a run is live by one Updater thread (updater.py), else by
+whoever reads. Raw spans are kept for the last
 ``keep_steps`` steps of each strategy and per-step figures for the last ``keep_figures``,
 so memory stays bounded however long the run.
 """
@@ -364,23 +365,48 @@ class Store:
             return got
 
     def update(self) -> None:
-        """Compute figures of steps complete on every rank; evict what is beyond bounds."""
+        """Compute figures of steps complete on every rank; evict what is beyond bounds.
+
+        Three phases, so readers (the UI) never wait on the arithmetic: what to compute is
+        chosen under the lock, computed outside it (span batches never change once in), and
+        published under it (a step evicted meanwhile is dropped). The Updater thread calls
+        this while a run is live; readers that need figures now may call it too."""
+        todo = []  # (strategy, step, {rank: batch}, {rank: comm_bytes})
         with self.lock:
             for strategy, dirty in self._dirty.items():
                 per = self.raw.get(strategy, {})
                 want = self.expected_ranks(strategy)
-                figs = self.step_figs.setdefault(strategy, OrderedDict())
+                figs = self.step_figs.get(strategy, {})
                 for k in sorted(dirty):
                     ranks = per.get(k)
                     if ranks is None or len(ranks) < want or k in figs:
                         continue
-                    rs = [self.rank_figures(strategy, k, r) for r in sorted(ranks)]
-                    figs[k] = figures.combine(k, rs)
-                    waits = self.waits.setdefault(strategy, OrderedDict())
-                    waits[k] = stragglers.step_waits(ranks, figs[k].step_ms)
-                    if waits[k] is not None and self.clocks:
-                        self._collect_clock_samples(waits[k], self._shift.get((strategy, k), {}), (strategy, k))
+                    todo.append((strategy, k, dict(sorted(ranks.items())),
+                                 {r: self.comm_bytes_fn(strategy, r, k) for r in ranks}))
                     dirty.discard(k)
+        done = []
+        for strategy, k, ranks, comm in todo:
+            rs = {r: figures.rank_step(b, comm[r]) for r, b in ranks.items()}
+            step = figures.combine(k, list(rs.values()))
+            done.append((strategy, k, ranks, rs, step, stragglers.step_waits(ranks, step.step_ms)))
+        with self.lock:
+            for strategy, k, ranks, rs, step, waits in done:
+                if self.raw.get(strategy, {}).get(k) is None:
+                    continue  # evicted while computed
+                figs = self.step_figs.setdefault(strategy, OrderedDict())
+                if k in figs:
+                    continue  # another caller published it first
+                for r, got in rs.items():
+                    self.rank_figs[(strategy, k, r)] = got
+                figs[k] = step
+                self.waits.setdefault(strategy, OrderedDict())[k] = waits
+                if waits is not None and self.clocks:
+                    self._collect_clock_samples(waits, self._shift.get((strategy, k), {}), (strategy, k))
+            if done:
+                self.version += 1
+            for strategy, dirty in self._dirty.items():
+                per = self.raw.get(strategy, {})
+                figs = self.step_figs.setdefault(strategy, OrderedDict())
                 while len(per) > self.keep_steps:
                     k, ranks = per.popitem(last=False)
                     self._shift.pop((strategy, k), None)

@@ -8,12 +8,14 @@ per bucket during backward.
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 from ranks import spec, wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from ddptui.model.store import Store
+from ddptui.model.updater import Updater
 
 
 def hello(rank: int, world: int, model: str, strategies, batch: int = 1024,
@@ -174,12 +176,15 @@ class SyntheticSource:
     """The one synthetic source (a `ddptui.ui.source.Source` with `BucketControl`): a Store
     filled with `steps` steps of a SyntheticRun, for UI tests, snapshots, benchmarks and
     demos without torch. `add_steps(n)` adds steps now; `ahead` more steps arrive on the
-    wall clock, `per_s` a second after start() (a live feed, benchmarks). It records what
-    the app asks of it: `calls`, `polls`."""
+    wall clock, `per_s` a second after start(), as a live run's do: put into the store by a
+    thread of their own (a live run's collector) and counted by an Updater (benchmarks);
+    `slow`: SyntheticRun's slow rank. It
+    records what the app asks of it: `calls`, `polls`."""
 
     def __init__(self, steps: int = 6, world: int = 2, model: str = "medium", strategies=("naive", "ddp"),
-                 gpu: bool = False, seed: int = 3, ahead: int = 0, per_s: float = 0.0):
-        self.run = SyntheticRun(model, world, strategies, seed=seed)
+                 gpu: bool = False, seed: int = 3, ahead: int = 0, per_s: float = 0.0,
+                 slow: tuple[int, int, float] | None = None):
+        self.run = SyntheticRun(model, world, strategies, seed=seed, slow=slow)
         self.store = Store()
         self.steps = 0
         if steps:
@@ -191,6 +196,8 @@ class SyntheticSource:
         self.state, self.message = "running", ""
         self.calls: list[tuple] = []
         self.polls = 0
+        self.updater = Updater(self.store)
+        self._halt = threading.Event()
 
     def add_steps(self, n: int, gpu: bool = False) -> None:
         """n more steps now (GPU samples with them on the first fill only)."""
@@ -206,15 +213,18 @@ class SyntheticSource:
     def start(self) -> None:
         self.calls.append(("start",))
         self.next_at = time.monotonic() + self.every
+        if self.pending and self.every != float("inf"):
+            threading.Thread(target=self._feed, name="ddptui-synthetic-feed", daemon=True).start()
+            self.updater.start()
 
-    def poll(self) -> bool:
-        self.polls += 1
-        now = time.monotonic()
-        while self.pending and now >= self.next_at:
+    def _feed(self) -> None:
+        while self.pending and not self._halt.wait(max(0.0, self.next_at - time.monotonic())):
             for f in self.pending.pop(0):
                 self.store.ingest(f)
             self.next_at += self.every
-        self.store.update()
+
+    def poll(self) -> bool:
+        self.polls += 1
         return self.state != "running"
 
     def set_bucket_cap(self, mb: float) -> int:
@@ -223,5 +233,7 @@ class SyntheticSource:
 
     def stop(self, why: str = "") -> None:
         self.calls.append(("stop", why))
+        self._halt.set()
+        self.updater.stop()
         if self.state == "running":
             self.state = "stopped"

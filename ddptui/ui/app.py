@@ -113,6 +113,8 @@ class DdpApp(App):
         self._banner_rows = 0
         self._ticks = 0
         self._t0 = time.monotonic()
+        self._prepared = 0  # the store version the Updater's thread last made a frame's data for
+        self._prepared_shown: dict | None = None  # ... and the steps it made it for
 
     # -- composition -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -138,6 +140,9 @@ class DdpApp(App):
         self._caps_seen = len(self.source.store.cap_history())
         if self.transport is None and not self._has_step():
             self.push_screen(StartupScreen())
+        updater = getattr(self.source, "updater", None)
+        if updater is not None and self.transport is None:  # live: made ahead, off this thread
+            updater.after = self._prepare
         self.run_worker(self._start_source, thread=True, name="start", exit_on_error=False)
         self.set_interval(1 / self.fps, self._tick)
         self._redraw()
@@ -178,10 +183,34 @@ class DdpApp(App):
             self._redraw()
 
     def _draw_key(self) -> tuple:
-        """Everything a frame depends on: unchanged key, nothing to draw."""
+        """Everything a frame depends on: unchanged key, nothing to draw. Live, with an
+        Updater preparing frames, the store's changes count once their data is made."""
         src, store = self.source, self.source.store
         sizes = tuple(w.size for w in (*self.panes.values(), *self.panels.values()))
-        return id(store), store.version, self._ui_gen, src.state, self._busy, self.size, sizes
+        version = self._prepared if self._prepares() else store.version
+        return id(store), version, self._ui_gen, src.state, self._busy, self.size, sizes
+
+    def _prepares(self) -> bool:
+        """Live with an Updater preparing frames (see _prepare)."""
+        updater = getattr(self.source, "updater", None)
+        return updater is not None and updater.after is not None and updater.running
+
+    def _prepare(self) -> None:
+        """On the Updater's thread, after each update: the views of the steps the next frame
+        shows, who waited for whom with the per-layer evidence, and each pane's aggregated
+        lanes (the work that grows with the ranks), made into the caches the drawing reads;
+        then the frame may be drawn. Only pure functions of the store run here, no widget."""
+        store = self.source.store
+        version = store.version
+        shown = self.vm.shown_steps(store)
+        if self.is_running and self.panes:
+            hosts = store.hosts()
+            for s, pane in list(self.panes.items()):
+                view = self._view(store, s, shown.get(s))
+                waits.culprit_gist(store, shown)
+                if view is not None:
+                    aggregate.for_pane(view, pane.size.height, hosts, waits.culprit_rank(store, shown, s))
+        self._prepared_shown, self._prepared = shown, version
 
     def _has_step(self) -> bool:
         store = self.source.store
@@ -276,8 +305,11 @@ class DdpApp(App):
         pg.styles.height = sum(plan.shelf_rows)
 
     def shown_steps(self) -> dict[str, int | None]:
-        """The step each strategy pane shows."""
+        """The step each strategy pane shows (live and following: those the Updater's thread
+        last prepared a frame for)."""
         t = self.transport
+        if t is None and not self.vm.paused and self._prepared_shown is not None and self._prepares():
+            return dict(self._prepared_shown)
         return self.vm.shown_steps(self.source.store, t.position_step if t else None, replay=t is not None)
 
     def _ms_per_cell(self, views: dict) -> float:

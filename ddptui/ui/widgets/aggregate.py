@@ -10,6 +10,8 @@ at most GUTTER cells. Pure; the app calls `for_pane` with what the pane has room
 """
 from __future__ import annotations
 
+import threading
+
 from ranks.wire import BWD, FWD
 
 from ddptui.model.views import Span, StepView
@@ -102,6 +104,7 @@ def aggregate(view: StepView, lanes: int, hosts: dict[int, list[int]] | None = N
 
 
 _CACHE: dict = {}
+_CACHE_LOCK = threading.Lock()  # the Updater's thread fills it ahead of the drawing thread
 
 
 def for_pane(view: StepView | None, rows: int, hosts: dict[int, list[int]] | None = None,
@@ -115,11 +118,13 @@ def for_pane(view: StepView | None, rows: int, hosts: dict[int, list[int]] | Non
     if len(view.spans) <= lanes or len(view.spans) < MIN_RANKS:
         return view, None
     key = (id(view), lanes, culprit, tuple(sorted(hosts)) if hosts else None)
-    got = _CACHE.get(key)
+    with _CACHE_LOCK:
+        got = _CACHE.get(key)
     if got is not None and got[0] is view:
         return got[1], got[2]
     agg, labels = aggregate(view, lanes, hosts, culprit)
-    if len(_CACHE) >= 16:
-        _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[key] = (view, agg, labels)
+    with _CACHE_LOCK:
+        if len(_CACHE) >= 16:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = (view, agg, labels)
     return agg, labels

@@ -9,29 +9,13 @@ from . import theme
 from .panel import Frame, Panel
 from .text import Parts
 
-RECENT = 20  # steps the medians and bars are over (a live talk: a change shows within seconds)
-
-
-def _recent(store: Store, strategy: str, upto: int | None) -> list[stragglers.StepWaits]:
-    return store.recent_waits(strategy, upto, RECENT)
-
-
-_SUMMARIES: dict = {}  # (store, strategy) -> (the steps summarised, the summary)
+RECENT = stragglers.RECENT  # steps the medians and bars are over
 
 
 def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
-    """stragglers.summarize of a strategy's last RECENT steps, kept while they are the same steps
-    (the panel, the status bar, the headline and the lanes ask for it every frame)."""
-    steps = _recent(store, strategy, upto)
-    key = (id(store), strategy)
-    got = _SUMMARIES.get(key)
-    if got is not None and len(got[0]) == len(steps) and all(a is b for a, b in zip(got[0], steps)):
-        return got[1]
-    out = stragglers.summarize(steps, list(store.meta.get("layers") or []))
-    if len(_SUMMARIES) >= 16:
-        _SUMMARIES.pop(next(iter(_SUMMARIES)))
-    _SUMMARIES[key] = (steps, out)
-    return out
+    """stragglers.summarize of a strategy's last RECENT steps (kept while they are the same)."""
+    return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT),
+                                       list(store.meta.get("layers") or []))
 
 
 def _strategies(store: Store) -> list[str]:

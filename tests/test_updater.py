@@ -1,0 +1,134 @@
+"""The Updater (ddptui/model/updater.py): a live run's figures made on a thread of their own,
+and the app's frames prepared there, so the drawing thread only draws (Textual, run_test)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from ddptui.model import stragglers
+from ddptui.model.store import Store
+from ddptui.model.updater import Updater
+from ddptui.recording.synthetic import SyntheticRun, SyntheticSource
+from ddptui.ui.app import DdpApp
+from ddptui.ui.widgets import aggregate
+
+
+def wait_until(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_figures_come_from_the_updaters_thread_while_frames_arrive_on_another():
+    run = SyntheticRun("small", 4, ("naive", "ddp"), seed=1)
+    st = Store()
+    for f in run.header_frames():
+        st.ingest(f)
+    up = Updater(st, period=0.01).start()
+    made_on: set[str] = set()
+    real = stragglers.step_waits
+
+    def spy(*a, **kw):  # the real function, noting which thread ran it
+        made_on.add(threading.current_thread().name)
+        return real(*a, **kw)
+
+    stragglers.step_waits = spy
+    try:
+        def feed():
+            for k in range(30):
+                for f in run.step_frames(k):
+                    st.ingest(f)
+                time.sleep(0.002)
+
+        t = threading.Thread(target=feed, name="collector")
+        t.start()
+        t.join()
+        assert wait_until(lambda: st.latest_complete("ddp") == 29 and st.latest_complete("naive") == 29)
+    finally:
+        stragglers.step_waits = real
+        up.stop()
+    assert made_on == {"ddptui-updater"}  # not the thread that fed, not this (the reader's)
+    assert st.complete_steps("naive") == list(range(30))
+    assert not up.running
+    # a step that arrives after stop() waits for the next update (a run's end: flush)
+    for f in run.step_frames(30):
+        st.ingest(f)
+    assert st.latest_complete("ddp") == 29
+    up.flush()
+    assert st.latest_complete("ddp") == 30
+
+
+def test_a_failing_hook_is_logged_once_and_the_figures_go_on():
+    run = SyntheticRun("small", 2, ("naive", "ddp"), seed=2)
+    st = Store()
+    for f in run.header_frames():
+        st.ingest(f)
+    up = Updater(st, period=0.01)
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise ValueError("boom")
+
+    up.after = broken
+    up.start()
+    try:
+        for k in range(5):
+            for f in run.step_frames(k):
+                st.ingest(f)
+            assert wait_until(lambda: st.latest_complete("ddp") == k)
+    finally:
+        up.stop()
+    assert calls == [1] and up.after is None and up.error is None
+    lines = [t for _, level, t in st.log_lines() if "preparing frames stopped" in t]
+    assert lines == ["preparing frames stopped: ValueError: boom"]
+
+
+@pytest.mark.asyncio
+async def test_live_frames_are_prepared_off_the_drawing_thread_for_256_ranks():
+    """A live feed of 256 ranks with a slow rank: the evidence, the waits and the bands are
+    made on the Updater's thread, never on the drawing thread, and the culprit is drawn."""
+    src = SyntheticSource(steps=1, world=256, model="medium", ahead=30, per_s=20, slow=(200, 1, 40.0))
+    threads: dict[str, set[str]] = {"summarize": set(), "aggregate": set()}
+    real_sum, real_agg = stragglers.summarize, aggregate.aggregate
+
+    def spy_sum(*a, **kw):
+        threads["summarize"].add(threading.current_thread().name)
+        return real_sum(*a, **kw)
+
+    def spy_agg(*a, **kw):
+        threads["aggregate"].add(threading.current_thread().name)
+        return real_agg(*a, **kw)
+
+    stragglers.summarize, aggregate.aggregate = spy_sum, spy_agg
+    try:
+        app = DdpApp(src)
+        async with app.run_test(size=(160, 50)) as pilot:
+            drawing = threading.current_thread().name
+            deadline = time.monotonic() + 30
+            while app._prepared == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            for made in threads.values():  # (the first frame, before the feed: made here)
+                made.clear()
+            while (src.store.latest_complete("ddp") or 0) < 25 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert src.updater.running and src.updater.after is not None
+            await pilot.pause(0.3)
+            pane = app.panes["ddp"]
+            rows = [pane.render_line(y).text for y in range(pane.size.height)]
+            await pilot.press("q")  # the user quits: the source and its threads stop
+            await pilot.pause(0.2)
+            assert wait_until(lambda: not src.updater.running, 5)
+    finally:
+        stragglers.summarize, aggregate.aggregate = real_sum, real_agg
+    assert threads["summarize"] and threads["aggregate"]
+    assert drawing not in threads["summarize"] | threads["aggregate"], threads
+    assert threads["summarize"] == {"ddptui-updater"} and threads["aggregate"] == {"ddptui-updater"}
+    assert any("culprit" in r for r in rows), rows
+    assert any("r200" in r for r in rows), rows
