@@ -42,7 +42,7 @@ from .widgets import (
 )
 from .widgets import theme
 from ddptui.ui.widgets.panel import Frame, Panel
-from .widgets import aggregate, waits
+from .widgets import aggregate, bars, waits
 from ddptui.ui.widgets.waits import WaitsPanel
 from ddptui.ui.widgets.hosts import HostsPanel
 from ddptui.ui.widgets.whatif import WhatIfPanel
@@ -253,9 +253,9 @@ class DdpApp(App):
                 panel.draw(frame)
         slow = waits.culprit_gist(store, shown)
         self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow))
-        self.title_bar.show([self._title_parts(store, strategies)])
-        self.legend.show([self._legend_parts(mpc, self.size.width)])
-        self.status_bar.show([self._status_parts(store)])
+        self.title_bar.show([bars.title(store, strategies, self.talk_title)])
+        self.legend.show([bars.legend(mpc, self.vm.zoom, self.size.width)])
+        self.status_bar.show([self._status(store)])
         self._notify_caps(store)
 
     def _view(self, store: Store, strategy: str, step: int | None):
@@ -320,94 +320,14 @@ class DdpApp(App):
     def _cap_note(self) -> str:
         return f"→ {self.asked_cap:g} MB asked…" if self.asked_cap is not None else ""
 
-    def _title_parts(self, store: Store, strategies: list[str]) -> list:
-        m = store.meta
-        infos = store.rank_snapshot()
-        first = infos[min(infos)] if infos else None
-        device = m.get("device") or (first.device if first else "")
-        backend = m.get("backend") or (first.backend if first else "")
-        ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
-        bits = [str(m.get("model") or "?"), ranks, device, backend,
-                f"global batch {m.get('batch')}" if m.get("batch") else "", " vs ".join(strategies)]
-        parts = [(" ddptui ", theme.style("#000000", theme.TEXT, bold=True))]
-        if self.talk_title:
-            parts.append((f" {self.talk_title} ", theme.style(theme.WARN, bold=True)))
-        parts.append((" " + " · ".join(b for b in bits if b), theme.style(theme.TEXT)))
-        return parts
-
-    # legend entries, most important first: the last ones go when the line is too short
-    LEGEND = (("forward", theme.FWD_A), ("backward", theme.BWD_A), ("AllReduce", theme.COMM_A),
-              ("waits for ranks", theme.WAIT), ("last to arrive", theme.COMM_LAST), ("queued", theme.QUEUED),
-              ("optimizer", theme.OPT), ("2+ at once", theme.COMM_MULTI))
-
-    def _legend_parts(self, mpc: float, width: int = 1000) -> list:
-        zoom = self.vm.zoom
-        text = f"│ 1 cell = {mpc:.3g} ms · zoom {zoom}×"
-        if width >= 160:
-            text += " · one scale for all panes"
-        scale = (text, theme.style(theme.DIM))
-        room = width - len(scale[0])
-        parts = []
-        for name, c in self.LEGEND:
-            entry = [(" ██", theme.style(theme.LANE_COLOURS[c])), (f" {name} ", theme.style(theme.TEXT))]
-            n = sum(len(t) for t, _ in entry)
-            if n > room:
-                break
-            parts += entry
-            room -= n
-        return parts + [scale]
-
-    def _status_parts(self, store: Store) -> list:
-        parts = self._replay_status() if self.replay else self._live_status(store)
-        dropped = [(r, i.dropped_spans) for r, i in sorted(store.rank_snapshot().items()) if i.dropped_spans]
-        if dropped:
-            text = ", ".join(f"r{r} {n}" for r, n in dropped)
-            parts.append((f" · dropped spans: {text}", theme.style(theme.ERROR, bold=True)))
-        if store.rejected:
-            parts.append((f" · rejected frames or connections: {store.rejected}", theme.style(theme.ERROR, bold=True)))
-        if not self.panels["waits"].display:  # no room for the panel: its gist here
-            gist = waits.compact(store, self.shown_steps())
-            if gist:
-                parts.append((f" · {gist}", theme.style(theme.WARN, bold=True)))
-        return parts
-
-    def _live_status(self, store: Store) -> list:
-        src = self.source
-        latest = max(latest_steps(store), default=None)
-        if self._stopping:
-            return [(" ⏹ stopping ranks… ", theme.style("#000000", theme.WARN, bold=True))]
-        if self.paused:
-            parts = [(" ⏸ PAUSED ", theme.style("#000000", theme.WARN, bold=True)),
-                     (f" step {self.pinned} · training continues (latest {latest}) · ←/→ step, space resumes",
-                      theme.style(theme.TEXT))]
-        elif src.state == "failed" or self.error:
-            parts = [(" ✗ RUN FAILED ", theme.style("#ffffff", theme.ERROR, bold=True)),
-                     (" press q to quit", theme.style(theme.TEXT))]
-        elif src.state == "finished":
-            parts = [(" ■ FINISHED ", theme.style("#000000", theme.TEXT, bold=True)),
-                     (f" {src.message} · press q to quit", theme.style(theme.TEXT))]
+    def _status(self, store: Store) -> list:
+        if self.transport is not None:
+            state = bars.replay_state(self.transport, self._busy)
         else:
-            parts = [(" ● LIVE ", theme.style("#000000", theme.GOOD, bold=True)),
-                     (f" {src.state} · step {latest if latest is not None else '–'}", theme.style(theme.TEXT))]
-        if self.record:
-            parts.append((f" · recording → {self.record}", theme.style(theme.DIM)))
-        return parts
-
-    def _replay_status(self) -> list:
-        src = self.transport
-        badge = {"playing": " ▶ REPLAY ", "paused": " ⏸ REPLAY ", "finished": " ■ REPLAY "}.get(
-            src.state, " REPLAY ")
-        text = f" {src.speed:g}× · step {max(src.position_step, 0)}/{max(src.steps_total - 1, 0)}"
-        text += f" · {src.name}" + (" · loop" if src.loop else "")
-        if self._busy:
-            text += " · seeking…"
-        parts = [(badge, theme.style("#000000", theme.GOOD if src.playing else theme.WARN, bold=True)),
-                 (text, theme.style(theme.TEXT))]
-        if src.skipped:
-            parts.append((f" · {src.skipped} invalid frames skipped", theme.style(theme.ERROR, bold=True)))
-        if src.message:
-            parts.append((f" · {src.message}", theme.style(theme.WARN)))
-        return parts
+            state = bars.live_state(self.source, max(latest_steps(store), default=None), stopping=self._stopping,
+                                    paused=self.paused, pinned=self.pinned, error=self.error, record=self.record)
+        gist = "" if self.panels["waits"].display else waits.compact(store, self.shown_steps())
+        return bars.status(store, state, gist)
 
     def _draw_banner(self) -> None:
         src = self.source

@@ -1,0 +1,103 @@
+"""The one-line bars around the panes, as styled parts (no Textual): the title (model,
+ranks, device, strategies), the legend (colours, then the time scale; entries drop off the
+end when the line is short) and the status line (live or replay state, then what went
+wrong: dropped spans, rejected frames, and the waits' gist when their panel has no room).
+The app hands each a PartsView."""
+from __future__ import annotations
+
+from ddptui.model.store import Store
+from . import theme
+from .text import Parts
+
+# legend entries, most important first: the last ones go when the line is too short
+LEGEND = (("forward", theme.FWD_A), ("backward", theme.BWD_A), ("AllReduce", theme.COMM_A),
+          ("waits for ranks", theme.WAIT), ("last to arrive", theme.COMM_LAST), ("queued", theme.QUEUED),
+          ("optimizer", theme.OPT), ("2+ at once", theme.COMM_MULTI))
+
+
+def title(store: Store, strategies: list[str], talk_title: str | None = None) -> Parts:
+    m = store.meta
+    infos = store.rank_snapshot()
+    first = infos[min(infos)] if infos else None
+    device = m.get("device") or (first.device if first else "")
+    backend = m.get("backend") or (first.backend if first else "")
+    ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
+    bits = [str(m.get("model") or "?"), ranks, device, backend,
+            f"global batch {m.get('batch')}" if m.get("batch") else "", " vs ".join(strategies)]
+    parts: Parts = [(" ddptui ", theme.style("#000000", theme.TEXT, bold=True))]
+    if talk_title:
+        parts.append((f" {talk_title} ", theme.style(theme.WARN, bold=True)))
+    parts.append((" " + " · ".join(b for b in bits if b), theme.style(theme.TEXT)))
+    return parts
+
+
+def legend(ms_per_cell: float, zoom: int, width: int = 1000) -> Parts:
+    text = f"│ 1 cell = {ms_per_cell:.3g} ms · zoom {zoom}×"
+    if width >= 160:
+        text += " · one scale for all panes"
+    scale = (text, theme.style(theme.DIM))
+    room = width - len(scale[0])
+    parts: Parts = []
+    for name, c in LEGEND:
+        entry = [(" ██", theme.style(theme.LANE_COLOURS[c])), (f" {name} ", theme.style(theme.TEXT))]
+        n = sum(len(t) for t, _ in entry)
+        if n > room:
+            break
+        parts += entry
+        room -= n
+    return parts + [scale]
+
+
+def live_state(src, latest: int | None, *, stopping: bool = False, paused: bool = False,
+               pinned: int | None = None, error: str | None = None, record: str | None = None) -> Parts:
+    """A live run's badge and state: stopping, paused (the step shown), failed, finished or live."""
+    if stopping:
+        return [(" ⏹ stopping ranks… ", theme.style("#000000", theme.WARN, bold=True))]
+    if paused:
+        parts = [(" ⏸ PAUSED ", theme.style("#000000", theme.WARN, bold=True)),
+                 (f" step {pinned} · training continues (latest {latest}) · ←/→ step, space resumes",
+                  theme.style(theme.TEXT))]
+    elif src.state == "failed" or error:
+        parts = [(" ✗ RUN FAILED ", theme.style("#ffffff", theme.ERROR, bold=True)),
+                 (" press q to quit", theme.style(theme.TEXT))]
+    elif src.state == "finished":
+        parts = [(" ■ FINISHED ", theme.style("#000000", theme.TEXT, bold=True)),
+                 (f" {src.message} · press q to quit", theme.style(theme.TEXT))]
+    else:
+        parts = [(" ● LIVE ", theme.style("#000000", theme.GOOD, bold=True)),
+                 (f" {src.state} · step {latest if latest is not None else '–'}", theme.style(theme.TEXT))]
+    if record:
+        parts.append((f" · recording → {record}", theme.style(theme.DIM)))
+    return parts
+
+
+def replay_state(src, busy: bool = False) -> Parts:
+    """A replay's badge, speed, position, file, and what it skipped or says."""
+    badge = {"playing": " ▶ REPLAY ", "paused": " ⏸ REPLAY ", "finished": " ■ REPLAY "}.get(
+        src.state, " REPLAY ")
+    text = f" {src.speed:g}× · step {max(src.position_step, 0)}/{max(src.steps_total - 1, 0)}"
+    text += f" · {src.name}" + (" · loop" if src.loop else "")
+    if busy:
+        text += " · seeking…"
+    parts = [(badge, theme.style("#000000", theme.GOOD if src.playing else theme.WARN, bold=True)),
+             (text, theme.style(theme.TEXT))]
+    if src.skipped:
+        parts.append((f" · {src.skipped} invalid frames skipped", theme.style(theme.ERROR, bold=True)))
+    if src.message:
+        parts.append((f" · {src.message}", theme.style(theme.WARN)))
+    return parts
+
+
+def status(store: Store, state: Parts, waits_gist: str = "") -> Parts:
+    """The state, then what went wrong: dropped spans per rank, rejected frames, and the
+    waits' gist ('' when the waits panel is on screen)."""
+    parts = list(state)
+    dropped = [(r, i.dropped_spans) for r, i in sorted(store.rank_snapshot().items()) if i.dropped_spans]
+    if dropped:
+        text = ", ".join(f"r{r} {n}" for r, n in dropped)
+        parts.append((f" · dropped spans: {text}", theme.style(theme.ERROR, bold=True)))
+    if store.rejected:
+        parts.append((f" · rejected frames or connections: {store.rejected}", theme.style(theme.ERROR, bold=True)))
+    if waits_gist:
+        parts.append((f" · {waits_gist}", theme.style(theme.WARN, bold=True)))
+    return parts
