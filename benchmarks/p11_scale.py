@@ -10,12 +10,18 @@ socket pushes back when the collector reads too slowly), the collector thread's 
 the update's CPU share and the steps whose figures were complete when the sender finished
 and 10 s later. Ends with `P11 ingest_1024 lost_spans=0 goal<=0 OK`.
 
+--ui: the same pipeline with the app on it (P11ui): the generator's ranks (rank 3 slow in
+fc2 by 40 ms) into the real Collector, Store and Updater, and DdpApp (headless, 200x50,
+30 fps) drawing them. Figures per N: the drawing thread's share of a core (goal <= 20 %),
+the whole process's, the frames drawn (ticks), the steps shown, spans lost.
+
     .venv/bin/python benchmarks/p11_scale.py            # 64, 256 and 1,024 ranks, 10 s each
     .venv/bin/python benchmarks/p11_scale.py --quick    # 64 and 256 ranks, 3 s each
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import secrets
 import subprocess
@@ -28,6 +34,7 @@ from _common import ROOT, env_for_ranks, result_line
 
 from ddptui.ingest.collector import Collector
 from ddptui.model.store import Store
+from ddptui.model.updater import Updater
 
 
 def thread_cpu(tid: int) -> float:
@@ -81,14 +88,88 @@ def one(n: int, seconds: float, rate: float) -> dict:
             "done": min(len(store.complete_steps(s)) for s in ("naive", "ddp"))}
 
 
+class LoadgenSource:
+    """A Source (ddptui.ui.source) whose ranks are `ddptui.live.loadgen`'s: the real
+    Collector and an Updater, as a LiveRun has them, without torch."""
+
+    def __init__(self, n: int, seconds: float, rate: float, slow: str = "3:40:fc2"):
+        self.store = Store()
+        self.updater = Updater(self.store)
+        self.n, self.seconds, self.rate, self.slow = n, seconds, rate, slow
+        self.state, self.message = "starting", ""
+        self.gen = self.collector = None
+
+    def start(self) -> None:
+        token = secrets.token_hex(16)
+        self.collector = Collector(self.store, token)
+        env = env_for_ranks()
+        env["DDPTUI_TOKEN"] = token
+        self.gen = subprocess.Popen([sys.executable, "-m", "ddptui.live.loadgen", "--socket", self.collector.path,
+                                     "--ranks", str(self.n), "--rate", str(self.rate), "--seconds", str(self.seconds),
+                                     "--slow", self.slow], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        self.updater.start()
+        self.state = "running"
+
+    def poll(self) -> bool:
+        if self.state == "running" and self.gen is not None and self.gen.poll() is not None:
+            self.state, self.message = "finished", "the load generator finished"
+        return self.state != "running"
+
+    def stop(self, why: str = "") -> None:
+        if self.gen is not None and self.gen.poll() is None:
+            self.gen.kill()
+        if self.gen is not None:
+            self.gen.communicate()
+        if self.collector is not None:
+            self.collector.close()
+        self.updater.stop()
+        self.state = "stopped"
+
+
+async def ui_one(n: int, seconds: float, rate: float) -> dict:
+    from ddptui.ui.app import DdpApp
+
+    src = LoadgenSource(n, seconds + 5, rate)
+    app = DdpApp(src, fps=30)
+    async with app.run_test(size=(200, 50)) as pilot:
+        deadline = time.monotonic() + 60
+        while src.store.latest_complete("ddp") is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        first, ticks0 = src.store.latest_complete("ddp") or 0, app._ticks
+        c0, t0, w0 = time.process_time(), time.thread_time(), time.monotonic()
+        await asyncio.sleep(seconds)
+        cpu, ui, wall = time.process_time() - c0, time.thread_time() - t0, time.monotonic() - w0
+        shown = (app.shown_steps().get("ddp") or 0) - first
+        ticks = app._ticks - ticks0
+        culprit = any("culprit" in pane.render_line(y).text for pane in app.panes.values()
+                      for y in range(pane.size.height))
+        await pilot.press("q")
+        await pilot.pause(0.5)
+    src.stop()
+    return {"n": n, "ui_pct": 100 * ui / wall, "proc_pct": 100 * cpu / wall, "ticks": ticks,
+            "fps": ticks / wall, "shown": shown, "wall": wall, "rejected": src.store.rejected, "culprit": culprit}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="P11: many simulated ranks into the real collector and store")
     p.add_argument("--quick", action="store_true", help="64 and 256 ranks, 3 s each")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 64,256,1024)")
     p.add_argument("--seconds", type=float, default=None, help="seconds of load each (default 10)")
+    p.add_argument("--ui", action="store_true", help="the app on the pipeline: the drawing thread's share (P11ui)")
     a = p.parse_args(argv)
     ns = [int(x) for x in (a.ranks or ("64,256" if a.quick else "64,256,1024")).split(",")]
     secs = a.seconds or (3.0 if a.quick else 10.0)
+    if a.ui:
+        rows = [asyncio.run(ui_one(n, secs, 10.0)) for n in ns]
+        for r in rows:
+            print(f"P11ui {r['n']} ranks x 10 steps/s, the app at 30 fps over {r['wall']:.1f} s: drawing thread "
+                  f"{r['ui_pct']:.1f} % of a core, the whole process {r['proc_pct']:.0f} %; {r['ticks']} frames "
+                  f"({r['fps']:.1f}/s), {r['shown']} newer steps shown, {r['rejected']} frames rejected, "
+                  f"the slow rank's lane labelled culprit: {'yes' if r['culprit'] else 'no'}")
+        for r in rows:
+            print(result_line("P11ui", f"draw_{r['n']}", "cpu_pct", r["ui_pct"], "<=", 20.0, "{:.1f}"))
+        return 0
     print(f"P11 load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     rows = [one(n, secs, 10.0) for n in ns]
     for r in rows:

@@ -77,7 +77,7 @@ def _is_worker(p: psutil.Process) -> bool:
 def test_live_app_two_cpu_ranks_bucket_change_and_clean_quit():
     tmux = Tmux("live")
     app = (f"env OMP_NUM_THREADS=1 {sys.executable} -m ddptui.cli.main --gpus 2 --device cpu "
-           f"--model medium --no-record")
+           f"--model medium --batch-size 256 --no-record")  # (quarter-length steps: the same UI)
     cmd = f'{app}; echo "ddptui exited rc=$?"; sleep 120'
     seen: list[psutil.Process] = []
     try:

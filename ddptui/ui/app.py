@@ -205,9 +205,9 @@ class DdpApp(App):
         shown = self.vm.shown_steps(store)
         if self.is_running and self.panes:
             hosts = store.hosts()
+            waits.culprit_gist(store, shown)  # (every strategy's summary)
             for s, pane in list(self.panes.items()):
                 view = self._view(store, s, shown.get(s))
-                waits.culprit_gist(store, shown)
                 if view is not None:
                     aggregate.for_pane(view, pane.size.height, hosts, waits.culprit_rank(store, shown, s))
         self._prepared_shown, self._prepared = shown, version
