@@ -302,6 +302,34 @@ async def test_startup_screen_shows_progress_then_gives_way():
 
 
 @pytest.mark.asyncio
+async def test_startup_of_1024_ranks_is_counted_not_listed():
+    """Past RANKS_LISTED ranks the start-up screen counts: connected (on what), who still
+    waits, each failure, the phases; a few lines, drawn at the frame rate without effort."""
+    from ddptui.recording.synthetic import hello
+    from ddptui.ui.widgets import screens
+
+    src = SyntheticSource(steps=0, world=1024)
+    st = src.store
+    st.set_meta({"model": "medium", "world": 1024, "strategies": ["naive", "ddp"]})
+    for r in range(1000):
+        st.ingest(hello(r, 1024, "medium", ["naive", "ddp"]))
+        st.ingest({"t": "phase", "r": r, "ph": "training" if r < 990 else "rendezvous"})
+    st.ingest({"t": "error", "r": 7, "msg": "RuntimeError: out of memory"})
+    app = DdpApp(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, StartupScreen)
+        lines = drawn(app.screen.query_one("#startup-body"))
+    text = "\n".join(lines)
+    assert "1000/1024 ranks connected — 1000 cpu · gloo" in text
+    assert "waiting to connect: r1000, r1001, r1002, r1003, r1004, r1005, r1006, r1007, +16 more" in text
+    assert "rank 7 " in text and "out of memory" in text
+    assert "phases: training 989 · rendezvous 10 · failed 1" in text
+    assert "rank 8 " not in text and "rank 1000" not in text  # counted, not listed
+    assert len(screens.startup_lines(st, "running", "", None, 1.0, 0, 120)) < 20
+
+
+@pytest.mark.asyncio
 async def test_startup_failure_names_the_rank_and_lets_the_user_quit():
     src = SyntheticSource(steps=0)
     src.store.set_meta({"model": "medium", "world": 2, "strategies": ["naive", "ddp"]})

@@ -27,6 +27,49 @@ def _item(mark: str, text: str, spin: str) -> Parts:
             (text, theme.style(theme.ERROR if mark == FAIL else theme.TEXT, bold=mark == FAIL))]
 
 
+RANKS_LISTED = 16  # up to this many ranks, a line each; beyond, counts (and who lags or failed)
+NAMED_MAX = 8  # ranks named in a summary line before "+N more"
+
+
+def _rank_item(r: int, info, spawned: bool, spin: str) -> Parts:
+    if info is None:
+        return _item(WAIT if spawned else TODO, f"rank {r}: waiting to connect", spin)
+    if info.error or info.exit:
+        return _item(FAIL, f"rank {r} {info.phase}: {info.error or info.exit}", spin)
+    return _item(DONE, f"rank {r} connected — {info.device or '?'} · {info.backend or '?'} · {info.phase}", spin)
+
+
+def _named(rs: list[int]) -> str:
+    more = f", +{len(rs) - NAMED_MAX} more" if len(rs) > NAMED_MAX else ""
+    return ", ".join(f"r{r}" for r in rs[:NAMED_MAX]) + more
+
+
+def _ranks_summary(ranks: dict, world: int, spawned: bool, spin: str, width: int) -> list[Parts]:
+    """Many ranks in a few lines: how many connected (on what), who still waits, who failed
+    (each failure its own line, up to NAMED_MAX), and how many are in each phase."""
+    missing = [r for r in range(world) if r not in ranks]
+    failed = [r for r in sorted(ranks) if ranks[r].error or ranks[r].exit]
+    kinds: dict[str, int] = {}
+    phases: dict[str, int] = {}
+    for info in ranks.values():
+        k = f"{info.device or '?'} · {info.backend or '?'}"
+        kinds[k] = kinds.get(k, 0) + 1
+        phases[info.phase] = phases.get(info.phase, 0) + 1
+    on = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])) or "none yet"
+    lines = [_item(DONE if not missing else WAIT if spawned else TODO,
+                   f"{len(ranks)}/{world} ranks connected — {on}", spin)]
+    if missing and spawned:
+        lines.append(_item(WAIT, f"waiting to connect: {_named(missing)}", spin))
+    for r in failed[:NAMED_MAX]:
+        lines.append(_rank_item(r, ranks[r], spawned, spin))
+    if len(failed) > NAMED_MAX:
+        lines.append(_item(FAIL, f"{len(failed) - NAMED_MAX} more ranks failed", spin))
+    if phases:
+        text = " · ".join(f"{p or '?'} {n}" for p, n in sorted(phases.items(), key=lambda kv: -kv[1]))
+        lines.append(_item(DONE if set(phases) <= set(PAST_RENDEZVOUS) else WAIT, f"phases: {text}"[:max(20, width - 4)], spin))
+    return lines
+
+
 def startup_lines(store: Store, state: str, message: str, first_step_s: float | None,
                   elapsed: float, tick: int, width: int = 80) -> list[Parts]:
     """Honest progress: spawn, each rank connected, rendezvous, first step; or the failure."""
@@ -40,15 +83,11 @@ def startup_lines(store: Store, state: str, message: str, first_step_s: float | 
           theme.style(theme.TEXT, bold=True)), (f"   {elapsed:4.1f} s", theme.style(theme.DIM))], []]
     spawned = state not in ("created", "starting")
     lines.append(_item(DONE if spawned else WAIT, f"spawning torchrun ({world} rank(s))", spin))
-    for r in range(world):
-        info = ranks.get(r)
-        if info is None:
-            lines.append(_item(WAIT if spawned else TODO, f"rank {r}: waiting to connect", spin))
-        elif info.error or info.exit:
-            lines.append(_item(FAIL, f"rank {r} {info.phase}: {info.error or info.exit}", spin))
-        else:
-            lines.append(_item(DONE, f"rank {r} connected — {info.device or '?'} · "
-                                     f"{info.backend or '?'} · {info.phase}", spin))
+    if world <= RANKS_LISTED:
+        for r in range(world):
+            lines.append(_rank_item(r, ranks.get(r), spawned, spin))
+    else:
+        lines += _ranks_summary(ranks, world, spawned, spin, width)
     phases = [ranks[r].phase if r in ranks else "" for r in range(world)]
     past = all(p in PAST_RENDEZVOUS for p in phases)
     lines.append(_item(DONE if past else WAIT if "rendezvous" in phases else TODO, "rendezvous", spin))
