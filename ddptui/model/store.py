@@ -470,6 +470,16 @@ class Store:
         with self.lock:
             return {r: copy.copy(i) for r, i in self.ranks.items()}
 
+    def first_rank(self) -> RankInfo | None:
+        """A copy of the lowest rank's state (what the title says of device and backend)."""
+        with self.lock:
+            return copy.copy(self.ranks[min(self.ranks)]) if self.ranks else None
+
+    def dropped_spans(self) -> list[tuple[int, int]]:
+        """(rank, spans it dropped) of the ranks that dropped any, by rank."""
+        with self.lock:
+            return sorted((r, i.dropped_spans) for r, i in self.ranks.items() if i.dropped_spans)
+
     def span_batches(self) -> dict[str, dict[int, dict[int, SpanBatch]]]:
         """strategy -> step -> rank -> its span batch, for every kept step (a copy of the
         mappings, taken under the lock; the batches themselves are never changed once in)."""

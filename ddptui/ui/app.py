@@ -115,6 +115,7 @@ class DdpApp(App):
         self._t0 = time.monotonic()
         self._prepared = 0  # the store version the Updater's thread last made a frame's data for
         self._prepared_shown: dict | None = None  # ... and the steps it made it for
+        self._prepared_rows: tuple = (None, None)  # ((steps, version), the figures' rows)
 
     # -- composition -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -210,6 +211,7 @@ class DdpApp(App):
                 view = self._view(store, s, shown.get(s))
                 if view is not None:
                     aggregate.for_pane(view, pane.size.height, hosts, waits.culprit_rank(store, shown, s))
+            self._prepared_rows = ((tuple(shown.items()), version), figures_panel.compare_rows(store, shown))
         self._prepared_shown, self._prepared = shown, version
 
     def _has_step(self) -> bool:
@@ -246,7 +248,9 @@ class DdpApp(App):
             view, labels = aggregate.for_pane(views.get(s), pane.size.height, hosts, waits.culprit_rank(store, shown, s))
             pane.show(PaneState(view, mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
                                 nodes if labels is None else None, labels))
-        rows = figures_panel.compare_rows(store, shown)
+        key, rows = self._prepared_rows
+        if key != (tuple(shown.items()), self._prepared) or not self._prepares():
+            rows = figures_panel.compare_rows(store, shown)
         frame = Frame(store, shown, views, rows)
         for panel in self.panels.values():
             if panel.display:

@@ -17,8 +17,7 @@ LEGEND = (("forward", theme.FWD_A), ("backward", theme.BWD_A), ("AllReduce", the
 
 def title(store: Store, strategies: list[str], talk_title: str | None = None) -> Parts:
     m = store.meta
-    infos = store.rank_snapshot()
-    first = infos[min(infos)] if infos else None
+    first = store.first_rank()
     device = m.get("device") or (first.device if first else "")
     backend = m.get("backend") or (first.backend if first else "")
     ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
@@ -92,7 +91,7 @@ def status(store: Store, state: Parts, waits_gist: str = "") -> Parts:
     """The state, then what went wrong: dropped spans per rank, rejected frames, and the
     waits' gist ('' when the waits panel is on screen)."""
     parts = list(state)
-    dropped = [(r, i.dropped_spans) for r, i in sorted(store.rank_snapshot().items()) if i.dropped_spans]
+    dropped = store.dropped_spans()
     if dropped:
         text = ", ".join(f"r{r} {n}" for r, n in dropped)
         parts.append((f" · dropped spans: {text}", theme.style(theme.ERROR, bold=True)))
