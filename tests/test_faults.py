@@ -147,7 +147,9 @@ def test_rank_killed_mid_run(tmp_path):
 
 @pytest.mark.slow
 def test_hung_rank_detected(tmp_path):
-    h = Headless("--steps", "0", "--pg-timeout", "5")
+    # (naive alone: a hang is a collective that never ends whatever the strategy; DDP's first
+    # construction costs each rank ~2 s of CPU importing torch._dynamo)
+    h = Headless("--steps", "0", "--pg-timeout", "5", "--strategies", "naive")
     h.wait_for("steps:")
     pid = rank_pid(1)
     t0 = time.monotonic()
@@ -198,7 +200,7 @@ def test_interrupt_start_up_and_training(tmp_path, sig, when):
 
 @pytest.mark.slow
 def test_app_sigkilled_workers_exit_by_themselves():
-    h = Headless("--steps", "0")
+    h = Headless("--steps", "0", "--strategies", "naive")
     h.wait_for("steps:")
     workers = [p for p in worker_procs() if "torch.distributed.run" not in " ".join(p.cmdline())]
     assert len(workers) == 2
@@ -212,7 +214,8 @@ def test_app_sigkilled_workers_exit_by_themselves():
 def test_app_stalled_training_goes_on_and_drops_are_counted(tmp_path):
     rec = tmp_path / "stall.ddptui"
     out = tmp_path / "stall.json"
-    h = Headless("--steps", "0", "--batch-size", "32", "--queue-size", "8", "--json", str(out), record=rec)
+    h = Headless("--steps", "0", "--batch-size", "32", "--queue-size", "8", "--strategies", "naive",
+                 "--json", str(out), record=rec)
     h.wait_steps("naive", 25)  # the steady rate before the stall is measured on 20 steps
     # the experiment: the app does nothing for STALL_S while the ranks train on; it is
     # stopped again (up to 6 times) until the ranks' socket buffers and queues of 8 frames

@@ -370,8 +370,11 @@ def _two_nodes(tmp_path, token_file, skew, steps=3, extra=(), asym=0):
 
 # a clock 5 s behind (the first frame's correction), and one 250 ms ahead over a path 2 ms
 # longer one way than the other (the refinement from collectives over 30 steps)
-@pytest.mark.parametrize("skew,asym,steps", [(-5_000_000_000, 0, 3), (250_000_000, 2_000_000, 30)],
-                         ids=["-5s", "+250ms-asymmetric-path"])
+# (the refinement's precision is a timing figure: a neighbour test's ranks blur it, so that
+# case runs alone)
+@pytest.mark.parametrize("skew,asym,steps", [
+    pytest.param(-5_000_000_000, 0, 3, id="-5s"),
+    pytest.param(250_000_000, 2_000_000, 30, id="+250ms-asymmetric-path", marks=pytest.mark.serial)])
 @pytest.mark.slow
 def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     """With an asymmetric path (pings 2 ms slower on the way out) the exchanges alone are
