@@ -198,9 +198,10 @@ class DdpApp(App):
 
     def _prepare(self) -> None:
         """On the Updater's thread, after each update: the views of the steps the next frame
-        shows, who waited for whom with the per-layer evidence, and each pane's aggregated
-        lanes (the work that grows with the ranks), made into the caches the drawing reads;
-        then the frame may be drawn. Only pure functions of the store run here, no widget."""
+        shows, who waited for whom with the per-layer evidence, each pane's aggregated lanes,
+        the figures' rows and the what-if ladder (the work that grows with the ranks), made
+        into the caches the drawing reads; then the frame may be drawn. Nothing here touches
+        what Textual draws: only pure functions of the store and their caches."""
         store = self.source.store
         version = store.version
         shown = self.vm.shown_steps(store)
@@ -212,6 +213,9 @@ class DdpApp(App):
                 if view is not None:
                     aggregate.for_pane(view, pane.size.height, hosts, waits.culprit_rank(store, shown, s))
             self._prepared_rows = ((tuple(shown.items()), version), figures_panel.compare_rows(store, shown))
+            whatif_panel = self.panels.get("whatif")
+            if whatif_panel is not None and whatif_panel.display:  # (recomputed at most once a second)
+                whatif_panel.predictions(store, shown.get("ddp"), refresh=True)
         self._prepared_shown, self._prepared = shown, version
 
     def _has_step(self) -> bool:
@@ -251,7 +255,7 @@ class DdpApp(App):
         key, rows = self._prepared_rows
         if key != (tuple(shown.items()), self._prepared) or not self._prepares():
             rows = figures_panel.compare_rows(store, shown)
-        frame = Frame(store, shown, views, rows)
+        frame = Frame(store, shown, views, rows, self._prepares())
         for panel in self.panels.values():
             if panel.display:
                 panel.draw(frame)

@@ -21,6 +21,7 @@ class Frame:
     shown: dict[str, int | None]  # the step each strategy pane shows
     views: dict[str, StepView | None]
     rows: list[dict] = field(default_factory=list)  # the comparison rows (figures_panel.compare_rows)
+    prepared: bool = False  # live: the Updater's thread made the slow parts (a panel reads its caches)
 
 
 class Panel(PartsView):

@@ -57,10 +57,12 @@ class WhatIfPanel(Panel):
     def rows_max(store: Store) -> int:
         return 0 if "ddp" not in store.strategies() else 2 + len(spec.BUCKET_LADDER_MB)
 
-    def predictions(self, store: Store, upto: int | None):
+    def predictions(self, store: Store, upto: int | None, refresh: bool = True):
+        """The ladder for the steps up to `upto`, recomputed at most every EVERY_S; with
+        refresh False (live: the Updater's thread refreshes it) the last one, if any."""
         key = (upto, store.view_stamp("ddp"), len(store.cap_history()))
         now = time.monotonic()
-        if self._got is None or (key != self._key and now - self._at >= EVERY_S):
+        if self._got is None or (refresh and key != self._key and now - self._at >= EVERY_S):
             try:
                 self._got = whatif.ladder(store, upto=upto)
             except (whatif.WhatIfError, ValueError, ZeroDivisionError) as e:
@@ -72,4 +74,4 @@ class WhatIfPanel(Panel):
         store = frame.store
         upto = frame.shown.get("ddp")
         cap = store.cap_at(upto) if upto is not None else None
-        return build(store, self.predictions(store, upto), cap)
+        return build(store, self.predictions(store, upto, refresh=not frame.prepared), cap)
