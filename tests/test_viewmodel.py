@@ -92,3 +92,23 @@ def test_sources_declare_what_they_can_do():
     live = LiveRun.__new__(LiveRun)
     live.store, live.state, live.message = Store(), "created", ""
     assert isinstance(live, BucketControl) and not isinstance(live, Transport)
+
+
+def test_the_controls_walk_the_ladder_and_size_the_straggler_from_the_steps():
+    from ranks import spec
+    from ddptui.recording.synthetic import SyntheticSource
+    from ddptui.ui.viewmodel import next_bucket_cap, straggler_ask, straggler_where
+
+    src = SyntheticSource(steps=6, world=4, model="medium")
+    st = src.store
+    ladder = spec.BUCKET_LADDER_MB
+    default = float(st.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB)
+    up, down = next_bucket_cap(st, None, 1), next_bucket_cap(st, None, -1)
+    assert up == min(x for x in ladder if x > default) and down == max(x for x in ladder if x < default)
+    assert next_bucket_cap(st, max(ladder), 1) is None and next_bucket_cap(st, min(ladder), -1) is None
+    assert next_bucket_cap(st, down, 1) == default  # from what was asked last, not what is in force
+    steps = sorted(f.step_ms for s in st.strategies() for f in st.recent_figures(s, n=10))
+    assert straggler_ask(st, 0.0) == float(max(2, round(steps[len(steps) // 2] / 2)))
+    assert straggler_ask(st, 12.0) == 0.0  # on: d switches it off
+    assert straggler_ask(SyntheticSource(steps=0).store, 0.0) == 40.0  # no step yet
+    assert straggler_where(st) == "rank 3 · fc3"

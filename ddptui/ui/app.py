@@ -22,7 +22,8 @@ from ranks import spec
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
 from ddptui.model import figures
-from .viewmodel import PanelSpec, ViewModel, latest_steps, plan_layout
+from .viewmodel import (PanelSpec, ViewModel, latest_steps, next_bucket_cap, plan_layout, straggler_ask,
+                        straggler_where)
 from .widgets import (
     GUTTER,
     BucketsPanel,
@@ -397,16 +398,9 @@ class DdpApp(App):
         self.redraw()
 
     def action_bucket(self, direction: int) -> None:
-        store = self.source.store
-        current = self.asked_cap
-        if current is None:
-            changes = store.cap_history()
-            current = changes[-1][1] if changes else float(
-                store.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB)
-        ladder = spec.BUCKET_LADDER_MB
-        nxt = (max((x for x in ladder if x < current), default=None) if direction < 0
-               else min((x for x in ladder if x > current), default=None))
+        nxt = next_bucket_cap(self.source.store, self.asked_cap, direction)
         if nxt is None:
+            ladder = spec.BUCKET_LADDER_MB
             self.notify(f"bucket_cap_mb is at the {'bottom' if direction < 0 else 'top'} of the ladder "
                         f"({' / '.join(f'{x:g}' for x in ladder)} MB)", severity="warning")
             return
@@ -422,17 +416,12 @@ class DdpApp(App):
         """A straggler on the highest rank (its middle layer's backward half a step longer), or
         off again; every rank switches at the same step."""
         store = self.source.store
-        if self.straggler_ms:
-            ms = 0.0
-        else:
-            steps = [f.step_ms for s in store.strategies() for f in store.recent_figures(s, n=10)]
-            ms = float(max(2, round(0.5 * sorted(steps)[len(steps) // 2]))) if steps else 40.0
+        ms = straggler_ask(store, self.straggler_ms)
         if not self._started or self.straggler is None or self.straggler.set_straggler(ms) == 0:
             self.notify("no rank is connected yet: try again in a moment", severity="warning")
             return
         self.straggler_ms = ms
-        names = list(store.meta.get("layers") or [])
-        where = f"rank {max(store.world - 1, 0)} · {names[(len(names) - 1) // 2]}" if names else "the highest rank"
+        where = straggler_where(store)
         self.notify(f"straggler on: {where} backward +{ms:g} ms every step" if ms else "straggler off",
                     title="straggler", timeout=2.5)
         self.redraw()

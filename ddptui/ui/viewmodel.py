@@ -7,6 +7,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from ranks import spec
+
 from ddptui.model.store import Store
 from . import layout
 from .layout import LANE_SHAPES, span_ceil
@@ -131,6 +133,34 @@ class ViewModel:
             key = (store_id, *((s, v.step) for s, v in sorted(views.items()) if v is not None))
             self.scale.update(max(durs), key, self.clock())
         return (self.scale.span_ms or 100.0) / self.zoom / max(1, lane_w)
+
+
+# -- controls ------------------------------------------------------------------------------
+def next_bucket_cap(store: Store, asked: float | None, direction: int) -> float | None:
+    """The next cap up (direction > 0) or down the bucket ladder from the one asked last, else
+    the one in force (the run's default before any change); None at either end."""
+    current = asked
+    if current is None:
+        changes = store.cap_history()
+        current = changes[-1][1] if changes else float(store.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB)
+    ladder = spec.BUCKET_LADDER_MB
+    return (max((x for x in ladder if x < current), default=None) if direction < 0
+            else min((x for x in ladder if x > current), default=None))
+
+
+def straggler_ask(store: Store, on_ms: float) -> float:
+    """What `d` asks for: 0 (off) while a straggler is on, else half the median of the recent
+    steps over every strategy (at least 2 ms; 40 ms before any step), so it shows at any speed."""
+    if on_ms:
+        return 0.0
+    steps = sorted(f.step_ms for s in store.strategies() for f in store.recent_figures(s, n=10))
+    return float(max(2, round(0.5 * steps[len(steps) // 2]))) if steps else 40.0
+
+
+def straggler_where(store: Store) -> str:
+    """Where `d` puts it: the highest rank, its middle layer."""
+    names = list(store.meta.get("layers") or [])
+    return f"rank {max(store.world - 1, 0)} · {names[(len(names) - 1) // 2]}" if names else "the highest rank"
 
 
 # -- layout ----------------------------------------------------------------------------------
