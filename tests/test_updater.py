@@ -132,3 +132,21 @@ async def test_live_frames_are_prepared_off_the_drawing_thread_for_256_ranks():
     assert threads["summarize"] == {"ddptui-updater"} and threads["aggregate"] == {"ddptui-updater"}
     assert any("culprit" in r for r in rows), rows
     assert any("r200" in r for r in rows), rows
+
+
+def test_results_are_kept_by_the_identity_of_their_sources():
+    from ddptui.model.kept import Kept
+
+    kept, made = Kept(2), []
+
+    def make(v):
+        made.append(v)
+        return [v]
+
+    a, b = object(), object()
+    first = kept.get("k", (a, b), lambda: make(1))
+    assert kept.get("k", (a, b), lambda: make(2)) is first and made == [1]  # the same objects: kept
+    assert kept.get("k", (a, object()), lambda: make(3)) == [3]  # an equal key, other objects: made again
+    kept.get("x", (a,), lambda: make(4))
+    kept.get("y", (a,), lambda: make(5))  # room for 2: the oldest ("k") goes
+    assert kept.get("k", (a, b), lambda: make(6)) == [6] and made == [1, 3, 4, 5, 6]

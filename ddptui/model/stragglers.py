@@ -18,13 +18,13 @@ CLOCK_MONOTONIC); per-host clock offsets plug in there.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from statistics import median
 
 from ranks.wire import BWD, COMM
 
 from . import evidence as layer_evidence
+from .kept import Kept
 
 # a step names a culprit only when someone waited at least this long for it: below it, who
 # arrives last is scheduling noise (measured: README "Who waits for whom")
@@ -267,25 +267,15 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
 
 
 RECENT = 20  # steps the live figures are over (a live talk: a change shows within seconds)
-_SUMMARIES: dict = {}  # (layer names, steps' identity) -> the summary
-_SUMMARIES_LOCK = threading.Lock()
+_SUMMARIES = Kept(16)
 
 
 def summarize_cached(steps: list[StepWaits | None], layer_names: list[str]) -> dict | None:
-    """summarize(steps, layer_names), kept while they are the same steps (StepWaits are never
-    changed once made): the panel, the status bar, the headline and the lanes ask for it every
-    frame, and the Updater's thread asks first, as soon as a step is complete."""
+    """summarize(steps, layer_names), kept while they are the same steps: the panel, the status
+    bar, the headline and the lanes ask for it every frame, and the Updater's thread asks
+    first, as soon as a step is complete."""
     key = (tuple(layer_names), len(steps), id(steps[0]) if steps else 0, id(steps[-1]) if steps else 0)
-    with _SUMMARIES_LOCK:
-        got = _SUMMARIES.get(key)
-    if got is not None and len(got[0]) == len(steps) and all(a is b for a, b in zip(got[0], steps)):
-        return got[1]
-    out = summarize(steps, layer_names)
-    with _SUMMARIES_LOCK:
-        if len(_SUMMARIES) >= 16:
-            _SUMMARIES.pop(next(iter(_SUMMARIES)))
-        _SUMMARIES[key] = (list(steps), out)
-    return out
+    return _SUMMARIES.get(key, steps, lambda: summarize(steps, layer_names))
 
 
 def _arrival_culprit(out: dict, steps: list[StepWaits], counts: dict[int, int], layer_names: list[str]) -> None:
@@ -347,19 +337,9 @@ def evidence(steps: list[StepWaits], layer_names: list[str], window: int = layer
     }
 
 
-_SCANS: dict = {}  # the same steps judged again (the panel draws 30 times a second): kept
-_SCANS_LOCK = threading.Lock()
+_SCANS = Kept(32)  # the same steps judged again (the report's summary is asked for again and again)
 
 
 def _scan_cached(rows: list, size: int, stride: int) -> dict:
     key = (len(rows), id(rows[0][2]), id(rows[-1][2]), size, stride)
-    with _SCANS_LOCK:
-        hit = _SCANS.get(key)
-    if hit is not None and hit[0][0][2] is rows[0][2] and hit[0][-1][2] is rows[-1][2]:
-        return hit[1]
-    got = layer_evidence.scan(rows, size, stride)
-    with _SCANS_LOCK:
-        if len(_SCANS) >= 32:
-            _SCANS.pop(next(iter(_SCANS)))
-        _SCANS[key] = (rows, got)
-    return got
+    return _SCANS.get(key, (rows[0][2], rows[-1][2]), lambda: layer_evidence.scan(rows, size, stride))

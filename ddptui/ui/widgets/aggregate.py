@@ -10,10 +10,9 @@ at most GUTTER cells. Pure; the app calls `for_pane` with what the pane has room
 """
 from __future__ import annotations
 
-import threading
-
 from ranks.wire import BWD, FWD
 
+from ddptui.model.kept import Kept
 from ddptui.model.views import Span, StepView
 
 BAND_BASE = -(10 ** 6)  # band lane ids: BAND_BASE + 2 * group + (0: p50, 1: p95), ascending
@@ -103,8 +102,7 @@ def aggregate(view: StepView, lanes: int, hosts: dict[int, list[int]] | None = N
     return out, labels
 
 
-_CACHE: dict = {}
-_CACHE_LOCK = threading.Lock()  # the Updater's thread fills it ahead of the drawing thread
+_KEPT = Kept(16)  # (the Updater's thread makes them ahead of the drawing thread)
 
 
 def for_pane(view: StepView | None, rows: int, hosts: dict[int, list[int]] | None = None,
@@ -118,13 +116,4 @@ def for_pane(view: StepView | None, rows: int, hosts: dict[int, list[int]] | Non
     if len(view.spans) <= lanes or len(view.spans) < MIN_RANKS:
         return view, None
     key = (id(view), lanes, culprit, tuple(sorted(hosts)) if hosts else None)
-    with _CACHE_LOCK:
-        got = _CACHE.get(key)
-    if got is not None and got[0] is view:
-        return got[1], got[2]
-    agg, labels = aggregate(view, lanes, hosts, culprit)
-    with _CACHE_LOCK:
-        if len(_CACHE) >= 16:
-            _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = (view, agg, labels)
-    return agg, labels
+    return _KEPT.get(key, (view,), lambda: aggregate(view, lanes, hosts, culprit))
