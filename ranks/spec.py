@@ -14,6 +14,9 @@ STRATEGIES = ("naive", "interleaved", "ddp", "single")
 DEFAULT_STRATEGIES = ("naive", "ddp")
 BUCKET_LADDER_MB = (1.0, 5.0, 25.0, 100.0)
 DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch's default
+# the strategy a user's own DDP (ddptui run, ddptui.instrument) and an opened torch.profiler
+# trace are drawn as: the DDP pane (buckets, figures, stragglers)
+USER_STRATEGY = "ddp"
 SPEED_LADDER = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # replay speeds, slowest to fastest
 BYTES_PER_GRAD = 4  # fp32 gradients: bytes an AllReduce carries per parameter element
 

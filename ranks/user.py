@@ -53,7 +53,7 @@ from .commhook import CommState, timed_hook
 from .instrument import CpuClock, CudaClock
 from .userlayers import UserRecorder, attach_module_hooks, choose_layers
 
-STRATEGY = "ddp"  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
+STRATEGY = spec.USER_STRATEGY  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
 
 
 class FileSink(FrameQueue):

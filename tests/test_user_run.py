@@ -27,6 +27,21 @@ def test_import_does_not_load_textual():
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
 
+def test_the_app_side_never_imports_torch():
+    """torch is the ranks' (2–3 s of CPU to import): every CLI verb's module, and `ddptui run`
+    up to launching its ranks, leave it out of the app's process."""
+    code = ("import sys, pkgutil, importlib, ddptui.cli\n"
+            "for m in pkgutil.iter_modules(ddptui.cli.__path__): importlib.import_module('ddptui.cli.' + m.name)\n"
+            "from ddptui.cli import run\n"
+            "try:\n"
+            "    run.build(['--headless', '--', 'examples/train_cnn.py', '--steps', '1'])\n"
+            "except Exception as e:\n"
+            "    print('build failed:', e)\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
 
 # -- choosing layers (no process group needed) ------------------------------------------------
 def _nets():

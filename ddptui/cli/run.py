@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from ranks import user
+from ranks import spec
 
 from .common import CliError, check_writable_path, Parser, sigterm_to_interrupt, check_environment, record_path
 from .common import open_live_ui, require_terminal
@@ -58,7 +58,7 @@ class UserRun(LiveRun):
     def meta(self) -> dict:
         from ddptui import __version__
         return {"ddptui": __version__, "created": time.time(),
-                "model": os.path.basename(self.script), "strategies": [user.STRATEGY],
+                "model": os.path.basename(self.script), "strategies": [spec.USER_STRATEGY],
                 "world": self.plan.ranks, "steps": 0, "device": self.plan.device,
                 "gpus": self.plan.gpus, "note": self.plan.note, "user": True,
                 "script": [os.path.basename(self.script), *self.script_args]}
@@ -119,7 +119,7 @@ def build(argv: list[str]):
     record = record_path(a, os.path.splitext(os.path.basename(script))[0], plan.ranks)
     if a.json:
         check_writable_path(a.json, "--json")
-    opts = RunOptions(model=os.path.basename(script), strategies=[user.STRATEGY], steps=0,
+    opts = RunOptions(model=os.path.basename(script), strategies=[spec.USER_STRATEGY], steps=0,
                       threads=a.threads, record=record, hang_s=120.0)
     env = {"DDPTUI_AUTO": "1", "DDPTUI_LAYERS": a.layers} if a.auto else {}
     return a, opts, plan, UserRun(opts, plan, script, a.args, env)

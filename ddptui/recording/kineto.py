@@ -39,11 +39,11 @@ from typing import Any
 import msgpack
 import msgspec
 
-from ranks import wire
+from ranks import spec, wire
 
 from ranks.recfile import RecordingError
 
-STRATEGY = "ddp"
+STRATEGY = spec.USER_STRATEGY
 NCCL_KERNELS = ("ncclKernel_", "ncclDevKernel_")
 EVAL = "autograd::engine::evaluate_function: "
 TORCH_RANGES = ("ProfilerStep#", "Optimizer.", "DistributedDataParallel.", "nccl:", "gloo:",
