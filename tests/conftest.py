@@ -23,17 +23,19 @@ def cuda_available() -> bool:
         return False
 
 
-# module-scoped fixtures that start real ranks: the tests sharing one run go to one
-# pytest-xdist worker (`--dist loadgroup`), so the run is made once
-SHARED_RUNS = {"run", "live", "cpu_traces", "cpu_traces_plain"}
+# fixtures that start real ranks, by scope: the tests sharing one run go to one pytest-xdist
+# worker (`--dist loadgroup`), so the run is made once
+SHARED_RUNS = {"run": "module", "cpu_traces": "module", "cpu_traces_plain": "module", "cli_run": "session"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        shared = SHARED_RUNS.intersection(getattr(item, "fixturenames", ()))
+        shared = sorted(set(SHARED_RUNS).intersection(getattr(item, "fixturenames", ())))
         if shared:
-            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{min(shared)}"))
+            name = shared[0]
+            where = "session" if SHARED_RUNS[name] == "session" else item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(f"{where}:{name}"))
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
@@ -52,3 +54,30 @@ def token_file(tmp_path):
     p.write_bytes(TOKEN + b"\n")
     p.chmod(0o600)
     return str(p)
+
+
+
+@pytest.fixture(scope="session")
+def cli_run(tmp_path_factory):
+    """One real recorded run of `ddptui --headless` (2 CPU ranks, small, naive and ddp,
+    CLI_RUN_STEPS steps, batch 256), shared by the tests of its report, the verbs that read
+    its recording and what-if: {"dir", "rec", "json", "stdout", "stderr"}. It runs with a
+    temporary directory of its own, which it must leave empty (no socket folder, no
+    torchrun log folder)."""
+    import json
+    import subprocess
+
+    from .helpers import CLI_RUN_STEPS, assert_no_leftovers, cli_env, ddptui_cmd
+
+    d = tmp_path_factory.mktemp("cli-run")
+    tmp = d / "tmp"
+    tmp.mkdir()
+    rec, js = d / "run.ddptui", d / "run.json"
+    res = subprocess.run(ddptui_cmd("--headless", "--gpus", "2", "--model", "small", "--batch-size", "256",
+                                    "--steps", str(CLI_RUN_STEPS), "--record", str(rec), "--json", str(js)),
+                         capture_output=True, text=True, timeout=180, cwd=ROOT,
+                         env=cli_env({"DDPTUI_GPU_COUNT": "0", "TMPDIR": str(tmp)}))
+    assert res.returncode == 0, res.stderr
+    assert_no_leftovers(5)
+    return {"dir": d, "rec": rec, "json": json.loads(js.read_text()), "stdout": res.stdout,
+            "stderr": res.stderr, "tmp_left": sorted(os.listdir(tmp))}

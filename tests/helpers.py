@@ -67,6 +67,9 @@ def assert_no_leftovers(timeout: float = 10.0) -> None:
     assert not left, f"processes left behind: {[p.pid for p in left]}"
 
 
+CLI_RUN_STEPS = 5  # the steps of the shared real headless run (conftest.cli_run)
+
+
 def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch=256,
              bucket_cap_mb=None, record=None, extra=(), timeout=120.0, **kw):
     """Run real torchrun ranks to completion in-process; returns the LiveRun."""

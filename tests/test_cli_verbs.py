@@ -19,7 +19,7 @@ from ddptui.recording import loader, rankset
 from ranks import recfile
 
 from .test_export import recording_counts, trace_counts, validate_trace
-from .helpers import ROOT, cli_env, run_cli, run_main, start_cli, synthetic_frames, worker_procs, write_recording
+from .helpers import CLI_RUN_STEPS, ROOT, cli_env, run_cli, run_main, start_cli, synthetic_frames, worker_procs, write_recording
 
 LIVE = ["--headless", "--gpus", "2", "--model", "small", "--batch-size", "256"]
 RUN_FIELDS = ("model", "world_size", "batch", "backend", "device")
@@ -36,15 +36,30 @@ def ddptui_here(*args, **kw) -> subprocess.CompletedProcess:
     return run_main(*args, env=NO_GPU, **kw)
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """A real recorded headless run: its stdout, JSON and recording."""
-    d = tmp_path_factory.mktemp("live")
-    rec, js = d / "run.ddptui", d / "live.json"
-    res = ddptui(*LIVE, "--steps", "4", "--record", str(rec), "--json", str(js), timeout=180)
-    assert res.returncode == 0, res.stderr
-    assert f"recorded to {rec}" in res.stderr  # the path is shown
-    return {"dir": d, "rec": rec, "stdout": res.stdout, "json": json.loads(js.read_text())}
+@pytest.fixture
+def live(cli_run):
+    """The shared real recorded headless run (conftest.cli_run)."""
+    return cli_run
+
+
+@pytest.mark.slow
+def test_headless_prints_progress_the_table_and_json(live):
+    err = live["stderr"]
+    assert "CPU rank" in err  # says --gpus means CPU ranks here
+    assert "spawning torchrun" in err and "rank 0 connected" in err
+    assert f"recorded to {live['rec']}" in err  # the path is shown
+    assert "DDP vs naive speedup" in live["stdout"]
+    doc = live["json"]
+    assert [r["strategy"] for r in doc["strategies"]] == ["naive", "ddp"]
+    for r in doc["strategies"]:
+        for key in ("strategy", "steps", "step_ms_median", "compute_ms", "comm_ms", "exposed_comm_ms",
+                    "overlap_pct", "allreduce_calls_per_step", "bytes_per_step", "samples_per_s"):
+            assert key in r
+        assert r["steps"] == CLI_RUN_STEPS
+    assert doc["speedup"]["ddp_vs_naive"] > 0
+    # nothing of the run left in its temporary directory: the socket's folder and torchrun's
+    # are gone (torch's own compile cache, torchinductor_*, is meant to stay)
+    assert [n for n in live["tmp_left"] if n.startswith(("ddptui-", "torchelastic_"))] == [], live["tmp_left"]
 
 
 @pytest.mark.slow
@@ -58,7 +73,7 @@ def test_recorded_run_replays_to_the_same_summary(live, verb):
     assert res.stdout == live["stdout"]  # the very same table, title and speedup line
     got, want = json.loads(out.read_text()), live["json"]
     assert [r["strategy"] for r in want["strategies"]] == ["naive", "ddp"]
-    assert all(r["steps"] == 4 for r in want["strategies"])
+    assert all(r["steps"] == CLI_RUN_STEPS for r in want["strategies"])
     assert len(got["strategies"]) == len(want["strategies"])
     for g, w in zip(got["strategies"], want["strategies"]):
         assert set(g) == set(w)
@@ -97,7 +112,7 @@ def test_recording_header_describes_the_run(live):
     assert meta["strategies"] == ["naive", "ddp"]
     assert meta["layers"] == ["fc1", "fc2", "fc3", "fc4"] and len(meta["params"]) == 8
     assert meta["backend"] == "gloo" and meta["torch"] and meta["devices"] == {"0": "cpu", "1": "cpu"}
-    assert meta["settings"]["steps"] == 4
+    assert meta["settings"]["steps"] == CLI_RUN_STEPS
 
 
 def _our_workers(mark: str) -> list[psutil.Process]:

@@ -14,7 +14,7 @@ from ranks.wire import BWD, COMM, FWD, OPT, STEP, SpanBatch
 
 from ddptui.model import whatif as W
 
-from .helpers import run_cli, run_live, run_main
+from .helpers import run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
@@ -179,10 +179,8 @@ def test_whatif_of_the_demo_recording_predicts_every_cap_and_matches_the_cap_it_
     assert caps[1.0].exposed_ms <= caps[25.0].exposed_ms <= caps[100.0].exposed_ms + 1e-9
 
 
-def test_the_verb_on_a_real_runs_recording(tmp_path):
-    rec = str(tmp_path / "run.ddptui")
-    run = run_live(steps=6, model="small", strategies=("naive", "ddp"), batch=256, record=rec)
-    assert run.state == "finished", run.message
+def test_the_verb_on_a_real_runs_recording(tmp_path, cli_run):
+    rec = str(cli_run["rec"])  # a real recorded run of naive and ddp (conftest)
     out = tmp_path / "w.json"
     r = run_main("whatif", rec, "--bucket-cap", "1,25,100", "--world", "2,8", "--json", str(out))
     assert r.returncode == 0, r.stderr

@@ -132,10 +132,22 @@ def describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
+def with_log_dir(cmd: list[str], log_dir: str) -> list[str]:
+    """torchrun's own files (one folder per attempt, error files) under `log_dir` instead of a
+    `torchelastic_*` folder it would leave in the temp directory after every run. A command
+    that is not `python -m torch.distributed.run ...` is returned as it is."""
+    at = cmd.index("torch.distributed.run") + 1 if "torch.distributed.run" in cmd else 0
+    if at < 3 or cmd[at - 2] != "-m":
+        return list(cmd)
+    return [*cmd[:at], "--log-dir", log_dir, *cmd[at:]]
+
+
 class Launcher:
-    """torchrun in a new session; its output goes to a log file."""
+    """torchrun in a new session; its output goes to a log file, its own files to a folder
+    beside it (the run's private folder, removed with it)."""
 
     def __init__(self, cmd: list[str], env: dict, log_path: str, cwd: str | None = None):
+        cmd = with_log_dir(cmd, os.path.join(os.path.dirname(os.path.abspath(log_path)), "torchrun"))
         self.cmd = cmd
         self.log_path = log_path
         self.log = open(log_path, "wb")
