@@ -218,13 +218,13 @@ def measure(instrument, strategies, steps: int, layers: int, width: int, cuda: b
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--quick", action="store_true", help="60 steps, 2 rounds")
+    p.add_argument("--quick", action="store_true", help="30 steps, 1 round (CI: that it runs, not a figure)")
     p.add_argument("--vs", default=OLD_REV, help="git revision of the hook path to compare with")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: the real CUDA events and stream (the GPU pass), not stand-ins")
     a = p.parse_args(argv)
-    steps = 60 if a.quick else a.steps
-    rounds = 2 if a.quick else 3
+    steps = 30 if a.quick else a.steps
+    rounds = 1 if a.quick else 3
     import torch
     torch.set_num_threads(1)
     from ranks import instrument, strategies
