@@ -1,7 +1,8 @@
 """Records torch.profiler (Kineto) traces of a small DDP run on CPU with gloo, one JSON per
-rank, as users record theirs (`tensorboard_trace_handler`, `with_modules=True`).
+rank, as users record theirs (`tensorboard_trace_handler`, `with_modules=True`); with
+--plain-out, then a second profile of the same run without module records or stacks.
 
-    torchrun --nproc-per-node 2 tests/kineto_record.py OUT_DIR [--steps N] [--no-modules]
+    torchrun --nproc-per-node 2 tests/kineto_record.py OUT_DIR [--steps N] [--no-modules] [--plain-out DIR]
 """
 import argparse
 import os
@@ -17,6 +18,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--no-modules", action="store_true")
+    ap.add_argument("--plain-out", help="then profile again without module records, into this folder")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -26,17 +28,22 @@ def main() -> None:
     ddp = DDP(model, bucket_cap_mb=0.25)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
-    prof = torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
-        schedule=torch.profiler.schedule(wait=0, warmup=1, active=a.steps),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(a.out, worker_name=f"rank{rank}"),
-        record_shapes=True, with_modules=not a.no_modules, with_stack=not a.no_modules)
-    with prof:
-        for _ in range(a.steps + 1):
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-            prof.step()
+    def profile(out: str, modules: bool) -> None:
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(wait=0, warmup=1, active=a.steps),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(out, worker_name=f"rank{rank}"),
+            record_shapes=True, with_modules=modules, with_stack=modules)
+        with prof:
+            for _ in range(a.steps + 1):
+                opt.zero_grad()
+                nn.functional.cross_entropy(ddp(x), y).backward()
+                opt.step()
+                prof.step()
+
+    profile(a.out, not a.no_modules)
+    if a.plain_out:
+        profile(a.plain_out, False)
     dist.destroy_process_group()
 
 

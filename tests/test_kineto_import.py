@@ -33,13 +33,22 @@ def _record(out: str, *extra: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cpu_traces(tmp_path_factory):
-    return _record(str(tmp_path_factory.mktemp("kineto") / "mods"))
+def kineto_runs(tmp_path_factory):
+    """One real run, profiled twice: with module records (as users record theirs), then
+    without them: (its folder of traces, the plain folder)."""
+    d = tmp_path_factory.mktemp("kineto")
+    plain = str(d / "plain")
+    return _record(str(d / "mods"), "--plain-out", plain), plain
 
 
-@pytest.fixture(scope="module")
-def cpu_traces_plain(tmp_path_factory):
-    return _record(str(tmp_path_factory.mktemp("kineto") / "plain"), "--no-modules")
+@pytest.fixture
+def cpu_traces(kineto_runs):
+    return kineto_runs[0]
+
+
+@pytest.fixture
+def cpu_traces_plain(kineto_runs):
+    return kineto_runs[1]
 
 
 def _summary(d: str, tmp_path, name="s.json") -> dict:
