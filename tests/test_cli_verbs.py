@@ -211,7 +211,7 @@ def test_bad_arguments_are_one_line(small_rec, args, expect):
 
 @pytest.mark.parametrize("speed", ["0.25", "1", "8"])
 def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
-    """`ddptui replay FILE` hands the file and options to the UI (app.run_replay_app)."""
+    """`ddptui replay FILE` hands the file and options to the UI (launch.run_replay_app)."""
     import types
 
     from ddptui.cli import replay as cmd_replay
@@ -221,10 +221,10 @@ def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
         calls.append((path, speed, loop, title))
         return 0
     try:
-        import ddptui.ui.app as app
-        monkeypatch.setattr(app, "run_replay_app", fake)
+        import ddptui.ui.launch as launch
+        monkeypatch.setattr(launch, "run_replay_app", fake)
     except ImportError:
-        monkeypatch.setitem(sys.modules, "ddptui.ui.app", types.SimpleNamespace(run_replay_app=fake))
+        monkeypatch.setitem(sys.modules, "ddptui.ui.launch", types.SimpleNamespace(run_replay_app=fake))
     monkeypatch.setattr(cmd_replay, "require_terminal", lambda what, instead: None)  # as on a terminal
     assert cmd_replay.main([str(small_rec), "--speed", speed, "--loop", "--title", "My talk"]) == 0
     assert calls == [(str(small_rec), float(speed), True, "My talk")]

@@ -81,7 +81,7 @@ def require_terminal(what: str, instead: str) -> None:
 def open_live_ui(opts, plan, run=None) -> int:
     """The live UI on this terminal (after `require_terminal`); says where the run was recorded."""
     import sys
-    from ddptui.ui.app import run_live_app
+    from ddptui.ui.launch import run_live_app
     code = run_live_app(opts, plan, run)
     if opts.record and os.path.exists(opts.record):
         print(f"ddptui: recorded to {opts.record} (ddptui replay {opts.record})", file=sys.stderr)

@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     check_file(a.file)
     require_terminal("the replay UI", "use --headless to print the figures")
     try:
-        from ddptui.ui.app import run_replay_app
+        from ddptui.ui.launch import run_replay_app
     except ImportError as e:
         raise CliError(f"the replay UI cannot start ({e}); `ddptui replay FILE --headless` "
                        f"prints the figures") from None

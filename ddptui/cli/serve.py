@@ -206,7 +206,8 @@ def tab(a) -> int:
     os.environ.update(COLUMNS=str(w), ROWS=str(h))
     if os.environ.get("TEXTUAL_DRIVER", "").endswith(":WebDriver"):  # started by textual-serve
         os.environ["TEXTUAL_DRIVER"] = f"{__name__}:TabDriver"  # (read when textual is imported)
-    from ddptui.ui.app import DdpApp, run_replay_app
+    from ddptui.ui.app import DdpApp
+    from ddptui.ui.launch import run_replay_app
     from ddptui.recording.follow import FollowSource
     from ranks.recfile import RecordingError
 

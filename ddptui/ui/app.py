@@ -7,9 +7,7 @@ the ranks, stopping them, seeking in a large recording — runs in a worker thre
 from __future__ import annotations
 
 import os
-import sys
 import time
-from collections import deque
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -19,6 +17,7 @@ from textual.widgets import Footer, Static
 
 from ranks import spec
 
+from .jobs import JobQueue
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
 from ddptui.model import figures
@@ -104,8 +103,7 @@ class DdpApp(App):
         self.error: str | None = None
         self._started = False
         self._stopping = False
-        self._busy = False  # a transport job (seek, play, speed) runs in a worker
-        self._jobs: deque = deque()
+        self.jobs = JobQueue(self, self.redraw, "transport")  # seek, play, speed: off the event loop
         self._ui_gen = 0
         self._drawn: tuple | None = None
         self._layout_key: tuple | None = None
@@ -474,49 +472,10 @@ class DdpApp(App):
 
     # -- transport jobs (replay): one at a time, off the event loop ----------------------------
     def _transport(self, job) -> None:
-        self._jobs.append(job)
-        if not self._busy:
-            self._busy = True
-            self.run_worker(self._run_jobs, thread=True, name="transport", exit_on_error=False)
+        self.jobs.put(job)
         self._ui_gen += 1
 
-    def _run_jobs(self) -> None:
-        try:
-            while self._jobs:
-                self._jobs.popleft()()
-        finally:
-            self.call_from_thread(self._jobs_done)
+    @property
+    def _busy(self) -> bool:
+        return self.jobs.busy
 
-    def _jobs_done(self) -> None:
-        if self._jobs:  # queued while the worker was finishing
-            self.run_worker(self._run_jobs, thread=True, name="transport", exit_on_error=False)
-        else:
-            self._busy = False
-        self.redraw()
-
-
-def run_live_app(opts, plan, run=None) -> int:
-    """Launch the ranks (a LiveRun, or the given run) and show them; 0 after a normal quit,
-    1 if the run failed. Whatever happens, no rank is left running."""
-    from ddptui.live.session import LiveRun
-    run = run or LiveRun(opts, plan)
-    app = DdpApp(run, record=opts.record)
-    try:
-        app.run()
-    finally:
-        if run.state in ("running", "starting"):
-            run.stop("the UI closed")
-    return app.exit_code()
-
-
-def run_replay_app(path: str, *, speed: float = 1.0, loop: bool = False, title: str | None = None) -> int:
-    """Replay a recording in the UI; 2 (with a message) if the file cannot be read."""
-    from ranks.recfile import RecordingError
-    from ddptui.recording.replay import ReplaySource
-    try:
-        src = ReplaySource(path, speed=speed, loop=loop)
-    except RecordingError as e:
-        print(f"ddptui: error: {e}", file=sys.stderr)
-        return 2
-    DdpApp(src, title=title).run()
-    return 0
