@@ -61,6 +61,9 @@ class Emitter(FrameQueue):
         self.phase = "starting"
         self.clock_residual_ns = None  # CUDA: GPU-timer mapping error at the last calibration
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sndbuf = os.environ.get("DDPTUI_SOCKET_SNDBUF")  # test seam: a small kernel buffer, so a
+        if sndbuf:                                       # stalled app's backlog overflows in a second
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(sndbuf))
         self.sock.connect(path)
         self.sock.sendall(wire.pack({"t": "auth", "token": token, "r": rank, "pid": os.getpid(),
                                      "v": wire.PROTOCOL_VERSION}))

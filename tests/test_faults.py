@@ -26,7 +26,7 @@ from .bad_frames import bad_frame, frame_rank
 from .helpers import StubNvml, assert_no_leftovers, run_main, start_cli, wait_no_workers, worker_procs
 
 SHUTDOWN_WINDOW_S = 10.0
-STALL_S = 8.0  # one stop of the stalled-app test: the app does nothing for this long
+STALL_S = 2.0  # one stop of the stalled-app test: the app does nothing for this long
 
 
 def _ranks_dropped(rec) -> int:
@@ -41,10 +41,10 @@ def _ranks_dropped(rec) -> int:
 class Headless:
     """A real `ddptui --headless` process whose stderr is read line by line."""
 
-    def __init__(self, *args, record=None):
+    def __init__(self, *args, record=None, env=None):
         rec = ["--record", str(record)] if record else ["--no-record"]
         self.p = start_cli("--headless", "--gpus", "2", "--model", "small", "--batch-size", "256", *args, *rec,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.lines: list[str] = []
         self.out = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -181,7 +181,7 @@ def test_hung_rank_detected(tmp_path):
 ])
 def test_interrupt_start_up_and_training(tmp_path, sig, when):
     rec = tmp_path / "int.ddptui"
-    h = Headless("--steps", "0", record=rec)
+    h = Headless("--steps", "0", "--strategies", "naive", record=rec)  # (DDP adds nothing here)
     h.wait_for(when)
     t0 = time.monotonic()
     h.p.send_signal(sig)
@@ -214,8 +214,9 @@ def test_app_sigkilled_workers_exit_by_themselves():
 def test_app_stalled_training_goes_on_and_drops_are_counted(tmp_path):
     rec = tmp_path / "stall.ddptui"
     out = tmp_path / "stall.json"
+    # queues of 8 frames and 8 KB socket buffers (the kernel's default holds seconds of steps)
     h = Headless("--steps", "0", "--batch-size", "32", "--queue-size", "8", "--strategies", "naive",
-                 "--json", str(out), record=rec)
+                 "--json", str(out), record=rec, env={"DDPTUI_SOCKET_SNDBUF": "8192"})
     h.wait_steps("naive", 25)  # the steady rate before the stall is measured on 20 steps
     # the experiment: the app does nothing for STALL_S while the ranks train on; it is
     # stopped again (up to 6 times) until the ranks' socket buffers and queues of 8 frames
