@@ -224,12 +224,12 @@ def test_plain_torchrun_per_rank_files_are_one_run(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert sorted(os.listdir(rec)) == ["rank0.ddptui", "rank1.ddptui"]
     js = tmp_path / "s.json"
-    got = _ddptui(["summary", str(rec), "--json", str(js)])
+    got = run_main("summary", str(rec), "--json", str(js))  # (these verbs start no ranks: in-process)
     assert got.returncode == 0, got.stderr
     d = json.loads(js.read_text())
     assert d["world_size"] == 2 and d["state"] == "finished" and d["strategies"][0]["steps"] == 8
     assert d["layers"][0] == "stem"
-    ex = _ddptui(["export", str(rec), "-o", str(tmp_path / "t.json")])
+    ex = run_main("export", str(rec), "-o", str(tmp_path / "t.json"))
     assert ex.returncode == 0 and "on 2 rank(s)" in ex.stdout
 
 
