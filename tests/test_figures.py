@@ -148,3 +148,43 @@ def test_bucket_figures_match_the_spans_of_the_view():
         assert t == pytest.approx(mean(times[b]), rel=1e-6)
         assert ov == pytest.approx(mean(over[b]), abs=1e-6)
     assert any(0 < ov < 100 for _, ov in got.values())  # some overlap, not all
+
+
+def test_gpu_pct_per_strategy_from_the_samples_inside_its_complete_steps():
+    """Each complete step's interval (first rank's STEP start to last rank's end, made once
+    when the step completes), and the GPU % of a strategy from the sample periods that lie
+    within one of its steps; a step still missing a rank has no interval yet."""
+    from ddptui.model.store import Store
+    from ddptui.ui.widgets.figures_panel import gpu_pct_by_strategy
+    from ranks.wire import STEP as STEP_KIND
+
+    from .helpers import synthetic_frames
+
+    st = Store()
+    frames = synthetic_frames(steps=4)
+    late = [f for f in frames if f.get("t") == "spans" and f["r"] == 1 and f["s"] == "ddp" and f["k"] == 3]
+    for f in frames:
+        if f not in late:
+            st.ingest(f)
+    st.update()
+    for s in ("naive", "ddp"):
+        want = []
+        for k, ranks in st.raw[s].items():
+            ends = [(b.base_ns + b.t0[i] * 1000, b.base_ns + b.t1[i] * 1000)
+                    for b in ranks.values() for i in range(len(b.kind)) if b.kind[i] == STEP_KIND]
+            if len(ranks) == 2:
+                want.append((k, min(a for a, _ in ends), max(z for _, z in ends)))
+        assert st.step_intervals(s) == want and len(want) == (4 if s == "naive" else 3)
+    samples = []  # (ts, util), as the sampler takes them: in time order
+    for s, util in (("naive", 80), ("ddp", 20)):
+        for _, a, z in st.step_intervals(s):
+            samples += [(a + (z - a) // 4, util), (a + (z - a) // 2, util)]  # a period inside the step
+    samples.append((max(t for t, _ in samples) + 10**9, 0))  # a period in no step
+    for t, u in sorted(samples):
+        st.ingest({"t": "gpu", "ts": t, "gpus": [{"index": 0, "util": u}]})
+    got = gpu_pct_by_strategy(st)
+    assert got == {"naive": 80, "ddp": 20}
+    for f in late:  # the last rank comes: the step completes and gets its interval
+        st.ingest(f)
+    st.update()
+    assert [k for k, _, _ in st.step_intervals("ddp")] == [0, 1, 2, 3]

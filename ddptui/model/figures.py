@@ -130,6 +130,20 @@ def rank_step(b: SpanBatch, comm_bytes) -> RankStep:
     return RankStep(step / 1e3, cu / 1e3, mu / 1e3, (union_length(both) - cu) / 1e3, calls, nbytes)
 
 
+def step_interval(batches) -> tuple[int, int] | None:
+    """(start, end) in ns on the ranks' clock of one step across its ranks' span batches:
+    the first rank's STEP start to the last rank's STEP end; None without a STEP span."""
+    a = z = None
+    for b in batches:
+        for i, k in enumerate(b.kind):
+            if k == STEP:
+                s, e = b.base_ns + b.t0[i] * 1000, b.base_ns + b.t1[i] * 1000
+                a = s if a is None else min(a, s)
+                z = e if z is None else max(z, e)
+                break
+    return None if a is None else (a, z)
+
+
 @dataclass
 class StepFigures:
     """One strategy step across ranks: slowest rank's step time, mean of the rest."""

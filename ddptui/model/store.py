@@ -16,7 +16,7 @@ from time import monotonic as _monotonic
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from ranks import schema, spec, wire
+from ranks import schema, spec
 from ranks.wire import SpanBatch
 
 from . import figures
@@ -77,6 +77,8 @@ class Store:
         self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
         self.slow_changes: list[tuple[int, float, int, int]] = []  # (step, ms, rank, layer) as applied
         self.waits: dict[str, OrderedDict[int, stragglers.StepWaits | None]] = {}  # kept like raw spans
+        # (strategy, step) -> (start ns, end ns) of a complete step on CLOCK_MONOTONIC, kept like raw spans
+        self._intervals: dict[tuple[str, int], tuple[int, int]] = {}
         self.log: deque[tuple[float, str, str]] = deque(maxlen=500)
         self.log_seq = 0  # lines ever logged (the deque keeps the last 500): readers follow this
         self.gpu: deque[dict] = deque(maxlen=600)
@@ -314,7 +316,9 @@ class Store:
             dirty = self._dirty[strategy] = set()
         dirty.add(step)
         if len(per) > self.keep_steps * 4:  # nobody called update(): drop the oldest anyway
-            self._shift.pop((strategy, per.popitem(last=False)[0]), None)
+            old = per.popitem(last=False)[0]
+            self._shift.pop((strategy, old), None)
+            self._intervals.pop((strategy, old), None)
 
     def add_log(self, text: str, level: str = "info") -> None:
         with self.lock:
@@ -388,9 +392,10 @@ class Store:
         for strategy, k, ranks, comm in todo:
             rs = {r: figures.rank_step(b, comm[r]) for r, b in ranks.items()}
             step = figures.combine(k, list(rs.values()))
-            done.append((strategy, k, ranks, rs, step, stragglers.step_waits(ranks, step.step_ms)))
+            done.append((strategy, k, ranks, rs, step, stragglers.step_waits(ranks, step.step_ms),
+                         figures.step_interval(ranks.values())))
         with self.lock:
-            for strategy, k, ranks, rs, step, waits in done:
+            for strategy, k, ranks, rs, step, waits, interval in done:
                 if self.raw.get(strategy, {}).get(k) is None:
                     continue  # evicted while computed
                 figs = self.step_figs.setdefault(strategy, OrderedDict())
@@ -399,6 +404,8 @@ class Store:
                 for r, got in rs.items():
                     self.rank_figs[(strategy, k, r)] = got
                 figs[k] = step
+                if interval is not None:
+                    self._intervals[(strategy, k)] = interval
                 self.waits.setdefault(strategy, OrderedDict())[k] = waits
                 if waits is not None and self.clocks:
                     self._collect_clock_samples(waits, self._shift.get((strategy, k), {}), (strategy, k))
@@ -412,6 +419,7 @@ class Store:
                     self._shift.pop((strategy, k), None)
                     self.waits.get(strategy, {}).pop(k, None)
                     self.bucket_figs.pop((strategy, k), None)
+                    self._intervals.pop((strategy, k), None)
                     for r in ranks:
                         self.rank_figs.pop((strategy, k, r), None)
                     dirty.discard(k)
@@ -570,19 +578,9 @@ class Store:
 
     # -- UI query: where each kept step lies on the host clock (per-strategy NVML figures) --
     def step_intervals(self, strategy: str) -> list[tuple[int, int, int]]:
-        """(step, start ns, end ns) of the kept steps of a strategy, on CLOCK_MONOTONIC (the
-        clock of gpu/cpu samples): from the first rank's STEP start to the last rank's end."""
-        out = []
+        """(step, start ns, end ns) of the kept complete steps of a strategy, on
+        CLOCK_MONOTONIC (the clock of gpu/cpu samples): from the first rank's STEP start to the
+        last rank's end (made once, by update(), when the step completes)."""
         with self.lock:
-            for k, ranks in self.raw.get(strategy, {}).items():
-                a = z = None
-                for b in ranks.values():
-                    for i in range(len(b.kind)):
-                        if b.kind[i] == wire.STEP:
-                            s, e = b.base_ns + b.t0[i] * 1000, b.base_ns + b.t1[i] * 1000
-                            a = s if a is None else min(a, s)
-                            z = e if z is None else max(z, e)
-                            break
-                if a is not None:
-                    out.append((k, a, z))
-        return out
+            iv = self._intervals
+            return [(k, *iv[(strategy, k)]) for k in self.raw.get(strategy, {}) if (strategy, k) in iv]
