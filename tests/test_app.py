@@ -147,9 +147,13 @@ async def test_redraws_only_when_the_store_changes():
         assert src.polls > polls  # the timer polls the source
         assert app._drawn == drawn_at  # but nothing changed: no redraw
         src.add_steps(1)
-        await pilot.pause(0.3)
+        pane = app.query_one("#pane-naive", TimelinePane)
+        for _ in range(40):  # the new step is taken up within FOLLOW_EVERY_S (and a tick)
+            await pilot.pause(0.05)
+            if "step 6" in drawn(pane)[0]:
+                break
         assert app._drawn != drawn_at
-        assert "step 6" in drawn(app.query_one("#pane-naive", TimelinePane))[0]
+        assert "step 6" in drawn(pane)[0]
 
 
 # -- keys ---------------------------------------------------------------------------------------

@@ -150,3 +150,25 @@ def test_results_are_kept_by_the_identity_of_their_sources():
     kept.get("x", (a,), lambda: make(4))
     kept.get("y", (a,), lambda: make(5))  # room for 2: the oldest ("k") goes
     assert kept.get("k", (a, b), lambda: make(6)) == [6] and made == [1, 3, 4, 5, 6]
+
+
+@pytest.mark.asyncio
+async def test_the_last_step_of_a_live_feed_is_shown_though_nothing_comes_after_it():
+    """Following shows a new step at most every FOLLOW_EVERY_S: the run's last step, with no
+    frame after it, is still taken up (the app asks the Updater for a frame)."""
+    from ddptui.ui.viewmodel import FOLLOW_EVERY_S
+
+    src = SyntheticSource(steps=1, world=2, model="small", ahead=6, per_s=40)
+    app = DdpApp(src)
+    async with app.run_test(size=(160, 45)) as pilot:
+        deadline = time.monotonic() + 20
+        while (src.store.latest_complete("ddp") or 0) < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        last = src.store.latest_complete("ddp")
+        assert last == 6 and app._prepares()
+        pane = app.panes["ddp"]
+        deadline = time.monotonic() + 2 * FOLLOW_EVERY_S + 1.0
+        while f"step {last} " not in pane.render_line(0).text and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        assert f"step {last} " in pane.render_line(0).text, pane.render_line(0).text
+        await pilot.press("q")

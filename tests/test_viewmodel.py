@@ -8,7 +8,7 @@ from ddptui.live.session import LiveRun
 from ddptui.ui.source import BucketControl, Source, Transport
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun, fill_store
-from ddptui.ui.viewmodel import PanelSpec, ViewModel, plan_layout
+from ddptui.ui.viewmodel import FOLLOW_EVERY_S, PanelSpec, ViewModel, plan_layout
 
 
 def filled(steps: int = 6) -> Store:
@@ -23,8 +23,10 @@ def test_following_pausing_and_stepping():
     vm = ViewModel(follow_clock=lambda: now[0])
     assert vm.shown_steps(st) == {"naive": 5, "ddp": 5}
     fill_store_more(st, 1)
-    assert vm.shown_steps(st) == {"naive": 5, "ddp": 5}  # taken up at most every 0.2 s
-    now[0] += 0.25
+    assert vm.shown_steps(st) == {"naive": 5, "ddp": 5}  # taken up at most every FOLLOW_EVERY_S
+    now[0] += FOLLOW_EVERY_S * 0.9
+    assert vm.shown_steps(st) == {"naive": 5, "ddp": 5}
+    now[0] += FOLLOW_EVERY_S * 0.2
     assert vm.shown_steps(st) == {"naive": 6, "ddp": 6}
     vm.toggle_pause(st)
     assert vm.paused and vm.pinned == 6

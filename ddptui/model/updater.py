@@ -21,7 +21,7 @@ PERIOD_S = 0.05  # at most 20 updates a second: steps arrive at most ~10 a secon
 
 
 class Updater:
-    __slots__ = ("store", "period", "after", "_stop", "_thread", "_seen", "error")
+    __slots__ = ("store", "period", "after", "_stop", "_thread", "_seen", "_asked", "error")
 
     def __init__(self, store: Store, period: float = PERIOD_S):
         self.store = store
@@ -30,6 +30,7 @@ class Updater:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen = -1
+        self._asked = False  # request(): run `after` at the next beat even if nothing came in
         self.error: str | None = None  # the exception that ended the thread, in words
 
     def start(self) -> "Updater":
@@ -47,11 +48,17 @@ class Updater:
                 self.store.add_log(self.error, "error")
                 return
 
+    def request(self) -> None:
+        """Run an update and `after` at the next beat even if no frame came in (the reader's
+        own state moved on: e.g. following, a newer step is due)."""
+        self._asked = True
+
     def flush(self) -> None:
-        """One update now if anything came in since the last."""
+        """One update now if anything came in since the last (or one was requested)."""
         v = self.store.version
-        if v != self._seen:
+        if v != self._seen or self._asked:
             self._seen = v  # a frame that comes in meanwhile is seen next time
+            self._asked = False
             self.store.update()
             after = self.after
             if after is not None:

@@ -112,9 +112,9 @@ class DdpApp(App):
         self._banner_rows = 0
         self._ticks = 0
         self._t0 = time.monotonic()
-        self._prepared = 0  # the store version the Updater's thread last made a frame's data for
+        self._prepared = 0  # frames the Updater's thread has prepared (each one: a frame to draw)
         self._prepared_shown: dict | None = None  # ... and the steps it made it for
-        self._prepared_rows: tuple = (None, None)  # ((steps, version), the figures' rows)
+        self._prepared_rows: tuple = (None, None)  # ((steps, prepared frame), the figures' rows)
 
     # -- composition -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -187,7 +187,14 @@ class DdpApp(App):
         Updater preparing frames, the store's changes count once their data is made."""
         src, store = self.source, self.source.store
         sizes = tuple(w.size for w in (*self.panes.values(), *self.panels.values()))
-        version = self._prepared if self._prepares() else store.version
+        if self._prepares():
+            version = self._prepared
+            if self.transport is None and not self.vm.paused and \
+                    self.vm.shown_steps(store) != self._prepared_shown:
+                src.updater.request()  # a newer step is due (nothing new may come to say so)
+        else:
+            version = (store.version, tuple(self.shown_steps().items()))  # (following takes
+            # up a newer step FOLLOW_EVERY_S after it came: the store may not change again)
         return id(store), version, self._ui_gen, src.state, self._busy, self.size, sizes
 
     def _prepares(self) -> bool:
@@ -202,7 +209,7 @@ class DdpApp(App):
         into the caches the drawing reads; then the frame may be drawn. Nothing here touches
         what Textual draws: only pure functions of the store and their caches."""
         store = self.source.store
-        version = store.version
+        gen = self._prepared + 1  # (a frame per prepare: the store may not have changed)
         shown = self.vm.shown_steps(store)
         if self.is_running and self.panes:
             hosts = store.hosts()
@@ -211,11 +218,11 @@ class DdpApp(App):
                 view = self._view(store, s, shown.get(s))
                 if view is not None:
                     aggregate.for_pane(view, pane.size.height, hosts, waits.culprit_rank(store, shown, s))
-            self._prepared_rows = ((tuple(shown.items()), version), figures_panel.compare_rows(store, shown))
+            self._prepared_rows = ((tuple(shown.items()), gen), figures_panel.compare_rows(store, shown))
             whatif_panel = self.panels.get("whatif")
             if whatif_panel is not None and whatif_panel.display:  # (recomputed at most once a second)
                 whatif_panel.predictions(store, shown.get("ddp"), refresh=True)
-        self._prepared_shown, self._prepared = shown, version
+        self._prepared_shown, self._prepared = shown, gen
 
     def _has_step(self) -> bool:
         store = self.source.store
