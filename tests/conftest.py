@@ -65,18 +65,16 @@ def cli_run(tmp_path_factory):
     temporary directory of its own, which it must leave empty (no socket folder, no
     torchrun log folder)."""
     import json
-    import subprocess
 
-    from .helpers import CLI_RUN_STEPS, assert_no_leftovers, cli_env, ddptui_cmd
+    from .helpers import CLI_RUN_STEPS, assert_no_leftovers, run_cli
 
     d = tmp_path_factory.mktemp("cli-run")
     tmp = d / "tmp"
     tmp.mkdir()
     rec, js = d / "run.ddptui", d / "run.json"
-    res = subprocess.run(ddptui_cmd("--headless", "--gpus", "2", "--model", "small", "--batch-size", "256",
-                                    "--steps", str(CLI_RUN_STEPS), "--record", str(rec), "--json", str(js)),
-                         capture_output=True, text=True, timeout=180, cwd=ROOT,
-                         env=cli_env({"DDPTUI_GPU_COUNT": "0", "TMPDIR": str(tmp)}))
+    res = run_cli("--headless", "--gpus", "2", "--model", "small", "--batch-size", "256",
+                  "--steps", str(CLI_RUN_STEPS), "--record", str(rec), "--json", str(js),
+                  timeout=180, env={"DDPTUI_GPU_COUNT": "0", "TMPDIR": str(tmp)})
     assert res.returncode == 0, res.stderr
     assert_no_leftovers(5)
     return {"dir": d, "rec": rec, "json": json.loads(js.read_text()), "stdout": res.stdout,

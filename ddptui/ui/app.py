@@ -179,6 +179,9 @@ class DdpApp(App):
                 self.error = f"{type(e).__name__}: {e}"
         if isinstance(self.screen, StartupScreen):
             self._draw_startup()
+        if self._prepares() and self.transport is None and not self.vm.paused and \
+                self.vm.shown_steps(src.store) != self._prepared_shown:
+            src.updater.request()  # following: a newer step is due (no frame may come to say so)
         if self._draw_key() != self._drawn:
             self._redraw()
 
@@ -189,12 +192,9 @@ class DdpApp(App):
         sizes = tuple(w.size for w in (*self.panes.values(), *self.panels.values()))
         if self._prepares():
             version = self._prepared
-            if self.transport is None and not self.vm.paused and \
-                    self.vm.shown_steps(store) != self._prepared_shown:
-                src.updater.request()  # a newer step is due (nothing new may come to say so)
-        else:
-            version = (store.version, tuple(self.shown_steps().items()))  # (following takes
-            # up a newer step FOLLOW_EVERY_S after it came: the store may not change again)
+        else:  # (following takes up a newer step FOLLOW_EVERY_S after it came: the store may
+            # not change again to say so)
+            version = (store.version, tuple(self.shown_steps().items()))
         return id(store), version, self._ui_gen, src.state, self._busy, self.size, sizes
 
     def _prepares(self) -> bool:
