@@ -85,3 +85,28 @@ def test_waits_of_many_ranks_are_a_spread():
     assert all(len(line) <= 160 for line in lines)
     row = straggler_line(src.store.summary("ddp"))
     assert "over 64 ranks" in row and "culprit rank 40 · fc2 backward +30 ms" in row and " r63 " not in row
+
+
+def test_bands_from_a_stores_columns_match_bands_from_its_spans():
+    """A Store's view bands its ranks column-wise (no Span made per rank); the same ranks as
+    lists of Spans band to the same lanes, AllReduces' ready and last-ready times included."""
+    src = SyntheticSource(steps=0, world=64, model="small")
+    src.run.slow, src.run.late = (40, 1, 30.0), (0.5, 10.0, 90.0)
+    src.add_steps(4)
+    k = src.store.latest_complete("ddp")
+    v = src.store.view("ddp", k)
+    as_lists = StepView(v.strategy, v.step, {r: list(v.spans[r]) for r in v.spans}, v.figures, v.duration_ms)
+    fast, labels = A.aggregate(v, 12)
+    slow, labels_lists = A.aggregate(as_lists, 12)
+    assert labels == labels_lists and sorted(fast.spans) == sorted(slow.spans)
+    assert 40 in fast.spans  # the slow rank ends its backward last: a lane of its own
+    bands = [lane for lane in fast.spans if lane < 0]
+    assert bands and any(s.kind == COMM and s.issued_ms is not None and s.others_ms is not None
+                         for s in fast.spans[bands[0]])
+    for lane in bands:
+        assert len(fast.spans[lane]) == len(slow.spans[lane]) > 0
+        for a, b in zip(fast.spans[lane], slow.spans[lane]):
+            assert (a.kind, a.idx) == (b.kind, b.idx)
+            for f in ("start_ms", "end_ms", "issued_ms", "others_ms"):
+                x, y = getattr(a, f), getattr(b, f)
+                assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, abs=1e-6)), (lane, f)

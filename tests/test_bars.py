@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 from ddptui.recording.synthetic import SyntheticSource
 from ddptui.ui.widgets import bars
 
@@ -39,3 +41,30 @@ def test_title_and_status_say_what_the_store_holds():
                                 loop=True, playing=False, skipped=2, message="")
     assert text(bars.replay_state(rep, busy=True)) == (" ⏸ REPLAY  2× · step 5/10 · a.ddptui · loop · seeking…"
                                                       " · 2 invalid frames skipped")
+
+
+@pytest.mark.asyncio
+async def test_a_parts_view_draws_each_line_cut_to_its_width_and_control_characters_as_spaces():
+    """PartsView (the bars' and panels' widget) draws with the Line API: one strip a line, cut
+    or padded to the width, in the parts' styles; a newline in a message stays on its line."""
+    from textual.app import App
+
+    from ddptui.ui.widgets import PartsView, theme
+
+    class One(App):
+        def compose(self):
+            yield PartsView(id="v")
+
+    app = One()
+    async with app.run_test(size=(30, 4)) as pilot:
+        v = app.query_one(PartsView)
+        v.styles.height = 3
+        v.show([[("rank 1 failed:\nTraceback\t(x)", theme.style(theme.WARN, bold=True))],
+                [("x" * 50, theme.style())]])
+        await pilot.pause()
+        first, second, third = (v.render_line(y) for y in range(3))
+        assert first.text == "rank 1 failed: Traceback (x)  " and first.cell_length == 30
+        assert any(s.style and s.style.bold for s in first)
+        assert second.text == "x" * 30 and third.text == " " * 30
+        v.show([[("ok", theme.style())]])  # new lines: drawn afresh, not from the strips kept
+        assert v.render_line(0).text.startswith("ok ")

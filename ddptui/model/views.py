@@ -42,6 +42,7 @@ class RankSpans(Mapping):
     def __init__(self, batches: dict, origin: int, arrivals: dict):
         self._batches, self._origin, self._arrivals = batches, origin, arrivals
         self._made: dict[int, list[Span]] = {}
+        self._others_of: dict = {}
 
     def __getitem__(self, r: int) -> list[Span]:
         got = self._made.get(r)
@@ -57,6 +58,27 @@ class RankSpans(Mapping):
                 if last is not None:
                     s.others_ms, s.last = last[0], last[1] == r
             self._made[r] = got
+        return got
+
+    def columns(self, r: int) -> tuple:
+        """Rank r's spans as columns, no Span made (bands over 64 ranks read every rank):
+        (kinds, idxs, starts, ends, ready, others) — starts and ends of every span, ready
+        and the last rank's ready (None: not known) of every AllReduce in order, all in µs
+        after the step's origin."""
+        b = self._batches[r]
+        add = ((b.base_ns - self._origin) / 1e3).__add__
+        return (b.kind, b.idx, list(map(add, b.t0)), list(map(add, b.t1)), list(map(add, b.iss)),
+                self._others(b))
+
+    def _others(self, b) -> list:
+        """The last rank's ready time of each AllReduce of a batch (µs; the same on every rank
+        with the same AllReduces, so made once for them)."""
+        key = (b.kind, bytes(b.idx))
+        got = self._others_of.get(key)
+        if got is None:
+            arrivals = self._arrivals
+            got = self._others_of[key] = [
+                None if (a := arrivals.get(k)) is None else a[0] * 1e3 for _, _, k in stragglers.comm_spans(b)]
         return got
 
     def __iter__(self):

@@ -189,13 +189,18 @@ class DdpApp(App):
         """Everything a frame depends on: unchanged key, nothing to draw. Live, with an
         Updater preparing frames, the store's changes count once their data is made."""
         src, store = self.source, self.source.store
-        sizes = tuple(w.size for w in (*self.panes.values(), *self.panels.values()))
+        sizes = tuple(self._sizes().values())
         if self._prepares():
             version = self._prepared
         else:  # (following takes up a newer step FOLLOW_EVERY_S after it came: the store may
             # not change again to say so)
             version = (store.version, tuple(self.shown_steps().items()))
         return id(store), version, self._ui_gen, src.state, self._busy, self.size, sizes
+
+    def _sizes(self) -> dict:
+        """Every pane's and panel's size (Widget.size looks a widget up each time: taken once
+        a frame)."""
+        return {w: w.size for w in (*self.panes.values(), *self.panels.values())}
 
     def _prepares(self) -> bool:
         """Live with an Updater preparing frames (see _prepare)."""
@@ -249,19 +254,20 @@ class DdpApp(App):
         self._sync_layout(store, strategies)
         shown = self.shown_steps()
         views = {s: self._view(store, s, k) for s, k in shown.items()}
-        mpc = self._ms_per_cell(views)
+        sizes = self._sizes()
+        mpc = self._ms_per_cell(views, sizes)
         cap_since = store.cap_changed_at(shown.get("ddp") or 0)
         hosts = store.hosts()
         nodes = tuple((r, n) for n, rs in sorted(hosts.items()) for r in rs) if len(hosts) > 1 else None
         for s, pane in self.panes.items():
             ddp = s == "ddp"
-            view, labels = aggregate.for_pane(views.get(s), pane.size.height, hosts, waits.culprit_rank(store, shown, s))
+            view, labels = aggregate.for_pane(views.get(s), sizes[pane].height, hosts, waits.culprit_rank(store, shown, s))
             pane.show(PaneState(view, mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
                                 nodes if labels is None else None, labels))
         key, rows = self._prepared_rows
         if key != (tuple(shown.items()), self._prepared) or not self._prepares():
             rows = figures_panel.compare_rows(store, shown)
-        frame = Frame(store, shown, views, rows, self._prepares())
+        frame = Frame(store, shown, views, rows, self._prepares(), sizes)
         for panel in self.panels.values():
             if panel.display:
                 panel.draw(frame)
@@ -326,8 +332,8 @@ class DdpApp(App):
             return dict(self._prepared_shown)
         return self.vm.shown_steps(self.source.store, t.position_step if t else None, replay=t is not None)
 
-    def _ms_per_cell(self, views: dict) -> float:
-        lanes = [p.lane_width for p in self.panes.values() if p.lane_width > 0]
+    def _ms_per_cell(self, views: dict, sizes: dict) -> float:
+        lanes = [w for w in (sizes[p].width - GUTTER for p in self.panes.values()) if w > 0]
         lane_w = min(lanes) if lanes else max(10, self.size.width - GUTTER)
         return self.vm.ms_per_cell(views, lane_w, id(self.source.store))
 

@@ -10,7 +10,9 @@ at most GUTTER cells. Pure; the app calls `for_pane` with what the pane has room
 """
 from __future__ import annotations
 
-from ranks.wire import BWD, FWD
+from itertools import compress
+
+from ranks.wire import BWD, COMM, FWD
 
 from ddptui.model.kept import Kept
 from ddptui.model.views import Span, StepView
@@ -25,33 +27,58 @@ def _q(sorted_vals: list[float], q: float) -> float:
     return sorted_vals[min(len(sorted_vals) - 1, int(q * (len(sorted_vals) - 1) + 0.5))]
 
 
-def band_spans(spans: dict[int, list[Span]], ranks: list[int], qs: tuple[float, ...]) -> list[list[Span]]:
+def columns(spans, r: int) -> tuple:
+    """A rank's spans as columns (views.RankSpans.columns: kinds, idxs, starts, ends, ready,
+    others; times in µs), from a RankSpans without making Spans, else from its list."""
+    made = getattr(spans, "columns", None)
+    if made is not None:
+        return made(r)
+    sp = spans[r]
+    comms = [s for s in sp if s.kind == COMM]
+    us = (lambda ms: None if ms is None else ms * 1e3)  # noqa: E731
+    return ([s.kind for s in sp], [s.idx for s in sp], [s.start_ms * 1e3 for s in sp], [s.end_ms * 1e3 for s in sp],
+            [us(s.issued_ms) for s in comms], [us(s.others_ms) for s in comms])
+
+
+def _quantiles(col, qs: tuple[float, ...]) -> list:
+    """The q-quantiles of a column (None: nothing known in it)."""
+    vals = sorted(col) if None not in col else sorted(v for v in col if v is not None)
+    return [_q(vals, q) / 1e3 for q in qs] if vals else [None] * len(qs)
+
+
+def band_spans(cols_of: dict[int, tuple], ranks: list[int], qs: tuple[float, ...]) -> list[list[Span]]:
     """The q-quantile lanes of these ranks, one per q of `qs`: span by span (ranks of one
-    strategy send the same spans in the same order; ranks whose list differs from the
+    strategy send the same spans in the same order; ranks whose spans differ from the
     first's are left out), the quantile of the starts, ends and ready times (each column
-    sorted once for every q)."""
-    lists = [spans[r] for r in ranks if r in spans]
-    if not lists:
+    sorted once for every q). `cols_of`: rank -> its columns (`columns`): no Span is made
+    for a rank, and the columns are turned and sorted in C."""
+    cols = [cols_of[r] for r in ranks if r in cols_of]
+    if not cols:
         return [[] for _ in qs]
-    shape = [(s.kind, s.idx) for s in lists[0]]
-    lists = [sp for sp in lists if len(sp) == len(shape) and [(s.kind, s.idx) for s in sp] == shape]
+    kinds, idxs = cols[0][0], cols[0][1]
+    cols = [c for c in cols if c[0] == kinds and c[1] == idxs]
+    starts, ends = zip(*(c[2] for c in cols)), zip(*(c[3] for c in cols))
+    ready, others = zip(*(c[4] for c in cols)), zip(*(c[5] for c in cols))
     out: list[list[Span]] = [[] for _ in qs]
-    for i, (kind, idx) in enumerate(shape):
-        col = [sp[i] for sp in lists]
-        starts = sorted([s.start_ms for s in col])
-        ends = sorted([s.end_ms for s in col])
-        ready = sorted([s.issued_ms for s in col if s.issued_ms is not None])
-        others = sorted([s.others_ms for s in col if s.others_ms is not None])
-        for lane, q in zip(out, qs):
-            a = _q(starts, q)
-            lane.append(Span(kind, idx, a, max(_q(ends, q), a), _q(ready, q) if ready else None,
-                             _q(others, q) if others else None, False))
+    for kind, idx, a_col, z_col in zip(kinds, idxs, starts, ends):
+        a_q, z_q = _quantiles(a_col, qs), _quantiles(z_col, qs)
+        r_q = o_q = (None,) * len(qs)
+        if kind == COMM:
+            r_q, o_q = _quantiles(next(ready), qs), _quantiles(next(others), qs)
+        for lane, a, z, rd, ot in zip(out, a_q, z_q, r_q, o_q):
+            lane.append(Span(kind, idx, a, max(z, a), rd, ot, False))
     return out
 
 
-def compute_end(spans: list[Span]) -> float:
-    """When the rank's forward and backward were done (a late rank makes the others wait)."""
-    return max((s.end_ms for s in spans if s.kind == FWD or s.kind == BWD), default=0.0)
+_COMPUTE = bytes(int(k in (FWD, BWD)) for k in range(256))  # kinds.translate: 1 for a forward or backward
+
+
+def compute_end(cols: tuple) -> float:
+    """When a rank's forward and backward were done, ms, from its columns (a late rank makes
+    the others wait)."""
+    kinds, ends = cols[0], cols[3]
+    mask = kinds.translate(_COMPUTE) if isinstance(kinds, bytes) else [k == FWD or k == BWD for k in kinds]
+    return max(compress(ends, mask), default=0.0) / 1e3
 
 
 def groups_of(ranks: list[int], hosts: dict[int, list[int]] | None, n: int) -> list[tuple[str, list[int]]]:
@@ -74,13 +101,14 @@ def aggregate(view: StepView, lanes: int, hosts: dict[int, list[int]] | None = N
               culprit: int | None = None) -> tuple[StepView, dict[int, tuple[str, str]]]:
     """A view of at most `lanes` lanes (>= 2) for a view with more ranks than that."""
     ranks = sorted(view.spans)
+    cols = {r: columns(view.spans, r) for r in ranks}
     singles: list[int] = []
     if culprit is not None and culprit in view.spans and lanes >= 3:  # a band needs 2 lanes
         singles.append(culprit)
     left = lanes - len(singles)
     slow_n = max(0, min(SLOWEST, left - 2))
     n_groups = max(1, (left - slow_n) // 2)
-    for r in sorted(ranks, key=lambda r: (-compute_end(view.spans[r]), r)):
+    for r in sorted(ranks, key=lambda r: (-compute_end(cols[r]), r)):
         if len(singles) >= lanes - 2 * n_groups:
             break
         if r not in singles:
@@ -89,7 +117,7 @@ def aggregate(view: StepView, lanes: int, hosts: dict[int, list[int]] | None = N
     labels: dict[int, tuple[str, str]] = {}
     qs = (0.5, 0.95)
     for g, (name, members) in enumerate(groups_of(ranks, hosts, n_groups)):
-        for j, (q, band) in enumerate(zip(qs, band_spans(view.spans, members, qs))):
+        for j, (q, band) in enumerate(zip(qs, band_spans(cols, members, qs))):
             lane = BAND_BASE + 2 * g + j
             spans[lane] = band
             labels[lane] = (f"p{int(q * 100)} comp ", f"{name[:8]:<9}" if j == 0 else f"×{len(members):<8}")

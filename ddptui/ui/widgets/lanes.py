@@ -142,6 +142,17 @@ def _labels(sub: bytearray, spans: list) -> dict[int, tuple[str, int]]:
     return out
 
 
+@lru_cache(maxsize=8192)
+def _run(colour: int, cells: int) -> Segment:
+    """`cells` full cells of one colour (a Segment is made once: the same runs recur)."""
+    return Segment(_BLOCK[colour] * cells, _FULL[colour])
+
+
+@lru_cache(maxsize=4096)
+def _label(text: str, colour: int) -> Segment:
+    return Segment(text, theme.label_style(colour))
+
+
 @lru_cache(maxsize=4096)
 def _mixed(chunk: bytes) -> Segment:
     left = chunk[0]
@@ -171,10 +182,11 @@ def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool 
         cuts.append(width)
     segs = []
     append = segs.append
-    block, full, lab_get = _BLOCK, _FULL, labs.get
+    run, lab_get = _run, labs.get
+    sub = bytes(sub)  # (its slices are bytes: the chunks' cache keys)
     for c, e in zip(cuts, cuts[1:]):
         if c in mixed:
-            chunk = bytes(sub[c * 8:c * 8 + 8])
+            chunk = sub[c * 8:c * 8 + 8]
             if chunk.count(chunk[0]) != 8:  # (a later bar may have covered the boundary)
                 append(_mixed(chunk))
                 c += 1
@@ -182,8 +194,7 @@ def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool 
                     continue
         lab = lab_get(c)
         if lab is not None:
-            append(Segment(lab[0], theme.label_style(lab[1])))
+            append(_label(*lab))
             continue
-        colour = sub[c * 8]
-        append(Segment(block[colour] * (e - c), full[colour]))
+        append(run(sub[c * 8], e - c))
     return segs

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from textual.geometry import Size
+
 from ddptui.model.store import Store
 from ddptui.model.views import StepView
 from .text import Parts, PartsView
@@ -22,6 +24,7 @@ class Frame:
     views: dict[str, StepView | None]
     rows: list[dict] = field(default_factory=list)  # the comparison rows (figures_panel.compare_rows)
     prepared: bool = False  # live: the Updater's thread made the slow parts (a panel reads its caches)
+    sizes: dict = field(default_factory=dict)  # widget -> its size, taken once for the frame
 
 
 class Panel(PartsView):
@@ -42,10 +45,13 @@ class Panel(PartsView):
     def build_lines(self, frame: Frame) -> list[Parts]:
         return []
 
+    geom = Size(0, 0)  # the size as of this draw (Widget.size looks the widget up each time)
+
     def draw(self, frame: Frame) -> None:
+        self.geom = frame.sizes.get(self) or self.size
         self.show(self.build_lines(frame))
 
     @property
     def inner(self) -> tuple[int, int]:
-        """Width and height inside the padding."""
-        return max(0, self.size.width - 2), self.size.height
+        """Width and height inside the padding, as of this draw."""
+        return max(0, self.geom.width - 2), self.geom.height
