@@ -61,6 +61,23 @@ def test_summary_names_the_rank_the_others_waited_for_most_often():
     assert got["named_pct"] == 87.5
 
 
+
+def test_collectives_on_every_rank_only_and_ties_go_to_the_lowest_rank():
+    """Ranks that sent the same AllReduces are read column by column; a rank that sent one
+    more (or one fewer) leaves only those on every rank, in the first rank's order, with the
+    same figures; of ranks ready at once, the lowest is the last arriver."""
+    same = {r: batch(r, {0: (0, 10)}, [(0, 12, 20), (1, 15 if r else 14, 30)]) for r in range(3)}
+    cols = stragglers.collectives(same)
+    assert [(c.idx, c.nth, c.last) for c in cols] == [(0, 0, 0), (1, 0, 1)]  # 3 ranks tied at 12 ms: rank 0
+    assert cols[1].ready == {0: 10**12 + 14 * MS, 1: 10**12 + 15 * MS, 2: 10**12 + 15 * MS}
+    odd = dict(same)
+    odd[2] = batch(2, {0: (0, 10)}, [(2, 11, 13), (1, 15, 30), (0, 12, 20)])  # another bucket first
+    got = stragglers.collectives(odd)
+    assert [(c.idx, c.nth, c.last, c.ready, c.end) for c in got] == \
+        [(c.idx, c.nth, c.last, c.ready, c.end) for c in cols]
+    fewer = {0: same[0], 1: batch(1, {0: (0, 10)}, [(1, 15, 30)])}
+    assert [(c.idx, c.last) for c in stragglers.collectives(fewer)] == [(1, 1)]
+
 def test_clock_mapping_is_a_separate_step():
     """Per-host offsets plug in through to_common: a rank 5 ms behind on its own clock."""
     b0 = batch(0, {0: (0, 10)}, [(0, 10, 20)])

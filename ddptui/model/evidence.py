@@ -52,10 +52,33 @@ Section = tuple[int, int]  # (FWD or BWD, layer)
 Sections = dict[int, dict[Section, float]]  # rank -> section -> ms (one step)
 
 
+_LAYOUTS: dict = {}  # (kinds, idxs) -> (positions, sections), or None where a section recurs
+_LAYOUTS_MAX = 256
+
+
+def _layout(kind, idx):
+    """The forward and backward spans' positions and sections of a set of span columns
+    (every rank and step of a strategy sends the same: made once)."""
+    key = (kind, idx.tobytes() if hasattr(idx, "tobytes") else tuple(idx))
+    if key in _LAYOUTS:
+        return _LAYOUTS[key]
+    pos = [i for i in range(len(kind)) if kind[i] == FWD or kind[i] == BWD]
+    secs = [(kind[i], idx[i]) for i in pos]
+    got = (pos, secs) if len(set(secs)) == len(secs) else None
+    if len(_LAYOUTS) >= _LAYOUTS_MAX:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = got
+    return got
+
+
 def sections_of(b) -> dict[Section, float]:
     """One rank's span batch -> (pass, layer) -> ms (a section seen twice: summed)."""
-    out: dict[Section, float] = {}
     kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
+    layout = _layout(kind, idx)
+    if layout is not None:  # each section once (the rule): column-wise
+        pos, secs = layout
+        return dict(zip(secs, [(t1[i] - t0[i]) / 1000 for i in pos]))
+    out: dict[Section, float] = {}
     for i in range(len(kind)):
         k = kind[i]
         if k == FWD or k == BWD:
@@ -65,18 +88,21 @@ def sections_of(b) -> dict[Section, float]:
 
 
 Flat = tuple[tuple[tuple[int, Section], ...], tuple[float, ...]]  # ((rank, section) ..., ms ...)
-_last_keys: list = [()]  # the keys of the last flattened step: the next one most likely has the same
+_last_keys: list = [((), ())]  # (ranks and their sections, keys) of the last flattened step
 
 
 def flatten(sections: Sections) -> Flat:
     """One step's sections as a key column and a value column, ranks and sections in order:
-    a window of steps with the same keys is turned column-wise by zip, in C."""
-    keys = tuple((r, key) for r in sorted(sections) for key in sorted(sections[r]))
-    if keys == _last_keys[0]:
-        keys = _last_keys[0]
-    else:
-        _last_keys[0] = keys
-    return keys, tuple(sections[r][key] for r, key in keys)
+    a window of steps with the same keys is turned column-wise by zip, in C (and, made from
+    the same ranks and sections as the step before, the keys are that step's very object)."""
+    ranks = sorted(sections)
+    order = [tuple(sorted(sections[r])) for r in ranks]
+    shape = (tuple(ranks), tuple(order))
+    last_shape, keys = _last_keys[0]
+    if shape != last_shape:
+        keys = tuple((r, key) for r, secs in zip(ranks, order) for key in secs)
+        _last_keys[0] = (shape, keys)
+    return keys, tuple(ms for r, secs in zip(ranks, order) for ms in map(sections[r].__getitem__, secs))
 
 
 def step_sections(batches: dict) -> Sections:

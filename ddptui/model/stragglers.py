@@ -110,41 +110,62 @@ def comm_spans(b):
             ci += 1
 
 
-def _rank_comms(r: int, b, to_common) -> dict[tuple[int, int], tuple[int, int]]:
-    """(idx, nth) -> (ready, end) in ns on the common clock, for one rank's batch (comm_spans,
-    inlined: this runs for every rank of every step)."""
-    out: dict[tuple[int, int], tuple[int, int]] = {}
-    seen: dict[int, int] = {}
-    base, idx, iss, t1 = b.base_ns, b.idx, b.iss, b.t1
-    ci = 0
-    same = to_common is same_clock
-    for i, k in enumerate(b.kind):
-        if k == COMM:
-            j = idx[i]
-            n = seen.get(j, 0)
-            seen[j] = n + 1
-            ready, end = base + iss[ci] * 1000, base + t1[i] * 1000
-            out[(j, n)] = (ready, end) if same else (to_common(r, ready), to_common(r, end))
-            ci += 1
-    return out
+_LAYOUTS: dict = {}  # (kinds, idxs) -> comm_layout: every rank of a strategy sends the same ones
+_LAYOUTS_MAX = 256
+
+
+def comm_layout(b) -> tuple[list[int], list[tuple[int, int]]]:
+    """A span batch's AllReduces: their positions among its spans and their (idx, nth) keys
+    (comm_spans), made once for each set of columns (every rank and step of a strategy sends
+    the same: the keys list is then the same object)."""
+    key = (b.kind, b.idx.tobytes() if hasattr(b.idx, "tobytes") else tuple(b.idx))
+    got = _LAYOUTS.get(key)
+    if got is None:
+        pos, keys = [], []
+        for i, _, k in comm_spans(b):
+            pos.append(i)
+            keys.append(k)
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        got = _LAYOUTS[key] = (pos, keys)
+    return got
+
+
+def _rank_comms(r: int, b, to_common) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """(keys (idx, nth), ready ns, end ns) of one rank's AllReduces, in its order, on the
+    common clock (this runs for every rank of every step: column-wise, no loop over spans)."""
+    pos, keys = comm_layout(b)
+    base, t1 = b.base_ns, b.t1
+    ready = [base + x * 1000 for x in b.iss]
+    end = [base + t1[i] * 1000 for i in pos]
+    if to_common is not same_clock:
+        ready = [to_common(r, v) for v in ready]
+        end = [to_common(r, v) for v in end]
+    return keys, ready, end
 
 
 def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
     """The step's collectives present on every rank, in the first rank's issue order."""
-    per_rank: dict[int, dict[tuple[int, int], tuple[int, int]]] = {}
-    order: list[tuple[int, int]] = []
-    for r, b in sorted(batches.items()):
-        got = per_rank[r] = _rank_comms(r, b, to_common)
-        if not order:
-            order = list(got)
+    ranks = sorted(batches)
+    got = [_rank_comms(r, batches[r], to_common) for r in ranks]
+    if not got:
+        return []
+    keys = got[0][0]
     out = []
-    for key in order:
+    if all(g[0] is keys for g in got):  # the same AllReduces on every rank: column by column
+        for key, rcol, ecol in zip(keys, zip(*(g[1] for g in got)), zip(*(g[2] for g in got))):
+            last_ready = max(rcol)
+            last = ranks[rcol.index(last_ready)]  # (the lowest rank among those tied)
+            out.append(Collective(key[0], key[1], dict(zip(ranks, rcol)), dict(zip(ranks, ecol)), last, last_ready))
+        return out
+    per_rank = [dict(zip(k, zip(rd, en))) for k, rd, en in got]
+    for key in keys:
         try:
-            got = {r: g[key] for r, g in per_rank.items()}
+            both = [g[key] for g in per_rank]
         except KeyError:
             continue
-        ready = {r: v[0] for r, v in got.items()}
-        end = {r: v[1] for r, v in got.items()}
+        ready = {r: v[0] for r, v in zip(ranks, both)}
+        end = {r: v[1] for r, v in zip(ranks, both)}
         last = max(ready, key=lambda r: (ready[r], -r))
         out.append(Collective(key[0], key[1], ready, end, last, ready[last]))
     return out
