@@ -362,18 +362,23 @@ class Store:
 
     def bucket_figures(self, strategy: str, step: int) -> dict[int, tuple[float, float | None]] | None:
         """Per AllReduce index (DDP: bucket) of a step: (mean time ms, mean % overlapped with
-        compute) over its ranks (figures.bucket_step); kept once the step is complete."""
+        compute) over its ranks (figures.bucket_step); kept once the step is complete. Made
+        outside the lock (batches never change once in): ingest does not wait on it."""
+        key = (strategy, step)
         with self.lock:
-            key = (strategy, step)
             got = self.bucket_figs.get(key)
-            if got is None:
-                ranks = self.raw.get(strategy, {}).get(step)
-                if not ranks:
-                    return None
-                got = figures.bucket_step(ranks.values())
-                if len(ranks) >= self.expected_ranks(strategy):
+            if got is not None:
+                return got
+            ranks = self.raw.get(strategy, {}).get(step)
+            if not ranks:
+                return None
+            batches, complete = list(ranks.values()), len(ranks) >= self.expected_ranks(strategy)
+        got = figures.bucket_step(batches)
+        if complete:
+            with self.lock:
+                if self.raw.get(strategy, {}).get(step) is not None:  # (not evicted meanwhile)
                     self.bucket_figs[key] = got
-            return got
+        return got
 
     def update(self) -> None:
         """Compute figures of steps complete on every rank; evict what is beyond bounds.

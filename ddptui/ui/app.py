@@ -224,6 +224,8 @@ class DdpApp(App):
                 if view is not None:
                     aggregate.for_pane(view, pane.size.height, hosts, waits.culprit_rank(store, shown, s))
             self._prepared_rows = ((tuple(shown.items()), gen), figures_panel.compare_rows(store, shown))
+            if shown.get("ddp") is not None:
+                store.bucket_figures("ddp", shown["ddp"])  # (the buckets panel's)
             whatif_panel = self.panels.get("whatif")
             if whatif_panel is not None and whatif_panel.display:  # (recomputed at most once a second)
                 whatif_panel.predictions(store, shown.get("ddp"), refresh=True)
