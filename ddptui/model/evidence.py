@@ -40,6 +40,8 @@ from statistics import median
 
 from ranks.wire import BWD, FWD
 
+from .columns import layout
+
 WINDOW = 20  # steps a verdict is over (the panel's window; 10 s at 0.5 s a step)
 FAST_QUANTILE = 0.10  # a section's cost on a rank: this quantile of its window (the fast steps)
 MIN_EXCESS_MS = 5.0
@@ -52,32 +54,12 @@ Section = tuple[int, int]  # (FWD or BWD, layer)
 Sections = dict[int, dict[Section, float]]  # rank -> section -> ms (one step)
 
 
-_LAYOUTS: dict = {}  # (kinds, idxs) -> (positions, sections), or None where a section recurs
-_LAYOUTS_MAX = 256
-
-
-def _layout(kind, idx):
-    """The forward and backward spans' positions and sections of a set of span columns
-    (every rank and step of a strategy sends the same: made once)."""
-    key = (kind, idx.tobytes() if hasattr(idx, "tobytes") else tuple(idx))
-    if key in _LAYOUTS:
-        return _LAYOUTS[key]
-    pos = [i for i in range(len(kind)) if kind[i] == FWD or kind[i] == BWD]
-    secs = [(kind[i], idx[i]) for i in pos]
-    got = (pos, secs) if len(set(secs)) == len(secs) else None
-    if len(_LAYOUTS) >= _LAYOUTS_MAX:
-        _LAYOUTS.clear()
-    _LAYOUTS[key] = got
-    return got
-
-
 def sections_of(b) -> dict[Section, float]:
     """One rank's span batch -> (pass, layer) -> ms (a section seen twice: summed)."""
     kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
-    layout = _layout(kind, idx)
-    if layout is not None:  # each section once (the rule): column-wise
-        pos, secs = layout
-        return dict(zip(secs, [(t1[i] - t0[i]) / 1000 for i in pos]))
+    lay = layout(b)
+    if lay.sections is not None:  # each section once (the rule): column-wise
+        return dict(zip(lay.sections, [(t1[i] - t0[i]) / 1000 for i in lay.compute]))
     out: dict[Section, float] = {}
     for i in range(len(kind)):
         k = kind[i]

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from ranks.spec import strategy_ranks
 from ranks.wire import BWD, COMM, FWD, STEP, SpanBatch
 
+from .columns import layout
+
 
 def union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Merge overlapping [a, b) intervals; result sorted and disjoint."""
@@ -112,18 +114,12 @@ class RankStep:
 def rank_step(b: SpanBatch, comm_bytes) -> RankStep:
     """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket). Exposed
     communication is the union of compute and communication less the union of compute."""
-    idx, t0, t1 = b.idx, b.t0, b.t1
-    step = 0
-    comp, comm = [], []
-    nbytes = 0
-    for i, k in enumerate(b.kind):
-        if k == FWD or k == BWD:
-            comp.append((t0[i], t1[i]))
-        elif k == COMM:
-            comm.append((t0[i], t1[i]))
-            nbytes += comm_bytes(idx[i])
-        elif k == STEP:
-            step = t1[i] - t0[i]
+    t0, t1 = b.t0, b.t1
+    lay = layout(b)  # (the spans' positions by kind: the timing columns read in C)
+    step = 0 if lay.step is None else t1[lay.step] - t0[lay.step]
+    comp = list(zip(map(t0.__getitem__, lay.compute), map(t1.__getitem__, lay.compute)))
+    comm = list(zip(map(t0.__getitem__, lay.comm), map(t1.__getitem__, lay.comm)))
+    nbytes = sum(map(comm_bytes, lay.comm_idx))
     calls = len(comm)
     both = comp + comm
     cu, mu = union_length(comp), union_length(comm)

@@ -21,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from statistics import median
 
-from ranks.wire import BWD, COMM
+from ranks.wire import BWD
 
 from . import evidence as layer_evidence
+from .columns import layout
 from .kept import Kept
 
 # a step names a culprit only when someone waited at least this long for it: below it, who
@@ -98,43 +99,16 @@ class StepWaits:
 def comm_spans(b):
     """A span batch's AllReduces: (span index, ready time in µs after the batch's base,
     (idx, nth)). (idx, nth) — the nth AllReduce of that parameter or bucket in the step — is
-    what names the same collective on every rank."""
-    seen: dict[int, int] = {}
-    ci = 0
-    for i in range(len(b.kind)):
-        if b.kind[i] == COMM:
-            idx = b.idx[i]
-            n = seen.get(idx, 0)
-            seen[idx] = n + 1
-            yield i, b.iss[ci], (idx, n)
-            ci += 1
-
-
-_LAYOUTS: dict = {}  # (kinds, idxs) -> comm_layout: every rank of a strategy sends the same ones
-_LAYOUTS_MAX = 256
-
-
-def comm_layout(b) -> tuple[list[int], list[tuple[int, int]]]:
-    """A span batch's AllReduces: their positions among its spans and their (idx, nth) keys
-    (comm_spans), made once for each set of columns (every rank and step of a strategy sends
-    the same: the keys list is then the same object)."""
-    key = (b.kind, b.idx.tobytes() if hasattr(b.idx, "tobytes") else tuple(b.idx))
-    got = _LAYOUTS.get(key)
-    if got is None:
-        pos, keys = [], []
-        for i, _, k in comm_spans(b):
-            pos.append(i)
-            keys.append(k)
-        if len(_LAYOUTS) >= _LAYOUTS_MAX:
-            _LAYOUTS.clear()
-        got = _LAYOUTS[key] = (pos, keys)
-    return got
+    what names the same collective on every rank (columns.Layout.comm_keys)."""
+    lay = layout(b)
+    return zip(lay.comm, b.iss, lay.comm_keys)
 
 
 def _rank_comms(r: int, b, to_common) -> tuple[list[tuple[int, int]], list[int], list[int]]:
     """(keys (idx, nth), ready ns, end ns) of one rank's AllReduces, in its order, on the
     common clock (this runs for every rank of every step: column-wise, no loop over spans)."""
-    pos, keys = comm_layout(b)
+    lay = layout(b)
+    pos, keys = lay.comm, lay.comm_keys
     base, t1 = b.base_ns, b.t1
     ready = [base + x * 1000 for x in b.iss]
     end = [base + t1[i] * 1000 for i in pos]

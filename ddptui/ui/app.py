@@ -48,6 +48,9 @@ from ddptui.ui.widgets.hosts import HostsPanel
 from ddptui.ui.widgets.whatif import WhatIfPanel
 
 FPS = 15
+# live, frames prepared by the Updater: a frame that shows no newer step (the step counter,
+# GPU samples moved on) is drawn at most this often; a newer step, a key, a resize at once
+MINOR_EVERY_S = 0.25
 SPEEDS = spec.SPEED_LADDER
 # the panels below the lanes, in order of priority: (id, class)
 PANELS: tuple[tuple[str, type[Panel]], ...] = (
@@ -106,6 +109,8 @@ class DdpApp(App):
         self.jobs = JobQueue(self, self.redraw, "transport")  # seek, play, speed: off the event loop
         self._ui_gen = 0
         self._drawn: tuple | None = None
+        self._drawn_at = 0.0  # (monotonic) and the steps that frame showed (see MINOR_EVERY_S)
+        self._drawn_shown: dict | None = None
         self._layout_key: tuple | None = None
         self._caps_seen = 0
         self._banner_text = ""
@@ -182,8 +187,19 @@ class DdpApp(App):
         if self._prepares() and self.transport is None and not self.vm.paused and \
                 self.vm.shown_steps(src.store) != self._prepared_shown:
             src.updater.request()  # following: a newer step is due (no frame may come to say so)
-        if self._draw_key() != self._drawn:
+        key = self._draw_key()
+        if key != self._drawn and self._due(key):
             self._redraw()
+
+    def _due(self, key: tuple) -> bool:
+        """A changed frame is drawn now, unless live with prepared frames all it brings is
+        store changes without a newer step, and the last frame is younger than MINOR_EVERY_S."""
+        drawn = self._drawn
+        if drawn is None or not self._prepares() or key[:1] + key[2:] != drawn[:1] + drawn[2:]:
+            return True  # (key[1], the prepared frames' count, is all that moved otherwise)
+        if self._prepared_shown != self._drawn_shown:
+            return True
+        return time.monotonic() - self._drawn_at >= MINOR_EVERY_S
 
     def _draw_key(self) -> tuple:
         """Everything a frame depends on: unchanged key, nothing to draw. Live, with an
@@ -250,6 +266,7 @@ class DdpApp(App):
     def _redraw(self) -> None:
         store = self.source.store
         self._drawn = self._draw_key()
+        self._drawn_at, self._drawn_shown = time.monotonic(), self._prepared_shown
         strategies = store.strategies()
         self._sync_panes(store, strategies)
         self._draw_banner()
