@@ -8,6 +8,7 @@ right colour as background. Labels go on bars wide enough to hold them.
 from __future__ import annotations
 
 from functools import lru_cache
+from operator import attrgetter
 
 from rich.segment import Segment
 
@@ -16,6 +17,7 @@ from ranks.wire import BWD, COMM, FWD, OPT
 from . import theme
 
 Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
+_START = attrgetter("start_ms")
 
 
 def compute_bars(spans, layer_names: list[str]) -> list[Bar]:
@@ -69,7 +71,8 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
 
     A lane `rows` tall gives concurrent AllReduces sub-rows (this is row `row`); what does
     not fit (and, in a one-row lane, every stretch where several run at once) is marked."""
-    comms = sorted((s for s in spans if s.kind == COMM), key=lambda s: s.start_ms)
+    comms = [s for s in spans if s.kind == COMM]
+    comms.sort(key=_START)
     sub = comm_rows(comms)
     need = max(sub) + 1 if sub else 1
     if need < rows:  # room to spare: each sub-row gets a band of rows, labelled on its first
