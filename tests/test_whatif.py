@@ -21,6 +21,7 @@ DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
 
 
 # -- DDP's bucketing ------------------------------------------------------------------------
+@pytest.mark.slow  # (a real DDP, re-wrapped at every cap: 4-14 s)
 @pytest.mark.parametrize("model", ["medium", "xlarge"])
 def test_buckets_equal_a_real_ddps_at_every_cap(tmp_path, model):
     """The layout ddptui records from a real DDP (its comm hook's buckets, after DDP rebuilt
