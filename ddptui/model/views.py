@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from . import figures as step_figures
 from . import stragglers
+from .columns import layout
 
 
 @dataclass(slots=True)
@@ -73,12 +74,12 @@ class RankSpans(Mapping):
     def _others(self, b) -> list:
         """The last rank's ready time of each AllReduce of a batch (µs; the same on every rank
         with the same AllReduces, so made once for them)."""
-        key = (b.kind, bytes(b.idx))
-        got = self._others_of.get(key)
+        lay = layout(b)
+        got = self._others_of.get(lay)
         if got is None:
             arrivals = self._arrivals
-            got = self._others_of[key] = [
-                None if (a := arrivals.get(k)) is None else a[0] * 1e3 for _, _, k in stragglers.comm_spans(b)]
+            got = self._others_of[lay] = [None if (a := arrivals.get(k)) is None else a[0] * 1e3
+                                          for k in lay.comm_keys]
         return got
 
     def __iter__(self):
