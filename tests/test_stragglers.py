@@ -195,9 +195,12 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
                 assert st.latest_complete(s) - k <= 22, (s, k, st.latest_complete(s))
                 ev = st.summary(s)["stragglers"]["evidence"]
                 assert abs(ev["onset_step"] - k) <= 2 and ev["detection_steps"] <= 20, (s, ev)
-            app.redraw()
             assert waits.culprit_gist(st, {}).startswith("rank 1 · fc2 backward +")
-            assert "slow: rank 1 · fc2 backward +" in app.headline.render_line(0).text
+
+            def headline_names_it():  # (the headline reads the steps on screen: a frame behind)
+                app.redraw()
+                return "slow: rank 1 · fc2 backward +" in app.headline.render_line(0).text
+            await until(headline_names_it, 15, "the headline to name rank 1 · fc2")
             await until(lambda: (st.latest_complete("ddp") or 0) >= k + 10, 90, "10 steps with the straggler")
             since = [w for w in st.recent_waits("ddp", n=1000) if w is not None][-10:]
             got = stragglers.summarize(since, spec.layer_names("small"))
