@@ -131,8 +131,8 @@ def no_leftovers():
 @pytest.mark.slow
 def test_rank_killed_mid_run(tmp_path):
     rec = tmp_path / "killed.ddptui"
-    h = Headless("--steps", "0", record=rec)
-    h.wait_steps("ddp", 3)
+    h = Headless("--steps", "0", "--strategies", "naive", record=rec)  # (DDP adds nothing here)
+    h.wait_steps("naive", 3)
     os.kill(rank_pid(1), signal.SIGKILL)
     rc = h.finish()
     assert rc == 1
@@ -142,7 +142,7 @@ def test_rank_killed_mid_run(tmp_path):
     assert_no_leftovers(SHUTDOWN_WINDOW_S)
     steps, damage = replay_steps(rec)
     assert damage is None  # ddptui itself closed the recording properly
-    assert len(steps["naive"]) >= 2 and len(steps["ddp"]) >= 2
+    assert len(steps["naive"]) >= 2
 
 
 @pytest.mark.slow
