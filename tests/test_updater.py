@@ -172,3 +172,51 @@ async def test_the_last_step_of_a_live_feed_is_shown_though_nothing_comes_after_
             await pilot.pause(0.05)
         assert f"step {last} " in pane.render_line(0).text, pane.render_line(0).text
         await pilot.press("q")
+
+
+@pytest.mark.asyncio
+async def test_live_frames_with_no_newer_step_are_drawn_at_most_every_minor_interval():
+    """Live, the store changes many times a second without a newer step (here GPU samples,
+    40 a second): the Updater prepares a frame for each change, but such frames are drawn at
+    most every MINOR_EVERY_S; they are still drawn (the GPU panel moves on)."""
+    from ddptui.ui.app import MINOR_EVERY_S
+    from ddptui.ui.viewmodel import FOLLOW_EVERY_S
+
+    src = SyntheticSource(steps=2, world=2, model="small", ahead=1, per_s=50)
+    app = DdpApp(src)
+    drawn: list[float] = []
+    real = app._redraw
+
+    def counted():
+        drawn.append(time.monotonic())
+        real()
+
+    app._redraw = counted
+    async with app.run_test(size=(160, 45)) as pilot:
+        deadline = time.monotonic() + 20
+        while src.store.latest_complete("ddp") != 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await pilot.pause(2 * FOLLOW_EVERY_S + 0.3)  # following has taken up the last step
+        assert app._prepares() and app.shown_steps() == {"naive": 2, "ddp": 2}
+        stop = threading.Event()
+
+        def samples():  # as the GPU sampler's frames come in
+            while not stop.wait(0.025):
+                src.run.t += 25_000_000
+                src.store.ingest(src.run.gpu_frame(2))
+
+        feeder = threading.Thread(target=samples, daemon=True)
+        feeder.start()
+        try:
+            await pilot.pause(0.3)
+            frames, prepared = len(drawn), app._prepared
+            await pilot.pause(1.0)
+            frames, prepared = len(drawn) - frames, app._prepared - prepared
+        finally:
+            stop.set()
+            feeder.join(2)
+        await pilot.press("q")
+    assert prepared >= 10, prepared  # the store changed and the Updater prepared frames
+    # drawn at most every MINOR_EVERY_S (1 s / 0.25 s: 4 here), not at each frame prepared
+    # (the ticks, 15 a second, would draw 15), but drawn
+    assert 2 <= frames <= 1.0 / MINOR_EVERY_S + 2 and frames <= prepared / 2, (frames, prepared)
