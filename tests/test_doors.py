@@ -410,6 +410,11 @@ async def _tab_session(port: int, query: str, seconds: float, then=None,
     return n, rows, cols
 
 
+def _drawing(n: int, rows: int, cols: int) -> bool:
+    """The tab is up and drawing: its screen of 120 x 40, and more, has been sent."""
+    return rows >= 35 and n > 50_000
+
+
 def test_a_tabs_size_is_clamped_and_it_ends_when_its_browser_closes(serve):
     from ddptui.cli.serve import MAX_COLS, MAX_ROWS
     p, port, _ = serve
@@ -434,7 +439,7 @@ def test_a_tab_ends_when_its_server_is_killed(serve):
     def kill_server():
         seen.extend(_tabs(p.pid))
         os.kill(p.pid, signal.SIGKILL)  # the server only: its tab is left to notice
-    asyncio.run(_tab_session(port, "width=120&height=40", 5, then=kill_server))
+    asyncio.run(_tab_session(port, "width=120&height=40", 30, then=kill_server, until=_drawing))
     assert len(seen) == 1
     assert _gone(seen, 10)
 
@@ -447,7 +452,7 @@ def test_sigterm_ends_the_server_and_every_tab(serve):
         seen.extend(_tabs(p.pid))
         seen.append(time.monotonic())
         p.send_signal(signal.SIGTERM)  # the server only (not its process group)
-    asyncio.run(_tab_session(port, "width=120&height=40", 5, then=term_server))
+    asyncio.run(_tab_session(port, "width=120&height=40", 30, then=term_server, until=_drawing))
     assert p.wait(30) == 0 and len(seen) == 2
     # promptly: the open websocket does not hold the server (aiohttp waits for its handlers)
     assert time.monotonic() - seen.pop() < 8
@@ -463,7 +468,9 @@ def test_a_busy_tab_ends_on_sigterm(serve):
         for t in seen:
             t.send_signal(signal.SIGTERM)
         assert _gone(seen, 5)
-    asyncio.run(_tab_session(port, "width=800&height=300", 5, then=term_tab))
+    # busy: drawing screens of 800 x 300 (several of them sent)
+    asyncio.run(_tab_session(port, "width=800&height=300", 30, then=term_tab,
+                             until=lambda n, rows, cols: n > 400_000 and rows >= 250))
 
 
 def test_a_stalled_websocket_ends_its_tab(serve):
