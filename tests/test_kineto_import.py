@@ -15,7 +15,7 @@ from ddptui.recording.kineto import KinetoReader
 from ddptui.recording.loader import load
 from ddptui.recording.rankset import open_reader as Reader
 from ranks import wire
-from tests.helpers import ROOT, run_cli, run_main
+from tests.helpers import ROOT, run_main
 from tests.kineto_traces import a100_doc, a100_pair
 
 # the model of tests/kineto_record.py: 4 blocks Linear(256, 256)+ReLU, then Linear(256, 10)
