@@ -37,7 +37,7 @@ class SimStream:
         self.tail = start + dur_ns
         return self.tail
 
-    def wait_event(self, ev: "SimEvent") -> None:
+    def wait_event(self, ev) -> None:  # (an event of SimCuda.Event)
         self.tail = max(self.tail, ev.t)
 
     def __repr__(self) -> str:

@@ -5,7 +5,6 @@ rank, as users record theirs (`tensorboard_trace_handler`, `with_modules=True`);
     torchrun --nproc-per-node 2 tests/kineto_record.py OUT_DIR [--steps N] [--no-modules] [--plain-out DIR]
 """
 import argparse
-import os
 
 import torch
 import torch.distributed as dist

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ranks.instrument import CudaClock, GpuTimeMap, Recorder, comm_starts
-from ranks.wire import BWD, COMM, STEP
+from ranks.wire import BWD
 
 
 def f32(x: float) -> float:
