@@ -273,7 +273,7 @@ class DdpApp(App):
         self._sync_layout(store, strategies)
         shown = self.shown_steps()
         views = {s: self._view(store, s, k) for s, k in shown.items()}
-        sizes = self._sizes()
+        sizes = self._sizes()  # (again: syncing the panes and the layout may add or resize widgets)
         mpc = self._ms_per_cell(views, sizes)
         cap_since = store.cap_changed_at(shown.get("ddp") or 0)
         hosts = store.hosts()
