@@ -50,15 +50,23 @@ class RankSpans(Mapping):
         if got is None:
             b = self._batches[r]  # (KeyError for a rank not in the step)
             off = (b.base_ns - self._origin) / 1e6
-            got = [Span(k, j, off + a / 1e3, off + z / 1e3) for k, j, a, z in zip(b.kind, b.idx, b.t0, b.t1)]
+            n = len(b.kind)
+            issued, others, last = [None] * n, [None] * n, [False] * n
             arrivals = self._arrivals
             for i, ready_us, key in stragglers.comm_spans(b):
-                s = got[i]
-                s.issued_ms = off + ready_us / 1e3
-                last = arrivals.get(key)
-                if last is not None:
-                    s.others_ms, s.last = last[0], last[1] == r
-            self._made[r] = got
+                issued[i] = off + ready_us / 1e3
+                arrived = arrivals.get(key)
+                if arrived is not None:
+                    others[i], last[i] = arrived[0], arrived[1] == r
+            got = self._made[r] = list(map(Span, b.kind, b.idx, [off + a / 1e3 for a in b.t0],
+                                           [off + z / 1e3 for z in b.t1], issued, others, last))
+        return got
+
+    def get(self, r: int, default=None):
+        """(Mapping.get, without its try: a pane asks once for each lane it draws.)"""
+        got = self._made.get(r)
+        if got is None:
+            return self[r] if r in self._batches else default
         return got
 
     def columns(self, r: int) -> tuple:

@@ -109,6 +109,7 @@ class DdpApp(App):
         self.jobs = JobQueue(self, self.redraw, "transport")  # seek, play, speed: off the event loop
         self._ui_gen = 0
         self._drawn: tuple | None = None
+        self._names_of: tuple | None = None  # (the store's layer and parameter names the panes have)
         self._drawn_at = 0.0  # (monotonic) and the steps that frame showed (see MINOR_EVERY_S)
         self._drawn_shown: dict | None = None
         self._layout_key: tuple | None = None
@@ -201,11 +202,11 @@ class DdpApp(App):
             return True
         return time.monotonic() - self._drawn_at >= MINOR_EVERY_S
 
-    def _draw_key(self) -> tuple:
+    def _draw_key(self, sizes: dict | None = None) -> tuple:
         """Everything a frame depends on: unchanged key, nothing to draw. Live, with an
         Updater preparing frames, the store's changes count once their data is made."""
         src, store = self.source, self.source.store
-        sizes = tuple(self._sizes().values())
+        sizes = tuple((self._sizes() if sizes is None else sizes).values())
         if self._prepares():
             version = self._prepared
         else:  # (following takes up a newer step FOLLOW_EVERY_S after it came: the store may
@@ -265,15 +266,16 @@ class DdpApp(App):
     # -- drawing -----------------------------------------------------------------------------
     def _redraw(self) -> None:
         store = self.source.store
-        self._drawn = self._draw_key()
+        sizes = self._sizes()
+        self._drawn = self._draw_key(sizes)
         self._drawn_at, self._drawn_shown = time.monotonic(), self._prepared_shown
         strategies = store.strategies()
-        self._sync_panes(store, strategies)
+        if self._sync_panes(store, strategies):
+            sizes = self._sizes()  # (again, with the pane just mounted)
         self._draw_banner()
-        self._sync_layout(store, strategies)
+        self._sync_layout(store, strategies)  # (its new sizes come at Textual's next layout)
         shown = self.shown_steps()
         views = {s: self._view(store, s, k) for s, k in shown.items()}
-        sizes = self._sizes()  # (again: syncing the panes and the layout may add or resize widgets)
         mpc = self._ms_per_cell(views, sizes)
         cap_since = store.cap_changed_at(shown.get("ddp") or 0)
         hosts = store.hosts()
@@ -309,15 +311,24 @@ class DdpApp(App):
             got = self._views[key] = store.view(strategy, step)
         return got
 
-    def _sync_panes(self, store: Store, strategies: list[str]) -> None:
-        layers = list(store.meta.get("layers") or [])
-        params = [str(p[0]) for p in store.meta.get("params") or []]
+    def _sync_panes(self, store: Store, strategies: list[str]) -> bool:
+        """A pane for each strategy; True when one was mounted."""
+        src = (store.meta.get("layers"), store.meta.get("params"))
+        same = self._names_of is not None and all(a is b for a, b in zip(src, self._names_of))
+        if same and all(s in self.panes for s in strategies):
+            return False
+        self._names_of = src
+        layers = list(src[0] or [])
+        params = [str(p[0]) for p in src[1] or []]
+        mounted = False
         for s in strategies:
             if s not in self.panes:
                 self.panes[s] = TimelinePane(s, layers, params, id=f"pane-{s}")
                 self.grid.mount(self.panes[s])
+                mounted = True
             else:  # names known only once a rank said hello (ddptui run: the user's modules)
                 self.panes[s].set_names(layers, params)
+        return mounted
 
     def _sync_layout(self, store: Store, strategies: list[str]) -> None:
         w, h = self.size

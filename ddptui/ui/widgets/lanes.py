@@ -81,20 +81,24 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
         label = label_of if row % band == 0 and row < band * need else (lambda i: "")  # noqa: E731
         return comm_bars(spans, label, r_show, need)
     last = rows - 1
-    mine = [(i, s) for i, (s, r) in enumerate(zip(comms, sub)) if min(r, last) == row]
-    out: list[Bar] = [(s.issued_ms, s.start_ms, theme.QUEUED, "") for _, s in mine
-                      if s.issued_ms is not None and s.issued_ms < s.start_ms]
+    mine = list(enumerate(comms)) if rows == 1 else \
+        [(i, s) for i, (s, r) in enumerate(zip(comms, sub)) if min(r, last) == row]
+    queued: list[Bar] = []  # (drawn first: a later AllReduce queues while an earlier one runs)
+    out: list[Bar] = []
+    QUEUED, WAIT, LAST, A = theme.QUEUED, theme.WAIT, theme.COMM_LAST, theme.COMM_A
     for i, s in mine:
-        colour = theme.COMM_LAST if s.last else theme.COMM_A + (i & 1)
-        begin = s.start_ms
-        if s.others_ms is not None and s.others_ms > begin and not s.last:
+        start, end, issued, others, is_last = s.start_ms, s.end_ms, s.issued_ms, s.others_ms, s.last
+        if issued is not None and issued < start:
+            queued.append((issued, start, QUEUED, ""))
+        begin = start
+        if others is not None and others > start and not is_last:
             # ready here, but the last rank is not: waiting, then the transfer itself
-            begin = min(s.others_ms, s.end_ms)
-            out.append((s.start_ms, begin, theme.WAIT, ""))
-        out.append((begin, s.end_ms, colour, label_of(s.idx)))
-    if row == last and (sub and max(sub) > last):
+            begin = others if others < end else end
+            out.append((start, begin, WAIT, ""))
+        out.append((begin, end, LAST if is_last else A + (i & 1), label_of(s.idx)))
+    if row == last and need > rows:
         out += [(a, z, theme.COMM_MULTI, "") for a, z in overlaps([s for _, s in mine])]
-    return out
+    return queued + out
 
 
 _FILL = [bytes((c,)) for c in range(len(theme.LANE_COLOURS))]

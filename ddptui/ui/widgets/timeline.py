@@ -1,14 +1,14 @@
 """One strategy's pane: a header, a time axis, and per rank a compute and a comm lane.
 
 A Line-API widget: every lane line is a cached Strip keyed by everything that shapes it
-(strategy, step, width, scale, rank, lane), so a redraw of an unchanged step is lookups.
+within the step shown (width, scale, rank, lane, row), and a new step empties the cache, so
+a redraw of an unchanged step is lookups.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rich.segment import Segment
-from textual.cache import LRUCache
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -19,6 +19,8 @@ from ddptui.ui.layout import fit_ranks, nice_ceil
 from .lanes import comm_bars, compute_bars, lane_segments
 
 GUTTER = 9  # "r12 comp "
+CACHE_MAX = 2048  # lane strips kept per pane
+_BRIGHT, _DIM, _BLANK = theme.style(theme.TEXT, bold=True), theme.style(theme.DIM), theme.style()
 def short_param(name: str) -> str:
     """'fc3.0.weight' -> 'fc3.w'."""
     parts = name.split(".")
@@ -61,8 +63,8 @@ class TimelinePane(Widget):
         self._ranks: list[int] = []
         self._node: dict[int, int] = {}
         self.geom = (0, 0)  # (width, height) as of this render: cheaper than self.size per line
-        self._cache: LRUCache[tuple, Strip] = LRUCache(2048)
-        self._fit: tuple[tuple, tuple] = ((), ([], [], 1, 0, 2))
+        self._cache: dict[tuple, Strip] = {}  # (of the step shown: emptied when the view changes)
+        self._fit: tuple[tuple, tuple] = ((-1, None), ([], [], 1, 0, 2))
 
     def set_names(self, layers: list[str], params: list[str]) -> None:
         """Layer and parameter names for labels; redraws only when they changed."""
@@ -97,8 +99,8 @@ class TimelinePane(Widget):
         the legend still gives the scale, the header says what is hidden)."""
         ranks = self.ranks()
         h = self.geom[1]
-        key = (h, tuple(ranks))
-        if key != self._fit[0]:
+        key = (h, ranks)
+        if key[0] != self._fit[0][0] or ranks is not self._fit[0][1]:  # (show() makes a new list)
             got = (*fit_ranks(ranks, h - 2), 2)
             if not got[0] and ranks and h >= 3:
                 n = (h - 1) // 2
@@ -140,7 +142,7 @@ class TimelinePane(Widget):
             return self._lane(shown[i], lane, width, row, lane_h)
         if hidden and shown and top == 2 and y == top + block * len(shown):
             return self._strip([(hidden_note(hidden), theme.style(theme.WARN, bold=True))], width)
-        return Strip.blank(width, theme.style())
+        return Strip.blank(width, _BLANK)
 
     def _strip(self, parts: list[tuple[str, object]], width: int) -> Strip:
         segs = [Segment(t, s) for t, s in parts]
@@ -225,10 +227,13 @@ class TimelinePane(Widget):
 
     def _lane(self, rank: int, lane: int, width: int, row: int, rows: int) -> Strip:
         v, mpc = self.state.view, self.state.ms_per_cell
-        key = (self.strategy, v.step, width, mpc, rank, lane, row, rows)
-        got = self._cache.get(key)
+        key = (width, mpc, rank, lane, row, rows)
+        cache = self._cache
+        got = cache.get(key)
         if got is None:
-            got = self._cache[key] = self._draw_lane(v, rank, lane, width, mpc, row, rows)
+            if len(cache) >= CACHE_MAX:  # (zooming through many scales: start again)
+                cache.clear()
+            got = cache[key] = self._draw_lane(v, rank, lane, width, mpc, row, rows)
         return got
 
     def _draw_lane(self, v: StepView, rank: int, lane: int, width: int, mpc: float,
@@ -236,14 +241,14 @@ class TimelinePane(Widget):
         spans = v.spans.get(rank, [])
         first = row == 0
         if lane == 0:
-            gutter = Segment(f"r{rank:<3}comp " if first else " " * GUTTER, theme.style(theme.TEXT, bold=True))
+            gutter = Segment(f"r{rank:<3}comp " if first else " " * GUTTER, _BRIGHT)
             bars = compute_bars(spans, self.layer_names)
             labels = first
         else:
             # concurrent AllReduces get the lane's rows (each row labels its own bars)
             # multi-node: the comm row names the rank's host (node) under its rank label
             label = f"n{self._node[rank]:<2} comm " if self.state.nodes and rank in self._node else "    comm "
-            gutter = Segment(label[:GUTTER] if first else " " * GUTTER, theme.style(theme.DIM))
+            gutter = Segment(label[:GUTTER] if first else " " * GUTTER, _DIM)
             bars = comm_bars(spans, self._comm_label, row, rows)
             labels = True
         named = self.state.labels.get(rank) if self.state.labels and first else None
