@@ -18,7 +18,6 @@ import pytest
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.serial,  # the straggler it switches on must be named: the cores to itself
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
 ]
@@ -103,12 +102,8 @@ def test_live_app_two_cpu_ranks_bucket_change_and_clean_quit():
 
         tmux.wait_for(changed, 120, f"the DDP pane to show the 5 MB cap and a bucket count other than {before}")
 
-        # d: a straggler on the highest rank (medium's middle layer is fc3); the waits panel
-        # (or, without room, the status bar) names it once it dominates the recent steps
-        tmux("send-keys", "-t", "main", "d")
-        tmux.wait_for(lambda t: re.search(r"rank 1 (· fc3 backward \+\d+|last \(.*\) · fc3)", t) is not None,
-                      150, "the waits panel (or the status bar) to name rank 1 and fc3")
-
+        # (the d key's straggler, named once it dominates, needs the cores to itself: it is
+        # tests/test_stragglers.py's, with the same app on a real run)
         tmux("send-keys", "-t", "main", "q")
         text = tmux.wait_for(lambda t: "ddptui exited rc=" in t, 90, "the app to exit")
         assert "ddptui exited rc=0" in text
