@@ -22,9 +22,12 @@
     python benchmarks/p3_drawing.py --vs a967aee [--rounds 3]
 
 --vs REV measures another revision's code in the same run: REV is checked out into a
-temporary git worktree and both revisions' own P3 run as subprocesses, taking turns (this
-code, REV, this code, REV, ...), so the machine's mood falls on both; it prints each run's
-figures, the medians and this code's ratio to REV's (P3a_vs, P3b_vs: goal <= 1).
+temporary git worktree. P3a: each revision's own frame loop runs in a process of its own
+(benchmarks/_paced.py) and the two take turns one frame at a time (600 frames each; 200 with
+--quick), so a slow second of the machine falls on both (whole runs taking turns read the same
+code 3.4-7.1 ms from one run to the next: too coarse for a 10 % difference). P3b: both
+revisions' own P3 run whole as subprocesses, taking turns (this code, REV, ...). It prints
+each run's figures, the medians and this code's ratio to REV's (P3a_vs, P3b_vs: goal <= 1).
 """
 from __future__ import annotations
 

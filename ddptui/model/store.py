@@ -75,6 +75,7 @@ class Store:
         self.meta: dict = {}
         self.ranks: dict[int, RankInfo] = {}
         self.raw: dict[str, OrderedDict[int, dict[int, SpanBatch]]] = {}
+        self._strategies: tuple | None = None  # (the strategies named, len(raw), the list): asked many times a frame
         self.step_figs: dict[str, OrderedDict[int, figures.StepFigures]] = {}
         self.rank_figs: dict[tuple[str, int, int], figures.RankStep] = {}
         self.bucket_figs: dict[tuple[str, int], dict] = {}  # (strategy, step) of complete steps
@@ -440,8 +441,12 @@ class Store:
 
     def strategies(self) -> list[str]:
         with self.lock:
-            order = list(self.meta.get("strategies") or [])
-            return order + [s for s in self.raw if s not in order]
+            named, known = self.meta.get("strategies"), len(self.raw)  # (raw only grows)
+            got = self._strategies
+            if got is None or got[0] is not named or got[1] != known:
+                order = list(named or [])
+                got = self._strategies = (named, known, order + [s for s in self.raw if s not in order])
+            return list(got[2])
 
     def complete_steps(self, strategy: str) -> list[int]:
         with self.lock:
