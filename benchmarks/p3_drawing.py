@@ -120,13 +120,14 @@ def paced_frames(trees: dict[str, str], renders: int, timeout_s: float = 120.0) 
     a process of its own (benchmarks/_paced.py), and they take turns one frame at a time,
     their order swapped every frame, so a slow second of the machine falls on all of them.
     {name: CPU ms of each frame}."""
-    procs = {}
+    procs, errs = {}, {}
     try:
         for name, root in trees.items():
             env = dict(os.environ, PYTHONPATH=root)
+            errs[name] = tempfile.TemporaryFile()
             procs[name] = subprocess.Popen([sys.executable, PACED, root, str(renders)], cwd=root, env=env,
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           stderr=tempfile.TemporaryFile(), text=True, bufsize=1)
+                                           stderr=errs[name], text=True, bufsize=1)
 
         def reply(name: str, last: bool = False) -> str:
             p = procs[name]
@@ -140,16 +141,20 @@ def paced_frames(trees: dict[str, str], renders: int, timeout_s: float = 120.0) 
                 line = p.stdout.readline() if ready else ""
             if not line:
                 p.kill()
-                p.stderr.seek(0)
-                err = p.stderr.read().decode(errors="replace").strip().splitlines()
+                p.wait()
+                errs[name].seek(0)
+                err = errs[name].read().decode(errors="replace").strip().splitlines()
                 sys.exit(f"P3: the paced frames of {trees[name]} stopped: {err[-1] if err else 'no reply'}")
             return line
 
         order = list(trees)
         for k in range(renders):
             for name in (order if k % 2 == 0 else order[::-1]):
-                procs[name].stdin.write("go\n")
-                procs[name].stdin.flush()
+                try:
+                    procs[name].stdin.write("go\n")
+                    procs[name].stdin.flush()
+                except BrokenPipeError:
+                    pass  # (it ended: its reply says why)
                 reply(name)
         got = {}
         for name in order:
@@ -164,6 +169,8 @@ def paced_frames(trees: dict[str, str], renders: int, timeout_s: float = 120.0) 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for f in errs.values():
+            f.close()
 
 
 def versus(rev: str, rounds: int, quick: bool) -> int:

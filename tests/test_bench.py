@@ -134,3 +134,19 @@ def test_benchmarks_quick_print_their_figures(half):
         assert tag in table
     assert "FAILED" not in table
     assert worker_procs(("ranks.bench_overhead", "trivial_worker.py")) == []
+
+
+def test_p3_versus_takes_frames_in_turn_from_each_revisions_own_loop(tmp_path):
+    """`p3_drawing.py --vs`'s P3a: two processes, each running a revision's own frame loop,
+    paced one frame at a time through their clock reads. Here both are this checkout; a
+    revision whose loop stops early is reported in one line, not waited for."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import p3_drawing
+    finally:
+        sys.path.pop(0)
+    got = p3_drawing.paced_frames({"a": ROOT, "b": ROOT}, 4)
+    assert set(got) == {"a", "b"} and all(len(v) == 4 and min(v) > 0 for v in got.values()), got
+    # a "revision" without the benchmark: the pacing ends with its error, no hang
+    with pytest.raises(SystemExit, match="stopped"):
+        p3_drawing.paced_frames({"a": ROOT, "b": str(tmp_path)}, 4, timeout_s=60)
