@@ -99,32 +99,35 @@ def test_slow_rank_option_parsing():
 @pytest.mark.slow
 @pytest.mark.serial  # arrival order and per-layer times: a neighbour test's ranks would blur them
 def test_slow_rank_is_found_on_two_real_ranks(tmp_path):
-    """2 CPU ranks, medium, rank 1's fc2 backward 40 ms longer: naive and DDP name rank 1 and
-    fc2; rank 0 waits ~40 ms a step, rank 1 hardly at all. The JSON carries the figures."""
+    """2 CPU ranks, medium, rank 1's fc2 backward 80 ms longer: naive and DDP name rank 1 and
+    fc2; rank 0 waits ~80 ms a step, rank 1 hardly at all. The JSON carries the figures.
+    (80 ms, not 40: two CPU ranks on two cores take turns being late by 10-90 ms, and the
+    trace's per-step check below read 12 of 22 steps with 40 in a fresh clone's CI.)"""
     import json
 
     from .helpers import run_cli
 
     out, rec, trace = tmp_path / "s.json", tmp_path / "s.ddptui", tmp_path / "t.json"
     r = run_cli("--headless", "--gpus", "2", "--model", "medium", "--strategies", "naive,ddp",
-                "--steps", "12", "--batch-size", "256", "--slow-rank", "1:40:fc2", "--record", str(rec),
+                "--steps", "12", "--batch-size", "256", "--slow-rank", "1:80:fc2", "--record", str(rec),
                 "--json", str(out), timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "who waits for whom" in r.stdout and "culprit rank 1 · fc2 backward" in r.stdout
     doc = json.loads(out.read_text())
     for s in doc["strategies"]:
         st = s["stragglers"]
-        # (measured on an idle 2-core machine: 100 %, rank 0 waits 40 ms, rank 1 under 1.1 ms;
+        # (measured with 40 ms on an idle 2-core machine: 100 %, rank 0 waits 40 ms, rank 1 under 1.1 ms;
         # other work on the machine delays rank 0 now and then (73 % seen with a test suite
         # beside it): the bounds leave room for that; the culprit comes from per-layer evidence)
         assert st["last_arriver_rank"] == 1 and st["last_arriver_pct"] >= 60, (s["strategy"], st)
-        assert st["wait_ms_median"]["0"] >= 15, (s["strategy"], st)  # ~40 on a quiet machine
-        assert st["wait_ms_median"]["1"] < 10 and st["wait_ms_median"]["1"] * 3 < st["wait_ms_median"]["0"], \
+        assert st["wait_ms_median"]["0"] >= 30, (s["strategy"], st)  # ~80 on a quiet machine
+        # (rank 1 waits for rank 0 now and then too: 11 ms was seen beside rank 0's ~80)
+        assert st["wait_ms_median"]["1"] < 20 and st["wait_ms_median"]["1"] * 3 < st["wait_ms_median"]["0"], \
             (s["strategy"], st)
         assert st["culprit_layer"] == "fc2", (s["strategy"], st)
     # the Chrome trace carries who waited: per step, rank 0's longest wait is on rank 1 (in
     # most steps: the cores' own turns at being late flip some, as for the arrival order
-    # above; 15 of 22 was seen in a fresh clone's CI)
+    # above; with a 40 ms straggler, 15 and 12 of 22 were seen in fresh clones' CI)
     assert run_cli("export", str(rec), "-o", str(trace), timeout=120).returncode == 0
     events = json.loads(trace.read_text())["traceEvents"]
     waits: dict = {}
