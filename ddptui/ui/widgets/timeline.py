@@ -21,6 +21,8 @@ from .lanes import comm_bars, compute_bars, lane_segments
 GUTTER = 9  # "r12 comp "
 CACHE_MAX = 2048  # lane strips kept per pane
 _BRIGHT, _DIM, _BLANK = theme.style(theme.TEXT, bold=True), theme.style(theme.DIM), theme.style()
+
+
 def short_param(name: str) -> str:
     """'fc3.0.weight' -> 'fc3.w'."""
     parts = name.split(".")
@@ -99,13 +101,13 @@ class TimelinePane(Widget):
         the legend still gives the scale, the header says what is hidden)."""
         ranks = self.ranks()
         h = self.geom[1]
-        key = (h, ranks)
-        if key[0] != self._fit[0][0] or ranks is not self._fit[0][1]:  # (show() makes a new list)
+        fit_h, fit_ranks_of = self._fit[0]
+        if h != fit_h or ranks is not fit_ranks_of:  # (show() makes the list anew for each view)
             got = (*fit_ranks(ranks, h - 2), 2)
             if not got[0] and ranks and h >= 3:
                 n = (h - 1) // 2
                 got = (ranks[:n], ranks[n:], 1, 0, 1)
-            self._fit = key, got
+            self._fit = (h, ranks), got
         return self._fit[1]
 
     @property
