@@ -30,6 +30,11 @@ SHARED_RUNS = {"run": "module", "kineto_runs": "module", "cli_run": "session"}
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    # the modules that start real runs first, each module's tests kept together (its shared
+    # run is made once): pytest-xdist hands tests out in this order, so the last ones to go
+    # are short, and no worker is left with a long run while the others have finished
+    slow = {item.module.__name__ for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.module.__name__ not in slow)
     for item in items:
         shared = sorted(set(SHARED_RUNS).intersection(getattr(item, "fixturenames", ())))
         if shared:

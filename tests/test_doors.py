@@ -298,6 +298,7 @@ def test_a_node_that_claims_node_0s_rank_first_loses_it_when_node_0s_rank_comes(
 
 
 # -- two real nodes under a flood -------------------------------------------------------------------
+@pytest.mark.slow  # (two real nodes' torchrun)
 def test_a_real_join_gets_in_and_the_run_finishes_under_a_flood(tmp_path, token_file):
     from .test_multinode import _env
 

@@ -140,6 +140,7 @@ def test_comm_starts_threads_vs_serial():
     assert comm_starts(ready, end, [None] * 4, serial=True) == [0, 50, 100, 120]
 
 
+@pytest.mark.slow  # (a real DDP)
 def test_ddp_runtime_stats_never_logged_inside_a_step(tmp_path):
     """DDP's forward logs runtime stats on its first 10 iterations (on CUDA: an event sync
     inside the measured step). ddptui's DDP does it only between steps, while it tracks the

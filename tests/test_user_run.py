@@ -144,6 +144,7 @@ def _kinds(got, step):
     return [(wire.KIND_NAMES[k], b.idx[i]) for i, k in enumerate(b.kind)]
 
 
+@pytest.mark.slow  # (a real DDP)
 def test_fp16_hook_is_wrapped_timed_and_halves_bytes(pg):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     h0, plain = _train(pg / "a", "auto")
@@ -159,6 +160,7 @@ def test_fp16_hook_is_wrapped_timed_and_halves_bytes(pg):
     assert names == sorted(h1.params)
 
 
+@pytest.mark.slow  # (a real DDP)
 def test_no_sync_steps_have_no_allreduce(pg):
     h, got = _train(pg, "auto", accumulate=2, steps=3)
     assert got.store.complete_steps("ddp") == list(range(6))
@@ -168,6 +170,7 @@ def test_no_sync_steps_have_no_allreduce(pg):
         assert any(x[0] == "backward" for x in _kinds(got, k))
 
 
+@pytest.mark.slow  # (a real DDP)
 def test_nested_and_shared_module_names(pg):
     h, got = _train(pg, ["blocks", "blocks.0", "blocks.0.attn", "alias", "head", "embed"])
     assert got.meta["layers"] == h.layers
@@ -333,6 +336,7 @@ def test_auto_layers_open_wrappers_to_blocks():
     assert [n for n, _ in choose_layers(nn.Linear(2, 2))] == ["model"]
 
 
+@pytest.mark.slow  # (a real DDP)
 def test_optimizer_step_with_a_closure_times_only_the_update(pg):
     """optimizer.step(closure) (Lightning's automatic optimization, LBFGS): the forward and
     backward run inside step(); the optimizer's span starts when the closure returns."""

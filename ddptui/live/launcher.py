@@ -181,6 +181,9 @@ class Launcher:
     def stop(self, grace: float = 8.0, workers: list[int] | None = None) -> int | None:
         """SIGTERM the whole session and wait; SIGKILL what is still there after `grace`."""
         if self.proc.poll() is None:
+            # torchrun starts each worker in a session of its own, and a stopped worker (SIGSTOP,
+            # Ctrl-Z) acts on the SIGTERM torchrun sends it only once continued
+            self._resume(workers or [])
             self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(grace)
@@ -200,6 +203,14 @@ class Launcher:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+    @staticmethod
+    def _resume(pids: list[int]) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _reap(self, pids: list[int]) -> None:
         import psutil
