@@ -103,7 +103,12 @@ def step_excess(sections: Sections) -> tuple[dict[int, dict[Section, float]], di
                 by_sec[key] = [(r, ms)]
             else:
                 got.append((r, ms))
-    excess: dict[int, dict[Section, float]] = {r: {} for r in sections}
+    return _excess(by_sec, sections)
+
+
+def _excess(by_sec: dict[Section, list[tuple[int, float]]], ranks) -> tuple[dict[int, dict[Section, float]], dict[Section, float]]:
+    """step_excess of the sections gathered by section: (rank, ms) of each rank that has it."""
+    excess: dict[int, dict[Section, float]] = {r: {} for r in ranks}
     ref: dict[Section, float] = {}
     for key, got in by_sec.items():
         n = len(got)
@@ -222,13 +227,19 @@ def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MI
             for k, v in zip(ks, vs):
                 per.setdefault(k, []).append(v)
         cols = {k: v for k, v in per.items() if len(v) == steps}
-    fast: Sections = {}
-    for (r, key), col in cols.items():
-        got = fast.get(r)
+    # each column's fast time (fast_time's quantile, for columns of `steps` values), made in
+    # one pass: at 64 ranks a window has over a thousand columns, judged at every new step
+    at = min(steps - 1, int(FAST_QUANTILE * (steps - 1) + 0.5))
+    by_sec: dict[Section, list[tuple[int, float]]] = {}
+    ranks: dict[int, None] = {}
+    for (r, key), s in zip(cols, map(sorted, cols.values())):
+        ranks[r] = None
+        got = by_sec.get(key)
         if got is None:
-            got = fast[r] = {}
-        got[key] = fast_time(col)
-    excess, _ = step_excess(fast)
+            by_sec[key] = [(r, s[at])]
+        else:
+            got.append((r, s[at]))
+    excess, _ = _excess(by_sec, ranks)
     need = need_steps(steps, min_slower)
     tests = sum(len(v) for v in excess.values())
     findings: list[Finding] = []
