@@ -152,10 +152,15 @@ def shift(mine: list[float], others: list[float]) -> float:
     return median([a - b for a in mine for b in others])
 
 
+def fast_index(n: int, q: float = FAST_QUANTILE) -> int:
+    """Where the q-quantile (the nearest rank) sits among n sorted values."""
+    return min(n - 1, int(q * (n - 1) + 0.5))
+
+
 def fast_time(vals: list[float], q: float = FAST_QUANTILE) -> float:
     """The q-quantile of vals (the nearest rank): a section's cost in a rank's fast steps."""
     s = sorted(vals)
-    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+    return s[fast_index(len(s), q)]
 
 
 @dataclass
@@ -227,9 +232,9 @@ def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MI
             for k, v in zip(ks, vs):
                 per.setdefault(k, []).append(v)
         cols = {k: v for k, v in per.items() if len(v) == steps}
-    # each column's fast time (fast_time's quantile, for columns of `steps` values), made in
-    # one pass: at 64 ranks a window has over a thousand columns, judged at every new step
-    at = min(steps - 1, int(FAST_QUANTILE * (steps - 1) + 0.5))
+    # each column's fast time (fast_time of its `steps` values), made in one pass: at 64 ranks
+    # a window has over a thousand columns, judged at every new step
+    at = fast_index(steps)
     by_sec: dict[Section, list[tuple[int, float]]] = {}
     ranks: dict[int, None] = {}
     for (r, key), s in zip(cols, map(sorted, cols.values())):
