@@ -124,12 +124,12 @@ def _load(rev: str, path: str, name: str, d: str):
 
 def load_old(rev: str):
     """(instrument, strategies) as they were at `rev`, as modules (None if git cannot)."""
-    d = tempfile.mkdtemp(prefix="ddptui-p7-")
-    try:
-        return (_load(rev, "ranks/instrument.py", "instrument_old", d),
-                _load(rev, "ranks/strategies.py", "strategies_old", d))
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    with tempfile.TemporaryDirectory(prefix="ddptui-p7-") as d:  # (the modules are loaded by then)
+        try:
+            return (_load(rev, "ranks/instrument.py", "instrument_old", d),
+                    _load(rev, "ranks/strategies.py", "strategies_old", d))
+        except (OSError, subprocess.CalledProcessError):
+            return None
 
 
 def noop_hooks(model) -> None:

@@ -49,6 +49,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_tmpdir(tmp_path_factory):
+    """The session's processes make their temporary files under pytest's own temporary
+    directory (kept for the last few sessions only), not the machine's: what a test's
+    SIGKILLed process leaves behind, and torchrun's log folders, do not pile up there."""
+    import tempfile
+    d = tmp_path_factory.mktemp("tmp")
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = str(d), None
+    yield
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
+
+
 TOKEN = b"0123456789abcdef0123456789abcdef"  # the run's token in the multi-node and doors tests
 
 

@@ -344,17 +344,27 @@ def _reachable(addr) -> bool:
 # -- ddptui serve: tab processes ----------------------------------------------------------------------
 @pytest.fixture
 def serve(tmp_path):
+    """A server replaying the demo; Ctrl-C at the end (unless the test ended it), after which
+    its temporary directory (the page it serves) must be gone."""
     port = free_port()
     log = tmp_path / "serve.log"
-    env = dict(os.environ, DDPTUI_TAB_STALL_S="4")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, DDPTUI_TAB_STALL_S="4", TMPDIR=str(tmp))
     p = subprocess.Popen([sys.executable, "-m", "ddptui", "serve", DEMO, "--port", str(port), "--loop",
                           "--speed", "8"], cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                          start_new_session=True)
     assert wait_for(lambda: _reachable(("127.0.0.1", port)), 30)
     yield p, port, log
     if p.poll() is None:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+            raise AssertionError("ddptui serve did not end on Ctrl-C")
+        assert os.listdir(tmp) == [], os.listdir(tmp)
 
 
 def _tabs(pid: int) -> list[psutil.Process]:

@@ -241,20 +241,21 @@ def main(argv: list[str]) -> int:
     if not a.attach:
         from .replay import check_file
         check_file(a.file)
-    templates = local_templates(tempfile.mkdtemp(prefix="ddptui-serve-"))
-    what = f"following {a.file} (read-only)" if a.attach else f"replaying {a.file}"
-    server = _server_class(Server)(tab_command(a), host=a.host, port=a.port,
-                                   title=a.title or f"ddptui · {os.path.basename(a.file)}",
-                                   public_url=a.public_url, templates_path=templates)
-    url = a.public_url or f"http://{a.host}:{a.port}"
-    print(f"ddptui serve: {what} at {url} (Ctrl-C stops)", file=sys.stderr)
-    if a.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"ddptui serve: warning: listening on {a.host}: anyone who reaches this port can watch",
-              file=sys.stderr)
-    try:
-        server.serve()
-    finally:
-        end_children()
+    with tempfile.TemporaryDirectory(prefix="ddptui-serve-") as templates:  # the page, while serving
+        local_templates(templates)
+        what = f"following {a.file} (read-only)" if a.attach else f"replaying {a.file}"
+        server = _server_class(Server)(tab_command(a), host=a.host, port=a.port,
+                                       title=a.title or f"ddptui · {os.path.basename(a.file)}",
+                                       public_url=a.public_url, templates_path=templates)
+        url = a.public_url or f"http://{a.host}:{a.port}"
+        print(f"ddptui serve: {what} at {url} (Ctrl-C stops)", file=sys.stderr)
+        if a.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"ddptui serve: warning: listening on {a.host}: anyone who reaches this port can watch",
+                  file=sys.stderr)
+        try:
+            server.serve()
+        finally:
+            end_children()
     return 0
 
 
