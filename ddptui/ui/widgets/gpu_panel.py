@@ -114,4 +114,4 @@ class GpuPanel(Panel):
     rows_max = staticmethod(wanted_rows)
 
     def build_lines(self, frame: Frame) -> list[Parts]:
-        return build(frame.store, self.geom.width or 80, self.geom.height or 3)
+        return build(frame.store, self.inner[0] or 80, self.inner[1] or 3)

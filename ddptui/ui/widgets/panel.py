@@ -53,5 +53,6 @@ class Panel(PartsView):
 
     @property
     def inner(self) -> tuple[int, int]:
-        """Width and height inside the padding, as of this draw."""
-        return max(0, self.geom.width - 2), self.geom.height
+        """Width and height to draw in, as of this draw (Widget.size is the content area:
+        the padding is already left out)."""
+        return self.geom.width, self.geom.height
