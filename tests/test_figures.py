@@ -188,3 +188,16 @@ def test_gpu_pct_per_strategy_from_the_samples_inside_its_complete_steps():
         st.ingest(f)
     st.update()
     assert [k for k, _, _ in st.step_intervals("ddp")] == [0, 1, 2, 3]
+
+
+def test_the_notes_line_never_cuts_a_note_beside_the_speedups():
+    """Four strategies in a narrow panel: the speed-ups against single go alone rather than
+    with a note cut mid-word; with room, the longest note that fits goes beside them."""
+    from ddptui.ui.widgets.figures_panel import _notes_line
+    sp = {"naive_vs_single": 1.3, "interleaved_vs_single": 1.48, "ddp_vs_single": 1.5}
+    narrow = "".join(t for t, _ in _notes_line(sp, 76))
+    assert narrow == "naive 1.30× vs single  interleaved 1.48× vs single  ddp 1.50× vs single"
+    wide = "".join(t for t, _ in _notes_line(sp, 200))
+    assert wide.startswith(narrow + " · ms, medians of") and len(wide) <= 200
+    alone = "".join(t for t, _ in _notes_line({}, 30))  # no speed-ups: the shortest note, cut by the panel
+    assert alone.startswith("medians of")

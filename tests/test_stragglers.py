@@ -225,3 +225,17 @@ async def test_d_key_switches_a_straggler_on_every_rank_of_a_real_run():
         if run.state in ("running", "starting"):
             run.stop("test ended")
     assert_no_leftovers(15)
+
+
+def test_waits_panel_header_keeps_whole_clauses():
+    """The panel's title line says as many of its clauses as fit the width, each whole."""
+    from ddptui.recording.synthetic import SyntheticSource
+    from ddptui.ui.widgets import waits
+    src = SyntheticSource(steps=12, world=2, model="small")
+    full = "".join(t for t, _ in waits.build(src.store, {}, 400, 6)[0])
+    assert full.endswith("· transfer: once all are ready")
+    clauses = full.split(" · ")
+    for width in (30, 60, 80, 100, 140):
+        head = "".join(t for t, _ in waits.build(src.store, {}, width, 6)[0])
+        assert len(head) <= width and head.split(" · ") == clauses[:len(head.split(" · "))], (width, head)
+    assert "".join(t for t, _ in waits.build(src.store, {}, 80, 6)[0]).endswith("steps")

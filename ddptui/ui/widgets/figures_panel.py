@@ -132,11 +132,13 @@ def _notes_line(sp: dict, width: int) -> Parts:
              "(per strategy: NVML cannot split alternating steps) · GPU %: NVML within this strategy's steps",
              f"ms, medians of last {WINDOW} steps · busy %: computing, share of step · GPU %: NVML in its steps",
              f"medians of {WINDOW} steps · busy: computing % of step"]
-    text = next((n for n in notes if len(n) + (len(vs) + 3 if vs else 0) <= width), notes[-1])
+    text = next((n for n in notes if len(n) + (len(vs) + 3 if vs else 0) <= width), None)
+    if vs and text is None:  # (no note fits beside the speed-ups: they go alone, no note cut short)
+        return [(vs, theme.style(theme.TEXT))]
     parts: Parts = []
     if vs:
         parts.append((vs + " · ", theme.style(theme.TEXT)))
-    parts.append((text, theme.style(theme.DIM)))
+    parts.append((text or notes[-1], theme.style(theme.DIM)))
     return parts
 
 

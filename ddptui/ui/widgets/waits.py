@@ -82,9 +82,14 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
         return [[("who waits for whom: needs two or more ranks that communicate", theme.style(theme.DIM))]]
     if rows < 3:
         return [summary_line(store, shown)]
-    lines: list[Parts] = [[("Who waits for whom", theme.style(theme.TEXT, bold=True)),
-                           (f" · medians of the last {RECENT} steps · wait: own AllReduce ready, the "
-                            "others not yet · transfer: once all are ready", theme.style(theme.DIM))]]
+    title = "Who waits for whom"
+    notes, room = "", width - len(title)
+    for clause in (f" · medians of the last {RECENT} steps", " · wait: own AllReduce ready, the others not yet",
+                   " · transfer: once all are ready"):  # (as many whole clauses as fit)
+        if len(notes) + len(clause) > room:
+            break
+        notes += clause
+    lines: list[Parts] = [[(title, theme.style(theme.TEXT, bold=True)), (notes, theme.style(theme.DIM))]]
     for s in strategies:
         got = _summary(store, s, shown.get(s))
         if not got or len(lines) + 2 > rows:
