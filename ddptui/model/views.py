@@ -1,13 +1,15 @@
-"""Views of a Store for drawing: `Span` and `StepView`, and `step_view(store, strategy, step)`,
+"""Views of a Store for drawing: `Span`, `Lane` and `StepView`, and `step_view(store, strategy, step)`,
 the step as the UI draws it (Store.view)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from ranks.wire import COMM
 
 from . import figures as step_figures
 from . import stragglers
-from .columns import layout
+from .columns import Layout, layout
 
 
 @dataclass(slots=True)
@@ -26,7 +28,7 @@ class StepView:
     """One strategy step ready to draw: spans per rank relative to the step's origin."""
     strategy: str
     step: int
-    spans: Mapping[int, list[Span]]  # (RankSpans: made per rank when asked for)
+    spans: Mapping[int, Lane | list[Span]]  # (RankSpans: a Lane made per rank when asked for)
     figures: dict[int, step_figures.RankStep]
     duration_ms: float
     bucket_cap_mb: float | None = None
@@ -36,30 +38,94 @@ class StepView:
 
 
 
+class Lane(Sequence):
+    """One lane's spans as columns, in span order: what the drawing reads (lanes.compute_bars,
+    comm_bars), with no Span made. Indexed or iterated it is a list of Spans, made once, when
+    first asked for (readers other than the drawing).
+
+    kind, idx: every span's kind and index (bytes / array, or lists); starts, ends: every
+    span's start and end, ms after the step's origin; issued, others, last: every AllReduce's
+    (in span order) ready time here, the last rank's ready time (None: not known), and
+    whether this rank was that last one."""
+
+    __slots__ = ("kind", "idx", "starts", "ends", "issued", "others", "last", "_layout", "_spans")
+
+    def __init__(self, kind, idx, starts: list, ends: list, issued: list, others: list, last: list,
+                 lay: Layout | None = None):
+        self.kind, self.idx, self.starts, self.ends = kind, idx, starts, ends
+        self.issued, self.others, self.last = issued, others, last
+        self._layout = lay
+        self._spans: list[Span] | None = None
+
+    def layout(self) -> Layout:
+        """Where each kind of span sits (columns.Layout)."""
+        got = self._layout
+        if got is None:
+            got = self._layout = layout(self)
+        return got
+
+    @classmethod
+    def of_spans(cls, spans) -> "Lane":
+        """A list of Spans as a Lane (a Lane is returned as it is)."""
+        if isinstance(spans, Lane):
+            return spans
+        comms = [s for s in spans if s.kind == COMM]
+        lane = cls([s.kind for s in spans], [s.idx for s in spans], [s.start_ms for s in spans],
+                   [s.end_ms for s in spans], [s.issued_ms for s in comms], [s.others_ms for s in comms],
+                   [s.last for s in comms])
+        lane._spans = list(spans)
+        return lane
+
+    def spans(self) -> list[Span]:
+        got = self._spans
+        if got is None:
+            n = len(self.kind)
+            issued, others, last = [None] * n, [None] * n, [False] * n
+            for j, i in enumerate(self.layout().comm):
+                issued[i], others[i], last[i] = self.issued[j], self.others[j], self.last[j]
+            got = self._spans = list(map(Span, self.kind, self.idx, self.starts, self.ends, issued, others, last))
+        return got
+
+    def __getitem__(self, i):
+        return self.spans()[i]
+
+    def __iter__(self):
+        return iter(self.spans())
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
 class RankSpans(Mapping):
-    """rank -> its spans (list[Span]) of one step, made when a rank is first asked for: a pane
-    draws the ranks that fit (with 64 ranks, a few), so the others' spans are never made."""
+    """rank -> its spans (a Lane) of one step, made when a rank is first asked for: a pane
+    draws the ranks that fit (with 64 ranks, a few), so the others' lanes are never made."""
 
     def __init__(self, batches: dict, origin: int, arrivals: dict):
         self._batches, self._origin, self._arrivals = batches, origin, arrivals
-        self._made: dict[int, list[Span]] = {}
+        self._made: dict[int, Lane] = {}
         self._others_of: dict = {}
+        self._arrived_of: dict = {}
 
-    def __getitem__(self, r: int) -> list[Span]:
+    def __getitem__(self, r: int) -> Lane:
         got = self._made.get(r)
         if got is None:
             b = self._batches[r]  # (KeyError for a rank not in the step)
             off = (b.base_ns - self._origin) / 1e6
-            n = len(b.kind)
-            issued, others, last = [None] * n, [None] * n, [False] * n
-            arrivals = self._arrivals
-            for i, ready_us, key in stragglers.comm_spans(b):
-                issued[i] = off + ready_us / 1e3
-                arrived = arrivals.get(key)
-                if arrived is not None:
-                    others[i], last[i] = arrived[0], arrived[1] == r
-            got = self._made[r] = list(map(Span, b.kind, b.idx, [off + a / 1e3 for a in b.t0],
-                                           [off + z / 1e3 for z in b.t1], issued, others, last))
+            lay = layout(b)
+            arrived = self._arrived(lay)
+            got = self._made[r] = Lane(
+                b.kind, b.idx, [off + a / 1e3 for a in b.t0], [off + z / 1e3 for z in b.t1],
+                [off + x / 1e3 for x in b.iss], [None if a is None else a[0] for a in arrived],
+                [a is not None and a[1] == r for a in arrived], lay)
+        return got
+
+    def _arrived(self, lay: Layout) -> list:
+        """(the last rank's ready, ms after the origin; that rank) or None of each AllReduce
+        of a layout (the same on every rank with the same AllReduces, so made once for them)."""
+        got = self._arrived_of.get(lay)
+        if got is None:
+            get = self._arrivals.get
+            got = self._arrived_of[lay] = [get(k) for k in lay.comm_keys]
         return got
 
     def get(self, r: int, default=None):

@@ -15,7 +15,7 @@ from itertools import compress
 from ranks.wire import BWD, COMM, FWD
 
 from ddptui.model.kept import Kept
-from ddptui.model.views import Span, StepView
+from ddptui.model.views import Lane, StepView
 
 BAND_BASE = -(10 ** 6)  # band lane ids: BAND_BASE + 2 * group + (0: p50, 1: p95), ascending
 SLOWEST = 2  # rank lanes for the slowest ranks of the step (room permitting)
@@ -46,7 +46,7 @@ def _quantiles(col, qs: tuple[float, ...]) -> list:
     return [_q(vals, q) / 1e3 for q in qs] if vals else [None] * len(qs)
 
 
-def band_spans(cols_of: dict[int, tuple], ranks: list[int], qs: tuple[float, ...]) -> list[list[Span]]:
+def band_spans(cols_of: dict[int, tuple], ranks: list[int], qs: tuple[float, ...]) -> list[Lane]:
     """The q-quantile lanes of these ranks, one per q of `qs`: span by span (ranks of one
     strategy send the same spans in the same order; ranks whose spans differ from the
     first's are left out), the quantile of the starts, ends and ready times (each column
@@ -54,20 +54,25 @@ def band_spans(cols_of: dict[int, tuple], ranks: list[int], qs: tuple[float, ...
     for a rank, and the columns are turned and sorted in C."""
     cols = [cols_of[r] for r in ranks if r in cols_of]
     if not cols:
-        return [[] for _ in qs]
+        return [Lane([], [], [], [], [], [], []) for _ in qs]
     kinds, idxs = cols[0][0], cols[0][1]
     cols = [c for c in cols if c[0] == kinds and c[1] == idxs]
     starts, ends = zip(*(c[2] for c in cols)), zip(*(c[3] for c in cols))
     ready, others = zip(*(c[4] for c in cols)), zip(*(c[5] for c in cols))
-    out: list[list[Span]] = [[] for _ in qs]
-    for kind, idx, a_col, z_col in zip(kinds, idxs, starts, ends):
+    n = len(qs)
+    lanes = [([], [], [], []) for _ in qs]  # per q: starts, ends, ready, others
+    for kind, a_col, z_col in zip(kinds, starts, ends):
         a_q, z_q = _quantiles(a_col, qs), _quantiles(z_col, qs)
-        r_q = o_q = (None,) * len(qs)
+        r_q = o_q = (None,) * n
         if kind == COMM:
             r_q, o_q = _quantiles(next(ready), qs), _quantiles(next(others), qs)
-        for lane, a, z, rd, ot in zip(out, a_q, z_q, r_q, o_q):
-            lane.append(Span(kind, idx, a, max(z, a), rd, ot, False))
-    return out
+        for (st, en, rd, ot), a, z, r, o in zip(lanes, a_q, z_q, r_q, o_q):
+            st.append(a)
+            en.append(max(z, a))
+            if kind == COMM:
+                rd.append(r)
+                ot.append(o)
+    return [Lane(kinds, idxs, st, en, rd, ot, [False] * len(rd)) for st, en, rd, ot in lanes]
 
 
 _COMPUTE = bytes(int(k in (FWD, BWD)) for k in range(256))  # kinds.translate: 1 for a forward or backward
@@ -113,7 +118,7 @@ def aggregate(view: StepView, lanes: int, hosts: dict[int, list[int]] | None = N
             break
         if r not in singles:
             singles.append(r)
-    spans: dict[int, list[Span]] = {}
+    spans: dict[int, Lane] = {}
     labels: dict[int, tuple[str, str]] = {}
     qs = (0.5, 0.95)
     for g, (name, members) in enumerate(groups_of(ranks, hosts, n_groups)):

@@ -8,52 +8,72 @@ right colour as background. Labels go on bars wide enough to hold them.
 from __future__ import annotations
 
 from functools import lru_cache
-from operator import attrgetter
+from operator import itemgetter, lt
 
 from rich.segment import Segment
 
-from ranks.wire import BWD, COMM, FWD, OPT
+from ranks.wire import BWD, FWD, OPT
 
+from ddptui.model.views import Lane
 from . import theme
 
 Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
-_START = attrgetter("start_ms")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_DRAWN = (FWD, BWD, OPT)
+_PLANS: dict = {}  # (Layout, layer names) -> the compute lane's positions, colours, labels
+_PLANS_MAX = 256
+
+
+def _compute_plan(lane: Lane, layer_names: list[str]) -> tuple[list[int], list[int], list[str]]:
+    """Which spans a compute lane draws, in what colour, with what label: the same for every
+    lane with the same kind and idx columns and layer names, so made once for them."""
+    key = (lane.layout(), tuple(layer_names))
+    got = _PLANS.get(key)
+    if got is None:
+        kind, idx, n = lane.kind, lane.idx, len(layer_names)
+        pos = [i for i in range(len(kind)) if kind[i] in _DRAWN]
+        colours = [theme.OPT if kind[i] == OPT else (theme.FWD_A if kind[i] == FWD else theme.BWD_A) + (idx[i] & 1)
+                   for i in pos]
+        labels = ["opt" if kind[i] == OPT else layer_names[idx[i]] if idx[i] < n else f"L{idx[i]}" for i in pos]
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        got = _PLANS[key] = (pos, colours, labels)
+    return got
 
 
 def compute_bars(spans, layer_names: list[str]) -> list[Bar]:
-    """Forward and backward per layer (alternating shades, layer labels) and the optimizer."""
-    out = []
-    for s in spans:
-        k = s.kind
-        if k == FWD or k == BWD:
-            base = theme.FWD_A if k == FWD else theme.BWD_A
-            name = layer_names[s.idx] if s.idx < len(layer_names) else f"L{s.idx}"
-            out.append((s.start_ms, s.end_ms, base + (s.idx & 1), name))
-        elif k == OPT:
-            out.append((s.start_ms, s.end_ms, theme.OPT, "opt"))
-    return out
+    """Forward and backward per layer (alternating shades, layer labels) and the optimizer,
+    from a Lane (or a list of Spans), column-wise."""
+    lane = Lane.of_spans(spans)
+    pos, colours, labels = _compute_plan(lane, layer_names)
+    starts, ends = lane.starts, lane.ends
+    return list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), colours, labels))
 
 
-def comm_rows(comms) -> list[int]:
+Comm = tuple[float, float, "float | None", "float | None", bool, int]  # start, end, issued, others, last, idx
+
+
+def comm_rows(comms: list[Comm]) -> list[int]:
     """A sub-row per AllReduce (given in start order): the first row free when it starts.
     Backends run several at once (gloo: one per worker thread), so rows = the most in flight."""
     ends: list[float] = []
     rows = []
     for s in comms:
+        start = s[0]
         for r, e in enumerate(ends):
-            if e <= s.start_ms:
-                ends[r] = s.end_ms
+            if e <= start:
+                ends[r] = s[1]
                 rows.append(r)
                 break
         else:
-            ends.append(s.end_ms)
+            ends.append(s[1])
             rows.append(len(ends) - 1)
     return rows
 
 
-def overlaps(comms) -> list[tuple[float, float]]:
+def overlaps(comms: list[Comm]) -> list[tuple[float, float]]:
     """Stretches where two or more of the AllReduces run at once."""
-    edges = sorted([(s.start_ms, 1) for s in comms] + [(s.end_ms, -1) for s in comms])
+    edges = sorted([(s[0], 1) for s in comms] + [(s[1], -1) for s in comms])
     out, depth, since = [], 0, 0.0
     for t, d in edges:
         depth += d
@@ -67,27 +87,35 @@ def overlaps(comms) -> list[tuple[float, float]]:
 def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
     """Each AllReduce (alternating shades, in time order), after its queued stretch; with
     several ranks, the stretch spent waiting for the last rank to be ready is drawn apart from
-    the transfer, and the last arriver's AllReduces have their own colour.
+    the transfer, and the last arriver's AllReduces have their own colour. From a Lane (or a
+    list of Spans), column-wise.
 
     A lane `rows` tall gives concurrent AllReduces sub-rows (this is row `row`); what does
     not fit (and, in a one-row lane, every stretch where several run at once) is marked."""
-    comms = [s for s in spans if s.kind == COMM]
-    comms.sort(key=_START)
-    sub = comm_rows(comms)
-    need = max(sub) + 1 if sub else 1
+    lane = Lane.of_spans(spans)
+    pos = lane.layout().comm
+    starts, ends = lane.starts, lane.ends
+    comms = list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), lane.issued, lane.others,
+                     lane.last, map(lane.idx.__getitem__, pos)))
+    comms.sort(key=_FIRST)
+    if rows == 1:  # one row: all that matters is whether any two overlap (comm_rows' second row)
+        sub = None
+        need = 2 if any(map(lt, map(_FIRST, comms[1:]), map(_SECOND, comms))) else 1
+    else:
+        sub = comm_rows(comms)
+        need = max(sub) + 1 if sub else 1
     if need < rows:  # room to spare: each sub-row gets a band of rows, labelled on its first
         band = rows // need
-        r_show = min(row // band, need - 1)
-        label = label_of if row % band == 0 and row < band * need else (lambda i: "")  # noqa: E731
-        return comm_bars(spans, label, r_show, need)
+        if not (row % band == 0 and row < band * need):
+            label_of = _unlabelled
+        row, rows = min(row // band, need - 1), need
     last = rows - 1
     mine = list(enumerate(comms)) if rows == 1 else \
         [(i, s) for i, (s, r) in enumerate(zip(comms, sub)) if min(r, last) == row]
     queued: list[Bar] = []  # (drawn first: a later AllReduce queues while an earlier one runs)
     out: list[Bar] = []
     QUEUED, WAIT, LAST, A = theme.QUEUED, theme.WAIT, theme.COMM_LAST, theme.COMM_A
-    for i, s in mine:
-        start, end, issued, others, is_last = s.start_ms, s.end_ms, s.issued_ms, s.others_ms, s.last
+    for i, (start, end, issued, others, is_last, idx) in mine:
         if issued is not None and issued < start:
             queued.append((issued, start, QUEUED, ""))
         begin = start
@@ -95,10 +123,14 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
             # ready here, but the last rank is not: waiting, then the transfer itself
             begin = others if others < end else end
             out.append((start, begin, WAIT, ""))
-        out.append((begin, end, LAST if is_last else A + (i & 1), label_of(s.idx)))
+        out.append((begin, end, LAST if is_last else A + (i & 1), label_of(idx)))
     if row == last and need > rows:
         out += [(a, z, theme.COMM_MULTI, "") for a, z in overlaps([s for _, s in mine])]
     return queued + out
+
+
+def _unlabelled(idx: int) -> str:
+    return ""
 
 
 _FILL = [bytes((c,)) for c in range(len(theme.LANE_COLOURS))]
@@ -108,7 +140,8 @@ _FULL = [theme.full_style(c) for c in range(len(theme.LANE_COLOURS))]
 
 def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, set[int], list]:
     """Paint bars (later ones on top) into eighths; every bar gets at least one eighth.
-    Returns the eighths, the boundaries and [(first full cell, end cell, colour, label)]."""
+    Returns the eighths, the boundaries and [(first full cell, colour, label)] of the labelled
+    bars wide enough for their label (and a cell either side)."""
     n = width * 8
     sub = bytearray(n)
     k = 8.0 / ms_per_cell
@@ -132,19 +165,17 @@ def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, 
         sub[a:z] = fill[c] * (z - a)
         add(a)
         add(z)
-        if label:
-            spans.append(((a + 7) >> 3, z >> 3, c, label))
+        if label and (z >> 3) - ((a + 7) >> 3) >= len(label) + 2:
+            spans.append(((a + 7) >> 3, c, label))
     return sub, bounds, spans
 
 
 def _labels(sub: bytearray, spans: list) -> dict[int, tuple[str, int]]:
-    """cell -> (text, colour) for labels that fit inside their (still visible) bar."""
+    """cell -> (text, colour) for labels (wide enough: raster) whose bar is still visible."""
     out = {}
-    for ca, cz, c, text in spans:
-        if cz - ca < len(text) + 2:
-            continue
+    for ca, c, text in spans:
         at = ca + 1
-        if sub[at * 8:(at + len(text)) * 8].count(c) == len(text) * 8:
+        if sub.count(c, at * 8, (at + len(text)) * 8) == len(text) * 8:
             out[at] = (text, c)
     return out
 

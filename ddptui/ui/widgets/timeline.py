@@ -67,6 +67,7 @@ class TimelinePane(Widget):
         self.geom = (0, 0)  # (width, height) as of this render: cheaper than self.size per line
         self._cache: dict[tuple, Strip] = {}  # (of the step shown: emptied when the view changes)
         self._fit: tuple[tuple, tuple] = ((-1, None), ([], [], 1, 0, 2))
+        self._comm_labels = _Labels(self._comm_label)  # idx -> an AllReduce's label, made once
 
     def set_names(self, layers: list[str], params: list[str]) -> None:
         """Layer and parameter names for labels; redraws only when they changed."""
@@ -74,6 +75,7 @@ class TimelinePane(Widget):
         if layers != self.layer_names or short != self.params:
             self.layer_names, self.params = layers, short
             self._cache.clear()
+            self._comm_labels.clear()
             self.refresh()
 
     def render_lines(self, crop):
@@ -251,7 +253,7 @@ class TimelinePane(Widget):
             # multi-node: the comm row names the rank's host (node) under its rank label
             label = f"n{self._node[rank]:<2} comm " if self.state.nodes and rank in self._node else "    comm "
             gutter = Segment(label[:GUTTER] if first else " " * GUTTER, _DIM)
-            bars = comm_bars(spans, self._comm_label, row, rows)
+            bars = comm_bars(spans, self._comm_labels.__getitem__, row, rows)
             labels = True
         named = self.state.labels.get(rank) if self.state.labels and first else None
         if named is not None:  # an aggregated lane (widgets/aggregate.py) says what it is
@@ -265,6 +267,18 @@ class TimelinePane(Widget):
         if self.strategy == "ddp":
             return f"b{idx}"
         return self.params[idx] if idx < len(self.params) else f"p{idx}"
+
+
+class _Labels(dict):
+    """key -> make(key), made when first asked for."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        got = self[key] = self.make(key)
+        return got
 
 
 def hidden_who(hidden: list[int]) -> str:
