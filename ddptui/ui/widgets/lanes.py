@@ -151,17 +151,18 @@ def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, 
     fill = _FILL
     for a_ms, z_ms, c, label in bars:
         a = int(a_ms * k)
-        if a >= n:
-            continue
         z = int(z_ms * k + 0.5)
-        if z <= a:
-            z = a + 1
-        if z <= 0:
-            continue
-        if a < 0:
-            a = 0
-        if z > n:
-            z = n
+        if not 0 <= a < z <= n:  # (off the lane, or under an eighth: clipped, or one eighth)
+            if a >= n:
+                continue
+            if z <= a:
+                z = a + 1
+            if z <= 0:
+                continue
+            if a < 0:
+                a = 0
+            if z > n:
+                z = n
         sub[a:z] = fill[c] * (z - a)
         add(a)
         add(z)

@@ -68,6 +68,8 @@ class TimelinePane(Widget):
         self._cache: dict[tuple, Strip] = {}  # (of the step shown: emptied when the view changes)
         self._fit: tuple[tuple, tuple] = ((-1, None), ([], [], 1, 0, 2))
         self._comm_labels = _Labels(self._comm_label)  # idx -> an AllReduce's label, made once
+        self._axis_of: tuple = (None, None)  # ((width, ms per cell), the axis line)
+        self._gutters = _Labels(_gutter)  # (rank, lane, first row, host or None, label) -> Segment
 
     def set_names(self, layers: list[str], params: list[str]) -> None:
         """Layer and parameter names for labels; redraws only when they changed."""
@@ -138,7 +140,10 @@ class TimelinePane(Widget):
         if y == 1 and top == 2:
             if not shown and hidden:  # no room for a single rank: say so where the axis goes
                 return self._strip([(hidden_note(hidden), theme.style(theme.WARN, bold=True))], width)
-            return self._axis(width)
+            key = (width, self.state.ms_per_cell)
+            if self._axis_of[0] != key:  # (the same scale from step to step: made once)
+                self._axis_of = key, self._axis(width)
+            return self._axis_of[1]
         block = 2 * lane_h + gap
         i, r = divmod(y - top, block)
         if i < len(shown) and r < 2 * lane_h:
@@ -244,20 +249,15 @@ class TimelinePane(Widget):
                    row: int, rows: int) -> Strip:
         spans = v.spans.get(rank, [])
         first = row == 0
+        named = self.state.labels.get(rank) if self.state.labels and first else None
+        host = self._node.get(rank) if self.state.nodes else None
+        gutter = self._gutters[rank, lane, first, host, named[lane] if named is not None else None]
         if lane == 0:
-            gutter = Segment(f"r{rank:<3}comp " if first else " " * GUTTER, _BRIGHT)
             bars = compute_bars(spans, self.layer_names)
             labels = first
-        else:
-            # concurrent AllReduces get the lane's rows (each row labels its own bars)
-            # multi-node: the comm row names the rank's host (node) under its rank label
-            label = f"n{self._node[rank]:<2} comm " if self.state.nodes and rank in self._node else "    comm "
-            gutter = Segment(label[:GUTTER] if first else " " * GUTTER, _DIM)
+        else:  # concurrent AllReduces get the lane's rows (each row labels its own bars)
             bars = comm_bars(spans, self._comm_labels.__getitem__, row, rows)
             labels = True
-        named = self.state.labels.get(rank) if self.state.labels and first else None
-        if named is not None:  # an aggregated lane (widgets/aggregate.py) says what it is
-            gutter = Segment(named[lane][:GUTTER].ljust(GUTTER), gutter.style)
         lane_w = width - GUTTER
         if lane_w <= 0:
             return Strip([gutter]).crop(0, width)
@@ -270,15 +270,31 @@ class TimelinePane(Widget):
 
 
 class _Labels(dict):
-    """key -> make(key), made when first asked for."""
+    """key -> make(key), made when first asked for (at most 4,096 kept)."""
 
     def __init__(self, make):
         super().__init__()
         self.make = make
 
     def __missing__(self, key):
+        if len(self) >= 4096:
+            self.clear()
         got = self[key] = self.make(key)
         return got
+
+
+def _gutter(key: tuple) -> Segment:
+    """A lane's gutter: the rank on its compute row, 'comm' (and, multi-node, the rank's host)
+    on its comm row, or an aggregated lane's own label (widgets/aggregate.py)."""
+    rank, lane, first, host, named = key
+    if lane == 0:
+        text, style = (f"r{rank:<3}comp " if first else " " * GUTTER), _BRIGHT
+    else:
+        text = f"n{host:<2} comm " if host is not None else "    comm "
+        text, style = (text[:GUTTER] if first else " " * GUTTER), _DIM
+    if named is not None:
+        text = named[:GUTTER].ljust(GUTTER)
+    return Segment(text, style)
 
 
 def hidden_who(hidden: list[int]) -> str:
