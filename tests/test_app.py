@@ -17,8 +17,10 @@ from ddptui.ui.app import DdpApp
 from ddptui.recording.replay import ReplaySource
 from ddptui.recording.synthetic import SyntheticSource, ddp_buckets
 from ddptui.ui.widgets import FiguresPanel, GpuPanel, HelpScreen, StartupScreen, TimelinePane, figures_panel
-from ddptui.ui.widgets.lanes import lane_segments
-from ddptui.ui.widgets.theme import COMM_A, FWD_A
+from ddptui.model.views import Lane
+from ddptui.ui.widgets.lanes import comm_bars, compute_bars, lane_segments
+from ddptui.ui.widgets.theme import COMM_A, COMM_B, COMM_LAST, FWD_A, WAIT
+from ranks.wire import COMM
 
 from .helpers import StubNvml
 
@@ -76,6 +78,33 @@ def test_lane_has_eighth_block_precision_and_labels():
 def test_every_bar_stays_visible_however_short():
     segs = lane_segments([(5.0, 5.001, COMM_A, "")], 10, 1.0)
     assert "".join(s.text for s in segs).strip() == "▏"
+
+
+def test_a_ranks_lane_is_drawn_from_its_columns_the_last_arriver_and_the_others_waiting():
+    """A Store view gives each rank a Lane (its spans as columns, no Span made): the slow
+    rank's AllReduces are the last arriver's (drawn in their colour, no waiting), the other
+    ranks' wait for it (a waiting stretch, then the transfer); the Spans a Lane makes when
+    indexed carry the same and draw the same bars."""
+    src = SyntheticSource(steps=0, world=4, model="small")
+    src.run.slow = (2, 1, 30.0)  # rank 2's backward of fc2 30 ms late: every naive AllReduce waits for it
+    src.add_steps(3)
+    view = src.store.view("naive", src.store.latest_complete("naive"))
+    names = src.store.meta["layers"]
+    for r in range(4):
+        lane = view.spans[r]
+        assert isinstance(lane, Lane) and lane._spans is None
+        colours = {c for _, _, c, _ in comm_bars(lane, str)}
+        if r == 2:
+            assert all(lane.last) and colours == {COMM_LAST}
+        else:
+            assert not any(lane.last) and {WAIT, COMM_A, COMM_B} <= colours and COMM_LAST not in colours
+            assert all(o - i > 25.0 for i, o in zip(lane.issued, lane.others))  # waited ~30 ms
+        spans = list(lane)
+        comms = [s for s in spans if s.kind == COMM]
+        assert [s.last for s in comms] == lane.last and [s.others_ms for s in comms] == lane.others
+        assert comm_bars(spans, str) == comm_bars(lane, str)
+        assert compute_bars(spans, names) == compute_bars(lane, names)
+        assert [b[3] for b in compute_bars(lane, names)] == names + names[::-1] + ["opt"]
 
 
 # -- the main screen --------------------------------------------------------------------------

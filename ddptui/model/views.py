@@ -112,20 +112,21 @@ class RankSpans(Mapping):
             b = self._batches[r]  # (KeyError for a rank not in the step)
             off = (b.base_ns - self._origin) / 1e6
             lay = layout(b)
-            arrived = self._arrived(lay)
+            others, lasts = self._arrived(lay)
             got = self._made[r] = Lane(
                 b.kind, b.idx, [off + a / 1e3 for a in b.t0], [off + z / 1e3 for z in b.t1],
-                [off + x / 1e3 for x in b.iss], [None if a is None else a[0] for a in arrived],
-                [a is not None and a[1] == r for a in arrived], lay)
+                [off + x / 1e3 for x in b.iss], others, [last == r for last in lasts], lay)
         return got
 
-    def _arrived(self, lay: Layout) -> list:
-        """(the last rank's ready, ms after the origin; that rank) or None of each AllReduce
-        of a layout (the same on every rank with the same AllReduces, so made once for them)."""
+    def _arrived(self, lay: Layout) -> tuple[list, list]:
+        """The last rank's ready time (ms after the origin, or None: not known) and that rank
+        (or None) of each AllReduce of a layout (the same on every rank with the same
+        AllReduces, so made once for them)."""
         got = self._arrived_of.get(lay)
         if got is None:
-            get = self._arrivals.get
-            got = self._arrived_of[lay] = [get(k) for k in lay.comm_keys]
+            arrived = list(map(self._arrivals.get, lay.comm_keys))
+            got = self._arrived_of[lay] = ([None if a is None else a[0] for a in arrived],
+                                           [None if a is None else a[1] for a in arrived])
         return got
 
     def get(self, r: int, default=None):
