@@ -260,13 +260,16 @@ async def test_zoom_changes_the_scale_of_every_pane():
         panes = list(app.query(TimelinePane))
         before = panes[0].state.ms_per_cell
         before_bar = last_filled(lanes(panes[0], 0)[0])
+        before_axis = drawn(panes[0])[1]
         await pilot.press("plus")
         await settle(pilot)
         assert all(p.state.ms_per_cell == pytest.approx(before / 2) for p in panes)
         assert last_filled(lanes(panes[0], 0)[0]) > before_bar
+        assert drawn(panes[0])[1] != before_axis  # the axis is kept only while the scale is the same
         await pilot.press("minus", "minus")
         await settle(pilot)
         assert panes[0].state.ms_per_cell == pytest.approx(before)  # 1× is the widest
+        assert drawn(panes[0])[1] == before_axis
 
 
 @pytest.mark.asyncio

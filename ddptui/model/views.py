@@ -152,9 +152,7 @@ class RankSpans(Mapping):
         lay = layout(b)
         got = self._others_of.get(lay)
         if got is None:
-            arrivals = self._arrivals
-            got = self._others_of[lay] = [None if (a := arrivals.get(k)) is None else a[0] * 1e3
-                                          for k in lay.comm_keys]
+            got = self._others_of[lay] = [None if ms is None else ms * 1e3 for ms in self._arrived(lay)[0]]
         return got
 
     def __iter__(self):

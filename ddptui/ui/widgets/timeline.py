@@ -67,9 +67,9 @@ class TimelinePane(Widget):
         self.geom = (0, 0)  # (width, height) as of this render: cheaper than self.size per line
         self._cache: dict[tuple, Strip] = {}  # (of the step shown: emptied when the view changes)
         self._fit: tuple[tuple, tuple] = ((-1, None), ([], [], 1, 0, 2))
-        self._comm_labels = _Labels(self._comm_label)  # idx -> an AllReduce's label, made once
+        self._comm_labels = _MadeOnce(self._comm_label)  # idx -> an AllReduce's label, made once
         self._axis_of: tuple = (None, None)  # ((width, ms per cell), the axis line)
-        self._gutters = _Labels(_gutter)  # (rank, lane, first row, host or None, label) -> Segment
+        self._gutters = _MadeOnce(_gutter)  # (rank, lane, first row, host or None, label) -> Segment
 
     def set_names(self, layers: list[str], params: list[str]) -> None:
         """Layer and parameter names for labels; redraws only when they changed."""
@@ -269,7 +269,7 @@ class TimelinePane(Widget):
         return self.params[idx] if idx < len(self.params) else f"p{idx}"
 
 
-class _Labels(dict):
+class _MadeOnce(dict):
     """key -> make(key), made when first asked for (at most 4,096 kept)."""
 
     def __init__(self, make):
