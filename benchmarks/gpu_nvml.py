@@ -49,11 +49,11 @@ def main() -> int:
     while time.monotonic() - t0 < a.seconds:
         f = s.sample()
         smi = subprocess.run(SMI, capture_output=True, text=True).stdout.strip().splitlines()
-        for g, line in zip(f["gpus"], smi):
+        for g, line in zip(f.gpus, smi):
             v = [x.strip() for x in line.split(",")]
-            rows.append((round(time.monotonic() - t0, 2), g["index"], g["util"], v[1], g["mem_used_mb"], v[2],
-                         g["power_w"], v[3], g["sm_clock_mhz"], v[4], g.get("sm_active"),
-                         g.get("pcie_tx_mbs"), g.get("nvlink_tx_mbs")))
+            rows.append((round(time.monotonic() - t0, 2), g.index, g.util, v[1], g.mem_used_mb, v[2],
+                         g.power_w, v[3], g.sm_clock_mhz, v[4], g.sm_active,
+                         g.pcie_tx_mbs, g.nvlink_tx_mbs))
         time.sleep(1.0)
     stop.set()
     th.join()

@@ -37,6 +37,7 @@ from ddptui.recording.loader import load
 from ranks.recfile import RecordWriter
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun
+from ranks import frames
 
 SLOW = (1, 40.0, "fc2")
 RUNS = [  # name, model, slow, steps (full run)
@@ -66,8 +67,9 @@ def record_synthetic(path: str, model: str, slow: bool, steps: int) -> float:
     run = SyntheticRun(model, 2, ("naive", "ddp"), seed=7, slow=(SLOW[0], layer, SLOW[1]) if slow else None,
                        late=(0.5, 10.0, 90.0))
     head = run.header_frames()
-    w = RecordWriter(path, {k: head[0].get(k) for k in ("world", "model", "layers", "params", "strategies",
-                                                         "batch", "bucket_cap_mb")})
+    hello = frames.to_dict(head[0])
+    w = RecordWriter(path, {k: hello.get(k) for k in ("world", "model", "layers", "params", "strategies",
+                                                      "batch", "bucket_cap_mb")})
     for f in head:
         w.write(f)
     for k in range(steps):
@@ -81,7 +83,7 @@ def analyse(path: str) -> dict:
     """strategy -> per-window verdicts and the arrival figures, from a recording."""
     store = Store(keep_steps=100_000)
     load(path, store)
-    names = list(store.meta.get("layers") or [])
+    names = list(store.meta.layers)
     out = {}
     for s in store.strategies():
         waits = store.recent_waits(s, None, 10**9)

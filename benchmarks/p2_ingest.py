@@ -3,15 +3,16 @@
 stores, on one core, from pre-packed frame bodies.
 
 The path measured is exactly what the collector thread does per frame body:
-`Feed.body(body)` (msgpack decode, the frame checked against ranks.schema with the run's
-limits, columnar span decode and checks, storing). Bodies are packed beforehand from `ddptui.recording.synthetic` (the
+`Feed.body(body)` (ranks.frames.decode: msgpack decode and the frame's checks in one msgspec
+call, then its cross-field checks against the run's limits, columnar span decode and checks,
+storing). Bodies are packed beforehand from `ddptui.recording.synthetic` (the
 frames real ranks send), so packing costs nothing here. Workload: xlarge, 2 ranks, single +
 naive + interleaved + ddp (18 to 34 spans per frame, 29 on average).
 
 Time is the thread's CPU time (time.thread_time): a rate per core-second, which other
 processes on a shared machine do not distort; the wall-clock rate is printed next to it.
-For reference, the same bodies go through a plain per-event Python decoder (one tuple per
-span) in the same run, alternating repetition by repetition. Goal: >= 5 M events/s.
+For reference, the same bodies go through a plain per-event Python decoder (msgpack into a
+map, one tuple per span) in the same run, alternating repetition by repetition. Goal: >= 5 M events/s.
 
     python benchmarks/p2_ingest.py            # 2000 steps (14k frames, 412k spans), 7 reps
     python benchmarks/p2_ingest.py --quick    # 400 steps, 5 reps
@@ -31,7 +32,7 @@ import msgpack  # noqa: E402
 from ddptui.ingest.feed import Feed  # noqa: E402
 from ddptui.model.store import Store  # noqa: E402
 from ddptui.recording.synthetic import SyntheticRun  # noqa: E402
-from ranks import schema  # noqa: E402
+from ranks import frames  # noqa: E402
 from ranks.wire import N_KINDS  # noqa: E402
 
 GOAL = 5e6
@@ -39,19 +40,19 @@ GOAL = 5e6
 
 def make_bodies(model: str, world: int, steps: int):
     run = SyntheticRun(model, world, ("single", "naive", "interleaved", "ddp"), seed=1)
-    head = [msgpack.packb(f, use_bin_type=True) for f in run.header_frames()]
+    head = [frames.encode(f) for f in run.header_frames()]
     bodies, spans = [], 0
     for k in range(steps):
         for f in run.step_frames(k):
-            bodies.append(msgpack.packb(f, use_bin_type=True))
-            if f["t"] == "spans":
-                spans += len(f["kind"])
+            bodies.append(frames.encode(f))
+            if type(f) is frames.Spans:
+                spans += len(f.kind)
     return head, bodies, spans
 
 
 def ingest(head, bodies) -> float:
     st = Store()
-    put, types = Feed(st).body, schema.RANK_FRAMES
+    put, types = Feed(st).body, frames.RANK_FRAMES
     for b in head:
         put(b, None, types)
     w0, c0 = time.perf_counter(), time.thread_time()

@@ -27,7 +27,7 @@ from _common import median, result_line
 from ddptui.recording.reader import Reader  # noqa: E402
 from ranks.recfile import RecordWriter  # noqa: E402
 from ddptui.recording.synthetic import SyntheticRun  # noqa: E402
-from ranks import spec  # noqa: E402
+from ranks import frames, spec  # noqa: E402
 
 GOAL_S, GOAL_B = 0.5, 12.0
 
@@ -48,17 +48,17 @@ def write_recording(path: str, target_spans: int, model: str, world: int) -> tup
     while spans < target_spans:
         for f in run.step_frames(steps):
             w.write(f)
-            if f["t"] == "spans":
-                spans += len(f["kind"])
+            if type(f) is frames.Spans:
+                spans += len(f.kind)
         while run.t >= next_gpu:
             g = run.gpu_frame(steps, world)
-            g["ts"] = next_gpu
+            g.ts = next_gpu
             w.write(g)
             next_gpu += 500_000_000
         while run.t >= next_hb:
             for r in range(world):
-                w.write({"t": "hb", "r": r, "k": steps, "ph": "training", "drop": 0, "dropf": 0,
-                         "ts": next_hb})
+                w.write(frames.Hb(rank=r, step=steps, phase="training", dropped=0, dropped_frames=0,
+                                  ts=next_hb))
             next_hb += 1_000_000_000
         w.flush()
         steps += 1
@@ -80,8 +80,8 @@ def open_and_index(path: str):
         ends: dict[int, int] = {}
         bodies = []
         for body, f in r:
-            if f["t"] == "spans":
-                ends[f["k"]] = len(bodies) + 1
+            if type(f) is frames.Spans:
+                ends[f.step] = len(bodies) + 1
             bodies.append(body)
         n_steps, damage = len(ends), r.damage
     return time.perf_counter() - t0, n_steps, damage, "ReplaySource" if ReplaySource else "Reader+index"
@@ -99,10 +99,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="ddptui-p4-") as tmp:
         path = os.path.join(tmp, "p4.ddptui")
         t0 = time.perf_counter()
-        spans, steps, frames = write_recording(path, a.spans, a.model, a.ranks)
+        spans, steps, n_frames = write_recording(path, a.spans, a.model, a.ranks)
         wrote = time.perf_counter() - t0
         size = os.path.getsize(path)
-        print(f"P4 replay: {a.model}, {a.ranks} ranks, {steps:,} steps, {frames:,} frames, "
+        print(f"P4 replay: {a.model}, {a.ranks} ranks, {steps:,} steps, {n_frames:,} frames, "
               f"{spans:,} spans, {size / 1e6:.2f} MB (written in {wrote:.1f} s)")
         times = []
         for _ in range(opens):

@@ -9,7 +9,7 @@ same batches, alternating step by step (ABBA order, so neither always goes first
   instrumented  the real strategy from ranks.strategies (layer hooks, per-parameter or DDP
                 comm hook, Recorder on the real clock), plus what the real worker does after
                 each step: Recorder.poll(lazy=True) on the training thread, and the step's
-                resolution (slots -> spans) and frame encoding (wire.encode_spans +
+                resolution (slots -> spans) and frame encoding (frames.spans_frame +
                 wire.pack) on a sender thread, as the Emitter does
   plain         the same computation with no hook at all: DDP with its built-in AllReduce
                 (or, for naive/interleaved, the same all_reduce calls without timing)
@@ -107,7 +107,7 @@ def main(argv=None) -> None:
     import torch
     import torch.distributed as dist
 
-    from . import wire
+    from . import frames, wire
     from .instrument import CpuClock, CudaClock, Recorder
     from .models import build_model, make_dataset
     from .strategies import STRATEGY_CLASSES, DDPStrategy
@@ -167,7 +167,7 @@ def main(argv=None) -> None:
             if item is None:
                 return
             strategy, step, b, kinds, idxs, t0s, t1s, iss = item()
-            wire.pack(wire.encode_spans(rank, strategy, step, b, kinds, idxs, t0s, t1s, iss))
+            wire.pack(frames.spans_frame(rank, strategy, step, b, kinds, idxs, t0s, t1s, iss))
             spans += len(kinds)
             sendq.task_done()
 

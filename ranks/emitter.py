@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from . import schema, wire
+from . import frames, seams, wire
 from .clock import now_ns
 
 EXIT_APP_GONE = 3
@@ -30,8 +30,8 @@ class FrameQueue:
         self.dropped_frames = 0
 
     def put(self, frame, n_spans: int = 0) -> bool:
-        """Queue a frame (a dict, a span-batch tuple from Recorder.poll, or a callable that
-        returns one: resolved and encoded off the training thread)."""
+        """Queue a frame (a ranks.frames Struct, a span-batch tuple from Recorder.poll, or a
+        callable that returns one: resolved and encoded off the training thread)."""
         try:
             self.q.put_nowait(frame)
             return True
@@ -40,7 +40,7 @@ class FrameQueue:
             self.dropped_spans += n_spans
             return False
 
-    def send_now(self, frame: dict, timeout: float = 2.0) -> None:
+    def send_now(self, frame: frames.Frame, timeout: float = 2.0) -> None:
         """Queue a frame that must not be dropped (hello, errors, bye), waiting if needed."""
         try:
             self.q.put(frame, timeout=timeout)
@@ -61,12 +61,12 @@ class Emitter(FrameQueue):
         self.phase = "starting"
         self.clock_residual_ns = None  # CUDA: GPU-timer mapping error at the last calibration
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sndbuf = os.environ.get("DDPTUI_SOCKET_SNDBUF")  # test seam: a small kernel buffer, so a
-        if sndbuf:                                       # stalled app's backlog overflows in a second
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(sndbuf))
+        sndbuf = seams.socket_sndbuf()  # test seam: a small kernel buffer, so a stalled
+        if sndbuf is not None:          # app's backlog overflows in a second
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self.sock.connect(path)
-        self.sock.sendall(wire.pack({"t": "auth", "token": token, "r": rank, "pid": os.getpid(),
-                                     "v": wire.PROTOCOL_VERSION}))
+        self.sock.sendall(wire.pack(frames.Auth(token=token, rank=rank, pid=os.getpid(),
+                                                version=wire.PROTOCOL_VERSION)))
         self._tx = threading.Thread(target=self._send_loop, name="ddptui-tx", daemon=True)
         self._rx = threading.Thread(target=self._recv_loop, name="ddptui-rx", daemon=True)
         self._hb = threading.Thread(target=self._heartbeat, name="ddptui-hb", daemon=True)
@@ -96,9 +96,9 @@ class Emitter(FrameQueue):
             item = item()
         if isinstance(item, tuple):  # resolved span batch from Recorder.poll
             strategy, step, base, kinds, idxs, t0, t1, iss = item
-            return wire.pack(wire.encode_spans(self.rank, strategy, step, base, kinds, idxs,
-                                               t0, t1, iss))
-        return wire.pack(item)
+            return wire.pack(frames.spans_frame(self.rank, strategy, step, base, kinds, idxs,
+                                                t0, t1, iss))
+        return wire.pack(item)  # a ranks.frames Struct
 
     def _send_loop(self) -> None:
         while True:
@@ -128,10 +128,10 @@ class Emitter(FrameQueue):
 
     def _heartbeat(self) -> None:
         while not self.closed.wait(1.0):
-            self.put({"t": "hb", "r": self.rank, "k": self.step, "ph": self.phase,
-                      "drop": self.dropped_spans, "dropf": self.dropped_frames,
-                      "ts": now_ns(),
-                      **({} if self.clock_residual_ns is None else {"res": self.clock_residual_ns})})
+            res = self.clock_residual_ns
+            self.put(frames.Hb(rank=self.rank, step=self.step, phase=self.phase,
+                               dropped=self.dropped_spans, dropped_frames=self.dropped_frames,
+                               ts=now_ns(), residual_ns=frames.UNSET if res is None else res))
 
     def _recv_loop(self) -> None:
         reader = wire.FrameReader(max_frame=1 << 20)
@@ -147,11 +147,12 @@ class Emitter(FrameQueue):
             except ValueError:  # a length over the limit: the stream cannot be followed
                 break
             for body in bodies:
-                try:  # only control frames that follow the schema reach the worker
-                    msg = schema.check(wire.unpack_body(body))
-                    if msg["t"] not in schema.CONTROL_FRAMES:
-                        raise wire.FrameError(f"unexpected frame type {msg['t']!r}")
-                except Exception as e:  # noqa: BLE001 - undecodable or against the schema
+                try:  # only control frames that follow the protocol reach the worker
+                    msg = frames.decode(body)
+                    if msg.type not in frames.CONTROL_FRAMES:
+                        raise frames.FrameError(f"unexpected frame type {msg.type!r}")
+                    frames.check(msg)
+                except Exception as e:  # noqa: BLE001 - undecodable or against the protocol
                     print(f"ranks.worker: rank {self.rank}: ignored a control frame ({e})",
                           file=sys.stderr, flush=True)
                     continue
@@ -165,7 +166,7 @@ class Emitter(FrameQueue):
             return
         self.app_gone.set()
         if self.on_control is not None:
-            self.on_control({"t": "stop", "why": "app gone"})
+            self.on_control(frames.Stop(why="app gone"))
 
         def _exit_later():
             time.sleep(self.exit_grace_s)

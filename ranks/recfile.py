@@ -21,10 +21,14 @@ import zlib
 import msgpack
 
 from . import spec, wire
+from .frames import Spans
 
 MAGIC = b"\x89DDPTUI\n"
 FORMAT_VERSION = 1
 MAX_HEADER = 4 * 1024 * 1024
+# the header is a plain msgpack map (the run's description), read with these bounds
+HEADER_LIMITS = dict(max_str_len=1 << 20, max_bin_len=MAX_HEADER, max_array_len=1 << 20,
+                     max_map_len=1 << 12, max_ext_len=0)
 HDR = struct.Struct(">HI")
 FLUSH_EVERY_S = 0.25
 
@@ -50,9 +54,9 @@ class RecordWriter:
         self.world = w if isinstance(w, int) and w > 0 else 1
         self._ranks_in: dict[tuple, int] = {}  # (strategy, step) -> span frames written
 
-    def _completes_step(self, frame: dict) -> bool:
+    def _completes_step(self, frame) -> bool:
         """True when this spans frame is the last rank's of its (strategy, step)."""
-        key = (frame.get("s"), frame.get("k"))
+        key = (frame.strategy, frame.step)
         n = self._ranks_in.get(key, 0) + 1
         if n >= spec.strategy_ranks(key[0], self.world):
             self._ranks_in.pop(key, None)
@@ -62,7 +66,8 @@ class RecordWriter:
             self._ranks_in.pop(next(iter(self._ranks_in)))
         return False
 
-    def write_body(self, body: bytes, frame: dict | None = None) -> None:
+    def write_body(self, body: bytes, frame=None) -> None:
+        """One frame body (and the frame it is, when known: a ranks.frames Struct)."""
         with self.lock:
             if self.closed:
                 return
@@ -70,14 +75,15 @@ class RecordWriter:
             self.f.write(self.z.compress(data))
             self.frames += 1
             step_done = False
-            if frame is not None and frame.get("t") == "spans":
-                self.spans += len(frame["kind"])
+            if type(frame) is Spans:
+                self.spans += len(frame.kind)
                 step_done = self._completes_step(frame)
             if step_done or time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
                 self._flush()
 
-    def write(self, frame: dict) -> None:
-        self.write_body(msgpack.packb(frame, use_bin_type=True), frame)
+    def write(self, frame) -> None:
+        """One frame (a ranks.frames Struct; a plain map from a test is written as it is)."""
+        self.write_body(wire.pack(frame)[4:], frame)
 
     def flush(self) -> None:
         with self.lock:
@@ -118,7 +124,7 @@ def read_header(f, name: str) -> dict:
     if len(body) < n:
         raise RecordingError(f"{name}: truncated inside the header")
     try:
-        meta = msgpack.unpackb(body, raw=False, **wire.UNPACK_LIMITS)
+        meta = msgpack.unpackb(body, raw=False, **HEADER_LIMITS)
     except Exception as e:  # noqa: BLE001
         raise RecordingError(f"{name}: corrupt header ({type(e).__name__})") from None
     if not isinstance(meta, dict):

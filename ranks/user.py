@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import spec, wire
+from . import frames, spec, wire
 from .emitter import FrameQueue
 from .commhook import CommState, timed_hook
 from .instrument import CpuClock, CudaClock
@@ -74,28 +74,28 @@ class FileSink(FrameQueue):
         self._t.join(timeout)
 
     def _loop(self) -> None:
-        import msgpack
-
         from .recfile import RecordWriter
         while True:
             item = self.q.get()
             if item is None:
                 break
-            if isinstance(item, tuple):
+            if isinstance(item, tuple):  # a span batch: a Spans frame
                 s, k, base, kinds, idxs, t0, t1, iss = item
-                item = wire.encode_spans(self.rank, s, k, base, kinds, idxs, t0, t1, iss)
+                item = frames.spans_frame(self.rank, s, k, base, kinds, idxs, t0, t1, iss)
             if self.writer is None:
-                if item.get("t") != "hello":
+                if type(item) is not frames.Hello:
                     continue  # nothing is written before the run is described
-                meta = dict(self.meta, layers=item["layers"], params=item["params"],
-                            batch=item.get("batch") or 0, backend=item.get("backend"),
-                            torch=item.get("torch"), host=item.get("host"),
-                            devices={str(self.rank): item.get("device")})
+                unset = frames.UNSET  # absent from the hello: None in the header
+                meta = dict(self.meta, layers=None if item.layers is unset else item.layers,
+                            params=None if item.params is unset else item.params,
+                            batch=item.batch or 0, backend=item.backend or None,
+                            torch=item.torch or None, host=item.host or None,
+                            devices={str(self.rank): item.device or None})
                 d = os.path.dirname(self.path)
                 if d:
                     os.makedirs(d, exist_ok=True)
                 self.writer = RecordWriter(self.path, meta)
-            self.writer.write_body(msgpack.packb(item, use_bin_type=True), item)
+            self.writer.write(item)
         if self.writer is not None:
             self.writer.close()
 
@@ -189,8 +189,8 @@ class Handle:
                 "device": self.device.type, "user": True}
         return FileSink(os.path.join(d, f"rank{self.rank}.ddptui"), self.rank, meta)
 
-    def _on_control(self, msg: dict) -> None:
-        if msg.get("t") == "stop":
+    def _on_control(self, msg: frames.Frame) -> None:
+        if type(msg) is frames.Stop:
             self.stop_asked = True
 
     def _set_user_hook(self, state, hook) -> None:
@@ -263,21 +263,21 @@ class Handle:
         self.layers = [None] * n
         for i, name in enumerate(self._names):
             self.layers[self._order[i]] = name
-        params = [[name, int(p.numel()), self._order[self._param_owner[j]]]
+        params = [(name, int(p.numel()), self._order[self._param_owner[j]])
                   for j, (name, p) in enumerate((nm, pp) for nm, pp in self.ddp.module.named_parameters()
                                                 if pp.requires_grad)]
         dev = str(self.device) if self.device.type == "cuda" else "cpu"
-        self._sink.send_now({
-            "t": "hello", "r": self.rank, "world": self.world,
-            "local_rank": int(os.environ.get("LOCAL_RANK", self.rank)), "pid": os.getpid(),
-            "host": socket.gethostname(), "device": dev, "backend": self.backend, "note": "",
-            "torch": torch.__version__, "model": self.name[:32], "layers": self.layers,
-            "params": params, "strategies": [STRATEGY],
-            **({"batch": int(self.batch)} if self.batch else {}),  # unknown: no samples/s
-            "steps": 0, "bucket_cap_mb": _cap_mb(self.ddp), "threads": torch.get_num_threads(),
-        })
+        self._sink.send_now(frames.Hello(
+            rank=self.rank, world=self.world,
+            local_rank=int(os.environ.get("LOCAL_RANK", self.rank)), pid=os.getpid(),
+            host=socket.gethostname(), device=dev, backend=self.backend, note="",
+            torch=str(torch.__version__), model=self.name[:32], layers=self.layers,
+            params=params, strategies=[STRATEGY],
+            batch=int(self.batch) if self.batch else frames.UNSET,  # unknown: no samples/s
+            steps=0, bucket_cap_mb=_cap_mb(self.ddp), threads=torch.get_num_threads(),
+        ))
         self._sink.phase = "training"
-        self._sink.send_now({"t": "phase", "r": self.rank, "ph": "training"})
+        self._sink.send_now(frames.Phase(rank=self.rank, phase="training"))
 
     def _emit(self, items) -> None:
         order = self._order
@@ -296,9 +296,10 @@ class Handle:
                 self.comm.track = False
             return
         self.layout, self.reported, self.stable = seen, reported, 0
-        self._sink.send_now({"t": "buckets", "r": self.rank, "s": STRATEGY, "k": k,
-                             "cap_mb": _cap_mb(self.ddp), "ddp_reported": reported,
-                             "buckets": [[b, ps, nb] for b, ps, nb in seen]}, timeout=0.5)
+        self._sink.send_now(frames.Buckets(rank=self.rank, strategy=STRATEGY, step=k,
+                                           cap_mb=_cap_mb(self.ddp), ddp_reported=reported,
+                                           buckets=[(b, ps, nb) for b, ps, nb in seen]),
+                            timeout=0.5)
 
     @property
     def buckets(self) -> list[dict]:
@@ -316,8 +317,8 @@ class Handle:
         self._emit(self.rec.poll(wait=True))
         if self._order is not None:
             self._sink.phase = "done"
-            self._sink.send_now({"t": "bye", "r": self.rank, "why": why,
-                                 "drop": self._sink.dropped_spans, "dropf": self._sink.dropped_frames})
+            self._sink.send_now(frames.Bye(rank=self.rank, why=why, dropped=self._sink.dropped_spans,
+                                           dropped_frames=self._sink.dropped_frames))
         self._sink.close(timeout=3.0)
         for h in self._handles:
             h.remove()
@@ -328,17 +329,17 @@ class Handle:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=6))
         if self._order is None:  # the app needs to know the rank before an error
             self._hello_minimal()
-        self._sink.send_now({"t": "error", "r": self.rank, "msg": f"{type(exc).__name__}: {exc}".strip()[:500],
-                             "tb": tb[-4000:]})
+        self._sink.send_now(frames.Error(rank=self.rank, msg=f"{type(exc).__name__}: {exc}".strip()[:500],
+                                         tb=tb[-4000:]))
         self.closed = True
         self._sink.close(timeout=2.0)
 
     def _hello_minimal(self) -> None:
         self._order = list(range(len(self._names)))
         self.layers = list(self._names)
-        self._sink.send_now({"t": "hello", "r": self.rank, "world": self.world, "pid": os.getpid(),
-                             "backend": self.backend, "strategies": [STRATEGY],
-                             "layers": self.layers})
+        self._sink.send_now(frames.Hello(rank=self.rank, world=self.world, pid=os.getpid(),
+                                         backend=self.backend, strategies=[STRATEGY],
+                                         layers=self.layers))
 
 
 def opt_step_pre(begin):

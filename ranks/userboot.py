@@ -52,14 +52,14 @@ def _report(exc: BaseException) -> None:
     sock = os.environ.get("DDPTUI_SOCKET")
     if not sock:
         return
+    from . import frames
     from .emitter import Emitter
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
         em = Emitter(sock, os.environ.get("DDPTUI_TOKEN", ""), rank)
-        em.send_now({"t": "hello", "r": rank, "world": world, "pid": os.getpid(),
-                     "strategies": [user.STRATEGY]})
-        em.send_now({"t": "error", "r": rank, "msg": f"{type(exc).__name__}: {exc}".strip()[:500],
-                     "tb": traceback.format_exc(limit=6)[-4000:]})
+        em.send_now(frames.Hello(rank=rank, world=world, pid=os.getpid(), strategies=[user.STRATEGY]))
+        em.send_now(frames.Error(rank=rank, msg=f"{type(exc).__name__}: {exc}".strip()[:500],
+                                 tb=traceback.format_exc(limit=6)[-4000:]))
         em.close(timeout=2.0)
     except OSError:
         pass

@@ -1,8 +1,9 @@
-"""The wire format shared by ranks, collector and recordings.
+"""The wire format shared by ranks, collector and recordings: framing and span columns.
 
-A frame is a 4-byte big-endian length followed by a msgpack map with a type key ``t``.
-Span frames are columnar: one frame per (rank, strategy, step) with packed little-endian
-arrays, so that the collector decodes them without a Python loop per span.
+A frame is a 4-byte big-endian length followed by a msgpack map with a type key ``t``; what
+each type holds, and how a body is decoded and validated, is ranks.frames. Span frames are
+columnar: one frame per (rank, strategy, step) with packed little-endian arrays, so that the
+collector decodes them without a Python loop per span.
 
     {"t": "spans", "r": rank, "s": strategy, "k": step, "b": base_ns,
      "kind": u8[n], "idx": u16[n], "t0": u32[n], "t1": u32[n], "iss": u32[n_comm]}
@@ -11,12 +12,11 @@ t0/t1/iss are microseconds after base_ns (host CLOCK_MONOTONIC, shared by ranks 
 """
 from __future__ import annotations
 
-import functools
 import struct
 import sys
 from array import array
 
-import msgpack
+import msgspec
 
 LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 1024 * 1024  # a frame claiming more than this is rejected unread
@@ -29,34 +29,18 @@ N_KINDS = len(KIND_NAMES)
 
 _LITTLE = sys.byteorder == "little"
 
-UNPACK_LIMITS = dict(
-    max_str_len=1 << 20,
-    max_bin_len=MAX_FRAME,
-    max_array_len=1 << 20,
-    max_map_len=1 << 12,
-    max_ext_len=0,
-)
-
-
 class FrameError(ValueError):
-    """A frame that does not follow the schema (ranks.schema); the message says how."""
+    """A frame that does not follow the protocol (ranks.frames); the message says how."""
 
 
-def pack(obj: dict) -> bytes:
-    """One frame: length prefix + msgpack body."""
-    body = msgpack.packb(obj, use_bin_type=True)
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def pack(obj) -> bytes:
+    """One frame (a ranks.frames Struct, or a plain map: tests, tools) on the wire:
+    length prefix + msgpack body."""
+    body = _encode(obj)
     return LEN.pack(len(body)) + body
-
-
-_unpackb = functools.partial(msgpack.unpackb, raw=False, strict_map_key=True, **UNPACK_LIMITS)
-
-
-def unpack_body(body: bytes) -> dict:
-    """Decode one frame body into a map; what is in the map is ranks.schema's to check."""
-    obj = _unpackb(body)
-    if type(obj) is not dict:
-        raise FrameError("frame is not a map")
-    return obj
 
 
 def _le(a: array) -> bytes:
@@ -74,16 +58,12 @@ def _from_le(code: str, data: bytes) -> array:
     return a
 
 
-def encode_spans(rank: int, strategy: str, step: int, base_ns: int,
-                 kinds, idxs, t0_ns, t1_ns, iss_ns) -> dict:
-    """Build a spans frame from absolute ns lists (iss_ns: one per COMM span, in order)."""
+def span_columns(base_ns: int, kinds, idxs, t0_ns, t1_ns, iss_ns) -> tuple[bytes, ...]:
+    """The columns of a spans frame from absolute ns lists (iss_ns: one per COMM span, in
+    order): kind, idx, t0, t1, iss (ranks.frames.spans_frame builds the frame)."""
     def us(v):
         return array("I", [max(0, (x - base_ns) // 1000) for x in v])
-    return {
-        "t": "spans", "r": rank, "s": strategy, "k": step, "b": base_ns,
-        "kind": bytes(kinds), "idx": _le(array("H", idxs)),
-        "t0": _le(us(t0_ns)), "t1": _le(us(t1_ns)), "iss": _le(us(iss_ns)),
-    }
+    return bytes(kinds), _le(array("H", idxs)), _le(us(t0_ns)), _le(us(t1_ns)), _le(us(iss_ns))
 
 
 class SpanBatch:
@@ -128,24 +108,15 @@ def _check_kind_idx(kind: bytes, idx: bytes, max_idx: int, iss_len: int) -> int:
     return n_comm
 
 
-def decode_spans(f: dict, max_idx: int = 0xFFFF) -> SpanBatch:
-    """Validate a spans frame's columns; raises FrameError with a short reason (the ranges
-    of its header fields are checked by ranks.schema.check_spans).
+def decode_spans(f, max_idx: int = 0xFFFF) -> SpanBatch:
+    """Check a spans frame's columns (a ranks.frames.Spans: its fields' types are already
+    checked) and split them; raises FrameError with a short reason (the ranges of its header
+    fields are checked by ranks.frames.check_spans).
 
     Columnar: no Python loop per span. The checks run on the raw little-endian bytes
     (bytes.translate / count in C) before the columns become arrays, and a kind/idx column
     pair already found good is not checked again."""
-    try:
-        rank, strat, step, base = f["r"], f["s"], f["k"], f["b"]
-        kind, idx, t0, t1, iss = f["kind"], f["idx"], f["t0"], f["t1"], f["iss"]
-    except KeyError as e:
-        raise FrameError(f"spans frame without {e.args[0]!r}") from None
-    # exact types (msgpack decodes to exactly these; a bool is not a step number)
-    if not (type(rank) is int and type(step) is int and type(base) is int and type(strat) is str):
-        raise FrameError("spans frame header has wrong types")
-    if not (type(kind) is bytes and type(idx) is bytes and type(t0) is bytes
-            and type(t1) is bytes and type(iss) is bytes):
-        raise FrameError("spans frame columns are not binary")
+    kind, idx, t0, t1, iss = f.kind, f.idx, f.t0, f.t1, f.iss
     n = len(kind)
     if len(idx) != 2 * n or len(t0) != 4 * n or len(t1) != 4 * n:
         raise FrameError("spans frame columns disagree in length")
@@ -159,8 +130,8 @@ def decode_spans(f: dict, max_idx: int = 0xFFFF) -> SpanBatch:
         a0 = array("I"); a0.frombytes(t0)
         a1 = array("I"); a1.frombytes(t1)
         ai = array("I"); ai.frombytes(iss)
-        return SpanBatch(rank, strat, step, base, kind, ia, a0, a1, ai)
-    return SpanBatch(rank, strat, step, base, kind, _from_le("H", idx), _from_le("I", t0),
+        return SpanBatch(f.rank, f.strategy, f.step, f.base_ns, kind, ia, a0, a1, ai)
+    return SpanBatch(f.rank, f.strategy, f.step, f.base_ns, kind, _from_le("H", idx), _from_le("I", t0),
                      _from_le("I", t1), _from_le("I", iss))
 
 

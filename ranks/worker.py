@@ -17,7 +17,7 @@ import traceback
 from datetime import timedelta
 from functools import partial
 
-from . import spec
+from . import frames, seams, spec
 from .emitter import Emitter
 
 SEQ_SHIFT = 1 << 24  # control word = seq * SEQ_SHIFT + bucket_cap_kb
@@ -56,18 +56,18 @@ class Control:
         self.word = 0  # latest seq * SEQ_SHIFT + cap_kb asked of this rank
         self.slow_word = 0  # latest straggler word asked of this rank
 
-    def on_message(self, msg: dict) -> None:
-        """A control frame already checked against ranks.schema (stop, set)."""
-        t = msg["t"]
+    def on_message(self, msg: frames.Frame) -> None:
+        """A control frame already decoded and checked by ranks.frames (Stop, Set)."""
+        t = type(msg)
         with self.lock:
-            if t == "stop":
+            if t is frames.Stop:
                 self.stop = True
-            elif t == "set" and msg["key"] == "bucket_cap_mb":
-                kb = int(round(msg["value"] * 1024))
+            elif t is frames.Set and msg.key == "bucket_cap_mb":
+                kb = int(round(msg.value * 1024))
                 if 0 < kb < SEQ_SHIFT:
-                    self.word = max(self.word, msg["seq"] * SEQ_SHIFT + kb)
-            elif t == "set" and msg["key"] == "slow_ms":
-                ms, rank, layer, seq = int(round(msg["value"])), msg["rank"], msg["layer"], msg["seq"]
+                    self.word = max(self.word, msg.seq * SEQ_SHIFT + kb)
+            elif t is frames.Set and msg.key == "slow_ms":
+                ms, rank, layer, seq = int(round(msg.value)), msg.slow_rank, msg.layer, msg.seq
                 if 0 <= ms < SEQ_SHIFT and 0 <= rank < 256 and 0 <= layer < 256 and 0 < seq < (1 << 22):
                     self.slow_word = max(self.slow_word, ((seq * 256 + rank) * 256 + layer) * SEQ_SHIFT + ms)
 
@@ -75,7 +75,7 @@ class Control:
 class SyncProbe:
     """(GPU pass) torch.cuda's sync debug mode on inside measured steps only: every host-device
     synchronize there is recorded with where it comes from; written at the end with the size
-    of the CUDA event pool. Set DDPTUI_SYNC_DEBUG=DIR."""
+    of the CUDA event pool. Set DDPTUI_SYNC_DEBUG=DIR (ranks.seams.sync_debug)."""
 
     def __init__(self, out_dir: str):
         import warnings
@@ -170,8 +170,8 @@ def main(argv=None) -> None:
         code = run(args, rank, world, local_rank, em, control)
     except BaseException as e:  # report, then leave without interpreter teardown
         tb = traceback.format_exc(limit=6)
-        em.send_now({"t": "error", "r": rank, "msg": f"{type(e).__name__}: {e}".strip()[:500],
-                     "tb": tb[-4000:]})
+        em.send_now(frames.Error(rank=rank, msg=f"{type(e).__name__}: {e}".strip()[:500],
+                                 tb=tb[-4000:]))
         em.close(timeout=2.0)
         sys.stderr.write(tb)
         sys.stderr.flush()
@@ -194,24 +194,24 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     device, backend, note = choose_device(args, world, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    em.send_now({
-        "t": "hello", "r": rank, "world": world, "local_rank": local_rank, "pid": os.getpid(),
-        "host": socket.gethostname(), "device": device_name(device), "backend": backend,
-        **({"uuid": device_uuid(device)} if device.type == "cuda" else {}),
-        "note": note, "torch": torch.__version__, "model": args.model,
-        "layers": spec.layer_names(args.model),
-        "params": [list(p) for p in spec.param_table(args.model)],
-        "strategies": names, "batch": args.batch_size, "steps": args.steps,
-        "bucket_cap_mb": args.bucket_cap_mb, "seed": args.seed, "lr": args.lr,
-        "threads": torch.get_num_threads(),
-    })
+    em.send_now(frames.Hello(
+        rank=rank, world=world, local_rank=local_rank, pid=os.getpid(),
+        host=socket.gethostname(), device=device_name(device), backend=backend,
+        uuid=device_uuid(device) or frames.UNSET,  # CPU: none
+        note=note, torch=str(torch.__version__), model=args.model,
+        layers=spec.layer_names(args.model),
+        params=spec.param_table(args.model),
+        strategies=names, batch=args.batch_size, steps=args.steps,
+        bucket_cap_mb=args.bucket_cap_mb, seed=args.seed, lr=args.lr,
+        threads=torch.get_num_threads(),
+    ))
     em.phase = "rendezvous"
-    em.send_now({"t": "phase", "r": rank, "ph": "rendezvous"})
+    em.send_now(frames.Phase(rank=rank, phase="rendezvous"))
     kw = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, timeout=timedelta(seconds=args.pg_timeout), **kw)
     ctl_group = dist.new_group(backend="gloo") if backend != "gloo" else None
     em.phase = "building"
-    em.send_now({"t": "phase", "r": rank, "ph": "building"})
+    em.send_now(frames.Phase(rank=rank, phase="building"))
 
     base = build_model(args.model, seed=args.seed)
     n_layers = len(spec.MODEL_WIDTHS[args.model]) - 1
@@ -237,9 +237,10 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         from .profwin import ProfileWindow, parse_window
         pw = ProfileWindow(parse_window(args.profile_steps), args.profile_dir or ".", rank,
                            device.type == "cuda")
-    if os.environ.get("DDPTUI_VERIFY_SHIFT"):
+    shift_spec = seams.verify_shift()
+    if shift_spec:
         from .profwin import parse_shift, shift_lazy
-        shift = parse_shift(os.environ["DDPTUI_VERIFY_SHIFT"])
+        shift = parse_shift(shift_spec)
 
     def emit(items):
         # items resolve themselves on the sender thread (Recorder.poll(lazy=True))
@@ -255,14 +256,14 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         s_rank, s_ms, s_layer = spec.parse_slow_rank(args.slow_rank, args.model, world)
         if s_rank == rank:
             rec.straggle = Straggle(device, s_ms, s_layer)
-    probe = SyncProbe(os.environ["DDPTUI_SYNC_DEBUG"]) \
-        if device.type == "cuda" and os.environ.get("DDPTUI_SYNC_DEBUG") else None
+    sync_dir = seams.sync_debug()
+    probe = SyncProbe(sync_dir) if device.type == "cuda" and sync_dir else None
     ctl = torch.zeros(3, dtype=torch.int64)
     sync_device = torch.cuda.synchronize if device.type == "cuda" else None
     applied_slow = 0
     applied_word = 0
     em.phase = "training"
-    em.send_now({"t": "phase", "r": rank, "ph": "training"})
+    em.send_now(frames.Phase(rank=rank, phase="training"))
     steps = itertools.count() if args.steps <= 0 else range(args.steps)
     stopped = False
     for k in steps:
@@ -289,7 +290,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                 for s in strategies:
                     if isinstance(s, DDPStrategy):
                         s.wrap(cap)
-                em.send_now({"t": "event", "r": rank, "k": k, "what": "bucket_cap_mb", "value": cap})
+                em.send_now(frames.Event(rank=rank, step=k, what="bucket_cap_mb", value=cap))
             slow = int(ctl[2].item())
             if slow > applied_slow:  # every rank at this step: the straggler on or off
                 applied_slow = slow
@@ -299,8 +300,8 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                     rec.straggle.set(s_ms, s_layer)
                 elif rec.straggle is not None:
                     rec.straggle.set(0, -1)
-                em.send_now({"t": "event", "r": rank, "k": k, "what": "slow_ms", "value": s_ms,
-                             "rank": s_rank, "layer": s_layer})
+                em.send_now(frames.Event(rank=rank, step=k, what="slow_ms", value=s_ms,
+                                         slow_rank=s_rank, layer=s_layer))
             if not strat.runs_on(rank):
                 continue
             s0 = (k % n_batches) * args.batch_size
@@ -323,9 +324,10 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                 change = strat.take_layout_change()
                 if change is not None:
                     layout, reported = change
-                    em.send_now({"t": "buckets", "r": rank, "s": strat.name, "k": k,
-                                 "cap_mb": strat.cap_mb, "ddp_reported": reported,
-                                 "buckets": [[b, ps, nb] for b, ps, nb in layout]}, timeout=0.5)
+                    em.send_now(frames.Buckets(rank=rank, strategy=strat.name, step=k,
+                                               cap_mb=strat.cap_mb, ddp_reported=reported,
+                                               buckets=[(b, ps, nb) for b, ps, nb in layout]),
+                                timeout=0.5)
         if pw is not None:
             pw.iteration_end(k, force=stopped)
         if stopped:
@@ -337,8 +339,8 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         torch.save({s.name: {k: v.detach().cpu() for k, v in s.module.state_dict().items()}
                     for s in strategies if s.runs_on(rank)}, f"{args.save_weights}.rank{rank}.pt")
     em.phase = "done"
-    em.send_now({"t": "bye", "r": rank, "why": "stopped" if stopped else "done",
-                 "drop": em.dropped_spans, "dropf": em.dropped_frames})
+    em.send_now(frames.Bye(rank=rank, why="stopped" if stopped else "done",
+                           dropped=em.dropped_spans, dropped_frames=em.dropped_frames))
     dist.barrier(group=ctl_group)
     dist.destroy_process_group()
     return 0

@@ -14,7 +14,9 @@ import copy
 from hypothesis import strategies as hs
 
 from ddptui.recording import synthetic
-from ranks import spec, wire
+import msgspec
+
+from ranks import frames, spec
 from ranks.wire import COMM, STEP
 
 MODEL, WORLD, STRATEGIES = "small", 2, ("naive", "ddp")
@@ -23,13 +25,18 @@ B = 10**9
 NAN, INF = float("nan"), float("inf")
 
 
+def as_map(f) -> dict:
+    """A typed frame as the map it travels as (bytes stay bytes), to be broken by a test."""
+    return f if type(f) is dict else msgspec.msgpack.decode(frames.encode(f))
+
+
 def valid(t: str, r: int = 0) -> dict:
-    """A frame of type t that follows the schema, for rank r of the run above."""
-    frames = {
+    """A frame of type t that follows the protocol, for rank r of the run above, as a map."""
+    made = {
         "hello": lambda: synthetic.hello(r, WORLD, MODEL, STRATEGIES, batch=256),
         "phase": lambda: {"t": "phase", "r": r, "ph": "training"},
-        "spans": lambda: wire.encode_spans(r, "naive", 3, B, [STEP, COMM], [0, 1], [B, B],
-                                           [B + 9000, B + 4000], [B]),
+        "spans": lambda: frames.spans_frame(r, "naive", 3, B, [STEP, COMM], [0, 1], [B, B],
+                                            [B + 9000, B + 4000], [B]),
         "buckets": lambda: {"t": "buckets", "r": r, "s": "ddp", "k": 0, "cap_mb": 25.0,
                             "buckets": [[0, [7, 6], 100], [1, [5, 4, 3, 2, 1, 0], 200]]},
         "event": lambda: {"t": "event", "r": r, "k": 3, "what": "bucket_cap_mb", "value": 5.0},
@@ -45,7 +52,7 @@ def valid(t: str, r: int = 0) -> dict:
         "stop": lambda: {"t": "stop", "why": "user"},
         "set": lambda: {"t": "set", "key": "bucket_cap_mb", "value": 5.0, "seq": 1},
     }
-    return frames[t]()
+    return as_map(made[t]())
 
 
 # -- wrong values --------------------------------------------------------------------------

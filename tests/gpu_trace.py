@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ranks import spec, wire
+from ranks import frames, spec, wire
 from ranks.instrument import CudaClock, Recorder
 from tests.cuda_sim import SimCuda, SimStream
 
@@ -215,8 +215,8 @@ class KinetoRank:
             if shift:
                 item = shift_item(item, shift)
             s, k, base, kinds, idxs, t0, t1, iss = item
-            out.append(wire.decode_spans(wire.encode_spans(self.rank, s, k, base, kinds, idxs,
-                                                           t0, t1, iss)))
+            out.append(wire.decode_spans(frames.spans_frame(self.rank, s, k, base, kinds, idxs,
+                                                            t0, t1, iss)))
         return out
 
     def comm_bytes(self, strategy: str, step: int, idx: int) -> int:

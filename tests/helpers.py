@@ -15,7 +15,7 @@ import psutil
 from ranks.recfile import RecordWriter
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun, ddp_buckets
-from ranks import spec
+from ranks import frames as fr, spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
@@ -186,27 +186,27 @@ def synthetic_meta(model="small", world=2, strategies=("naive", "ddp"), batch=10
 
 
 def synthetic_frames(steps=6, model="small", world=2, strategies=("naive", "ddp"), seed=0,
-                     cap_change_at=None, bucket_cap_mb=25.0) -> list[dict]:
+                     cap_change_at=None, bucket_cap_mb=25.0) -> list[fr.Frame]:
     """Frames of a synthetic run, in the order a live run records them. With cap_change_at=k
     a bucket_cap_mb event (and a new bucket layout) happens at step k, as the ranks send it."""
     run = SyntheticRun(model=model, world=world, strategies=strategies, seed=seed,
                        bucket_cap_mb=bucket_cap_mb)
-    out = [{"t": "status", "text": "synthetic run", "level": "info", "ts": 0.0}]
+    out = [fr.Status(text="synthetic run", level="info", ts=0.0)]
     out += run.header_frames()
     for k in range(steps):
         if cap_change_at is not None and k == cap_change_at:
             run.cap = 1.0
             run.buckets = ddp_buckets(model, 1.0)
             for r in range(world):
-                out.append({"t": "event", "r": r, "k": k, "what": "bucket_cap_mb", "value": 1.0})
+                out.append(fr.Event(rank=r, step=k, what="bucket_cap_mb", value=1.0))
         out += run.step_frames(k)
         if cap_change_at is not None and k == cap_change_at:
             for r in range(world):
-                out.append({"t": "buckets", "r": r, "s": "ddp", "k": k, "cap_mb": 1.0,
-                            "buckets": run.buckets})
-        out.append({"t": "hb", "r": 0, "k": k, "ph": "training", "drop": 0})
+                out.append(fr.Buckets(rank=r, strategy="ddp", step=k, cap_mb=1.0,
+                                      buckets=[(b, list(ps), n) for b, ps, n in run.buckets]))
+        out.append(fr.Hb(rank=0, step=k, phase="training", dropped=0))
     for r in range(world):
-        out.append({"t": "bye", "r": r, "why": "done", "drop": 0, "dropf": 0})
+        out.append(fr.Bye(rank=r, why="done", dropped=0, dropped_frames=0))
     return out
 
 
@@ -216,7 +216,7 @@ def write_recording(path, frames, meta=None, close=True, flush_each=None) -> Rec
     w = RecordWriter(str(path), meta or synthetic_meta())
     for f in frames:
         w.write(f)
-        if flush_each and f["t"] == flush_each:
+        if flush_each and (f["t"] if type(f) is dict else f.type) == flush_each:
             w.flush()
     if close:
         w.close()

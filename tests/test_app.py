@@ -89,7 +89,7 @@ def test_a_ranks_lane_is_drawn_from_its_columns_the_last_arriver_and_the_others_
     src.run.slow = (2, 1, 30.0)  # rank 2's backward of fc2 30 ms late: every naive AllReduce waits for it
     src.add_steps(3)
     view = src.store.view("naive", src.store.latest_complete("naive"))
-    names = src.store.meta["layers"]
+    names = src.store.meta.layers
     for r in range(4):
         lane = view.spans[r]
         assert isinstance(lane, Lane) and lane._spans is None
@@ -601,8 +601,8 @@ async def test_layer_names_that_arrive_late_label_the_lanes():
     app = DdpApp(src)
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot)
-        n = len(src.store.meta["layers"])
-        src.store.meta["layers"] = [f"blk{i}" for i in range(n)]
+        n = len(src.store.meta.layers)
+        src.store.meta.layers = [f"blk{i}" for i in range(n)]
         app.redraw()
         await pilot.pause()
         pane = app.query_one("#pane-naive", TimelinePane)

@@ -19,11 +19,13 @@ import struct
 import zlib
 
 import msgpack
+import msgspec
 import pytest
 
 from ddptui.recording import loader, rankset
 from ranks import recfile
 from ranks import wire
+from ranks.frames import Spans
 
 from .helpers import run_main, run_main_batch, store_of, synthetic_frames, synthetic_meta, write_recording
 
@@ -50,7 +52,7 @@ def nested(depth: int) -> bytes:
 
 
 GOOD = synthetic_frames(steps=6)
-SPANS_START = next(i for i, f in enumerate(GOOD) if f["t"] == "spans")
+SPANS_START = next(i for i, f in enumerate(GOOD) if type(f) is Spans)
 HEAD_ONLY = GOOD[:SPANS_START]  # status + hellos: frames, but no step
 
 
@@ -77,7 +79,7 @@ BAD = {
     "msgpack-not-a-map": header() + zlib.compress(frames_bytes([]) + wire.LEN.pack(3) + b"\x93\x01\x02"),
     "frames-but-no-step-then-damage": header() + zlib.compress(frames_bytes(HEAD_ONLY))[:-3],
     "invalid-spans-frame": header() + zlib.compress(frames_bytes(
-        [dict(GOOD[SPANS_START], t0=b"\x00")])),  # columns disagree in length
+        [msgspec.structs.replace(GOOD[SPANS_START], t0=b"\x00")])),  # columns disagree in length
 }
 
 VERBS = {
@@ -220,7 +222,7 @@ def test_damaged_file_shows_what_came_before(tmp_path, kind):
     assert res.returncode == 0 and "ddptui: warning: " in res.stderr
     trace = json.loads((tmp_path / "export" / "out.json").read_text())
     n_slices = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
-    assert n_slices == sum(len(f["kind"]) for f in read if f["t"] == "spans")
+    assert n_slices == sum(len(f.kind) for f in read if type(f) is Spans)
     assert trace["otherData"]["damage"] == doc["damage"]
 
 

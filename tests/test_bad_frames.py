@@ -25,7 +25,7 @@ from ranks.recfile import RecordWriter
 from ddptui.recording.replay import ReplaySource
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun
-from ranks import schema, wire
+from ranks import frames, wire
 from ranks.emitter import Emitter
 
 from .bad_frames import MODEL, STRATEGIES, TYPES, WORLD, bad_frame, valid
@@ -33,8 +33,13 @@ from .bad_frames import MODEL, STRATEGIES, TYPES, WORLD, bad_frame, valid
 RUN = SyntheticRun(MODEL, WORLD, STRATEGIES, seed=3)
 META = {"model": MODEL, "world": WORLD, "strategies": list(STRATEGIES), "batch": 256,
         "layers": RUN.layers, "params": [list(p) for p in RUN.table]}
-LIMITS = schema.Limits.of_meta(META)
-CONTROL = tuple(schema.CONTROL_FRAMES)
+LIMITS = frames.Limits.of_meta(META)
+CONTROL = tuple(frames.CONTROL_FRAMES)
+
+
+def check(f: dict, limits=LIMITS):
+    """A map checked as a rank's frame is: decoded and validated, then against the run."""
+    return frames.check(frames.validate(f), limits)
 
 
 def good_frames(steps: int = 6) -> list[dict]:
@@ -50,7 +55,7 @@ def state(st: Store):
     """Everything a frame could change, as plain data."""
     with st.lock:
         return copy.deepcopy((
-            {r: vars(i) | {"last_seen": 0} for r, i in st.ranks.items()}, st.meta,
+            {r: vars(i) | {"last_seen": 0} for r, i in st.ranks.items()}, st.meta.as_dict(),
             {s: {k: sorted(v) for k, v in per.items()} for s, per in st.raw.items()},
             st.layouts, st.ddp_reported, st.events, st.cap_changes, list(st.gpu), list(st.cpu),
             st.spans, st.rejected, [x[1:] for x in st.log]))
@@ -60,16 +65,16 @@ def state(st: Store):
 @pytest.mark.parametrize("t", TYPES, ids=[f"{t}-frame" for t in TYPES])
 def test_every_type_has_a_valid_example_and_unknown_optional_keys_pass(t):
     f = valid(t)
-    schema.check(f, LIMITS)
+    check(f)
     # a newer peer's optional fields (e.g. hb's clock residual, hello's uuid) pass
-    schema.check(dict(f, res=12345, uuid="run-1", some_future_key=[1, {"x": b"y"}]), LIMITS)
+    check(dict(f, res=12345, uuid="run-1", some_future_key=[1, {"x": b"y"}]))
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(bad_frame())
 def test_every_generated_bad_frame_is_refused(f):
-    with pytest.raises(schema.FrameError):
-        schema.check(f, LIMITS)
+    with pytest.raises(frames.FrameError):
+        check(f)
 
 
 @settings(max_examples=300, deadline=None)
@@ -80,7 +85,7 @@ def test_a_refused_frame_changes_nothing_in_the_store(f):
     for g in good_frames(2):
         st.ingest(g)
     before = state(st)
-    with pytest.raises(schema.FrameError):
+    with pytest.raises(frames.FrameError):
         st.ingest(f)
     assert state(st) == before  # no partial RankInfo, no half-applied layout
 
@@ -133,19 +138,19 @@ _CLEAN: dict = {}
 @given(hs.lists(hs.tuples(hs.integers(0, len(good_frames()) - 1), bad_frame(types=tuple(t for t in TYPES if t not in CONTROL))),
                 min_size=1, max_size=8, unique_by=lambda x: x[0]))
 def test_bad_frames_in_a_recording_replay_ui_and_headless_agree(tmp_path_factory, bad):
-    frames = good_frames()
+    good = good_frames()
     d = tmp_path_factory.mktemp("rec")
     if not _CLEAN:
-        _record(d / "clean.ddptui", frames, [])
+        _record(d / "clean.ddptui", good, [])
         _CLEAN["figures"] = _figures(load(str(d / "clean.ddptui")).store)
     path = d / "bad.ddptui"
-    _record(path, frames, bad)
+    _record(path, good, bad)
     headless = load(str(path))  # summary, export, replay --headless
     src = ReplaySource(str(path), clock=itertools.count(0, 10**12).__next__)  # the replay UI's source
     src.start()
     while not src.poll():  # a clock racing ahead: the whole file, as the UI plays it
         pass
-    assert headless.frames == len(src.bodies) == len(frames) + len(bad)
+    assert headless.frames == len(src.bodies) == len(good) + len(bad)
     assert len(headless.rejected) == src.skipped == len(bad)
     assert _figures(headless.store) == _figures(src.store) == _CLEAN["figures"]
     rejected = [t for _, lv, t in headless.store.log if t.startswith("rejected")]
@@ -164,7 +169,9 @@ def test_an_unexpected_exception_drops_that_connection_and_the_rest_goes_on():
     def boom(f):
         raise RuntimeError("a bug in a handler")
 
-    st._on_phase = boom  # the next phase frame makes ingestion raise something unexpected
+    # the next phase frame makes ingestion raise something unexpected
+    st._handlers = dict(Store._handlers)
+    st._handlers[frames.Phase] = lambda self, f: boom(f)
     try:
         socks = {}
         for r in (0, 1):
@@ -181,12 +188,12 @@ def test_an_unexpected_exception_drops_that_connection_and_the_rest_goes_on():
         assert not st.ranks[0].connected  # the UI shows the rank as gone
         for k in range(3):  # everything else goes on
             for f in RUN.step_frames(k):
-                if f.get("r") == 1:
+                if getattr(f, "rank", None) == 1:
                     socks[1].sendall(wire.pack(f))
         _wait(lambda: st.ranks[1].step == 2)
-        kinds = [f["t"] for f in recorded]
+        kinds = [f.type for f in recorded]
         assert "reject" in kinds and "drop" in kinds  # the recording keeps both
-        assert [f for f in recorded if f["t"] == "drop"][0]["r"] == 0
+        assert [f for f in recorded if f.type == "drop"][0].rank == 0
     finally:
         col.close()
 
@@ -238,7 +245,7 @@ def test_a_rank_acts_only_on_control_frames_that_follow_the_schema(tmp_path_fact
         conn.sendall(b"".join(wire.pack(f) for f in bad) + b"".join(wire.pack(f) for f in good))
         _wait(lambda: len(got) >= 2)
         time.sleep(0.2)
-        assert got == good  # every bad one ignored, the good ones after them taken
+        assert got == [frames.validate(f) for f in good]  # every bad one ignored, the good ones after them taken
         assert not em.app_gone.is_set()
     finally:
         em.closed.set()
@@ -253,7 +260,7 @@ def test_the_app_never_sends_a_control_frame_that_breaks_the_schema():
     try:
         for f in ({"t": "set", "key": "bucket_cap_mb", "value": float("nan"), "seq": 1},
                   {"t": "hello", "r": 0, "world": 1}):
-            with pytest.raises(schema.FrameError):
+            with pytest.raises(frames.FrameError):
                 col.send(f)
         assert col.send(valid("stop")) == 0
     finally:
@@ -267,11 +274,11 @@ async def test_the_replay_ui_shows_the_skipped_frames_and_agrees_with_headless(t
 
     from .test_app import drawn, settle
 
-    frames = good_frames()
+    good = good_frames()
     bad = [(5, dict(valid("hb", 1), k="three")), (12, dict(valid("buckets", 0), buckets=[[0]])),
            (20, {"t": "nope", "r": 0})]
     path = tmp_path / "bad.ddptui"
-    _record(path, frames, bad)
+    _record(path, good, bad)
     src = ReplaySource(str(path), speed=8.0)
     app = DdpApp(src)
     async with app.run_test(size=(160, 45)) as pilot:
@@ -284,7 +291,7 @@ async def test_the_replay_ui_shows_the_skipped_frames_and_agrees_with_headless(t
         await pilot.app.workers.wait_for_complete()
     assert cmd_summary.report(load(str(path)), str(tmp_path / "s.json")) == 0
     err = capsys.readouterr().err
-    assert f"{len(bad)} invalid frames skipped (first: invalid hb frame: k is not an integer" in err
+    assert f"{len(bad)} invalid frames skipped (first: invalid hb frame: k: expected int, got str" in err
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["skipped_frames"] == len(bad)
     src.store.update()

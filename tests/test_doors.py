@@ -24,7 +24,7 @@ from ddptui.ingest.feed import Feed
 from ddptui.live.headless import Progress
 from ddptui.live.netlisten import NetError, NetListener, Refused, client_handshake, recv_frame
 from ddptui.model.store import Store
-from ranks import wire
+from ranks import frames, wire
 
 from .helpers import ROOT, wait_no_workers
 
@@ -151,7 +151,7 @@ def _join_within(address, limit: float) -> tuple[float, dict]:
         s = None
         try:
             s = socket.create_connection(address, timeout=5)
-            w = client_handshake(s, TOKEN, "ctl", 0)
+            w, _ = client_handshake(s, TOKEN, "ctl", 0)
             return time.monotonic() - t0, w
         except (NetError, OSError) as e:
             last = e
@@ -167,7 +167,7 @@ def test_idle_connections_reopened_continuously_do_not_keep_a_join_out(listener)
     with _Flood(lst.address, n=40, life=3.0) as flood:  # each held past node 0's join deadline
         time.sleep(2.5)
         took, w = _join_within(lst.address, 10.0)
-        assert w["settings"]["node_rank"] == 1
+        assert w.settings["node_rank"] == 1
         print(f"\njoin under a flood of 40 idle connections (opened {flood.opened} so far): in {took * 1000:.0f} ms")
         # the idle ones are dropped at node 0's join deadline, and recorded
         assert _logged(store, "no join frame within 2 s")
@@ -217,7 +217,7 @@ class _Node:
     def __init__(self, lst, node: int = 0):
         self.s = socket.create_connection(lst.address, timeout=5)
         self.reader = wire.FrameReader()
-        self.node = client_handshake(self.s, TOKEN, "ctl", node, reader=self.reader)["settings"]["node_rank"]
+        self.node = client_handshake(self.s, TOKEN, "ctl", node, reader=self.reader)[0].settings["node_rank"]
         self.run = True
         threading.Thread(target=self._answer, daemon=True).start()
 
@@ -226,7 +226,7 @@ class _Node:
             while self.run:
                 p = recv_frame(self.s, self.reader, "ping", 10)
                 t = time.monotonic_ns()
-                self.s.sendall(wire.pack({"t": "pong", "s": p["s"], "t1": p["t1"], "t2": t, "t3": t}))
+                self.s.sendall(wire.pack(frames.Pong(seq=p.seq, t1=p.t1, t2=t, t3=t)))
         except (NetError, OSError):
             pass
 

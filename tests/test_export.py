@@ -17,6 +17,7 @@ import pytest
 
 from ddptui.recording import rankset
 from ranks import spec, wire
+from ranks.frames import Spans, spans_frame
 
 from .helpers import DEMO, run_cli, run_main, synthetic_frames, synthetic_meta, write_recording
 
@@ -80,7 +81,7 @@ def recording_counts(path) -> Counter:
     """(rank, lane) -> spans, straight from the recording."""
     c = Counter()
     for _, f in rankset.open_reader(str(path)):
-        if f["t"] == "spans":
+        if type(f) is Spans:
             b = wire.decode_spans(f)
             for k in b.kind:
                 c[(b.rank, LANE_OF_KIND[k])] += 1
@@ -127,8 +128,8 @@ def test_args_and_one_time_axis(tmp_path, synthetic):
     assert run_main("export", str(p), "-o", str(out)).returncode == 0
     doc = json.loads(out.read_text())
     params = spec.param_table("small")
-    span_frames = [f for f in frames if f["t"] == "spans"]
-    origin = min(f["b"] for f in span_frames)
+    span_frames = [f for f in frames if type(f) is Spans]
+    origin = min(f.base_ns for f in span_frames)
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     # every step slice starts at its frame's base on the shared clock
     steps = {(e["args"]["rank"], e["args"]["strategy"], e["args"]["step"]): e
@@ -137,7 +138,7 @@ def test_args_and_one_time_axis(tmp_path, synthetic):
         b = wire.decode_spans(f)
         e = steps[(b.rank, b.strategy, b.step)]
         i = list(b.kind).index(wire.STEP)
-        assert e["ts"] == pytest.approx((f["b"] - origin) / 1000 + b.t0[i], abs=1e-3)
+        assert e["ts"] == pytest.approx((f.base_ns - origin) / 1000 + b.t0[i], abs=1e-3)
         assert e["dur"] == pytest.approx(b.t1[i] - b.t0[i], abs=1e-3)
     for e in xs:
         a = e["args"]
@@ -183,10 +184,10 @@ def test_partly_overlapping_slices_go_to_an_extra_lane(tmp_path):
     """Two AllReduces that partly overlap cannot nest on one thread: the second one moves."""
     meta = synthetic_meta()
     base = 10_000_000
-    f = wire.encode_spans(0, "naive", 0, base, [wire.STEP, wire.COMM, wire.COMM], [0, 0, 1],
-                          [base, base + 1000_000, base + 2000_000],
-                          [base + 9000_000, base + 3000_000, base + 4000_000],
-                          [base + 1000_000, base + 2000_000])
+    f = spans_frame(0, "naive", 0, base, [wire.STEP, wire.COMM, wire.COMM], [0, 0, 1],
+                    [base, base + 1000_000, base + 2000_000],
+                    [base + 9000_000, base + 3000_000, base + 4000_000],
+                    [base + 1000_000, base + 2000_000])
     hello = synthetic_frames(steps=0)[1]
     p = tmp_path / "ov.ddptui"
     write_recording(p, [hello, f], meta)

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as hs
 
 from ddptui.recording.reader import Reader
+from ranks import frames as _fr
 from ddptui.model.store import Store
 
 from .bad_frames import bad_frame, frame_rank
@@ -33,8 +34,8 @@ def _ranks_dropped(rec) -> int:
     """Spans the ranks say they dropped (their heartbeats, as recorded)."""
     drops = {}
     for _, f in Reader(str(rec)):
-        if f.get("t") == "hb":
-            drops[f["r"]] = f.get("drop", 0)
+        if type(f) is _fr.Hb:
+            drops[f.rank] = f.dropped
     return sum(drops.values())
 
 
@@ -240,8 +241,8 @@ def test_app_stalled_training_goes_on_and_drops_are_counted(tmp_path):
     r = Reader(str(rec))
     bases = {}
     for _, f in r:
-        if f["t"] == "spans" and f["r"] == 0 and f["s"] == "naive":
-            bases[f["k"]] = f["b"]
+        if type(f) is _fr.Spans and f.rank == 0 and f.strategy == "naive":
+            bases[f.step] = f.base_ns
     ks = sorted(bases)
     gaps = [(ks[i], ks[i + 1]) for i in range(len(ks) - 1) if ks[i + 1] - ks[i] > 1]
     assert gaps, "no steps were dropped from the recording"
@@ -301,14 +302,14 @@ def test_nvml_failing_mid_run_shows_na_and_stops_polling():
     from ddptui.live.nvml import GpuSampler
     lib = FlakyNvml(ok_calls=2)
     s = GpuSampler(lib=lib)
-    samples = [s.sample()["gpus"][0] for _ in range(8)]
-    assert [g["util"] for g in samples[:2]] == [42.0, 42.0]
-    assert all(g["util"] is None for g in samples[2:])
+    samples = [s.sample().gpus[0] for _ in range(8)]
+    assert [g.util for g in samples[:2]] == [42.0, 42.0]
+    assert all(g.util is None for g in samples[2:])
     assert lib.util_calls == 2 + GpuSampler.MAX_FAILS  # dropped after repeated failures
     assert lib.power_calls == 1  # unsupported: asked once, never again
-    assert all(g["power_w"] is None and g["nvlink_tx_mbs"] is None for g in samples)
-    assert all(g["sm_clock_mhz"] == 1500 and g["mem_total_mb"] == 16384 for g in samples)
-    assert samples[-1]["pcie_tx_mbs"] == 2.0
+    assert all(g.power_w is None and g.nvlink_tx_mbs is None for g in samples)
+    assert all(g.sm_clock_mhz == 1500 and g.mem_total_mb == 16384 for g in samples)
+    assert samples[-1].pcie_tx_mbs == 2.0
 
 
 @pytest.mark.slow
@@ -325,15 +326,15 @@ def test_long_run_memory_bounded():
     for f in run.header_frames():
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(col.path)
-        s.sendall(wire.pack({"t": "auth", "token": "tok", "r": f["r"], "v": wire.PROTOCOL_VERSION})
+        s.sendall(wire.pack({"t": "auth", "token": "tok", "r": f.rank, "v": wire.PROTOCOL_VERSION})
                   + wire.pack(f))
-        socks[f["r"]] = s
+        socks[f.rank] = s
     proc = psutil.Process()
     rss = {}
     try:
         for k in range(10_000):
             for f in run.step_frames(k):
-                socks[f["r"]].sendall(wire.pack(f))
+                socks[f.rank].sendall(wire.pack(f))
             if k % 500 == 499:
                 deadline = time.monotonic() + 30
                 while st.latest_complete("ddp") != k and time.monotonic() < deadline:

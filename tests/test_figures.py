@@ -10,7 +10,10 @@ from hypothesis import strategies as hs
 from ddptui.model import figures
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun, fill_store
-from ranks import wire
+import msgspec
+
+from ranks import frames, wire
+from ranks.frames import spans_frame
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 intervals = hs.lists(hs.tuples(hs.integers(0, 1000), hs.integers(0, 1000)).map(sorted).map(tuple),
@@ -35,10 +38,10 @@ def test_union_and_intersection_match_point_sets(xs, ys):
 def batch(spans, iss=None):
     kinds, idxs, t0, t1 = zip(*spans)
     base = 10**9
-    f = wire.encode_spans(0, "ddp", 3, base, list(kinds), list(idxs),
-                          [base + t * 1000 for t in t0], [base + t * 1000 for t in t1],
-                          [base + t * 1000 for t in (iss or [])])
-    return wire.decode_spans(wire.unpack_body(wire.pack(f)[4:]))
+    f = spans_frame(0, "ddp", 3, base, list(kinds), list(idxs),
+                    [base + t * 1000 for t in t0], [base + t * 1000 for t in t1],
+                    [base + t * 1000 for t in (iss or [])])
+    return wire.decode_spans(frames.decode(wire.pack(f)[4:]))
 
 
 def test_exposed_communication_is_what_compute_does_not_cover():
@@ -58,22 +61,23 @@ def test_bus_bandwidth_like_nccl_tests():
 
 
 def test_decode_rejects_inconsistent_frames():
-    f = wire.encode_spans(0, "naive", 0, 0, [STEP, COMM], [0, 1], [0, 0], [5, 5], [0])
+    f = spans_frame(0, "naive", 0, 0, [STEP, COMM], [0, 1], [0, 0], [5, 5], [0])
     wire.decode_spans(f)
     for key, value, why in [("kind", bytes([9, 9]), "unknown span kind"),
                             ("t0", b"\0" * 4, "disagree"),
                             ("iss", b"", "issue column"),
                             ("idx", b"\xff\xff\0\0", "does not exist")]:
-        bad = dict(f, **{key: value})
+        bad = msgspec.structs.replace(f, **{key: value})
         with pytest.raises(ValueError, match=why):
             wire.decode_spans(bad, max_idx=100)
-    with pytest.raises(ValueError, match="without 'b'"):
-        wire.decode_spans({k: v for k, v in f.items() if k != "b"})
+    body = wire.pack({k: v for k, v in msgspec.msgpack.decode(frames.encode(f)).items() if k != "b"})[4:]
+    with pytest.raises(ValueError, match="without field b"):
+        frames.decode(body)
 
 
 def test_frame_reader_splits_any_chunking_and_refuses_huge_lengths():
-    frames = [wire.pack({"t": "hb", "r": i, "pad": "x" * i}) for i in range(50)]
-    stream = b"".join(frames)
+    packed = [wire.pack({"t": "hb", "r": i, "k": 0, "pad": "x" * i}) for i in range(50)]
+    stream = b"".join(packed)
     rnd = random.Random(1)
     r = wire.FrameReader()
     got, pos = [], 0
@@ -81,7 +85,7 @@ def test_frame_reader_splits_any_chunking_and_refuses_huge_lengths():
         n = rnd.randint(1, 40)
         got += r.feed(stream[pos:pos + n])
         pos += n
-    assert [wire.unpack_body(b)["r"] for b in got] == list(range(50))
+    assert [frames.decode(b).rank for b in got] == list(range(50))
     with pytest.raises(ValueError, match="exceeds"):
         wire.FrameReader().feed(b"\xff\xff\xff\xff")
 
@@ -156,13 +160,14 @@ def test_gpu_pct_per_strategy_from_the_samples_inside_its_complete_steps():
     within one of its steps; a step still missing a rank has no interval yet."""
     from ddptui.model.store import Store
     from ddptui.ui.widgets.figures_panel import gpu_pct_by_strategy
+    from ranks.frames import Spans
     from ranks.wire import STEP as STEP_KIND
 
     from .helpers import synthetic_frames
 
     st = Store()
     frames = synthetic_frames(steps=4)
-    late = [f for f in frames if f.get("t") == "spans" and f["r"] == 1 and f["s"] == "ddp" and f["k"] == 3]
+    late = [f for f in frames if type(f) is Spans and f.rank == 1 and f.strategy == "ddp" and f.step == 3]
     for f in frames:
         if f not in late:
             st.ingest(f)

@@ -15,6 +15,7 @@ from ddptui.recording.kineto import KinetoReader
 from ddptui.recording.loader import load
 from ddptui.recording.rankset import open_reader as Reader
 from ranks import wire
+from ranks.frames import Spans
 from tests.helpers import ROOT, run_main
 from tests.kineto_traces import a100_doc, a100_pair
 
@@ -63,9 +64,9 @@ def _spans_by_step(d: str) -> dict:
     """(rank, step) -> list of (kind, idx, t0 µs, t1 µs) from the frames the reader yields."""
     out = {}
     for _body, f in Reader(d):
-        if f["t"] == "spans":
+        if type(f) is Spans:
             b = wire.decode_spans(f)
-            out[(f["r"], f["k"])] = list(zip(b.kind, b.idx, b.t0, b.t1))
+            out[(f.rank, f.step)] = list(zip(b.kind, b.idx, b.t0, b.t1))
     return out
 
 

@@ -19,7 +19,7 @@ from ddptui.ingest.collector import Collector
 from ddptui.ingest.feed import Feed
 from ddptui.live.netlisten import NetError, NetListener, client_handshake, mac, read_token_file, recv_frame
 from ddptui.model.store import Store
-from ranks import wire
+from ranks import frames, wire
 
 from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, assert_no_leftovers, worker_procs
 
@@ -47,7 +47,7 @@ def test_clock_estimate_keeps_the_lowest_delay_and_fits_drift():
     assert abs(est.drift - drift) < 1e-6
     ours = 10_000_000_000
     theirs = int(ours + true_off + drift * ours)
-    assert abs(map_ns({"off": est.offset_ns, "drift": est.drift, "ref": est.ref_ns}, theirs) - ours) <= 1_000
+    assert abs(map_ns(frames.Clock(node=1, host="h", offset_ns=est.offset_ns, uncertainty_ns=0, drift=est.drift, ref=est.ref_ns), theirs) - ours) <= 1_000
     assert 40_000 <= est.uncertainty_ns < 45_000  # half the best round trip (81 µs)
 
 
@@ -145,12 +145,14 @@ def test_store_reads_collectives_in_each_hosts_raw_clock(world, nodes):
     frames = synthetic_frames(steps=5, world=world)
     meta = synthetic_meta(world=world)
     plain = store_of(frames, meta)
-    skewed = [{"t": "node", "r": r, "node": n, "host": f"h{n}"} for r, n in nodes.items()]
-    skewed += [{"t": "clock", "node": n, "host": f"h{n}", "off": th + 123_000, "unc": 200_000}
+    import msgspec
+    from ranks import frames as fr
+    skewed = [fr.Node(rank=r, node=n, host=f"h{n}") for r, n in nodes.items()]
+    skewed += [fr.Clock(node=n, host=f"h{n}", offset_ns=th + 123_000, uncertainty_ns=200_000)
                for n, th in theta.items() if n in nodes.values()]
     for f in frames:
-        if f["t"] == "spans" and f["r"] in nodes:
-            f = dict(f, b=f["b"] + theta[nodes[f["r"]]])
+        if type(f) is fr.Spans and f.rank in nodes:
+            f = msgspec.structs.replace(f, base_ns=f.base_ns + theta[nodes[f.rank]])
         skewed.append(f)
     st = store_of(skewed, meta)
     for node in set(nodes.values()):
@@ -198,12 +200,12 @@ def test_a_good_join_gets_settings_and_a_clock_estimate(listener):
     lst, store = listener
     s = _connect(lst)
     reader = wire.FrameReader()
-    w = client_handshake(s, TOKEN, "ctl", 0, reader=reader)
-    assert w["settings"]["x"] == 1 and w["settings"]["node_rank"] == 1
+    w, _ = client_handshake(s, TOKEN, "ctl", 0, reader=reader)
+    assert w.settings["x"] == 1 and w.settings["node_rank"] == 1
     for _ in range(16):  # answer the first burst on a clock 3 s ahead
         p = recv_frame(s, reader, "ping", 5)
         t = time.monotonic_ns() + 3_000_000_000
-        s.sendall(wire.pack({"t": "pong", "s": p["s"], "t1": p["t1"], "t2": t, "t3": t}))
+        s.sendall(wire.pack(frames.Pong(seq=p.seq, t1=p.t1, t2=t, t3=t)))
     assert _logged(store, "clock +")
     off = store.clock_offsets()[1]
     assert abs(off["offset_ns"] - 3_000_000_000) <= max(off["uncertainty_ns"], 1) + 200_000
@@ -229,7 +231,7 @@ def test_the_listener_refines_from_the_stores_collectives_and_keeps_it(listener)
                 p = recv_frame(s, reader, "ping", 5)
                 t = time.monotonic_ns() + theta
                 time.sleep(0.002)
-                s.sendall(wire.pack({"t": "pong", "s": p["s"], "t1": p["t1"], "t2": t, "t3": t}))
+                s.sendall(wire.pack(frames.Pong(seq=p.seq, t1=p.t1, t2=t, t3=t)))
         except (NetError, OSError):
             pass
 
@@ -275,8 +277,8 @@ def test_bad_clients_are_refused_and_logged_without_affecting_the_listener(liste
         s = _connect(lst)
         reader = wire.FrameReader()
         ch = recv_frame(s, reader, "challenge", 5)
-        j = {"t": "join", "role": "ctl", "node": 2, "host": "h", "run": ch["run"], "cnonce": "ab" * 16}
-        j["mac"] = mac(TOKEN, "c", ch["nonce"], j["cnonce"], j["run"], "ctl", 2, -1, "h")
+        j = {"t": "join", "role": "ctl", "node": 2, "host": "h", "run": ch.run, "cnonce": "ab" * 16}
+        j["mac"] = mac(TOKEN, "c", ch.nonce, j["cnonce"], j["run"], "ctl", 2, -1, "h")
         s.sendall(wire.pack(j))
         recv_frame(s, reader, "welcome", 5)
         s2 = _connect(lst)
@@ -305,8 +307,8 @@ def test_bad_clients_are_refused_and_logged_without_affecting_the_listener(liste
     assert _logged(store, want), [t for _, _, t in store.log]
     assert store.rejected >= 1
     # the listener still takes a good client
-    w = client_handshake(_connect(lst), TOKEN, "ctl", 1)
-    assert w["settings"]["node_rank"] == 1
+    w, _ = client_handshake(_connect(lst), TOKEN, "ctl", 1)
+    assert w.settings["node_rank"] == 1
 
 
 def test_token_file_readable_by_others_is_refused(token_file):

@@ -79,11 +79,11 @@ def test_nvlink_reads_all_links_and_pcie_uses_counters_not_the_blocking_call(mon
     nv = [r for r in lib.requests if r[0][0] == lib.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX]
     assert nv and all(scope == nvml.ALL_LINKS for r in nv for _, scope in r)
     assert lib.blocking == 0
-    g = second["gpus"][0]
-    assert first["gpus"][0]["pcie_tx_mbs"] is None  # a rate needs two samples
-    assert g["pcie_tx_mbs"] > 0 and g["nvlink_tx_mbs"] > 0
-    assert g["sm_active"] == 40.0 and first["gpus"][0]["sm_active"] is None
-    assert [x["uuid"] for x in second["gpus"]] == ["GPU-0000", "GPU-0001"]
+    g = second.gpus[0]
+    assert first.gpus[0].pcie_tx_mbs is None  # a rate needs two samples
+    assert g.pcie_tx_mbs > 0 and g.nvlink_tx_mbs > 0
+    assert g.sm_active == 40.0 and first.gpus[0].sm_active is None
+    assert [x.uuid for x in second.gpus] == ["GPU-0000", "GPU-0001"]
 
 
 def test_without_pcie_counters_the_blocking_call_is_rare(monkeypatch):
@@ -94,12 +94,12 @@ def test_without_pcie_counters_the_blocking_call_is_rare(monkeypatch):
     monkeypatch.setattr(nvml.time, "monotonic_ns", lambda: next(clock))
     samples = [s.sample() for _ in range(20)]  # 10 s
     assert lib.blocking == 2 * 2 * 2  # two GPUs, tx and rx, at 0 s and 5 s
-    assert all(g["pcie_tx_mbs"] == 2.0 for x in samples for g in x["gpus"])
+    assert all(g.pcie_tx_mbs == 2.0 for x in samples for g in x.gpus)
 
 
 def test_sampler_keeps_only_the_runs_gpus_by_uuid():
     s = nvml.GpuSampler(lib=CountingNvml(), uuids=["GPU-0001"])
-    assert [g["index"] for g in s.sample()["gpus"]] == [1]
+    assert [g.index for g in s.sample().gpus] == [1]
 
 
 @pytest.mark.gpu
@@ -108,8 +108,8 @@ def test_real_nvml_sample():
     assert s.has_gpus
     for _ in range(2):
         got = s.sample()
-    g = got["gpus"][0]
-    assert g["uuid"] and g["util"] is not None and g["mem_total_mb"] > 0
+    g = got.gpus[0]
+    assert g.uuid and g.util is not None and g.mem_total_mb > 0
 
 
 def test_run_sees_only_the_planned_gpus():

@@ -18,12 +18,13 @@ from hypothesis import strategies as hs
 from ddptui.recording import loader, rankset
 from ranks import recfile
 from ranks import wire
+from ranks.frames import Hb, Spans
 
 from .helpers import DEMO, store_of, synthetic_frames, synthetic_meta, write_recording
 
 
 def span_count(frames) -> int:
-    return sum(len(f["kind"]) for f in frames if f["t"] == "spans")
+    return sum(len(f.kind) for f in frames if type(f) is Spans)
 
 
 # -- round trip ------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ def test_unclosed_writer_is_readable_up_to_its_last_flush(tmp_path):
     flushed_at = 0
     for i, f in enumerate(frames):
         w.write(f)
-        if f["t"] == "hb":  # once per step
+        if type(f) is Hb:  # once per step
             w.flush()
             flushed_at = i + 1
     w.write({"t": "status", "text": "after the last flush", "level": "info", "ts": 1.0})
@@ -114,11 +115,11 @@ def test_every_complete_step_is_flushed_without_waiting(tmp_path, monkeypatch):
     done: dict[str, int] = {}
     for f in frames:
         w.write(f)
-        if f["t"] != "spans":
+        if type(f) is not Spans:
             continue
-        want = 1 if f["s"] == "single" else 3
-        if f["r"] == want - 1:  # synthetic ranks send in order: this one completes the step
-            done[f["s"]] = f["k"]
+        want = 1 if f.strategy == "single" else 3
+        if f.rank == want - 1:  # synthetic ranks send in order: this one completes the step
+            done[f.strategy] = f.step
             shutil.copyfile(p, snap)
             got = loader.load(str(snap))
             assert got.damage and "ends" in got.damage
@@ -152,7 +153,7 @@ def test_truncated_at_every_byte_replays_a_prefix(tmp_path):
 
 # -- compactness -----------------------------------------------------------------------------
 def bytes_per_span(path) -> float:
-    spans = sum(len(f["kind"]) for _, f in rankset.open_reader(str(path)) if f["t"] == "spans")
+    spans = sum(len(f.kind) for _, f in rankset.open_reader(str(path)) if type(f) is Spans)
     return os.path.getsize(path) / spans
 
 

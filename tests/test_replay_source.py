@@ -1,6 +1,7 @@
 """ReplaySource on the real demo recording, driven by a hand-moved clock."""
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from ddptui.recording.reader import Reader
@@ -160,7 +161,7 @@ def test_an_invalid_frame_is_skipped_and_the_rest_replays(tmp_path, clock):
     for k in range(4):
         frames = run.step_frames(k)
         if k == 1:
-            frames[0] = dict(frames[0], kind=b"\x00")  # columns that disagree in length
+            frames[0] = msgspec.structs.replace(frames[0], kind=b"\x00")  # columns that disagree in length
         for f in frames:
             w.write(f)
     w.close()

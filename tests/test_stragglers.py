@@ -5,7 +5,8 @@ import pytest
 
 from ddptui.model import stragglers
 from ranks import spec
-from ranks.wire import BWD, COMM, STEP, decode_spans, encode_spans
+from ranks.frames import spans_frame
+from ranks.wire import BWD, COMM, STEP, decode_spans
 
 MS = 1_000_000
 
@@ -19,7 +20,7 @@ def batch(rank, bwd, comms, base=10**12):
     for idx, ready, end in comms:
         kinds.append(COMM); idxs.append(idx); t0.append(base + int(ready * MS)); t1.append(base + int(end * MS))
         iss.append(base + int(ready * MS))
-    return decode_spans(encode_spans(rank, "ddp", 1, base, kinds, idxs, t0, t1, iss))
+    return decode_spans(spans_frame(rank, "ddp", 1, base, kinds, idxs, t0, t1, iss))
 
 
 def test_last_arriver_wait_union_and_culprit_layer():

@@ -104,7 +104,7 @@ def test_the_controls_walk_the_ladder_and_size_the_straggler_from_the_steps():
     src = SyntheticSource(steps=6, world=4, model="medium")
     st = src.store
     ladder = spec.BUCKET_LADDER_MB
-    default = float(st.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB)
+    default = float(st.meta.bucket_cap_mb or spec.DEFAULT_BUCKET_CAP_MB)
     up, down = next_bucket_cap(st, None, 1), next_bucket_cap(st, None, -1)
     assert up == min(x for x in ladder if x > default) and down == max(x for x in ladder if x < default)
     assert next_bucket_cap(st, max(ladder), 1) is None and next_bucket_cap(st, min(ladder), -1) is None

@@ -189,7 +189,7 @@ def main(argv: list[str]) -> int:
 
 def _collect(model, plan, store, rows, infos, runs_meta, state: str, record=None) -> None:
     summaries = store.summaries()
-    meta = dict(store.meta)
+    meta = store.meta.as_dict()
     ranks = store.rank_snapshot()
     if ranks:
         first = ranks[min(ranks)]

@@ -19,8 +19,11 @@ import tempfile
 import threading
 import time
 
-from ranks import wire
+import msgspec
+
+from ranks import frames, seams, wire
 from ranks.clock import now_ns
+from ranks.frames import UNSET
 
 from .options import add_numeric
 
@@ -28,18 +31,10 @@ STR_ARGS_MAX = 64
 RETRY_FOR = 60.0  # seconds a join keeps trying to reach node 0 (--retry-for)
 RANK_RETRY_FOR = 20.0  # ... and each of its ranks' connections, once joined
 
-
-def _asym_ns() -> int:
-    """Test seam: DDPTUI_NET_ASYM_NS makes node 0's pings look this much slower on the way
-    here than back (an asymmetric path, which no exchange can see): the join stamps a ping's
-    arrival this late. The clock refinement from collectives is what corrects it."""
-    try:
-        return max(0, int(os.environ.get("DDPTUI_NET_ASYM_NS", "0") or 0))
-    except ValueError:
-        return 0
-
-
-ASYM_NS = _asym_ns()
+# Test seam (ranks.seams.net_asym_ns): node 0's pings look this much slower on the way here
+# than back (an asymmetric path, which no exchange can see): the join stamps a ping's arrival
+# this late. The clock refinement from collectives is what corrects it.
+ASYM_NS = seams.net_asym_ns()
 
 
 # -- node 0's options (ddptui --nnodes N --node-rank 0 ...) ----------------------------------
@@ -136,15 +131,15 @@ class Join:
         self.pids: set[int] = set()
         self.socks: list[socket.socket] = []
         self.lock = threading.Lock()
-        self.ctl, self.ctl_reader, w = self._dial("ctl", node_rank or 0, retry_for=retry_for)
-        self.run_id = w["run"]
-        self.settings = _check_settings(w.get("settings"))
+        self.ctl, self.ctl_reader, w, self.run_id = self._dial("ctl", node_rank or 0, retry_for=retry_for)
+        self.settings = _check_settings(None if w.settings is UNSET else w.settings)
         self.node = self.settings["node_rank"]
 
     def _dial(self, role: str, node: int, r: int | None = None, run: str | None = None,
-              retry_for: float = RETRY_FOR) -> tuple[socket.socket, wire.FrameReader, dict]:
-        """Connect and handshake; while node 0 cannot be reached or closes the connection
-        unanswered, try again with backoff (saying so) for `retry_for` s. Refused: final."""
+              retry_for: float = RETRY_FOR) -> tuple[socket.socket, wire.FrameReader, frames.Welcome, str]:
+        """Connect and handshake: the socket, its reader, node 0's welcome and the run's id.
+        While node 0 cannot be reached or closes the connection unanswered, try again with
+        backoff (saying so) for `retry_for` s. Refused: final."""
         from ddptui.live.netlisten import HANDSHAKE_MAX, NetError, Refused, client_handshake
         give_up = time.monotonic() + retry_for
         wait = 0.25
@@ -154,8 +149,8 @@ class Join:
             s = None
             try:
                 s = self._connect()
-                w = client_handshake(s, self.token, role, node, run=run, r=r, reader=reader)
-                return s, reader, w
+                w, run_id = client_handshake(s, self.token, role, node, run=run, r=r, reader=reader)
+                return s, reader, w, run_id
             except Refused:
                 if s is not None:
                     s.close()
@@ -251,7 +246,7 @@ class Join:
 
     # -- the control connection: clock pings, the end ---------------------------------
     def _ctl_loop(self) -> None:
-        from ddptui.live.netlisten import HANDSHAKE_MAX, NET, NetError
+        from ddptui.live.netlisten import HANDSHAKE_MAX, NetError
         reader = self.ctl_reader
         s = self.ctl
         s.settimeout(None)
@@ -259,14 +254,22 @@ class Join:
             data, t2 = b"", now_ns()
             while True:
                 for body in reader.feed(data):
-                    f = wire.unpack_body(body)
-                    t = f.get("t")
-                    if t not in ("ping", "end"):
-                        raise NetError(f"unexpected {str(t)[:20]!r} frame")
-                    NET[t].check(f, "")
-                    if t == "end":
-                        return self._end(f"node 0: {f.get('why', 'run ended')}")
-                    s.sendall(wire.pack({"t": "pong", "s": f["s"], "t1": f["t1"], "t2": t2, "t3": now_ns()}))
+                    try:
+                        f = frames.decode(body)
+                    except frames.Undecodable:
+                        raise
+                    except frames.FrameError:  # another type is unexpected before it is invalid
+                        raw = msgspec.msgpack.decode(body)
+                        t = raw.get("t") if type(raw) is dict else None
+                        if t not in ("ping", "end"):
+                            raise NetError(f"unexpected {str(t)[:20]!r} frame") from None
+                        raise
+                    cls = type(f)
+                    if cls is frames.End:
+                        return self._end(f"node 0: {'run ended' if f.why is UNSET else f.why}")
+                    if cls is not frames.Ping:
+                        raise NetError(f"unexpected {frames.TAG[cls][:20]!r} frame")
+                    s.sendall(frames.pack(frames.Pong(seq=f.seq, t1=f.t1, t2=t2, t3=now_ns())))
                 data = s.recv(HANDSHAKE_MAX)
                 if ASYM_NS:
                     time.sleep(ASYM_NS / 1e9)
@@ -296,18 +299,20 @@ class Join:
                 if not data:
                     raise NetError("closed before its auth frame")
                 bodies = reader.feed(data)
-            f = wire.unpack_body(bodies[0])
-            tok, r = f.get("token"), f.get("r")
-            if f.get("t") != "auth" or not isinstance(tok, str) or type(r) is not int or \
-                    not hmac.compare_digest(tok.encode(), self.local_token.encode()):
+            try:
+                f = frames.decode(bodies[0])
+            except frames.FrameError:
+                f = None
+            if type(f) is not frames.Auth or not hmac.compare_digest(f.token.encode(), self.local_token.encode()):
                 raise NetError("a local client without this node's token")
-            if type(f.get("pid")) is int:
-                self.pids.add(f["pid"])
-            up, _, _ = self._dial("rank", self.node, r=r, run=self.run_id, retry_for=RANK_RETRY_FOR)
+            if f.pid is not UNSET:
+                self.pids.add(f.pid)
+            up, _, _, _ = self._dial("rank", self.node, r=f.rank, run=self.run_id, retry_for=RANK_RETRY_FOR)
             up.settimeout(None)
             c.settimeout(None)
             rest = b"".join(wire.LEN.pack(len(b)) + b for b in bodies[1:]) + bytes(reader.buf)
-            up.sendall(wire.pack({**f, "token": ""}) + rest)  # the local token stays here
+            # the local token stays here: node 0 checked this connection's handshake instead
+            up.sendall(frames.pack(msgspec.structs.replace(f, token="")) + rest)
         except Exception as e:  # noqa: BLE001 - one rank's connection; the rank exits without it
             self.log(f"a rank's connection failed: {type(e).__name__}: {e}")
             c.close()

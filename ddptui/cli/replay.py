@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 
-from ranks import spec
+from ranks import frames, spec
 
 from . import summary as cmd_summary
 from .common import CliError, check_writable_path, Parser, require_terminal
@@ -50,8 +50,8 @@ def check_file(path: str) -> None:
     st.set_meta(copy.deepcopy(r.meta))
     feed = Feed(st)
     try:
-        for _body, frame in r:
-            if feed.frame(frame) and frame["t"] == "spans":
+        for body, frame in r:  # (frame: decoded and validated from body by the reader)
+            if feed.frame(frame, body=body) and type(frame) is frames.Spans:
                 return
     finally:
         r.close()

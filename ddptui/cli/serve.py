@@ -31,22 +31,14 @@ import tempfile
 import threading
 import time
 
+from ranks import seams
+
 from .common import CliError, Parser as _Parser
 from .options import add_numeric
 
 MAX_COLS, MAX_ROWS = 800, 300  # a tab's terminal: more than a 4K screen shows at a readable font
 QUIT_GRACE_S = 3.0  # told to quit (or SIGTERM, or its input gone): exit within this, busy or not
-
-
-def _stall_s() -> float:
-    """STALL_S: a tab whose output has been blocked this long exits (DDPTUI_TAB_STALL_S: a test seam)."""
-    try:
-        return max(1.0, float(os.environ.get("DDPTUI_TAB_STALL_S", "") or 30.0))
-    except ValueError:
-        return 30.0
-
-
-STALL_S = _stall_s()
+STALL_S = seams.tab_stall_s()  # a tab whose output has been blocked this long exits (a test seam)
 REMOTE_LINK = re.compile(r'<link[^>]*href="https?://[^"]*"[^>]*>', re.S)
 LOCAL_FONT = """<style>
       @font-face { font-family: "Roboto Mono";

@@ -22,7 +22,10 @@ import tempfile
 import threading
 import time
 
-from ranks import schema, wire
+import msgspec
+
+from ranks import frames, wire
+from ranks.frames import FrameError
 
 from .feed import Feed
 
@@ -72,13 +75,20 @@ class Collector:
         self._thread.start()
 
     # -- public ----------------------------------------------------------------------
-    def send(self, msg: dict, rank: int | None = None) -> int:
-        """Send a control message to every authenticated rank (or one). Never blocks:
-        a rank whose socket is full misses it (and is told again by the caller)."""
-        if msg.get("t") not in schema.CONTROL_FRAMES:
-            raise schema.FrameError(f"{msg.get('t')!r} is not a control frame")
-        schema.check(msg)
-        data = wire.pack(msg)
+    def send(self, msg: frames.Stop | frames.Set, rank: int | None = None) -> int:
+        """Send a control frame (frames.Stop or frames.Set; a plain map from a test is
+        validated the same way) to every authenticated rank (or one). Never blocks: a rank
+        whose socket is full misses it (and is told again by the caller). Raises FrameError
+        for anything else, or a control frame that breaks its rules."""
+        if isinstance(msg, frames.Frame):
+            t = frames.TAG[type(msg)]
+        else:
+            t = msg.get("t") if isinstance(msg, dict) else None
+        if t not in frames.CONTROL_FRAMES:
+            raise FrameError(f"{t!r} is not a control frame")
+        f = frames.validate(msg)
+        frames.check(f)
+        data = frames.pack(f)
         n = 0
         with self.lock:
             for c in list(self.conns.values()):
@@ -213,14 +223,15 @@ class Collector:
                 if not self._auth(c, body):
                     return
                 continue
-            f = self.feed.body(body, c.rank, schema.RANK_FRAMES)
+            f = self.feed.body(body, c.rank, frames.RANK_FRAMES)
             if f is None:  # rejected (logged, recorded): this connection is done
                 self._drop(c, "rejected")
                 return
-            c.last = f["t"]
-            if c.last == "hello":
+            cls = type(f)
+            c.last = frames.TAG[cls]
+            if cls is frames.Hello:
                 c.owner = True
-            elif c.last == "bye":
+            elif cls is frames.Bye:
                 c.bye = True
         if c.reader.pending >= 4:
             try:
@@ -229,42 +240,63 @@ class Collector:
                 self._reject(c, str(e))
 
     def _auth(self, c: _Conn, body: bytes) -> bool:
+        """A connection's first frame must be a frames.Auth with this run's token (not
+        checked again for an adopted connection) and protocol version. Said in that order:
+        not an auth frame, a wrong token, another version, then whatever else is invalid
+        (so a frame that breaks its rules is still refused for the first of these)."""
+        bad: FrameError | None = None
         try:
-            f = wire.unpack_body(body)
-        except Exception as e:  # noqa: BLE001 - any decode failure is a bad client
-            self._reject(c, f"undecodable frame ({type(e).__name__})")
+            f = frames.decode(body)
+        except frames.Undecodable as e:  # not msgpack at all: a bad client
+            self._reject(c, str(e))
             return False
-        tok = f.get("token")
-        if f.get("t") != "auth":
+        except FrameError as e:  # decodes, breaks its rules: the reasons above come first
+            bad = e
+            try:
+                raw = msgspec.msgpack.decode(body)
+            except Exception:  # noqa: BLE001 - frames.decode read it; be safe anyway
+                raw = None
+            if type(raw) is not dict:
+                self._reject(c, f"undecodable frame ({e})")
+                return False
+            is_auth, tok, v = raw.get("t") == "auth", raw.get("token"), raw.get("v")
+        else:
+            is_auth = type(f) is frames.Auth
+            tok, v = (f.token, f.version) if is_auth else (None, None)
+        if not is_auth:
             self._reject(c, "first frame is not an auth frame")
             return False
         if c.node is None and (not isinstance(tok, str)
                                or not hmac.compare_digest(tok.encode(), self.token.encode())):
             self._reject(c, "wrong token")
             return False
-        if f.get("v") != wire.PROTOCOL_VERSION:
-            self._reject(c, f"protocol version {str(f.get('v'))[:20]}, but this ddptui speaks "
+        if v != wire.PROTOCOL_VERSION:
+            self._reject(c, f"protocol version {str(v)[:20]}, but this ddptui speaks "
                             f"version {wire.PROTOCOL_VERSION} (ranks and app are from different versions)")
             return False
-        try:
-            schema.check(f, self.store.limits)
-        except schema.FrameError as e:
-            self._reject(c, f"invalid auth frame: {e}")
+        if bad is None:
+            try:
+                frames.check(f, self.store.limits)
+            except FrameError as e:
+                bad = FrameError(f"invalid auth frame: {e}")
+        if bad is not None:
+            self._reject(c, str(bad))  # "invalid auth frame: ..."
             return False
+        r = f.rank
         if c.node is not None:  # multi-node: only its own rank, of its node's block
-            if f["r"] != c.claim:
-                why = f"node {c.node}'s connection for rank {c.claim} spoke for rank {f['r']}"
+            if r != c.claim:
+                why = f"node {c.node}'s connection for rank {c.claim} spoke for rank {r}"
             else:
                 with self.lock:
-                    why = self._claim(c.node, f["r"])
+                    why = self._claim(c.node, r)
             if why:
                 self._reject(c, why)
                 return False
         else:  # node 0's own rank (local token): its block is node 0's
-            self._take_for_node0(f["r"])
-        c.rank = f["r"]
+            self._take_for_node0(r)
+        c.rank = r
         if c.node is not None:  # multi-node: the store learns this rank's host
-            self.feed.note({"t": "node", "r": c.rank, "node": c.node})
+            self.feed.note(frames.Node(rank=r, node=c.node))
         return True
 
     def _take_for_node0(self, rank: int) -> None:
@@ -279,7 +311,7 @@ class Collector:
                     and c.rank // max(1, self.per_node) == blk]
         for c in gone:
             self._reject(c, f"node {liar} spoke for rank {c.rank}, which node 0 runs")
-            self.feed.note({"t": "node", "r": c.rank, "node": 0})
+            self.feed.note(frames.Node(rank=c.rank, node=0))
 
     def _reject(self, c: _Conn, why: str) -> None:
         """Refuse a connection: a reject frame (logged, counted, recorded), then dropped."""
@@ -296,6 +328,6 @@ class Collector:
             pass
         c.sock.close()
         if c.owner and why is not None:
-            self.feed.note({"t": "drop", "r": c.rank, "why": why, "bye": c.bye})
+            self.feed.note(frames.Drop(rank=c.rank, why=why, bye=c.bye))
             if self.on_disconnect is not None:
                 self.on_disconnect(c.rank, c.bye)

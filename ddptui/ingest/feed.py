@@ -1,9 +1,9 @@
 """The one door from frames to a Store, with one damage policy.
 
 Every source goes through it: the collector (frames from ranks), `recording.load` (summary,
-export, replay --headless) and the replay UI's ReplaySource. A frame body is decoded,
-checked against ranks.schema (Store.ingest) and applied, in that order, so a frame that
-fails changes nothing.
+export, replay --headless) and the replay UI's ReplaySource. A frame body is decoded and
+validated against ranks.frames (one msgspec call), checked against the run (Store.ingest)
+and applied, in that order, so a frame that fails changes nothing.
 
 Damage policy, the same everywhere: a frame that cannot be decoded, does not follow the
 schema, comes from the wrong source (a type or a rank it may not send) or makes ingestion
@@ -19,7 +19,8 @@ from __future__ import annotations
 import threading
 import time
 
-from ranks import schema, wire
+from ranks import frames, wire
+from ranks.frames import Frame, FrameError, Invalid
 
 MAX_WHY = 300
 
@@ -38,51 +39,74 @@ class Feed:
         # thread and a rank's spans: the recording must map every batch as the live run did)
         self._order = threading.RLock()
 
-    def body(self, body: bytes, rank: int | None = None, types=schema.RECORDED_FRAMES) -> dict | None:
-        """Decode and take one frame body; returns the frame, or None when rejected."""
+    def body(self, body: bytes, rank: int | None = None, types=frames.RECORDED_FRAMES) -> Frame | None:
+        """Decode, validate and take one frame body; returns the frame, or None when rejected."""
         try:
-            f = wire.unpack_body(body)
-        except Exception as e:  # noqa: BLE001 - any decode failure is a bad frame
+            f = frames.decode(body)
+        except frames.Undecodable as e:
             self.seen += 1
-            self.reject(rank, None, f"undecodable frame ({_why(e)})")
+            self.reject(rank, None, f"{e}")
             return None
-        return f if self.frame(f, rank, types, body) else None
+        except FrameError as e:
+            self.seen += 1
+            peek = frames.decode_or_invalid(body)
+            self.reject(self._rank_of(peek, rank), peek.type if type(peek) is Invalid else None, str(e))
+            return None
+        return f if self._take(f, body, rank, types) else None
 
-    def frame(self, f: dict, rank: int | None = None, types=schema.RECORDED_FRAMES,
-              body: bytes | None = None) -> bool:
-        """Take one decoded frame (from `rank` only, of `types` only); False when rejected."""
+    def frame(self, f, rank: int | None = None, types=frames.RECORDED_FRAMES, body: bytes | None = None) -> bool:
+        """Take one frame: a Struct made in this process (validated here as if it had come
+        over the wire), or one a recording's reader yields (Invalid: rejected). False when
+        rejected."""
+        if type(f) is Invalid:
+            self.seen += 1
+            self.reject(self._rank_of(f, rank), f.type, f.why)
+            return False
+        if body is None:
+            try:
+                f = frames.validate(f)
+            except FrameError as e:
+                self.seen += 1
+                self.reject(rank, getattr(f, "type", None) if isinstance(f, Frame) else None, str(e))
+                return False
+            body = frames.encode(f)
+        return self._take(f, body, rank, types)
+
+    def _take(self, f: Frame, body: bytes, rank: int | None, types) -> bool:
+        """A decoded, validated frame: from `rank` only, of `types` only; into the store (its
+        cross-field rules against the run checked there) and the sink."""
         self.seen += 1
-        t = f.get("t")
+        t = frames.TAG[type(f)]
         try:
-            if type(t) is not str or t not in types:
-                raise schema.FrameError(f"unexpected frame type {str(t)[:20]!r}")
-            if rank is not None and f.get("r") != rank:
-                raise schema.FrameError(f"rank {rank} sent a frame for rank {str(f.get('r'))[:20]}")
+            if t not in types:
+                raise FrameError(f"unexpected frame type {t[:20]!r}")
+            if rank is not None and getattr(f, "rank", None) != rank:
+                raise FrameError(f"rank {rank} sent a frame for rank {str(getattr(f, 'rank', None))[:20]}")
             with self._order:
-                self.store.ingest(f)
+                self.store.ingest(f, validated=True)
                 if self.sink is not None:
                     try:
-                        self.sink(body if body is not None else wire.pack(f)[4:], f)
+                        self.sink(body, f)
                     except Exception as e:  # noqa: BLE001
                         raise _SinkError(e) from e
         except _SinkError as e:
-            self.reject(rank, t, f"internal error recording a {str(t)[:20]} frame ({_why(e.__cause__)})")
+            self.reject(rank, t, f"internal error recording a {t} frame ({_why(e.__cause__)})")
             return False
-        except schema.FrameError as e:
-            why = str(e) if str(e).startswith(("unexpected", "rank ")) else f"invalid {t} frame: {e}"
+        except FrameError as e:
+            why = str(e) if str(e).startswith(("unexpected", "rank ", "invalid ")) else f"invalid {t} frame: {e}"
             self.reject(self._rank_of(f, rank), t, why)
             return False
         except Exception as e:  # noqa: BLE001 - a bug must not stop ingestion of the rest
-            self.reject(self._rank_of(f, rank), t, f"internal error on a {str(t)[:20]} frame ({_why(e)})")
+            self.reject(self._rank_of(f, rank), t, f"internal error on a {t} frame ({_why(e)})")
             return False
         return True
 
-    def _rank_of(self, f: dict, rank: int | None) -> int | None:
+    def _rank_of(self, f, rank: int | None) -> int | None:
         """The rank to name for a rejected frame: its connection's, else its own if real."""
         if rank is not None:
             return rank
-        r, world = f.get("r"), self.store.limits.world
-        return r if type(r) is int and 0 <= r < (world or schema.MAX_RANK + 1) else None
+        r, world = getattr(f, "rank", None), self.store.limits.world
+        return r if type(r) is int and 0 <= r < (world or frames.MAX_RANK + 1) else None
 
     def reject(self, rank: int | None, ftype, why: str) -> None:
         """Refuse a frame or a connection: logged and counted by the store, recorded."""
@@ -91,16 +115,16 @@ class Feed:
         if self.first_reject is None:
             n = self.seen - 1
             self.first_reject = (f"{why} (after {n} frames)" if n else f"{why} (at the first frame)")
-        self.note({"t": "reject", "r": rank, "ft": ftype[:32] if isinstance(ftype, str) else None,
-                   "why": why, "ts": time.time()})
+        self.note(frames.Reject(rank=rank, frame_type=ftype[:32] if isinstance(ftype, str) else None,
+                                why=why, ts=time.time()))
 
-    def note(self, f: dict) -> None:
-        """A frame the app itself makes (reject, drop): into the store and the sink."""
+    def note(self, f: Frame) -> None:
+        """A frame the app itself makes (reject, drop, node): into the store and the sink."""
         with self._order:
-            self.store.ingest(f)
+            self.store.ingest(f, validated=True)
             if self.sink is not None:
                 try:
-                    self.sink(wire.pack(f)[4:], f)
+                    self.sink(frames.encode(f), f)
                 except Exception:  # noqa: BLE001 - the store has it; a failing recorder is logged elsewhere
                     pass
 

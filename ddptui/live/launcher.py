@@ -9,6 +9,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ranks import seams
+
 from . import nvml
 
 # the checkout (or installed tree) holding ddptui/ and ranks/: the workers import ranks from it
@@ -17,10 +19,10 @@ PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 
 def detect_gpus() -> int:
     """CUDA devices this run may use, without importing torch (fast).
-    DDPTUI_GPU_COUNT overrides (a seam for tests and for machines without NVML)."""
-    env = os.environ.get("DDPTUI_GPU_COUNT")
-    if env is not None:
-        return max(0, int(env))
+    DDPTUI_GPU_COUNT overrides (ranks.seams.gpu_count: for tests and machines without NVML)."""
+    forced = seams.gpu_count()
+    if forced is not None:
+        return forced
     n = nvml.device_count()
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is not None:

@@ -4,11 +4,11 @@ socket, sending a synthetic run's frames at a steady pace (steps per second).
     python -m ddptui.live.loadgen --socket PATH --ranks 1024 --rate 10 --seconds 10 --model medium
 
 The token comes from the environment (DDPTUI_TOKEN), as the real ranks get it. Frames are
-built once (ddptui.synthetic, a few different steps taken in turn) and only their step and
-start time change per send. Each rank authenticates, says hello (world = --ranks), then
-sends its spans for every strategy each step, a heartbeat a second, and bye. Sends block
-when the app reads too slowly: no frame is ever dropped here, the pace falls behind instead,
-and the last line says by how much:
+built once (ddptui.recording.synthetic's ranks.frames Structs, a few different steps taken in
+turn) and only their step and start time change per send. Each rank authenticates, says
+hello (world = --ranks), then sends its spans for every strategy each step, a heartbeat a
+second, and bye. Sends block when the app reads too slowly: no frame is ever dropped here,
+the pace falls behind instead, and the last line says by how much:
 
     loadgen: sent 20480 spans frames (1024 ranks x 10 steps x 2 strategies, 552960 spans) in 1.02 s, behind 0.02 s
 """
@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-from ranks import spec, wire
+from ranks import frames, spec, wire
 
 from ddptui.recording.synthetic import SyntheticRun
 
@@ -35,44 +35,44 @@ class LoadGen:
         self.strategies = list(strategies)
         self.head = self.run.header_frames()
         first = [self.run.step_frames(k) for k in range(TEMPLATES)]
-        self.buckets = [f for f in first[0] if f["t"] == "buckets"]
+        self.buckets = [f for f in first[0] if type(f) is frames.Buckets]
         # template step -> [(rank, frame)] in send order (strategy by strategy, as ranks do)
-        self.templates = [[(f["r"], f) for f in fs if f["t"] == "spans"] for fs in first]
+        self.templates = [[(f.rank, f) for f in fs if type(f) is frames.Spans] for fs in first]
         self.socks: list[socket.socket] = []
         self.sent = 0  # spans frames
         self.spans = 0  # spans in them
-        self._per_step = [sum(len(f["kind"]) for _, f in t) for t in self.templates]
+        self._per_step = [sum(len(f.kind) for _, f in t) for t in self.templates]
 
     def connect(self) -> None:
         for r in range(self.n):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(self.path)
-            s.sendall(wire.pack({"t": "auth", "token": self.token, "r": r, "v": wire.PROTOCOL_VERSION,
-                                 "pid": os.getpid()}))
+            s.sendall(wire.pack(frames.Auth(token=self.token, rank=r, version=wire.PROTOCOL_VERSION,
+                                            pid=os.getpid())))
             self.socks.append(s)
         for r, s in enumerate(self.socks):
             s.sendall(wire.pack(self.head[r]))
         for f in self.buckets:
-            self.socks[f["r"]].sendall(wire.pack(f))
+            self.socks[f.rank].sendall(wire.pack(f))
 
     def step(self, k: int) -> None:
         """Every rank's spans of step k (all strategies), stamped now."""
         base = time.monotonic_ns()
         socks = self.socks
         for r, f in self.templates[k % TEMPLATES]:
-            f["k"], f["b"] = k, base
+            f.step, f.base_ns = k, base  # the templates are ours: re-stamped in place
             socks[r].sendall(wire.pack(f))
         self.sent += len(self.templates[0])
         self.spans += self._per_step[k % TEMPLATES]
 
     def heartbeat(self, k: int) -> None:
         for r, s in enumerate(self.socks):
-            s.sendall(wire.pack({"t": "hb", "r": r, "k": k, "ph": "training", "drop": 0}))
+            s.sendall(wire.pack(frames.Hb(rank=r, step=k, phase="training", dropped=0)))
 
     def close(self) -> None:
         for r, s in enumerate(self.socks):
             try:
-                s.sendall(wire.pack({"t": "bye", "r": r, "drop": 0}))
+                s.sendall(wire.pack(frames.Bye(rank=r, dropped=0)))
             except OSError:
                 pass
             s.close()

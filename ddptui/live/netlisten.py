@@ -5,16 +5,16 @@ one *control* connection for its node (settings, clock exchanges, the end of the
 one *rank* connection per local rank (that rank's frames, forwarded byte for byte). Every
 connection starts with the same handshake; the token never crosses the wire:
 
-    node 0 -> {"t": "challenge", "v", "run", "nonce"}           fresh random nonce
-    client -> {"t": "join", "role", "node", "r"?, "host", "run", "cnonce", "mac"}
-    node 0 -> {"t": "welcome", "mac", "settings"?}              proves node 0 knows it too
+    node 0 -> frames.Challenge(version, run, nonce)               fresh random nonce
+    client -> frames.Join(role, node, rank?, host, run, cnonce, mac)
+    node 0 -> frames.Welcome(mac, settings?)                      proves node 0 knows it too
 
 mac = HMAC-SHA256(token, the fields above joined), so a captured handshake is useless on a
 new connection (its nonce differs; a client nonce seen before is refused as a replay); a
 client of another run names another run id. Rejections are logged and recorded as
 ``reject`` frames (the Feed's damage policy); the run goes on. A peer whose join frame is
 whole but refused (wrong token, another run, a node that has joined, a rank that is not its
-node's) is told why in an ``{"t": "end", "why"}`` frame, so `ddptui join` stops instead of
+node's) is told why in a ``frames.End(why)`` frame, so `ddptui join` stops instead of
 retrying; anything else (silence, garbage) is just closed.
 
 Doors held open by idle peers: handshakes in progress cost a socket, no thread; a peer must
@@ -23,13 +23,14 @@ the oldest is dropped for the newest. A legitimate join answers within a round t
 idle connections cannot keep it out; `ddptui join` retries for a while when its connection
 is closed unanswered. After the handshake a rank
 connection is the collector's, exactly like a local Unix-socket one: the same frame limits,
-the same Feed and schema, the token check replaced by the handshake (ddptui/ingest/collector.py).
+the same Feed and frame rules, the token check replaced by the handshake (ddptui/ingest/collector.py).
 
-Control connection after the handshake: node 0 sends ``{"t": "ping", "s", "t1"}`` bursts (at
-connect, then every few seconds), the join answers ``{"t": "pong", "s", "t1", "t2", "t3"}``
-on its own clock; ddptui/clocksync.py turns them, refined from the run's collectives, into
-the host's offset, which goes into the store (and the recording) as ``clock`` frames.
-``{"t": "end"}`` or a closed connection ends the join.
+Control connection after the handshake: node 0 sends ``frames.Ping(seq, t1)`` bursts (at
+connect, then every few seconds), the join answers ``frames.Pong(seq, t1, t2, t3)`` on its
+own clock; ddptui/model/clocksync.py turns them, refined from the run's collectives, into
+the host's offset, which goes into the store (and the recording) as ``frames.Clock`` frames.
+``frames.End`` or a closed connection ends the join. Every one of these frames is a
+ranks.frames Struct (NET_FRAMES), decoded and validated by ``frames.decode``.
 """
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ import stat
 import threading
 import time
 
-from ranks import schema, wire
+import msgspec
+
+from ranks import frames, wire
 from ranks.clock import now_ns
-from ranks.schema import NAME, NODE, RANK, Int, Map, Str
+from ranks.frames import UNSET, FrameError
 
 from ddptui.model.clocksync import ClockEstimate, clock_frame, refine
 
@@ -54,18 +57,6 @@ HANDSHAKE_MAX = 64 * 1024  # bytes of one handshake or control frame
 HANDSHAKE_TIMEOUT = 5.0  # a client's wait for each handshake frame
 JOIN_WITHIN = 2.0  # node 0: a peer's join frame must come this soon after the challenge
 MAX_PENDING = 256  # handshakes in progress at once (more: the oldest is dropped)
-HEX = Str(128)
-I64 = schema.I64
-
-NET = {  # the handshake's and the control connection's frames
-    "challenge": Map({"v": Int(0, 2**16), "run": Str(64), "nonce": HEX}),
-    "join": Map({"role": Str(8, ("ctl", "rank")), "node": NODE, "r?": RANK, "host": NAME, "run": Str(64),
-                 "cnonce": HEX, "mac": HEX}),
-    "welcome": Map({"mac": HEX, "settings?": Map({})}),
-    "ping": Map({"s": Int(0, 2**31), "t1": I64}),
-    "pong": Map({"s": Int(0, 2**31), "t1": I64, "t2": I64, "t3": I64}),
-    "end": Map({"why?": Str(200)}),
-}
 
 
 class NetError(Exception):
@@ -111,24 +102,48 @@ def mac(token: bytes, *parts) -> str:
     return hmac.new(token, msg, hashlib.sha256).hexdigest()
 
 
-def check_net(f, t: str) -> dict:
-    if t != "end" and type(f) is dict and f.get("t") == "end":  # node 0 refused, and says why
-        why = f.get("why")
-        raise Refused(f"node 0 refused: {why[:200] if isinstance(why, str) else 'no reason given'}")
-    if type(f) is not dict or f.get("t") != t:
-        got = f.get("t") if type(f) is dict else type(f).__name__
-        raise NetError(f"expected a {t} frame, got {str(got)[:20]!r}")
+def _refused(why) -> "Refused":
+    return Refused(f"node 0 refused: {why[:200] if isinstance(why, str) else 'no reason given'}")
+
+
+def check_net(body: bytes, t: str) -> frames.Frame:
+    """One body of the handshake or the control connection, which must be a frame of type `t`
+    (a NET_FRAMES name): its Struct (``type(f) is frames.BY_TAG[t]``), decoded and validated
+    by frames.decode. NetError otherwise, saying which came first: an ``end`` frame while
+    expecting another is node 0's refusal (Refused: "node 0 refused: why"), then a frame of
+    another type ("expected a join frame, got 'x'"), then one that breaks its rules
+    ("invalid join frame: ...")."""
+    want = frames.BY_TAG[t]
     try:
-        NET[t].check(f, "")
-    except schema.FrameError as e:
-        raise NetError(f"invalid {t} frame: {e}") from None
+        f = frames.decode(body)
+    except frames.Undecodable as e:
+        raise NetError(str(e)) from None
+    except FrameError as e:  # decodes, breaks its rules: a refusal or another type says so first
+        try:
+            raw = msgspec.msgpack.decode(body)
+        except Exception:  # noqa: BLE001 - frames.decode read it; be safe anyway
+            raw = None
+        if type(raw) is not dict:
+            raise NetError(f"undecodable frame ({e})") from None
+        got = raw.get("t")
+        if t != "end" and got == "end":  # node 0 refused, and says why
+            raise _refused(raw.get("why")) from None
+        if got != t:
+            raise NetError(f"expected a {t} frame, got {str(got)[:20]!r}") from None
+        raise NetError(str(e) if str(e).startswith(f"invalid {t} frame") else f"invalid {t} frame: {e}") from None
+    cls = type(f)
+    if cls is frames.End and want is not frames.End:  # node 0 refused, and says why
+        raise _refused(f.why)
+    if cls is not want:
+        raise NetError(f"expected a {t} frame, got {frames.TAG[cls][:20]!r}")
     return f
 
 
 def recv_frame(sock: socket.socket, reader: wire.FrameReader, t: str, timeout: float,
-               strict: bool = False) -> dict:
-    """One frame of type t (blocking, bounded by timeout); what follows it stays in `reader`
-    (strict: nothing may follow it)."""
+               strict: bool = False) -> frames.Frame:
+    """One frame of type t (a NET_FRAMES name: its Struct comes back, e.g. frames.Ping for
+    "ping"; blocking, bounded by timeout); what follows it stays in `reader` (strict: nothing
+    may follow it)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -139,12 +154,7 @@ def recv_frame(sock: socket.socket, reader: wire.FrameReader, t: str, timeout: f
             if strict and (len(bodies) > 1 or reader.pending):
                 raise NetError("spoke out of turn")
             reader.buf[:0] = b"".join(wire.LEN.pack(len(b)) + b for b in bodies[1:])
-            try:
-                return check_net(wire.unpack_body(bodies[0]), t)
-            except NetError:
-                raise
-            except Exception as e:  # noqa: BLE001 - undecodable
-                raise NetError(f"undecodable frame ({type(e).__name__})") from None
+            return check_net(bodies[0], t)
         left = deadline - time.monotonic()
         if left <= 0:
             raise NetError(f"no {t} frame within {timeout:.0f} s")
@@ -162,26 +172,25 @@ def recv_frame(sock: socket.socket, reader: wire.FrameReader, t: str, timeout: f
 
 def client_handshake(sock: socket.socket, token: bytes, role: str, node: int, run: str | None = None,
                      r: int | None = None, timeout: float = HANDSHAKE_TIMEOUT,
-                     reader: wire.FrameReader | None = None) -> dict:
-    """The client's side; returns node 0's welcome (with settings for role ctl). `run`: the run
-    this client belongs to (None: whichever node 0 runs, i.e. the first connection)."""
+                     reader: wire.FrameReader | None = None) -> tuple[frames.Welcome, str]:
+    """The client's side; returns node 0's welcome (its settings for role ctl; UNSET for a
+    rank connection) and the run's id. `run`: the run this client belongs to (None: whichever
+    node 0 runs, i.e. the first connection)."""
     reader = reader or wire.FrameReader(HANDSHAKE_MAX)
     ch = recv_frame(sock, reader, "challenge", timeout, strict=True)
-    if ch["v"] != wire.PROTOCOL_VERSION:
-        raise NetError(f"node 0 speaks protocol version {ch['v']}, this ddptui {wire.PROTOCOL_VERSION}")
-    run = ch["run"] if run is None else run
+    if ch.version != wire.PROTOCOL_VERSION:
+        raise NetError(f"node 0 speaks protocol version {ch.version}, this ddptui {wire.PROTOCOL_VERSION}")
+    run = ch.run if run is None else run
     cnonce = secrets.token_hex(16)
     host = socket.gethostname()[:200]
-    j = {"t": "join", "role": role, "node": node, "host": host, "run": run, "cnonce": cnonce,
-         "mac": mac(token, "c", ch["nonce"], cnonce, run, role, node, -1 if r is None else r, host)}
-    if r is not None:
-        j["r"] = r
-    sock.sendall(wire.pack(j))
+    j = frames.Join(role=role, node=node, rank=UNSET if r is None else r, host=host, run=run, cnonce=cnonce,
+                    mac=mac(token, "c", ch.nonce, cnonce, run, role, node, -1 if r is None else r, host))
+    sock.sendall(frames.pack(j))
     w = recv_frame(sock, reader, "welcome", timeout)
-    if not hmac.compare_digest(w["mac"], mac(token, "s", cnonce, ch["nonce"], run, _canon(w.get("settings")))):
+    settings = None if w.settings is UNSET else w.settings
+    if not hmac.compare_digest(w.mac, mac(token, "s", cnonce, ch.nonce, run, _canon(settings))):
         raise NetError("node 0 did not prove it knows the token")
-    w["run"] = run
-    return w
+    return w, run
 
 
 class NetListener:
@@ -232,7 +241,7 @@ class NetListener:
         for s in ctl:
             try:
                 s.settimeout(1.0)
-                s.sendall(wire.pack({"t": "end", "why": why[:200]}))
+                s.sendall(frames.pack(frames.End(why=why[:200])))
             except OSError:
                 pass
             try:
@@ -264,7 +273,7 @@ class NetListener:
                 self._refuse(hs.peer, why)
                 if tell:  # the peer speaks the protocol: it learns why (and does not retry)
                     try:
-                        hs.sock.send(wire.pack({"t": "end", "why": why[:200]}))
+                        hs.sock.send(frames.pack(frames.End(why=why[:200])))
                     except OSError:
                         pass
             hs.sock.close()
@@ -312,8 +321,8 @@ class NetListener:
             try:
                 s.setblocking(False)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                s.send(wire.pack({"t": "challenge", "v": wire.PROTOCOL_VERSION, "run": self.run_id,
-                                  "nonce": hs.nonce}))
+                s.send(frames.pack(frames.Challenge(version=wire.PROTOCOL_VERSION, run=self.run_id,
+                                                    nonce=hs.nonce)))
             except OSError as e:
                 self._refuse(peer, f"connection failed ({e.strerror or e})")
                 s.close()
@@ -326,7 +335,7 @@ class NetListener:
 
     def _handshake_read(self, hs: "_Handshake"):
         """What a peer in the handshake sent: None until its join frame is whole; then
-        (join frame, settings for a control connection or None). _Refused: a complete join
+        (its frames.Join, settings for a control connection or None). _Refused: a complete join
         frame this listener refuses (its peer is told why); NetError: anything else."""
         data = hs.sock.recv(HANDSHAKE_MAX)
         if not data:
@@ -339,78 +348,73 @@ class NetListener:
             return None
         if len(bodies) > 1 or hs.reader.pending:
             raise NetError("spoke out of turn")
-        try:
-            j = check_net(wire.unpack_body(bodies[0]), "join")
-        except NetError:
-            raise
-        except Exception as e:  # noqa: BLE001 - undecodable
-            raise NetError(f"undecodable frame ({type(e).__name__})") from None
-        if j["run"] != self.run_id:
-            raise _Refused(f"a client of another run ({j['run'][:20]!r})")
-        want = mac(self.token, "c", hs.nonce, j["cnonce"], j["run"], j["role"], j["node"], j.get("r", -1), j["host"])
-        if not hmac.compare_digest(j["mac"], want):
+        j = check_net(bodies[0], "join")
+        if j.run != self.run_id:
+            raise _Refused(f"a client of another run ({j.run[:20]!r})")
+        r = -1 if j.rank is UNSET else j.rank
+        want = mac(self.token, "c", hs.nonce, j.cnonce, j.run, j.role, j.node, r, j.host)
+        if not hmac.compare_digest(j.mac, want):
             with self.lock:
-                replay = j["cnonce"] in self.seen_cnonces
+                replay = j.cnonce in self.seen_cnonces
             raise _Refused("replayed handshake" if replay else "wrong token (handshake MAC does not match)")
         with self.lock:
-            if j["cnonce"] in self.seen_cnonces:
+            if j.cnonce in self.seen_cnonces:
                 raise _Refused("replayed handshake")
-            self.seen_cnonces.add(j["cnonce"])
+            self.seen_cnonces.add(j.cnonce)
         settings = None
-        if j["role"] == "rank":
-            if "r" not in j:
+        if j.role == "rank":
+            if j.rank is UNSET:
                 raise _Refused("a rank connection without its rank")
-            if j["node"] not in self.ctl:
-                raise _Refused(f"a rank connection of node {j['node']}, which has not joined")
-            why = self.collector.refuse_claim(j["node"], j["r"])
+            if j.node not in self.ctl:
+                raise _Refused(f"a rank connection of node {j.node}, which has not joined")
+            why = self.collector.refuse_claim(j.node, j.rank)
             if why:
                 raise _Refused(why)
         else:
             with self.lock:
-                if j["node"] == 0:  # no --node-rank: the lowest free one
+                if j.node == 0:  # no --node-rank: the lowest free one
                     free = set(range(1, self.settings["nnodes"])) - set(self.ctl)
                     if not free:
                         raise _Refused(f"every node of the run's {self.settings['nnodes']} has joined")
-                    j["node"] = min(free)
-                if j["node"] in self.ctl:
-                    raise _Refused(f"node {j['node']} has joined already")
-                if j["node"] >= self.settings["nnodes"]:
-                    raise _Refused(f"node rank {j['node']} but the run has {self.settings['nnodes']} nodes")
-                self.ctl[j["node"]] = hs.sock
-            settings = {**self.settings, "node_rank": j["node"]}
+                    j.node = min(free)
+                if j.node in self.ctl:
+                    raise _Refused(f"node {j.node} has joined already")
+                if j.node >= self.settings["nnodes"]:
+                    raise _Refused(f"node rank {j.node} but the run has {self.settings['nnodes']} nodes")
+                self.ctl[j.node] = hs.sock
+            settings = {**self.settings, "node_rank": j.node}
         return j, settings
 
-    def _joined(self, hs: "_Handshake", j: dict, settings: dict | None) -> None:
+    def _joined(self, hs: "_Handshake", j: frames.Join, settings: dict | None) -> None:
         """The welcome; then a rank connection goes to the collector, a control connection
         to its own thread."""
         s = hs.sock
-        w = {"t": "welcome", "mac": mac(self.token, "s", j["cnonce"], hs.nonce, self.run_id, _canon(settings))}
-        if settings is not None:
-            w["settings"] = settings
+        w = frames.Welcome(mac=mac(self.token, "s", j.cnonce, hs.nonce, self.run_id, _canon(settings)),
+                           settings=UNSET if settings is None else settings)
         try:
             s.settimeout(HANDSHAKE_TIMEOUT)
-            s.sendall(wire.pack(w))
+            s.sendall(frames.pack(w))
         except OSError as e:
             self._refuse(hs.peer, f"connection failed ({e.strerror or e})")
             if settings is not None:
                 with self.lock:
-                    if self.ctl.get(j["node"]) is s:
-                        del self.ctl[j["node"]]
+                    if self.ctl.get(j.node) is s:
+                        del self.ctl[j.node]
             s.close()
             return
-        if j["role"] == "rank":
+        if j.role == "rank":
             s.settimeout(None)
-            self.collector.adopt(s, j["node"], j["r"])
+            self.collector.adopt(s, j.node, j.rank)
             return
-        self.store.add_log(f"node {j['node']} ({j['host']}, {_peer(hs.peer)}) joined", "info")
-        threading.Thread(target=self._control, args=(s, j["node"], j["host"], hs.reader), name="ddptui-net-ctl",
+        self.store.add_log(f"node {j.node} ({j.host}, {_peer(hs.peer)}) joined", "info")
+        threading.Thread(target=self._control, args=(s, j.node, j.host, hs.reader), name="ddptui-net-ctl",
                          daemon=True).start()
 
     # -- the control connection: clock exchanges ----------------------------------------
     def _control(self, s: socket.socket, node: int, host: str, reader: wire.FrameReader) -> None:
         """A burst of pings at connect and every `ping_every` s; in between, once a second,
         the estimate is refined from the collectives the store has seen. A `clock` frame goes
-        out when the estimate moves (ddptui/clocksync.py)."""
+        out when the estimate moves (ddptui/model/clocksync.py)."""
         est = self.clocks.setdefault(node, ClockEstimate())
         seq = 0
         burst = 16
@@ -424,11 +428,11 @@ class NetListener:
                     for _ in range(burst):
                         seq += 1
                         t1 = now_ns()
-                        s.sendall(wire.pack({"t": "ping", "s": seq, "t1": t1}))
+                        s.sendall(frames.pack(frames.Ping(seq=seq, t1=t1)))
                         p = recv_frame(s, reader, "pong", 5.0)
                         t4 = now_ns()
-                        if p["s"] == seq and p["t1"] == t1:
-                            est.add(t1, p["t2"], p["t3"], t4)
+                        if p.seq == seq and p.t1 == t1:
+                            est.add(t1, p.t2, p.t3, t4)
                         time.sleep(0.005)
                     est.end_burst()
                     burst = 8
@@ -439,7 +443,7 @@ class NetListener:
                     if ref is not None or not refined:
                         refined = refined or ref is not None
                         f = clock_frame(node, host, est, ref)
-                        key = (f["off"] // 1000, f["unc"] // 1000, est.samples)
+                        key = (f.offset_ns // 1000, f.uncertainty_ns // 1000, est.samples)
                         if key != last:  # moved by a microsecond, or a new burst
                             last = key
                             self.feed.note(f)
@@ -471,7 +475,10 @@ class _Handshake:
         self.reader = wire.FrameReader(HANDSHAKE_MAX)
 
 
-def _canon(settings) -> str:
+def _canon(settings: dict | None) -> str:
+    """The welcome's settings as the MAC covers them (None: a rank connection's, without
+    settings). Node 0 computes it from its own dict, the join from the decoded
+    ``Welcome.settings``: both sides must produce the same bytes."""
     return json.dumps(settings, sort_keys=True, separators=(",", ":"))
 
 

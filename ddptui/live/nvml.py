@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from ranks import frames
+
 try:
     import pynvml as _pynvml
 except ImportError:  # reported by the CLI as a broken install
@@ -124,8 +126,8 @@ def _uuid(lib, h) -> str | None:
 
 
 class GpuSampler:
-    """sample() -> {"t": "gpu", "ts": ns, "gpus": [{index, name, uuid, util, sm_active, ...}]}.
-    Values are None (N/A) where unsupported or failing.
+    """sample() -> frames.Gpu(ts=ns, gpus=[frames.GpuSample(index, name, uuid, util, sm_active,
+    ...)]). Values are None (N/A) where unsupported or failing.
 
     `uuids`: sample only these GPUs (the run's, as its ranks report them: CUDA and NVML may
     number devices differently, a UUID is the same everywhere)."""
@@ -228,22 +230,24 @@ class GpuSampler:
             return None  # the first sample only starts the interval
         return self._call(i, "sm_active", gpm.sm_util)
 
-    def sample(self) -> dict:
+    def sample(self) -> frames.Gpu:
         now = time.monotonic_ns()
         gpus = []
         for ((i, h), name), uuid in zip(zip(self.handles, self.names), self.uuids):
-            g = {"index": i, "name": name, "uuid": uuid}
-            g["util"] = self._metric(i, "util", h)
-            g["sm_active"] = self._sm_active(i, h)
+            util = self._metric(i, "util", h)
+            sm_active = self._sm_active(i, h)
             mem = self._metric(i, "mem", h)
-            g["mem_used_mb"], g["mem_total_mb"] = mem if mem else (None, None)
-            g["power_w"] = self._metric(i, "power_w", h)
-            g["sm_clock_mhz"] = self._metric(i, "sm_clock_mhz", h)
-            g["pcie_tx_mbs"], g["pcie_rx_mbs"] = self._pcie(i, h, now)
+            mem_used, mem_total = mem if mem else (None, None)
+            power = self._metric(i, "power_w", h)
+            sm_clock = self._metric(i, "sm_clock_mhz", h)
+            pcie_tx, pcie_rx = self._pcie(i, h, now)
             nv = self._metric(i, "nvlink_kib", h)
-            g["nvlink_tx_mbs"], g["nvlink_rx_mbs"] = self._rate(i, "nvlink_kib", now, nv, 1 / 1024)
-            gpus.append(g)
-        return {"t": "gpu", "ts": now, "gpus": gpus}
+            nvlink_tx, nvlink_rx = self._rate(i, "nvlink_kib", now, nv, 1 / 1024)
+            gpus.append(frames.GpuSample(
+                index=i, name=name, uuid=uuid, util=util, sm_active=sm_active, mem_used_mb=mem_used,
+                mem_total_mb=mem_total, power_w=power, sm_clock_mhz=sm_clock, pcie_tx_mbs=pcie_tx,
+                pcie_rx_mbs=pcie_rx, nvlink_tx_mbs=nvlink_tx, nvlink_rx_mbs=nvlink_rx))
+        return frames.Gpu(ts=now, gpus=gpus)
 
 
 class CpuSampler:
@@ -252,7 +256,9 @@ class CpuSampler:
     def __init__(self):
         self.procs: dict[int, object] = {}
 
-    def sample(self, rank_pids: dict[int, int]) -> dict:
+    def sample(self, rank_pids: dict[int, int]) -> frames.Cpu:
+        """frames.Cpu(ts=ns, ranks={"0": percent of a core, ...}): None for a rank's first
+        sample (it starts the interval) and for a process that is gone."""
         import psutil
         ranks = {}
         for r, pid in rank_pids.items():
@@ -266,4 +272,4 @@ class CpuSampler:
                     ranks[r] = p.cpu_percent(None)
             except psutil.Error:
                 ranks[r] = None
-        return {"t": "cpu", "ts": time.monotonic_ns(), "ranks": {str(r): v for r, v in ranks.items()}}
+        return frames.Cpu(ts=time.monotonic_ns(), ranks={str(r): v for r, v in ranks.items()})

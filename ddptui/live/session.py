@@ -13,7 +13,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from ranks import spec
+from ranks import frames, spec
+from ranks.frames import UNSET
 
 from ddptui import __version__
 from ddptui.ingest.collector import Collector
@@ -59,7 +60,7 @@ class LiveRun:
         self.recorder: RecordWriter | None = None
         self.collector: Collector | None = None
         self.launcher: Launcher | None = None
-        self._pending: list[tuple[bytes, dict]] = []
+        self._pending: list[tuple[bytes, frames.Frame]] = []  # (body, frame) until the recording opens
         self._rec_lock = threading.Lock()
         self._stop_ev = threading.Event()
         self.watchdog = Watchdog(self.store, opts.hang_s, opts.hb_timeout_s,
@@ -87,7 +88,7 @@ class LiveRun:
         return m
 
     def status(self, text: str, level: str = "info") -> None:
-        self.feed.frame({"t": "status", "text": text, "level": level, "ts": time.time()})
+        self.feed.frame(frames.Status(text=text, level=level, ts=time.time()))
 
     # -- start -------------------------------------------------------------------------
     def start(self) -> None:
@@ -123,29 +124,30 @@ class LiveRun:
         return torchrun_cmd(self.plan.ranks, worker_args)
 
     # -- recording ---------------------------------------------------------------------
-    def _sink(self, body: bytes, frame: dict) -> None:
+    def _sink(self, body: bytes, frame: frames.Frame) -> None:
         with self._rec_lock:
             if self.recorder is None and self.opts.record:
                 self._pending.append((body, frame))
-                hellos = sum(1 for _, f in self._pending if f.get("t") == "hello")
-                if hellos >= self.plan.ranks or frame.get("t") == "spans" or len(self._pending) > 10000:
+                hellos = sum(1 for _, f in self._pending if type(f) is frames.Hello)
+                if hellos >= self.plan.ranks or type(frame) is frames.Spans or len(self._pending) > 10000:
                     self._open_recording()
                 return
             if self.recorder is not None:
                 self.recorder.write_body(body, frame)
 
-    def _record(self, frame: dict) -> None:
-        import msgpack
-        self._sink(msgpack.packb(frame, use_bin_type=True), frame)
+    def _record(self, frame: frames.Frame) -> None:
+        """A frame into the recording only (not the store)."""
+        self._sink(frames.encode(frame), frame)
 
     def _open_recording(self) -> None:
         meta = self.meta()
-        hellos = [f for _, f in self._pending if f.get("t") == "hello"]
+        hellos = [f for _, f in self._pending if type(f) is frames.Hello]
         if hellos:
-            meta["torch"] = hellos[0].get("torch")
-            meta["backend"] = hellos[0].get("backend")
-            meta["devices"] = {str(f["r"]): f.get("device") for f in hellos}
-            meta["host"] = hellos[0].get("host")
+            h = hellos[0]
+            meta["torch"] = None if h.torch is UNSET else h.torch
+            meta["backend"] = h.backend
+            meta["devices"] = {str(f.rank): f.device for f in hellos}
+            meta["host"] = None if h.host is UNSET else h.host
         self.recorder = RecordWriter(self.opts.record, meta)
         for body, f in self._pending:
             self.recorder.write_body(body, f)
@@ -207,7 +209,7 @@ class LiveRun:
         return False
 
     def _rank_exit(self, rank: int, status: str) -> None:
-        self.feed.frame({"t": "exit", "r": rank, "status": status})
+        self.feed.frame(frames.Exit(rank=rank, status=status))
 
     def _finish(self, rc: int) -> None:
         st = self.store
@@ -236,15 +238,14 @@ class LiveRun:
     def fail(self, message: str) -> None:
         self.state = "failed"
         self.message = message
-        self._record({"t": "status", "text": message, "level": "error", "ts": time.time()})
+        self._record(frames.Status(text=message, level="error", ts=time.time()))
         self._shutdown()
 
     # -- control -----------------------------------------------------------------------
     def set_bucket_cap(self, mb: float) -> int:
         """Ask every rank to re-wrap DDP with this bucket cap at an agreed step."""
         self._bucket_seq += 1
-        return self.collector.send({"t": "set", "key": "bucket_cap_mb", "value": float(mb),
-                                    "seq": self._bucket_seq})
+        return self.collector.send(frames.Set(key="bucket_cap_mb", value=float(mb), seq=self._bucket_seq))
 
     def set_straggler(self, ms: float, rank: int | None = None, layer: int | None = None) -> int:
         """Ask every rank to start (ms > 0) or stop delaying `rank`'s backward of `layer` (default:
@@ -253,8 +254,8 @@ class LiveRun:
         rank = self.plan.ranks - 1 if rank is None else rank
         layer = (len(names) - 1) // 2 if layer is None else layer
         self._slow_seq += 1
-        return self.collector.send({"t": "set", "key": "slow_ms", "value": float(ms), "rank": rank,
-                                    "layer": layer, "seq": self._slow_seq})
+        return self.collector.send(frames.Set(key="slow_ms", value=float(ms), slow_rank=rank, layer=layer,
+                                              seq=self._slow_seq))
 
     def stop(self, why: str = "stopped by user", grace: float = 6.0) -> None:
         """Stop every rank: ranks in their training loop stop together at the next step
@@ -267,7 +268,7 @@ class LiveRun:
         training = len(ranks) == self.plan.ranks and all(
             i.phase in ("training", "done") and i.connected for i in ranks)
         if training:
-            self.collector.send({"t": "stop"})
+            self.collector.send(frames.Stop())
         else:  # ranks still starting cannot act on a message: torchrun is told at once
             grace = 0.0
         deadline = time.monotonic() + grace

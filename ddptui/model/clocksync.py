@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass
 from statistics import median
 
+from ranks import frames
+
 MIN_DRIFT_SPAN_NS = 5_000_000_000  # fit drift only over samples this far apart
 MAX_DRIFT = 500e-6  # |drift| above 500 ppm is not a clock: ignore it
 MIN_STEPS = 8  # refine from collectives only once they come from at least this many steps
@@ -189,22 +191,22 @@ def refine(est: ClockEstimate, samples) -> Refined | None:
                    len(samples), len(res))
 
 
-def clock_frame(node: int, host: str, est: ClockEstimate, ref: Refined | None) -> dict:
+def clock_frame(node: int, host: str, est: ClockEstimate, ref: Refined | None) -> frames.Clock:
     """The `clock` frame for a host: the NTP line, shifted by the refinement when there is one."""
-    f = {"t": "clock", "node": node, "host": host, "off": est.offset_ns, "unc": est.uncertainty_ns,
-         "drift": est.drift, "ref": est.ref_ns, "n": est.samples}
-    if ref is not None:
-        f.update(off=ref.offset_ns, unc=ref.uncertainty_ns, ntp_off=est.offset_ns, ntp_unc=est.uncertainty_ns,
-                 coll=ref.n, steps=ref.steps)
-    return f
+    if ref is None:
+        return frames.Clock(node=node, host=host, offset_ns=est.offset_ns, uncertainty_ns=est.uncertainty_ns,
+                            drift=est.drift, ref=est.ref_ns, samples=est.samples)
+    return frames.Clock(node=node, host=host, offset_ns=ref.offset_ns, uncertainty_ns=ref.uncertainty_ns,
+                        drift=est.drift, ref=est.ref_ns, samples=est.samples, ntp_offset_ns=est.offset_ns,
+                        ntp_uncertainty_ns=est.uncertainty_ns, collectives=ref.n, steps=ref.steps)
 
 
-def map_ns(clock: dict | None, ns: int) -> int:
-    """A time of a host whose ``clock`` frame (off, drift, ref) is given, on node 0's axis."""
+def map_ns(clock: frames.Clock | None, ns: int) -> int:
+    """A time of a host whose ``clock`` frame (offset, drift, ref) is given, on node 0's axis."""
     if clock is None:
         return ns
-    off = clock["off"]
-    return ns - off - int(clock.get("drift", 0.0) * (ns - off - clock.get("ref", 0)))
+    off = clock.offset_ns
+    return ns - off - int((clock.drift or 0.0) * (ns - off - (clock.ref or 0)))
 
 
 class HostClocks:
@@ -212,13 +214,14 @@ class HostClocks:
 
     def __init__(self):
         self.node_of: dict[int, int] = {}
-        self.clocks: dict[int, dict] = {}
+        self.clocks: dict[int, frames.Clock] = {}
 
-    def observe(self, f: dict) -> None:
-        if f["t"] == "node":
-            self.node_of[f["r"]] = f["node"]
-        elif f["t"] == "clock":
-            self.clocks[f["node"]] = f
+    def observe(self, f: frames.Node | frames.Clock) -> None:
+        cls = type(f)
+        if cls is frames.Node:
+            self.node_of[f.rank] = f.node
+        elif cls is frames.Clock:
+            self.clocks[f.node] = f
 
     def to_common(self, rank: int, ns: int) -> int:
         return map_ns(self.clocks.get(self.node_of.get(rank, 0)), ns) if self.clocks else ns
@@ -227,7 +230,7 @@ class HostClocks:
         return offsets(self.node_of, self.clocks, host0)
 
 
-def offsets(node_of: dict, clocks: dict, host0) -> list[dict]:
+def offsets(node_of: dict, clocks: dict[int, frames.Clock], host0) -> list[dict]:
     """The JSON `clock_offsets` list: node 0 itself, then every host with an estimate ([] on one host)."""
     if not node_of and not clocks:
         return []
@@ -235,9 +238,11 @@ def offsets(node_of: dict, clocks: dict, host0) -> list[dict]:
             "collectives": 0, "steps": 0}]
     for n, c in sorted(clocks.items()):
         if n:
-            o = {"host": c["host"], "node_rank": n, "offset_ns": c["off"], "uncertainty_ns": c["unc"],
-                 "collectives": c.get("coll", 0), "steps": c.get("steps", 0)}
-            if "ntp_off" in c:  # refined from collectives: what the exchanges alone said
-                o.update(ntp_offset_ns=c["ntp_off"], ntp_uncertainty_ns=c["ntp_unc"])
+            o = {"host": c.host, "node_rank": n, "offset_ns": c.offset_ns, "uncertainty_ns": c.uncertainty_ns,
+                 "collectives": c.collectives or 0, "steps": c.steps or 0}
+            if c.ntp_offset_ns is not frames.UNSET:  # refined from collectives: what the exchanges alone said
+                o["ntp_offset_ns"] = c.ntp_offset_ns
+                if c.ntp_uncertainty_ns is not frames.UNSET:
+                    o["ntp_uncertainty_ns"] = c.ntp_uncertainty_ns
             out.append(o)
     return out

@@ -9,19 +9,20 @@ so memory stays bounded however long the run.
 """
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from time import monotonic as _monotonic
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from ranks import schema, spec
+from ranks import frames, spec
+from ranks.frames import FrameError, Frame
 from ranks.wire import SpanBatch
 
 from . import figures
 from . import stragglers
 from .clocksync import KEEP_COLLECTIVES, HostClocks, coll_sample
+from .runinfo import RunInfo
 from .summary import bucket_rows, strategy_summary
 from .views import StepView, step_view
 
@@ -72,7 +73,7 @@ class Store:
         self.version = 0
         self.keep_steps = keep_steps
         self.keep_figures = keep_figures
-        self.meta: dict = {}
+        self.meta = RunInfo()  # what the run is (typed; .as_dict() for the header's map)
         self.ranks: dict[int, RankInfo] = {}
         self.raw: dict[str, OrderedDict[int, dict[int, SpanBatch]]] = {}
         self._strategies: tuple | None = None  # (the strategies named, len(raw), the list): asked many times a frame
@@ -94,7 +95,7 @@ class Store:
         self.spans = 0
         self.rejected = 0
         self._param_bytes: list[int] = []
-        self._limits = schema.Limits()
+        self._limits = frames.Limits()
         self._dirty: dict[str, set[int]] = {}
         # multi-node: rank -> node, node -> clock frame (its offset onto node 0's axis)
         self.host_clocks = HostClocks()
@@ -104,20 +105,24 @@ class Store:
         self._coll: dict[int, deque] = {}  # node -> its latest collectives against node 0 (CollSample)
 
     # -- ingest ------------------------------------------------------------------------
-    def ingest(self, f: dict) -> None:
-        """Take one decoded frame: checked against ranks.schema (with this run's limits)
-        before anything changes, then applied. Raises FrameError, having changed nothing,
-        for a frame that does not follow the schema; the handlers trust what they get."""
-        t = f.get("t") if type(f) is dict else None
+    def ingest(self, f: Frame, validated: bool = False) -> None:
+        """Take one frame (a ranks.frames Struct): validated as if it had come over the wire
+        unless it did (`validated`: decoded by frames.decode), then checked against this
+        run's limits before anything changes, then applied. Raises FrameError, having
+        changed nothing, for a frame that breaks the protocol; the handlers trust what
+        they get. (A plain map is taken too, as its Struct: tests and tools.)"""
+        if not validated:
+            f = frames.validate(f)
+        cls = type(f)
         with self.lock:
-            if t == "spans":
-                self._spans(schema.check_spans(f, self._limits))
-            elif type(t) is str and t in schema.RECORDED_FRAMES:
-                schema.check(f, self._limits)
-                getattr(self, "_on_" + t)(f)
+            if cls is frames.Spans:
+                self._spans(frames.check_spans(f, self._limits))
             else:
-                schema.check(f)  # not a map, or an unknown type: says which
-                raise schema.FrameError(f"{t} frames are not for the store")
+                handler = self._handlers.get(cls)
+                if handler is None:
+                    raise FrameError(f"{frames.TAG[cls]} frames are not for the store")
+                frames.check(f, self._limits)
+                handler(self, f)
             self.version += 1
 
     def _rank(self, r: int) -> RankInfo:
@@ -128,134 +133,127 @@ class Store:
         return info
 
     @property
-    def limits(self) -> schema.Limits:
+    def limits(self) -> frames.Limits:
         """What frames are checked against: this run's world, strategies, layers, params."""
         return self._limits
 
     def _meta_changed(self) -> None:
-        self._limits = schema.Limits.of_meta(self.meta)
+        self._limits = self.meta.limits()
 
-    def _on_hello(self, f: dict) -> None:
-        info = self._rank(f["r"])
-        info.pid, info.device, info.backend = f.get("pid"), f.get("device", ""), f.get("backend", "")
-        info.note = f.get("note", "")
-        info.uuid = f.get("uuid")
+    def _on_hello(self, f: frames.Hello) -> None:
+        info = self._rank(f.rank)
+        info.pid, info.device, info.backend = f.pid or None, f.device, f.backend
+        info.note = f.note
+        info.uuid = f.uuid or None
         info.connected = True
         info.phase = "connected"
-        if not self.meta.get("params"):
-            keep = ("world", "model", "layers", "params", "strategies", "batch", "steps",
-                    "bucket_cap_mb", "seed", "lr", "torch", "backend", "note", "threads")
-            self.meta.update({k: f.get(k) for k in keep})
-            self._param_bytes = spec.grad_bytes(f.get("params") or [])
-        for k in ("torch", "backend", "host"):
-            if self.meta.get(k) is None and f.get(k) is not None:
-                self.meta[k] = f[k]
-        self.meta.setdefault("devices", {})[str(f["r"])] = info.device
+        if not self.meta.params:
+            self._param_bytes = spec.grad_bytes(f.params or [])
+        self.meta.take_hello(f, info.device)
         self._meta_changed()
-        self.add_log(f"rank {f['r']} connected: {info.device}, {info.backend}", "info")
+        self.add_log(f"rank {f.rank} connected: {info.device}, {info.backend}", "info")
 
     def set_meta(self, meta: dict) -> None:
         """Metadata known before any rank speaks (from the CLI or a recording header)."""
-        meta = copy.deepcopy(meta)
         with self.lock:
-            for k, v in meta.items():
-                self.meta.setdefault(k, v)
-            if not self._param_bytes and meta.get("params"):
-                self._param_bytes = spec.grad_bytes(meta["params"])
+            self.meta.merge(meta)
+            if not self._param_bytes and self.meta.params:
+                self._param_bytes = spec.grad_bytes(self.meta.params)
             self._meta_changed()
             self.version += 1
 
-    def _on_phase(self, f: dict) -> None:
-        self._rank(f["r"]).phase = f["ph"]
+    def _on_phase(self, f: frames.Phase) -> None:
+        self._rank(f.rank).phase = f.phase
 
-    def _on_hb(self, f: dict) -> None:
-        info = self._rank(f["r"])
-        info.step = f["k"]
-        info.dropped_spans = f.get("drop", 0)
-        if "res" in f:
-            info.clock_res_ns = f["res"]
-        if info.phase in ("connected", "connecting"):
-            info.phase = f.get("ph", info.phase)
+    def _on_hb(self, f: frames.Hb) -> None:
+        info = self._rank(f.rank)
+        info.step = f.step
+        info.dropped_spans = f.dropped
+        if f.residual_ns is not frames.UNSET:
+            info.clock_res_ns = f.residual_ns
+        if info.phase in ("connected", "connecting") and f.phase:
+            info.phase = f.phase
 
-    def _on_bye(self, f: dict) -> None:
-        info = self._rank(f["r"])
+    def _on_bye(self, f: frames.Bye) -> None:
+        info = self._rank(f.rank)
         info.finished = True
         info.phase = "done"
-        info.dropped_spans = f.get("drop", info.dropped_spans)
+        if f.dropped is not frames.UNSET:
+            info.dropped_spans = f.dropped
 
-    def _on_error(self, f: dict) -> None:
-        info = self._rank(f["r"])
-        msg = " ".join(f["msg"].split()) or "error"  # one line, whatever the backend said
+    def _on_error(self, f: frames.Error) -> None:
+        info = self._rank(f.rank)
+        msg = " ".join(f.msg.split()) or "error"  # one line, whatever the backend said
         info.error = msg if len(msg) <= 300 else msg[:297] + "…"
         info.phase = "failed"
         self.add_log(f"rank {info.rank} failed: {info.error}", "error")
 
-    def _on_event(self, f: dict) -> None:
-        self._rank(f["r"])
-        if f["r"] == 0 and f["what"] == "bucket_cap_mb":
-            k, cap = f["k"], float(f["value"])
+    def _on_event(self, f: frames.Event) -> None:
+        self._rank(f.rank)
+        if f.rank == 0 and f.what == "bucket_cap_mb":
+            k, cap = f.step, float(f.value)
             self.cap_changes.append((k, cap))
             self.events.append((k, "ddp", f"bucket_cap_mb → {cap:g} MB"))
-        elif f["r"] == 0 and f["what"] == "slow_ms":
-            k, ms, rank, layer = f["k"], float(f["value"]), f["rank"], f["layer"]
+        elif f.rank == 0 and f.what == "slow_ms":
+            k, ms, rank, layer = f.step, float(f.value), f.slow_rank, f.layer
             self.slow_changes.append((k, ms, rank, layer))
-            names = self.meta.get("layers") or []
-            name = names[layer] if layer < len(names) else f"layer {layer}"
+            name = self.meta.layer_name(layer)
             text = f"straggler rank {rank} {name} +{ms:g} ms" if ms > 0 else "straggler off"
             for s in self.strategies():
                 self.events.append((k, s, text))
 
-    def _on_buckets(self, f: dict) -> None:
-        self._rank(f["r"])
-        layout = f["buckets"]
-        sizes = {b[0]: b[2] for b in layout}
-        key = (f["s"], f["r"])
+    def _on_buckets(self, f: frames.Buckets) -> None:
+        self._rank(f.rank)
+        assignment = [[b, list(params), n] for b, params, n in f.buckets]
+        sizes = {b[0]: b[2] for b in assignment}
+        key = (f.strategy, f.rank)
         history = self.layouts.setdefault(key, [])
-        if not history or history[-1][2] != layout:
-            history.append((f["k"], sizes, layout))
-        if isinstance(f.get("ddp_reported"), list):
-            self.ddp_reported[key] = f["ddp_reported"]
-        if f.get("cap_mb") is not None:
-            self.meta["bucket_cap_mb_now"] = f["cap_mb"]
+        if not history or history[-1][2] != assignment:
+            history.append((f.step, sizes, assignment))
+        if f.ddp_reported is not None:
+            self.ddp_reported[key] = f.ddp_reported
+        if f.cap_mb is not None:
+            self.meta.bucket_cap_mb_now = f.cap_mb
 
-    def _on_gpu(self, f: dict) -> None:
+    def _on_gpu(self, f: frames.Gpu) -> None:
         self.gpu.append(f)
 
-    def _on_cpu(self, f: dict) -> None:
+    def _on_cpu(self, f: frames.Cpu) -> None:
         self.cpu.append(f)
 
-    def _on_status(self, f: dict) -> None:  # launcher progress, recorded too
-        self.add_log(f["text"], f.get("level", "info"))
+    def _on_status(self, f: frames.Status) -> None:  # launcher progress, recorded too
+        self.add_log(f.text, f.level)
 
-    def _on_exit(self, f: dict) -> None:  # a rank process ended (from the launcher)
-        info = self._rank(f["r"])
-        info.exit = f["status"]
+    def _on_exit(self, f: frames.Exit) -> None:  # a rank process ended (from the launcher)
+        info = self._rank(f.rank)
+        info.exit = f.status
         if not info.finished and info.error is None:
             info.phase = "died"
 
-    def _on_reject(self, f: dict) -> None:  # a frame or a connection the app refused
-        r, ft = f.get("r"), f.get("ft")
+    def _on_reject(self, f: frames.Reject) -> None:  # a frame or a connection the app refused
+        r, ft = f.rank, f.frame_type
         who = f"rank {r}" if r is not None else f"a {ft} frame" if ft else "unauthenticated client"
         self.rejected += 1
-        self.add_log(f"rejected {who}: {f['why']}", "warn")
+        self.add_log(f"rejected {who}: {f.why}", "warn")
 
-    def _on_drop(self, f: dict) -> None:  # a rank's connection closed
-        info = self.ranks.get(f["r"])
+    def _on_drop(self, f: frames.Drop) -> None:  # a rank's connection closed
+        info = self.ranks.get(f.rank)
         if info is not None:
             info.connected = False
 
-    def _on_node(self, f: dict) -> None:  # multi-node: which host a rank runs on
+    def _on_node(self, f: frames.Node) -> None:  # multi-node: which host a rank runs on
         self.host_clocks.observe(f)
 
-    def _on_clock(self, f: dict) -> None:  # multi-node: a host's clock against node 0's
-        prev = self.clocks.get(f["node"])
+    def _on_clock(self, f: frames.Clock) -> None:  # multi-node: a host's clock against node 0's
+        prev = self.clocks.get(f.node)
         if prev is None:
-            self.add_log(f"node {f['node']} ({f['host']}): clock {f['off'] / 1e6:+.3f} ms "
-                         f"± {f['unc'] / 1e3:.0f} µs against node 0", "info")
-        if "coll" in f and (prev is None or "coll" not in prev):
-            self.add_log(f"node {f['node']} ({f['host']}): clock refined from {f['coll']} collectives: "
-                         f"{f['off'] / 1e6:+.3f} ms ± {f['unc'] / 1e3:.0f} µs "
-                         f"(exchanges alone: {f['ntp_off'] / 1e6:+.3f} ms ± {f['ntp_unc'] / 1e3:.0f} µs)", "info")
+            self.add_log(f"node {f.node} ({f.host}): clock {f.offset_ns / 1e6:+.3f} ms "
+                         f"± {f.uncertainty_ns / 1e3:.0f} µs against node 0", "info")
+        if f.collectives and (prev is None or not prev.collectives):
+            self.add_log(f"node {f.node} ({f.host}): clock refined from {f.collectives} collectives: "
+                         f"{f.offset_ns / 1e6:+.3f} ms ± {f.uncertainty_ns / 1e3:.0f} µs "
+                         f"(exchanges alone: {f.ntp_offset_ns / 1e6:+.3f} ms "
+                         f"± {f.ntp_uncertainty_ns / 1e3:.0f} µs)", "info")
         self.host_clocks.observe(f)
 
     def to_common(self, rank: int, ns: int) -> int:
@@ -288,7 +286,7 @@ class Store:
     def clock_offsets(self) -> list[dict]:
         """Per host: its offset onto node 0's clock and the uncertainty (JSON `clock_offsets`)."""
         with self.lock:
-            return self.host_clocks.offsets(self.meta.get("host"))
+            return self.host_clocks.offsets(self.meta.host)
 
     def hosts(self) -> dict[int, list[int]]:
         """node rank -> its ranks (ranks no connection placed are node 0's)."""
@@ -334,10 +332,16 @@ class Store:
             self.log_seq += 1
             self.version += 1
 
+    _handlers = {frames.Hello: _on_hello, frames.Phase: _on_phase, frames.Hb: _on_hb,
+                 frames.Bye: _on_bye, frames.Error: _on_error, frames.Event: _on_event,
+                 frames.Buckets: _on_buckets, frames.Gpu: _on_gpu, frames.Cpu: _on_cpu,
+                 frames.Status: _on_status, frames.Exit: _on_exit, frames.Reject: _on_reject,
+                 frames.Drop: _on_drop, frames.Node: _on_node, frames.Clock: _on_clock}
+
     # -- figures -----------------------------------------------------------------------
     @property
     def world(self) -> int:
-        return int(self.meta.get("world") or max(len(self.ranks), 1))
+        return int(self.meta.world or max(len(self.ranks), 1))
 
     def expected_ranks(self, strategy: str) -> int:
         return spec.strategy_ranks(strategy, self.world)
@@ -441,7 +445,7 @@ class Store:
 
     def strategies(self) -> list[str]:
         with self.lock:
-            named, known = self.meta.get("strategies"), len(self.raw)  # (raw only grows)
+            named, known = self.meta.strategies, len(self.raw)  # (raw only grows)
             got = self._strategies
             if got is None or got[0] is not named or got[1] != known:
                 order = list(named or [])
@@ -482,7 +486,7 @@ class Store:
     def cap_at(self, step: int) -> float | None:
         """DDP's bucket_cap_mb in force at `step`."""
         with self.lock:
-            return in_force(self.cap_changes, step, self.meta.get("bucket_cap_mb"))
+            return in_force(self.cap_changes, step, self.meta.bucket_cap_mb)
 
     def cap_changed_at(self, upto: int | None = None) -> int:
         """The step of the last bucket_cap_mb change at or before `upto` (0: none)."""

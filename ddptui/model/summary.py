@@ -11,10 +11,10 @@ def strategy_summary(store, strategy: str) -> dict:
     (the first step, a warm-up, left out) and its bucket layout: one row of the JSON `strategies`."""
     with store.lock:
         steps = list(store.step_figs.get(strategy, {}).values())
-        out = figures.summarize(strategy, steps, int(store.meta.get("batch") or 0), store.world)
+        out = figures.summarize(strategy, steps, int(store.meta.batch or 0), store.world)
         # who waits for whom, over the kept steps but the first (warm-up)
         waits = [w for k, w in store.waits.get(strategy, {}).items() if k > 0]
-        out["stragglers"] = stragglers.summarize(waits, list(store.meta.get("layers") or []))
+        out["stragglers"] = stragglers.summarize(waits, list(store.meta.layers))
         buckets = bucket_rows(store, strategy)
         if buckets is not None:
             out["buckets"] = buckets
@@ -28,6 +28,6 @@ def bucket_rows(store, strategy: str) -> list[dict] | None:
         layout = store.bucket_layout(strategy)
         if layout is None:
             return None
-        names = [str(p[0]) for p in store.meta.get("params") or []]
+        names = [str(p[0]) for p in store.meta.params]
         return [{"index": b, "params": [names[i] if i < len(names) else f"param {i}" for i in ps],
                  "bytes": nb} for b, ps, nb in layout]

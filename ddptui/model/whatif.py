@@ -234,7 +234,7 @@ class Basis:
 def _explicit_at(store, step: int) -> bool:
     if any(k <= step for k, _ in store.cap_history()):
         return True
-    settings = store.meta.get("settings") or {}
+    settings = store.meta.settings
     return settings.get("bucket_cap_mb") is not None
 
 
@@ -242,8 +242,7 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
             last: int | None = None) -> Basis:
     """The kept, complete steps of `strategy` (DDP: those run under `cap_mb`, default the
     cap in force at `upto`), less warm-up and the steps right after a re-wrap."""
-    meta = store.meta
-    params = meta.get("params") or []
+    params = store.meta.params
     if not params:
         raise WhatIfError("the recording has no parameter table")
     pbytes = spec.grad_bytes(params)
@@ -269,7 +268,7 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
         cap, explicit = cap_mb, _explicit_at(store, ks[-1])
     if last:
         ks = ks[-last:]
-    backend = str(meta.get("backend") or next((i.backend for i in store.rank_snapshot().values()), "") or "")
+    backend = str(store.meta.backend or next((i.backend for i in store.rank_snapshot().values()), "") or "")
     lanes = 1 if "nccl" in backend.lower() else GLOO_THREADS
     traces, bytes_of, layout = [], [], None
     for k in ks:
@@ -290,7 +289,7 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
 
 
 def caps_text(store) -> str:
-    caps = [store.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB] + [c for _, c in store.cap_history()]
+    caps = [store.meta.bucket_cap_mb or spec.DEFAULT_BUCKET_CAP_MB] + [c for _, c in store.cap_history()]
     seen: list[float] = []
     for c in caps:
         if c not in seen:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import zlib
 
-from ranks import wire
-
+from ddptui.ingest.feed import Feed
 from .reader import Reader, _Frames
 from ddptui.model.store import Store
 
@@ -27,6 +26,7 @@ class FollowSource:
         self.f, self.meta = reader.f, reader.meta  # the file, positioned after the header
         self.store = Store()
         self.store.set_meta(self.meta)
+        self.feed = Feed(self.store)  # the one door, as every recording is read
         self.state, self.message = "created", ""
         self.skipped = 0
         self._z = zlib.decompressobj()
@@ -44,9 +44,7 @@ class FollowSource:
             try:
                 out = self._z.decompress(data)
                 for body in self._frames.feed(out):
-                    try:
-                        self.store.ingest(wire.unpack_body(body))
-                    except Exception:  # noqa: BLE001 - a frame the store refuses: skipped, counted
+                    if self.feed.body(body) is None:  # a frame the feed rejects: skipped, counted, logged
                         self.skipped += 1
             except (zlib.error, ValueError) as e:
                 self.state, self.message = "failed", f"{self.path}: unreadable from here on ({e})"

@@ -36,10 +36,9 @@ from array import array
 from bisect import bisect_right
 from typing import Any
 
-import msgpack
 import msgspec
 
-from ranks import spec, wire
+from ranks import frames, spec, wire
 
 from ranks.recfile import RecordingError
 
@@ -468,7 +467,8 @@ def rank_steps(tr: RankTrace, names: list[str], per_step) -> dict:
 
 class KinetoReader:
     """A directory of per-rank Kineto traces read as one recording (Reader's interface:
-    path, name, meta, damage, frames; iterating yields (body, frame))."""
+    path, name, meta, damage, frames; iterating yields (body, frame): the ranks.frames Struct
+    decoded and validated from body, or a frames.Invalid)."""
 
     def __init__(self, path: str, chunk: int = 0):
         self.path = path
@@ -522,10 +522,10 @@ class KinetoReader:
     def _frames(self):
         world = self.meta["world"]
         for r in sorted(self.ranks):
-            yield {"t": "hello", "r": r, "world": world, "device": self.meta["devices"][str(r)],
-                   "backend": self.meta["backend"][:16], "model": "trace", "layers": self.layers,
-                   "params": self.params, "strategies": [STRATEGY], "steps": 0}
-            yield {"t": "phase", "r": r, "ph": "training"}
+            yield frames.Hello(rank=r, world=world, device=self.meta["devices"][str(r)],
+                               backend=self.meta["backend"][:16], model="trace", layers=self.layers,
+                               params=[tuple(p) for p in self.params], strategies=[STRATEGY], steps=0)
+            yield frames.Phase(rank=r, phase="training")
         steps = sorted({k for _, _, st, _ in self.ranks.values() for k in st})
         last: dict = {}
         for k in steps:
@@ -533,23 +533,24 @@ class KinetoReader:
                 s = self.ranks[r][2].get(k)
                 if s is None:
                     continue
-                layout = [[i, [i], nb] for i, nb in enumerate(s["bytes"])]
+                layout = [(i, [i], nb) for i, nb in enumerate(s["bytes"])]
                 if layout and layout != last.get(r):
                     last[r] = layout
-                    yield {"t": "buckets", "r": r, "s": STRATEGY, "k": k, "buckets": layout}
+                    yield frames.Buckets(rank=r, strategy=STRATEGY, step=k, buckets=layout)
                 sp = sorted(s["spans"], key=lambda x: (x[2], x[0]))
                 base = min(x[2] for x in sp)
                 comm_iss = {x[1]: s["iss"][x[1]] for x in sp if x[0] == wire.COMM}
                 iss = [max(base, comm_iss[x[1]]) for x in sp if x[0] == wire.COMM]
-                yield wire.encode_spans(r, STRATEGY, k, base, [x[0] for x in sp], [x[1] for x in sp],
-                                        [x[2] for x in sp], [x[3] for x in sp], iss)
+                yield frames.spans_frame(r, STRATEGY, k, base, [x[0] for x in sp], [x[1] for x in sp],
+                                         [x[2] for x in sp], [x[3] for x in sp], iss)
         for r in sorted(self.ranks):
-            yield {"t": "bye", "r": r, "why": "end of trace"}
+            yield frames.Bye(rank=r, why="end of trace")
 
     def __iter__(self):
-        for f in self._frames():
+        for f in self._frames():  # checked as a recording's are: decoded from their bodies
             self.frames += 1
-            yield msgpack.packb(f, use_bin_type=True), f
+            body = frames.encode(f)
+            yield body, frames.decode_or_invalid(body)
 
     def close(self) -> None:
         pass

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 
+from ranks import frames
 from ranks.recfile import RecordingError
 
 from .rankset import open_reader
@@ -47,10 +48,10 @@ def load(path: str, store=None, on_frame=None, update_every: int = 256) -> Loade
     """Read a recording into a Store (ddptui.model.store) through the one door (ddptui.ingest.feed), as
     a live run's frames are.
 
-    on_frame(frame) is called for every frame the store took. Damage policy (ddptui.ingest.feed):
-    a frame that fails its checks is skipped and logged (`rejected`, `first_reject`);
-    reading stops at bytes that are not frames (`damage` says what and where), with
-    everything before them in the store. Raises RecordingError when the header is bad, or
+    on_frame(frame) is called for every frame the store took (a ranks.frames Struct). Damage
+    policy (ddptui.ingest.feed): a frame that fails its checks is skipped and logged
+    (`rejected`, `first_reject`); reading stops at bytes that are not frames (`damage` says
+    what and where), with everything before them in the store. Raises RecordingError when the header is bad, or
     when no span could be read (nothing to show).
     """
     from ddptui.ingest.feed import Feed
@@ -62,14 +63,14 @@ def load(path: str, store=None, on_frame=None, update_every: int = 256) -> Loade
     got = Loaded(path, st, r.meta)
     feed = Feed(st)
     try:
-        for _body, frame in r:
+        for body, frame in r:
             got.frames += 1
-            if not feed.frame(frame):
+            if not feed.frame(frame, body=body):  # decoded and validated from body by the reader
                 got.rejected.append(got.frames - 1)
                 continue
-            if frame["t"] == "spans":
+            if type(frame) is frames.Spans:
                 got.span_frames += 1
-                got.spans += len(frame["kind"])
+                got.spans += len(frame.kind)
             if on_frame is not None:
                 on_frame(frame)
             if got.frames % update_every == 0:

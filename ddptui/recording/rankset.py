@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 
+from ranks import frames
 from ranks.recfile import RecordingError
 
 from .reader import Reader
@@ -71,9 +72,9 @@ class RankSetReader(Reader):
                 break
             for i in live:  # a frame's place: its step (spans), else its file's last step
                 f = heads[i][1]
-                if f.get("t") == "spans" and type(f.get("k")) is int:
-                    keys[i] = f["k"]
-            i = min(live, key=lambda j: (keys[j] if heads[j][1].get("t") == "spans" else -1, j))
+                if type(f) is frames.Spans:
+                    keys[i] = f.step
+            i = min(live, key=lambda j: (keys[j] if type(heads[j][1]) is frames.Spans else -1, j))
             self.frames += 1
             yield heads[i]
             heads[i] = next(its[i], None)

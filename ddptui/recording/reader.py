@@ -13,7 +13,7 @@ import zlib
 
 import msgpack
 
-from ranks import wire
+from ranks import frames, wire
 from ranks.recfile import RecordingError, read_header
 
 PIECE = 16 * 1024  # compressed bytes inflated at a time (bounds memory and salvage work)
@@ -23,7 +23,8 @@ class Reader:
     """Reads a recording: header, then frames until the end or the first damage.
 
     >>> r = Reader(path); meta = r.meta   (a file; open_reader(path) takes a directory too)
-    >>> for body, frame in r: ...
+    >>> for body, frame in r: ...   (frame: its ranks.frames Struct, decoded and validated
+    ...                              from body, or a frames.Invalid the Feed rejects)
     >>> r.damage  # None, or a one-line description of where and why reading stopped
     """
 
@@ -62,10 +63,9 @@ class Reader:
                     outs, z, corrupt = _inflate(z, data[i:i + PIECE])
                     for out in outs:
                         for body in reader.feed(out):
-                            try:
-                                frame = wire.unpack_body(body)
-                            except Exception as e:  # noqa: BLE001
-                                self.damage = f"corrupt frame {_at(self.frames)} ({_why(e)})"
+                            frame = _decode(body)
+                            if type(frame) is _Damage:
+                                self.damage = f"corrupt frame {_at(self.frames)} ({frame.why})"
                                 return
                             self.frames += 1
                             yield body, frame
@@ -140,6 +140,46 @@ def _inflate(z, piece: bytes):
         if saved.eof:
             break
     return outs, saved, True
+
+
+class _Damage:
+    """A body that is no msgpack map at all (frames.Undecodable, and what is not a map):
+    where reading stops, as it always did."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+# msgpack's own reading of a body, with the bounds frames were read with before ranks.frames
+# (msgspec): only to say, in the words damage messages have always used, why a body is no map
+_DESCRIBE = dict(raw=False, strict_map_key=True, max_str_len=1 << 20, max_bin_len=wire.MAX_FRAME,
+                 max_array_len=1 << 20, max_map_len=1 << 12, max_ext_len=0)
+
+
+def _decode(body: bytes):
+    """One body as the reader yields it: its ranks.frames Struct, or a frames.Invalid (a map
+    that breaks its type's rules: the Feed rejects it and reading goes on); a _Damage for bytes
+    that are no msgpack map (frames.Undecodable, too deeply nested, not a map)."""
+    try:
+        frame = frames.decode_or_invalid(body)
+    except Exception as e:  # noqa: BLE001 - frames.Undecodable, or anything a decoder raises
+        return _Damage(_not_a_map(body) or _why(e))
+    if type(frame) is frames.Invalid and frame.type is None:  # a map at all?
+        why = _not_a_map(body)
+        if why is not None:
+            return _Damage(why)
+    return frame
+
+
+def _not_a_map(body: bytes) -> str | None:
+    """Why a body is no msgpack map (None: it is one)."""
+    try:
+        obj = msgpack.unpackb(body, **_DESCRIBE)
+    except Exception as e:  # noqa: BLE001
+        return _why(e)
+    return None if type(obj) is dict else "frame is not a map"
 
 
 def _at(frames: int, first: str = "at the first frame") -> str:

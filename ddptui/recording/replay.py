@@ -1,9 +1,9 @@
 """Replay a recording into a Store on a virtual clock: play, pause, speed, seek, loop.
 
 The whole recording is read once at construction and kept as frame bodies with two small
-indexes: each frame's time on the recording's clock (ns: `b` of spans frames, `ts` of
-gpu/cpu frames; frames without a time take the previous one) and, per step, the frame
-where that step is complete on every rank. Bodies are decoded again only when ingested.
+indexes: each frame's time on the recording's clock (ns: `base_ns` of spans frames, `ts` of
+gpu/cpu frames; frames without a time, and invalid ones, take the previous one) and, per
+step, the frame where that step is complete on every rank. Bodies are decoded again only when ingested.
 Playback starts at the first step (start-up chatter is ingested at once) and idle
 stretches longer than MAX_GAP_NS are shortened to it.
 """
@@ -15,6 +15,7 @@ from array import array
 from bisect import bisect_right
 
 from ranks import spec
+from ranks.frames import Cpu, Gpu, Spans
 
 from ddptui.ingest.feed import Feed
 from .rankset import open_reader
@@ -27,7 +28,7 @@ UPDATE_EVERY = 1000  # frames between store.update() calls while catching up
 
 
 _MAX_NS = 2**63
-MAX_STEP = 2**31 - 1  # ranks.schema's limit on step numbers
+MAX_STEP = 2**31 - 1  # ranks.frames' limit on step numbers
 
 
 class StepEnds:
@@ -94,8 +95,8 @@ class ReplaySource:
         t = shift = 0
         first_spans = None
         for body, f in reader:
-            kind = f.get("t")
-            ts = f.get("b") if kind == "spans" else f.get("ts") if kind == "gpu" or kind == "cpu" else None
+            cls = type(f)
+            ts = f.base_ns if cls is Spans else f.ts if cls is Gpu or cls is Cpu else None
             if ts.__class__ is int and 0 <= ts < _MAX_NS:
                 adj = ts - shift
                 if adj - t > MAX_GAP_NS and t:
@@ -103,9 +104,9 @@ class ReplaySource:
                     adj = ts - shift
                 if adj > t:
                     t = adj
-            if kind == "spans":
-                k = f.get("k")
-                if k.__class__ is int and 0 <= k <= MAX_STEP:
+            if cls is Spans:
+                k = f.step
+                if 0 <= k <= MAX_STEP:
                     ends[k] = len(bodies) + 1
                     if first_spans is None:
                         first_spans = len(bodies)

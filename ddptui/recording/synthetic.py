@@ -11,7 +11,7 @@ import random
 import threading
 import time
 
-from ranks import spec, wire
+from ranks import frames, spec
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from ddptui.model.store import Store
@@ -19,14 +19,14 @@ from ddptui.model.updater import Updater
 
 
 def hello(rank: int, world: int, model: str, strategies, batch: int = 1024,
-          device: str = "cpu", backend: str = "gloo", bucket_cap_mb: float | None = None) -> dict:
-    return {
-        "t": "hello", "r": rank, "world": world, "local_rank": rank, "pid": 0, "host": "synthetic",
-        "device": device, "backend": backend, "note": "synthetic", "torch": "synthetic",
-        "model": model, "layers": spec.layer_names(model),
-        "params": [list(p) for p in spec.param_table(model)], "strategies": list(strategies),
-        "batch": batch, "steps": 0, "bucket_cap_mb": bucket_cap_mb, "seed": 0, "lr": 0.01, "threads": 1,
-    }
+          device: str = "cpu", backend: str = "gloo", bucket_cap_mb: float | None = None) -> frames.Hello:
+    return frames.Hello(
+        rank=rank, world=world, local_rank=rank, pid=0, host="synthetic",
+        device=device, backend=backend, note="synthetic", torch="synthetic",
+        model=model, layers=list(spec.layer_names(model)),
+        params=[tuple(p) for p in spec.param_table(model)], strategies=list(strategies),
+        batch=batch, steps=0, bucket_cap_mb=bucket_cap_mb, seed=0, lr=0.01, threads=1,
+    )
 
 
 def ddp_buckets(model: str, cap_mb: float = 25.0) -> list[list]:
@@ -72,7 +72,7 @@ class SyntheticRun:
         self.slow, self.slow_from, self.late = slow, slow_from, late
         self._extra: dict[tuple[int, int, bool], int] = {}  # (rank, layer, backward) -> µs, this step
 
-    def header_frames(self) -> list[dict]:
+    def header_frames(self) -> list[frames.Hello]:
         return [hello(r, self.world, self.model, self.strategies, self.batch, bucket_cap_mb=self.cap)
                 for r in range(self.world)]
 
@@ -86,7 +86,7 @@ class SyntheticRun:
     def _comm_us(self, nbytes: int) -> int:
         return self._j(30 + nbytes / (self.bw * 1e3))
 
-    def step_frames(self, step: int) -> list[dict]:
+    def step_frames(self, step: int) -> list[frames.Frame]:
         """Frames for one step of every strategy on every rank (plus a buckets frame at 0)."""
         out = []
         for s in self.strategies:
@@ -101,10 +101,10 @@ class SyntheticRun:
                 self._extra[key] = self._extra.get(key, 0) + int(self.rng.uniform(self.late[1], self.late[2]) * 1000)
             for r in ranks:
                 if s == "ddp" and step == 0:
-                    out.append({"t": "buckets", "r": r, "s": "ddp", "k": step, "cap_mb": self.cap,
-                                "buckets": self.buckets})
+                    out.append(frames.Buckets(rank=r, strategy="ddp", step=step, cap_mb=self.cap,
+                                              buckets=[(b, list(ps), n) for b, ps, n in self.buckets]))
                 kinds, idxs, t0, t1, iss = self._one(s, r, base)
-                out.append(wire.encode_spans(r, s, step, base, kinds, idxs, t0, t1, iss))
+                out.append(frames.spans_frame(r, s, step, base, kinds, idxs, t0, t1, iss))
                 longest = max(longest, t1[0] - base)
             self.t = base + longest + 200_000
         return out
@@ -150,14 +150,14 @@ class SyntheticRun:
         kinds.insert(0, STEP); idxs.insert(0, 0); t0.insert(0, base); t1.insert(0, end)
         return kinds, idxs, t0, t1, iss
 
-    def gpu_frame(self, step: int, n_gpus: int = 2) -> dict:
+    def gpu_frame(self, step: int, n_gpus: int = 2) -> frames.Gpu:
         gpus = []
         for i in range(n_gpus):
-            gpus.append({"index": i, "name": "Synthetic GPU", "util": float((37 * step + 23 * i) % 100),
-                         "mem_used_mb": 20000.0 + 100 * i, "mem_total_mb": 81920.0, "power_w": 250.0,
-                         "sm_clock_mhz": 1755.0, "pcie_tx_mbs": None, "pcie_rx_mbs": None,
-                         "nvlink_tx_mbs": None, "nvlink_rx_mbs": None})
-        return {"t": "gpu", "ts": self.t, "gpus": gpus}
+            gpus.append(frames.GpuSample(index=i, name="Synthetic GPU", util=float((37 * step + 23 * i) % 100),
+                                         mem_used_mb=20000.0 + 100 * i, mem_total_mb=81920.0, power_w=250.0,
+                                         sm_clock_mhz=1755.0, pcie_tx_mbs=None, pcie_rx_mbs=None,
+                                         nvlink_tx_mbs=None, nvlink_rx_mbs=None))
+        return frames.Gpu(ts=self.t, gpus=gpus)
 
 
 def fill_store(store, run: SyntheticRun, steps: int, gpu: bool = False) -> None:

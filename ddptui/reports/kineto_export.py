@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from ranks import spec, wire
+from ranks import frames, spec, wire
 
 from ddptui.model.clocksync import HostClocks
 from ranks.recfile import RecordingError
@@ -123,8 +123,8 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
         for n, (_b, f) in enumerate(r):
             if n >= got.frames:
                 break
-            if f.get("t") == "spans":
-                have.setdefault(f["s"], set()).add(f["r"])
+            if type(f) is frames.Spans:
+                have.setdefault(f.strategy, set()).add(f.rank)
     finally:
         r.close()
     if not have:
@@ -160,10 +160,10 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
                 break
             if n in skip:
                 continue
-            t = f.get("t")
-            if t in ("node", "clock"):
+            cls = type(f)
+            if cls is frames.Node or cls is frames.Clock:
                 clocks.observe(f)
-            if t != "spans" or f["s"] != strategy:
+            if cls is not frames.Spans or f.strategy != strategy:
                 continue
             b = wire.decode_spans(f)
             o = outs[b.rank]

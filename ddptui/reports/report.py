@@ -105,7 +105,7 @@ def report_run(store, json_path: str | None, extra, *, title: str | None = None,
     the JSON document, whose run fields are `extra(dropped spans)`."""
     out, err = out or sys.stdout, err or sys.stderr
     rows = store.summaries()
-    meta = dict(store.meta)
+    meta = store.meta.as_dict()
     ranks = store.rank_snapshot()
     if ranks and not meta.get("backend"):
         meta["backend"] = ranks[min(ranks)].backend

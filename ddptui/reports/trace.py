@@ -29,7 +29,7 @@ import os
 import sys
 import tempfile
 
-from ranks import spec, wire
+from ranks import frames, spec, wire
 from ranks.wire import BWD, COMM, FWD, OPT, STEP
 
 from ddptui import __version__
@@ -53,12 +53,6 @@ def pid_of(rank: int) -> int:
 
 def tid_of(rank: int, lane: str, sub: int = 0) -> int:
     return pid_of(rank) * 100 + LANES[lane][0] + SUBLANE_STRIDE * sub
-
-
-def _is_layout(layout) -> bool:
-    return isinstance(layout, list) and all(
-        isinstance(b, list) and len(b) == 3 and isinstance(b[0], int) and isinstance(b[2], int)
-        and isinstance(b[1], list) and all(isinstance(p, int) for p in b[1]) for b in layout)
 
 
 class Scan:
@@ -94,7 +88,7 @@ class Scan:
             ranks.add(0)
         return ranks
 
-    def _arrivals(self, f: dict) -> None:
+    def _arrivals(self, f: frames.Spans) -> None:
         b = wire.decode_spans(f)
         base = self.clocks.to_common(b.rank, b.base_ns)
         for _, ready_us, (idx, n) in comm_spans(b):
@@ -104,18 +98,18 @@ class Scan:
             if got is None or ready > got[0]:
                 self.arrivals[key] = (ready, b.rank)
 
-    def __call__(self, f: dict) -> None:
-        if f["t"] != "spans":
+    def __call__(self, f: frames.Frame) -> None:
+        if type(f) is not frames.Spans:
             return
         self._arrivals(f)
-        r, b = f["r"], self.clocks.to_common(f["r"], f["b"])
+        r, b = f.rank, self.clocks.to_common(f.rank, f.base_ns)
         if self.origin_ns is None or b < self.origin_ns:
             self.origin_ns = b
         lanes = self.lanes.setdefault(r, set())
-        for k in set(f["kind"]):
+        for k in set(f.kind):
             lanes.add(LANE_OF_KIND[k])
-        if f["s"] == "ddp":
-            self.ddp_base[(r, f["k"])] = b
+        if f.strategy == "ddp":
+            self.ddp_base[(r, f.step)] = b
 
     def layout(self, rank: int, strategy: str, step: int) -> dict[int, list] | None:
         """{bucket: [parameter indices, bytes]} in force on `rank` at `step`, from the Store."""
@@ -198,23 +192,23 @@ class TraceWriter:
                        + json.dumps(other, separators=(",", ":"), default=str) + "}\n")
 
     # -- frames --------------------------------------------------------------------------
-    def frame(self, f: dict) -> None:
-        t = f["t"]
-        if t in ("node", "clock"):  # multi-node: the mapping in force from here on, as live
+    def frame(self, f: frames.Frame) -> None:
+        cls = type(f)
+        if cls is frames.Node or cls is frames.Clock:  # multi-node: the mapping from here on, as live
             self.clocks.observe(f)
-        if t == "spans":
+        if cls is frames.Spans:
             self._spans(f)
-        elif t == "event" and f.get("what") == "bucket_cap_mb":
-            cap, k = float(f.get("value")), int(f.get("k", 0))
-            self._instant(f["r"], k, f"bucket_cap_mb → {cap:g} MB",
-                          {"bucket_cap_mb": cap, "step": k, "rank": f["r"]})
-        elif t == "buckets" and _is_layout(f.get("buckets")):
-            lay = f["buckets"]
-            args = {"strategy": str(f.get("s", "ddp")), "step": int(f.get("k", 0)), "rank": f["r"],
-                    "bucket_cap_mb": f.get("cap_mb"), "buckets": len(lay),
+        elif cls is frames.Event and f.what == "bucket_cap_mb":
+            cap, k = float(f.value), f.step
+            self._instant(f.rank, k, f"bucket_cap_mb → {cap:g} MB",
+                          {"bucket_cap_mb": cap, "step": k, "rank": f.rank})
+        elif cls is frames.Buckets:
+            lay = f.buckets
+            args = {"strategy": f.strategy, "step": f.step, "rank": f.rank,
+                    "bucket_cap_mb": f.cap_mb, "buckets": len(lay),
                     "bucket_bytes": [b[2] for b in lay],
                     "bucket_params": [[self._pname(p) for p in b[1]] for b in lay]}
-            self._instant(f["r"], int(f.get("k", 0)), f"DDP buckets: {len(lay)}", args)
+            self._instant(f.rank, f.step, f"DDP buckets: {len(lay)}", args)
 
     def _instant(self, rank: int, step: int, name: str, args: dict) -> None:
         """At the start of DDP step `step` on this rank (known from pass 1), or else at the
@@ -246,7 +240,7 @@ class TraceWriter:
         stacks.append([z])
         return len(stacks) - 1
 
-    def _spans(self, f: dict) -> None:
+    def _spans(self, f: frames.Spans) -> None:
         b = wire.decode_spans(f)
         r, s, k = b.rank, b.strategy, b.step
         off = self.clocks.to_common(r, b.base_ns) - self.origin

@@ -313,7 +313,7 @@ class DdpApp(App):
 
     def _sync_panes(self, store: Store, strategies: list[str]) -> bool:
         """A pane for each strategy; True when one was mounted."""
-        src = (store.meta.get("layers"), store.meta.get("params"))
+        src = (store.meta.layers, store.meta.params)
         same = self._names_of is not None and all(a is b for a, b in zip(src, self._names_of))
         if same and all(s in self.panes for s in strategies):
             return False

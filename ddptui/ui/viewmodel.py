@@ -142,7 +142,7 @@ def next_bucket_cap(store: Store, asked: float | None, direction: int) -> float 
     current = asked
     if current is None:
         changes = store.cap_history()
-        current = changes[-1][1] if changes else float(store.meta.get("bucket_cap_mb") or spec.DEFAULT_BUCKET_CAP_MB)
+        current = changes[-1][1] if changes else float(store.meta.bucket_cap_mb or spec.DEFAULT_BUCKET_CAP_MB)
     ladder = spec.BUCKET_LADDER_MB
     return (max((x for x in ladder if x < current), default=None) if direction < 0
             else min((x for x in ladder if x > current), default=None))
@@ -159,7 +159,7 @@ def straggler_ask(store: Store, on_ms: float) -> float:
 
 def straggler_where(store: Store) -> str:
     """Where `d` puts it: the highest rank, its middle layer."""
-    names = list(store.meta.get("layers") or [])
+    names = list(store.meta.layers)
     return f"rank {max(store.world - 1, 0)} · {names[(len(names) - 1) // 2]}" if names else "the highest rank"
 
 

@@ -18,11 +18,11 @@ LEGEND = (("forward", theme.FWD_A), ("backward", theme.BWD_A), ("AllReduce", the
 def title(store: Store, strategies: list[str], talk_title: str | None = None) -> Parts:
     m = store.meta
     first = store.first_rank()
-    device = m.get("device") or (first.device if first else "")
-    backend = m.get("backend") or (first.backend if first else "")
+    device = m.device or (first.device if first else "")
+    backend = m.backend or (first.backend if first else "")
     ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
-    bits = [str(m.get("model") or "?"), ranks, device, backend,
-            f"global batch {m.get('batch')}" if m.get("batch") else "", " vs ".join(strategies)]
+    bits = [str(m.model or "?"), ranks, device, backend,
+            f"global batch {m.batch}" if m.batch else "", " vs ".join(strategies)]
     parts: Parts = [(" ddptui ", theme.style("#000000", theme.TEXT, bold=True))]
     if talk_title:
         parts.append((f" {talk_title} ", theme.style(theme.WARN, bold=True)))

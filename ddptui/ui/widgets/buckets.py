@@ -35,9 +35,9 @@ def build(store: Store, view: StepView | None, rows: int) -> list[Parts]:
     if view is None:
         return [[("DDP buckets: waiting for a DDP step…", theme.style(theme.DIM))]]
     layout = store.bucket_layout("ddp", view.step) or []
-    params = store.meta.get("params") or []
+    params = store.meta.params
     param_layer = [int(p[2]) if len(p) > 2 else 0 for p in params]
-    names = list(store.meta.get("layers") or [])
+    names = list(store.meta.layers)
     cap = f" · cap {view.bucket_cap_mb:g} MB" if view.bucket_cap_mb is not None else ""
     lines: list[Parts] = [
         [(f"DDP buckets · step {view.step}{cap}", theme.style(theme.TEXT, bold=True)),

@@ -38,7 +38,7 @@ def recent(store: Store, strategy: str, upto: int | None, n: int = WINDOW) -> li
 def gpu_pct_by_strategy(store: Store) -> dict[str, float]:
     """NVML utilisation (GPM SM activity where present) per strategy, from the samples whose
     period lies within one step of that strategy. Strategies with no such sample are absent."""
-    samples = [(s.get("ts"), s.get("gpus") or []) for s in store.samples()[0]]
+    samples = [(s.ts, s.gpus) for s in store.samples()[0]]
     if len(samples) < 2:
         return {}
     out = {}
@@ -52,7 +52,7 @@ def gpu_pct_by_strategy(store: Store) -> dict[str, float]:
             i = bisect_right(starts, t0) - 1
             if i < 0 or steps[i][2] < t1:
                 continue
-            vals = [g.get("sm_active") if g.get("sm_active") is not None else g.get("util") for g in gpus]
+            vals = [g.sm_active if g.sm_active is not None else g.util for g in gpus]
             vals = [v for v in vals if v is not None]
             if vals:
                 got.append(figures.mean(vals))
@@ -64,7 +64,7 @@ def gpu_pct_by_strategy(store: Store) -> dict[str, float]:
 def compare_rows(store: Store, shown: dict[str, int | None]) -> list[dict]:
     """Per strategy: the summary of its recent steps (figures.summarize) plus this step, shares of
     the step, GPU % and the recent step times."""
-    batch, world = int(store.meta.get("batch") or 0), store.world
+    batch, world = int(store.meta.batch or 0), store.world
     gpu = gpu_pct_by_strategy(store)
     rows = []
     for s in store.strategies():

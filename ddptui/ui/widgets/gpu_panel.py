@@ -4,6 +4,8 @@ Only draws what the sampler put in the store: a None is N/A, never an error.
 """
 from __future__ import annotations
 
+from ranks import frames
+
 from ddptui.model.store import Store
 from . import theme
 from .panel import Frame, Panel
@@ -20,17 +22,20 @@ def _rate(v) -> str:
     return f"{v / 1024:.1f} GB/s" if v >= 1024 else f"{v:.0f} MB/s"
 
 
-def _mem_pct(g: dict):
-    used, total = g.get("mem_used_mb"), g.get("mem_total_mb")
+def _mem_pct(g: frames.GpuSample | None):
+    if g is None:
+        return None
+    used, total = g.mem_used_mb, g.mem_total_mb
     return 100.0 * used / total if used is not None and total else None
 
 
-def gpu_lines(samples: list[dict], width: int, rows: int, ranks_of: dict | None = None,
+def gpu_lines(samples: list[frames.Gpu], width: int, rows: int, ranks_of: dict | None = None,
               clock_res_ns: int | None = None) -> list[Parts]:
-    """`ranks_of`: GPU UUID -> the ranks on it; `clock_res_ns`: the worst GPU-timer mapping
-    residual the ranks reported (how far a span's time may be off, beyond the timer's own)."""
-    latest = samples[-1].get("gpus") or []
-    names = sorted({str(g.get("name", "")) for g in latest})
+    """`samples`: the store's gpu frames, oldest first; `ranks_of`: GPU UUID -> the ranks on
+    it; `clock_res_ns`: the worst GPU-timer mapping residual the ranks reported (how far a
+    span's time may be off, beyond the timer's own)."""
+    latest = samples[-1].gpus
+    names = sorted({str(g.name) for g in latest})
     title = [(f"GPU · NVML · {', '.join(names)}", theme.style(theme.TEXT, bold=True))]
     if clock_res_ns is not None:
         title.append((f" · clock residual {abs(clock_res_ns) / 1000:.1f} µs", theme.style(theme.DIM)))
@@ -39,25 +44,25 @@ def gpu_lines(samples: list[dict], width: int, rows: int, ranks_of: dict | None 
     per_gpu = 2 if rows - 1 >= 2 * len(latest) else 1
     hist_w = max(4, min(30, (width - 44) // 2))
     for g in latest:
-        i = g.get("index")
-        hist = [next((x for x in s.get("gpus") or [] if x.get("index") == i), {}) for s in samples[-hist_w:]]
-        util_h = theme.spark([h.get("util") for h in hist], width=hist_w)
+        i = g.index
+        hist = [next((x for x in s.gpus if x.index == i), None) for s in samples[-hist_w:]]
+        util_h = theme.spark([h.util if h is not None else None for h in hist], width=hist_w)
         mem_h = theme.spark([_mem_pct(h) for h in hist], width=hist_w)
-        used, total = g.get("mem_used_mb"), g.get("mem_total_mb")
+        used, total = g.mem_used_mb, g.mem_total_mb
         mem = (f"{_num(None if used is None else used / 1024, '.1f')}/"
                f"{_num(None if total is None else total / 1024, '.0f')} GB")
-        on = ranks_of.get(g.get("uuid"))
+        on = ranks_of.get(g.uuid)
         first = [(f"GPU{i} ", theme.style(theme.TEXT, bold=True)),
                  *([(f"r{','.join(map(str, on))} ", theme.style(theme.DIM))] if on else []), ("util ", theme.style(theme.DIM)),
-                 (f"{_num(g.get('util'), '>3.0f', '%'):>4} ", theme.style(theme.TEXT, bold=True)),
+                 (f"{_num(g.util, '>3.0f', '%'):>4} ", theme.style(theme.TEXT, bold=True)),
                  (f"{util_h:<{hist_w}}", theme.style(theme.GOOD)), (" mem ", theme.style(theme.DIM)),
                  (f"{mem:>13} ", theme.style(theme.TEXT)), (f"{mem_h:<{hist_w}}", theme.style("#5aa9ff"))]
-        second = [("     ", theme.style()), (f"{_num(g.get('power_w'), '.0f', ' W')}  ", theme.style(theme.TEXT)),
-                  *([(f"SM active {g['sm_active']:.0f}%  ", theme.style(theme.TEXT))]
-                    if g.get("sm_active") is not None else []),
-                  (f"SM {_num(g.get('sm_clock_mhz'), '.0f', ' MHz')}  ", theme.style(theme.TEXT)),
-                  (f"PCIe ↑{_rate(g.get('pcie_tx_mbs'))} ↓{_rate(g.get('pcie_rx_mbs'))}  ", theme.style(theme.TEXT)),
-                  (f"NVLink ↑{_rate(g.get('nvlink_tx_mbs'))} ↓{_rate(g.get('nvlink_rx_mbs'))}", theme.style(theme.TEXT))]
+        second = [("     ", theme.style()), (f"{_num(g.power_w, '.0f', ' W')}  ", theme.style(theme.TEXT)),
+                  *([(f"SM active {g.sm_active:.0f}%  ", theme.style(theme.TEXT))]
+                    if g.sm_active is not None else []),
+                  (f"SM {_num(g.sm_clock_mhz, '.0f', ' MHz')}  ", theme.style(theme.TEXT)),
+                  (f"PCIe ↑{_rate(g.pcie_tx_mbs)} ↓{_rate(g.pcie_rx_mbs)}  ", theme.style(theme.TEXT)),
+                  (f"NVLink ↑{_rate(g.nvlink_tx_mbs)} ↓{_rate(g.nvlink_rx_mbs)}", theme.style(theme.TEXT))]
         if per_gpu == 2:
             lines += [first, second]
         else:
@@ -65,12 +70,12 @@ def gpu_lines(samples: list[dict], width: int, rows: int, ranks_of: dict | None 
     return lines
 
 
-def cpu_lines(samples: list[dict], width: int) -> list[Parts]:
+def cpu_lines(samples: list[frames.Cpu], width: int) -> list[Parts]:
     lines: list[Parts] = [[("no NVML (no GPU): CPU use per rank (psutil)", theme.style(theme.WARN, bold=True))]]
-    latest = samples[-1].get("ranks") or {}
+    latest = samples[-1].ranks
     hist_w = max(4, min(60, width - 22))
     for r in sorted(latest, key=int):
-        hist = [s.get("ranks", {}).get(r) for s in samples[-hist_w:]]
+        hist = [s.ranks.get(r) for s in samples[-hist_w:]]
         lines.append([(f"rank {r:<3}", theme.style(theme.TEXT, bold=True)), (" CPU ", theme.style(theme.DIM)),
                       (f"{_num(latest[r], '>4.0f', '%'):>5} ", theme.style(theme.TEXT, bold=True)),
                       (theme.spark(hist), theme.style(theme.GOOD))])
@@ -83,9 +88,9 @@ def wanted_rows(store: Store) -> int:
     """Rows the panel would like: a title, then two per GPU or one per rank."""
     gpu, cpu = store.samples()
     if gpu:
-        return 1 + 2 * len(gpu[-1].get("gpus") or [])
+        return 1 + 2 * len(gpu[-1].gpus)
     if cpu:
-        return 1 + max(1, len(cpu[-1].get("ranks") or {}))
+        return 1 + max(1, len(cpu[-1].ranks))
     return 1
 
 

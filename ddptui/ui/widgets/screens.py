@@ -79,7 +79,7 @@ def startup_lines(store: Store, state: str, message: str, first_step_s: float | 
     log = store.log_lines()[-6:]
     meta = store.meta
     lines: list[Parts] = [
-        [(f" starting {meta.get('model', '?')} on {world} rank(s) · {meta.get('note') or ''}",
+        [(f" starting {meta.model or '?'} on {world} rank(s) · {meta.note or ''}",
           theme.style(theme.TEXT, bold=True)), (f"   {elapsed:4.1f} s", theme.style(theme.DIM))], []]
     spawned = state not in ("created", "starting")
     lines.append(_item(DONE if spawned else WAIT, f"spawning torchrun ({world} rank(s))", spin))

@@ -15,7 +15,7 @@ RECENT = stragglers.RECENT  # steps the medians and bars are over
 def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
     """stragglers.summarize of a strategy's last RECENT steps (kept while they are the same)."""
     return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT),
-                                       list(store.meta.get("layers") or []))
+                                       list(store.meta.layers))
 
 
 def _strategies(store: Store) -> list[str]:

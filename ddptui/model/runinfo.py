@@ -1,0 +1,100 @@
+"""What a run is: the typed description a Store holds as ``meta``.
+
+Built from what is known before any rank speaks (the CLI's settings, a recording's header)
+and completed by the ranks' hello frames (rank 0's describes the model; every rank its
+device). Readers take attributes (``store.meta.layers``); ``as_dict()`` gives the header's
+and the JSON report's map (keys as written in recordings, so files made before stay read
+the same). Header keys this class does not name are kept as read, in ``extra``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ranks import frames
+
+# fields rank 0's hello sets when the run's model is not known yet
+_FROM_HELLO = ("world", "model", "layers", "params", "strategies", "batch", "steps",
+               "bucket_cap_mb", "seed", "lr", "torch", "backend", "note", "threads")
+
+
+@dataclass
+class RunInfo:
+    model: str | None = None
+    world: int | None = None  # ranks in the run (None: not known yet)
+    layers: list[str] = field(default_factory=list)  # the layer names, by index
+    params: list[list] = field(default_factory=list)  # [name, elements, layer index] by parameter
+    strategies: list[str] = field(default_factory=list)
+    batch: int | None = None  # the global batch
+    steps: int | None = None
+    bucket_cap_mb: float | None = None  # DDP's bucket cap at the start
+    bucket_cap_mb_now: float | None = None  # the cap as last reported by a rank
+    seed: int | None = None
+    lr: float | None = None
+    torch: str | None = None
+    backend: str | None = None
+    note: str | None = None
+    threads: int | None = None
+    host: str | None = None
+    device: str | None = None  # the run's device kind ("cpu", "cuda")
+    gpus: int | None = None
+    devices: dict[str, str] = field(default_factory=dict)  # rank (as text) -> its device
+    settings: dict[str, Any] = field(default_factory=dict)  # the CLI's options of a live run
+    extra: dict[str, Any] = field(default_factory=dict)  # header keys not named above
+
+    # -- building ------------------------------------------------------------------------
+    def merge(self, meta: dict) -> None:
+        """Take a header's or the CLI's values where this has none (None, or empty)."""
+        for k, v in copy.deepcopy(meta).items():
+            if k in _NAMES:
+                if _empty(getattr(self, k)) and v is not None:
+                    setattr(self, k, list(v) if k in ("layers", "params", "strategies") and
+                            isinstance(v, (list, tuple)) else v)
+            else:
+                self.extra.setdefault(k, v)
+
+    def take_hello(self, f: frames.Hello, device: str) -> None:
+        """What a rank's hello says: the model (the first hello with a parameter table), the
+        versions and host where still unknown, and the rank's device."""
+        if not self.params:
+            for k in _FROM_HELLO:
+                v = getattr(f, k)
+                setattr(self, k, None if v is frames.UNSET else v)
+            self.layers = list(f.layers or [])
+            self.params = [list(p) for p in f.params or []]
+            self.strategies = list(f.strategies or [])
+        for k in ("torch", "backend", "host"):
+            v = getattr(f, k)
+            if getattr(self, k) is None and v is not frames.UNSET and v is not None:
+                setattr(self, k, v)
+        self.devices[str(f.rank)] = device
+
+    # -- reading -------------------------------------------------------------------------
+    def as_dict(self) -> dict:
+        """The header's / JSON's map: every known field that has a value, then `extra`."""
+        out = {}
+        for name in _NAMES:
+            v = getattr(self, name)
+            if v is not None and not (name in _OMIT_EMPTY and not v):
+                out[name] = copy.deepcopy(v)
+        for k, v in self.extra.items():
+            out.setdefault(k, copy.deepcopy(v))
+        return out
+
+    def limits(self) -> frames.Limits:
+        """What this run's frames are checked against."""
+        return frames.Limits(self.world if self.world else None,
+                             frozenset(self.strategies) if self.strategies else None,
+                             len(self.layers) or None, len(self.params) or None)
+
+    def layer_name(self, i: int) -> str:
+        return self.layers[i] if 0 <= i < len(self.layers) else f"layer {i}"
+
+
+_NAMES = tuple(f.name for f in fields(RunInfo) if f.name != "extra")
+_OMIT_EMPTY = frozenset(("layers", "params", "strategies", "devices", "settings"))
+
+
+def _empty(v) -> bool:
+    return v is None or (isinstance(v, (list, dict)) and not v)

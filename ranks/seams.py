@@ -1,0 +1,91 @@
+"""The test seams: environment variables through which tests bend production code.
+
+Every one is read here and nowhere else, at call time (tests set them in a subprocess's
+environment, or in-process with monkeypatch). Production code never sets any of them: unset
+(or empty), each is off and the code runs as it would without the seam. This module imports
+only the standard library: the ranks import it early in each worker, and `ranks` never
+imports `ddptui` (the app reads its seams from here too).
+
+- ``DDPTUI_CLOCK_SKEW_NS`` (`clock_skew_ns`): ns added to every reading of the ranks' clock
+  (`ranks.clock.now_ns`, read once when it is imported), so that two "hosts" on one machine
+  have different clocks. Not an int: 0. Used by tests/test_multinode.py
+  (`test_two_nodes_one_corrected_axis`, through `_env(skew=...)`).
+- ``DDPTUI_NET_ASYM_NS`` (`net_asym_ns`): `ddptui join` stamps each of node 0's clock pings
+  this much later (an asymmetric path no exchange can see; the refinement from collectives
+  corrects it). Negative or not an int: 0. Read once when ddptui.cli.join is imported. Used
+  by tests/test_multinode.py (`test_two_nodes_one_corrected_axis`, "+250ms-asymmetric-path").
+- ``DDPTUI_SOCKET_SNDBUF`` (`socket_sndbuf`): the kernel send buffer of a rank's socket to
+  the app (`ranks.emitter.Emitter`), small so that a stalled app's backlog overflows at once.
+  Not an int: ValueError. Used by tests/test_faults.py
+  (`test_app_stalled_training_goes_on_and_drops_are_counted`).
+- ``DDPTUI_VERIFY_SHIFT`` (`verify_shift`): e.g. ``backward:3,step:1``: the worker moves its
+  spans of those kinds later by that many ms (`ranks.profwin.parse_shift`), so that `ddptui
+  verify` must fail naming them. Used by tests/test_verify.py
+  (`test_verify_fails_naming_a_shifted_kind`).
+- ``DDPTUI_SYNC_DEBUG`` (`sync_debug`): a directory; on CUDA the worker turns torch.cuda's
+  sync debug mode on inside measured steps and writes every host-device synchronize it saw
+  there (`ranks.worker.SyncProbe`). Used by the GPU pass, benchmarks/gpu_pass.sh (no pytest
+  test: it needs a GPU).
+- ``DDPTUI_TAB_STALL_S`` (`tab_stall_s`): seconds a `ddptui serve` tab whose output is
+  blocked waits before it exits (default 30, at least 1; not a number: 30). Read once when
+  ddptui.cli.serve is imported. Used by tests/test_doors.py (the `serve` fixture,
+  `test_a_stalled_websocket_ends_its_tab`).
+- ``DDPTUI_GPU_COUNT`` (`gpu_count`): the CUDA devices a run may use, instead of asking NVML
+  (`ddptui.live.launcher.detect_gpus`; negative: 0, not an int: ValueError); also for
+  machines without NVML. Used by tests/conftest.py, tests/test_cli_verbs.py,
+  tests/test_verify.py (``0``: CPU ranks) and tests/test_pipeline.py
+  (`test_more_gpus_than_exist`).
+
+Configuration read from the environment (DDPTUI_SOCKET, DDPTUI_TOKEN, DDPTUI_RECORD,
+DDPTUI_RUNS_DIR, DDPTUI_AUTO, DDPTUI_LAYERS) is not a seam: production code sets or documents
+it, and it is read where it is used.
+"""
+from __future__ import annotations
+
+import os
+
+
+def clock_skew_ns() -> int:
+    """DDPTUI_CLOCK_SKEW_NS: ns added to the ranks' clock (0: none)."""
+    try:
+        return int(os.environ.get("DDPTUI_CLOCK_SKEW_NS", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def net_asym_ns() -> int:
+    """DDPTUI_NET_ASYM_NS: ns a join stamps node 0's pings late (0: none)."""
+    try:
+        return max(0, int(os.environ.get("DDPTUI_NET_ASYM_NS", "0") or 0))
+    except ValueError:
+        return 0
+
+
+def socket_sndbuf() -> int | None:
+    """DDPTUI_SOCKET_SNDBUF: a rank's socket send buffer in bytes (None: the kernel's)."""
+    sndbuf = os.environ.get("DDPTUI_SOCKET_SNDBUF")
+    return int(sndbuf) if sndbuf else None
+
+
+def verify_shift() -> str | None:
+    """DDPTUI_VERIFY_SHIFT: 'kind:ms,...' spans to shift, unparsed (None: none)."""
+    return os.environ.get("DDPTUI_VERIFY_SHIFT") or None
+
+
+def sync_debug() -> str | None:
+    """DDPTUI_SYNC_DEBUG: the directory of the CUDA sync probe's output (None: no probe)."""
+    return os.environ.get("DDPTUI_SYNC_DEBUG") or None
+
+
+def tab_stall_s() -> float:
+    """DDPTUI_TAB_STALL_S: seconds a serve tab's output may stay blocked (30 by default)."""
+    try:
+        return max(1.0, float(os.environ.get("DDPTUI_TAB_STALL_S", "") or 30.0))
+    except ValueError:
+        return 30.0
+
+
+def gpu_count() -> int | None:
+    """DDPTUI_GPU_COUNT: the CUDA devices a run may use (None: ask NVML)."""
+    env = os.environ.get("DDPTUI_GPU_COUNT")
+    return None if env is None else max(0, int(env))
