@@ -3,7 +3,7 @@ path (`recording.load(DIR)`: ddptui.recording.kineto's reader, the Feed, the Sto
 
 A set of rank traces is generated from the real A100 NCCL trace of tests/data (its steps
 repeated with times, External ids and correlations moved on; rank r shifted by r x 50 µs),
-written in the layout torch's profiler writes. Two figures, each in a fresh process:
+formatted as torch's profiler writes them. Two figures, each in a fresh process:
 
 - memory: peak RSS growth while the traces are opened, over the peak RSS growth of opening
   the same run from a ddptui recording of the same frames (what ddptui keeps: the Store);

@@ -50,7 +50,7 @@ def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: f
         t += bwd * per_layer[layer] / total
         bwd_end[layer] = t
     comp.append((fwd, t))
-    tr = {0: whatif.RankTrace(0, 0.0, t, [(0.0, t)], bwd_end, [])}
+    tr = {0: whatif.RankTimeline(0, 0.0, t, [(0.0, t)], bwd_end, [])}
     return whatif.Basis("ddp", 2, 1, "nccl", [n * bytes_per for n, _ in params], [layer for _, layer in params],
                    25.0, False, None, [0], [tr], [{}])
 

@@ -59,7 +59,8 @@ def main():
     model = DDP(CNN())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     layers = int(a.layers) if a.layers.isdigit() else a.layers if a.layers == "auto" else a.layers.split(",")
-    handle = ddptui.instrument(model, layers=layers, optimizer=opt, batch=a.batch_size)
+    # batch: the samples of one step (one optimizer step: every micro-step's)
+    handle = ddptui.instrument(model, layers=layers, optimizer=opt, batch=a.batch_size * a.accumulate)
     if a.fp16_hook:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)

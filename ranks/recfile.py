@@ -10,9 +10,16 @@ recordings back) and the ranks (`ddptui.instrument` without the app writes one f
            (a run killed at any instant) replays to its last complete step
 
 `RecordWriter` writes it; `read_header` reads and checks the header (readers: ddptui.recording).
+
+A write that fails (the disk full, the file removed) stops the recording alone: the file is cut
+back to its last sync flush and its zlib stream ended there (an empty final block and the
+checksum of what it holds, a few bytes where the cut just freed more), so it reads back
+whole, without damage, up to there; nothing more is written, and the writer says so once
+(`RecordingStopped`, or its `on_error`), with where it stopped and why.
 """
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -37,22 +44,44 @@ class RecordingError(Exception):
     """A recording that cannot be read (the message names the problem)."""
 
 
+class RecordingStopped(OSError):
+    """Writing a recording failed: the file ends where it was last flushed (and reads back
+    whole up to there); nothing more is written. The message says where and why."""
+
+
+CHECK_LINK_S = 1.0  # how often a writer checks that its file is still there (not removed)
+SYNCS_KEPT = 8  # sync points a failed writer may go back to (the latest with room for the end)
+
+
 class RecordWriter:
-    def __init__(self, path: str, meta: dict):
+    """Writes a recording. A write error (OSError) finalises the file at its last sync flush
+    and closes the writer: then `error` says where it stopped and why, and that is raised once
+    as RecordingStopped, or handed to `on_error(message)` when given (nothing raised)."""
+
+    def __init__(self, path: str, meta: dict, on_error=None):
         self.path = path
         self.lock = threading.Lock()
-        self.f = open(path, "wb")
-        head = msgpack.packb(meta, use_bin_type=True)
-        self.f.write(MAGIC + HDR.pack(FORMAT_VERSION, len(head)) + head)
-        self.f.flush()
+        self.on_error = on_error
+        self.error: str | None = None  # where and why writing stopped (a failed write)
+        self.f = open(path, "wb", buffering=0)  # raw: a failed write leaves nothing buffered behind
         self.z = zlib.compressobj(6)
         self.frames = 0
         self.spans = 0
-        self.last_flush = time.monotonic()
+        self.size = 0  # bytes written to the file
         self.closed = False
         w = meta.get("world")
         self.world = w if isinstance(w, int) and w > 0 else 1
         self._ranks_in: dict[tuple, int] = {}  # (strategy, step) -> span frames written
+        self._adler = 1  # the zlib checksum of the frames handed to the compressor
+        self._done: dict[str, int] = {}  # strategy -> its last complete step written
+        self._syncs: list[tuple] = []  # the last sync flushes: (file size, checksum, frames, _done)
+        self._link_checked = time.monotonic()
+        head = msgpack.packb(meta, use_bin_type=True)
+        try:
+            self._put(MAGIC + HDR.pack(FORMAT_VERSION, len(head)) + head)
+            self._flush()  # (the stream's header at a sync point: a cut there still ends cleanly)
+        except OSError as e:
+            self._fail(e)
 
     def _completes_step(self, frame) -> bool:
         """True when this spans frame is the last rank's of its (strategy, step)."""
@@ -60,6 +89,7 @@ class RecordWriter:
         n = self._ranks_in.get(key, 0) + 1
         if n >= spec.strategy_ranks(key[0], self.world):
             self._ranks_in.pop(key, None)
+            self._done[key[0]] = max(key[1], self._done.get(key[0], -1))
             return True
         self._ranks_in[key] = n
         if len(self._ranks_in) > 4096:  # steps that never complete (dropped frames)
@@ -71,15 +101,21 @@ class RecordWriter:
         with self.lock:
             if self.closed:
                 return
-            data = wire.LEN.pack(len(body)) + body
-            self.f.write(self.z.compress(data))
-            self.frames += 1
-            step_done = False
-            if type(frame) is Spans:
-                self.spans += len(frame.kind)
-                step_done = self._completes_step(frame)
-            if step_done or time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
-                self._flush()
+            try:
+                data = wire.LEN.pack(len(body)) + body
+                self._adler = zlib.adler32(data, self._adler)
+                out = self.z.compress(data)
+                if out:
+                    self._put(out)
+                self.frames += 1
+                step_done = False
+                if type(frame) is Spans:
+                    self.spans += len(frame.kind)
+                    step_done = self._completes_step(frame)
+                if step_done or time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
+                    self._flush()
+            except OSError as e:
+                self._fail(e)
 
     def write(self, frame) -> None:
         """One frame (a ranks.frames Struct; a plain map from a test is written as it is)."""
@@ -88,20 +124,75 @@ class RecordWriter:
     def flush(self) -> None:
         with self.lock:
             if not self.closed:
-                self._flush()
+                try:
+                    self._flush()
+                except OSError as e:
+                    self._fail(e)
+
+    def _put(self, data: bytes) -> None:
+        """All of `data` to the file (a raw write may take part of it: the rest follows)."""
+        view = memoryview(data)
+        while view:
+            n = self.f.write(view)
+            self.size += n
+            view = view[n:]
 
     def _flush(self) -> None:
-        self.f.write(self.z.flush(zlib.Z_SYNC_FLUSH))
-        self.f.flush()
-        self.last_flush = time.monotonic()
+        self._put(self.z.flush(zlib.Z_SYNC_FLUSH))
+        self.last_flush = now = time.monotonic()
+        if not self._syncs or self._syncs[-1][0] != self.size:
+            self._syncs.append((self.size, self._adler, self.frames, dict(self._done)))
+            del self._syncs[:-SYNCS_KEPT]
+        if now - self._link_checked >= CHECK_LINK_S:  # removed: writing on fills the disk unseen
+            self._link_checked = now
+            if os.fstat(self.f.fileno()).st_nlink == 0:
+                raise OSError(0, "the file was removed")
+
+    def _fail(self, e: OSError) -> None:
+        """A write failed: end the file's stream at its last sync flush (or, where the disk
+        has no room for the end's 6 bytes there, at one before), close, say so once."""
+        self.closed = True
+        size, frames, done = self.size, 0, {}
+        for size, adler, frames, done in reversed(self._syncs):
+            try:  # the cut frees the bytes after the sync point: room for the stream's end
+                os.ftruncate(self.f.fileno(), size)
+                os.lseek(self.f.fileno(), size, os.SEEK_SET)
+                self.size = size
+                self._put(b"\x03\x00" + struct.pack(">I", adler & 0xFFFFFFFF))  # = Z_FINISH after a sync flush
+                break
+            except OSError:
+                continue
+        else:  # (not finalised: readers still read it up to the last sync point, and say so)
+            if self._syncs:
+                size, _adler, frames, done = self._syncs[-1]
+                try:
+                    os.ftruncate(self.f.fileno(), size)
+                except OSError:
+                    pass
+        try:
+            self.f.close()
+        except OSError:
+            pass
+        why = e.strerror or str(e) or type(e).__name__
+        steps = ", ".join(f"{s} step {k}" for s, k in done.items())
+        kept = f"{steps} ({frames} frames, " if steps else f"its first {frames} frames ("
+        self.error = (f"recording {self.path} stopped: {why}; it is kept up to {kept}"
+                      f"{size / 1024:.0f} KB) and reads back up to there")
+        if self.on_error is not None:
+            self.on_error(self.error)
+            return
+        raise RecordingStopped(self.error) from e
 
     def close(self) -> None:
         with self.lock:
             if self.closed:
                 return
-            self.f.write(self.z.flush(zlib.Z_FINISH))
-            self.f.close()
-            self.closed = True
+            try:
+                self._put(self.z.flush(zlib.Z_FINISH))
+                self.f.close()
+                self.closed = True
+            except OSError as e:
+                self._fail(e)
 
 
 def read_header(f, name: str) -> dict:

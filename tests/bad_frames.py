@@ -1,8 +1,8 @@
 """Hypothesis strategies: frames of every type that are valid msgpack maps but wrong.
 
 Each type has a valid example (`valid(t, r)`) and, per field, values that are wrong for
-it — written out here from what the frames mean, not read from ranks.schema, so tests
-built on them check the schema rather than repeat it. `bad_frame()` draws a type, then
+it — written out here from what the frames mean, not read from ranks.frames, so tests
+built on them check the protocol rather than repeat it. `bad_frame()` draws a type, then
 either one field set to a wrong value, a required field left out, or a frame-level
 inconsistency (columns that disagree, a rank outside the run, a bucket listed twice...).
 The run they are checked against: model small, 2 ranks, strategies naive and ddp.
@@ -45,6 +45,8 @@ def valid(t: str, r: int = 0) -> dict:
         "error": lambda: {"t": "error", "r": r, "msg": "boom", "tb": "Traceback ..."},
         "status": lambda: {"t": "status", "text": "hello", "level": "info", "ts": 1.0},
         "exit": lambda: {"t": "exit", "r": r, "status": "exited"},
+        "output": lambda: {"t": "output", "r": r, "stream": "out", "lines": ["iter 3: loss 2.1"], "dropped": 0,
+                           "ts": 1.0},
         "gpu": lambda: synthetic.SyntheticRun(MODEL, WORLD).gpu_frame(1),
         "cpu": lambda: {"t": "cpu", "ts": 1, "ranks": {"0": 50.0, "1": None}},
         "reject": lambda: {"t": "reject", "r": r, "ft": "hb", "why": "invalid hb frame", "ts": 1.0},
@@ -90,6 +92,8 @@ FIELDS: dict[str, dict[str, list]] = {
     "error": {"r": RANK, "msg": strs(4000), "tb": strs(8000)},
     "status": {"text": strs(4000), "level": ["panic", 1, None], "ts": [-1.0, NAN, "now", None]},
     "exit": {"r": RANK, "status": strs(200)},
+    "output": {"r": RANK, "stream": ["in", 1, None], "lines": ["x", None, [5], [None], ["x" * 2001], ["x"] * 1001],
+               "dropped": COUNT, "ts": [NAN, -1.0, "now"]},
     "gpu": {"ts": TS_NS, "gpus": ["x", None, [{"index": -1}], [{"index": 0, "util": NAN}],
                                   [{"index": 0, "name": 5}], [{"index": 0, "mem_used_mb": "1"}],
                                   [{"util": 5.0}], [5]]},
@@ -104,7 +108,7 @@ OPTIONAL = {"hello": {"local_rank", "pid", "host", "device", "backend", "model",
                       "threads", "uuid", "note", "torch"},
             "hb": {"ph", "drop", "dropf", "ts"}, "bye": {"why", "drop", "dropf"},
             "error": {"tb"}, "status": {"level", "ts"}, "buckets": {"cap_mb", "ddp_reported"},
-            "reject": {"r", "ft", "ts"}, "drop": {"bye"}, "stop": {"why"}}
+            "reject": {"r", "ft", "ts"}, "drop": {"bye"}, "stop": {"why"}, "output": {"stream", "dropped", "ts"}}
 
 
 def _spans_columns(f: dict, how: str) -> dict:

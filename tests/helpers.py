@@ -188,7 +188,7 @@ def synthetic_meta(model="small", world=2, strategies=("naive", "ddp"), batch=10
 def synthetic_frames(steps=6, model="small", world=2, strategies=("naive", "ddp"), seed=0,
                      cap_change_at=None, bucket_cap_mb=25.0) -> list[fr.Frame]:
     """Frames of a synthetic run, in the order a live run records them. With cap_change_at=k
-    a bucket_cap_mb event (and a new bucket layout) happens at step k, as the ranks send it."""
+    a bucket_cap_mb event (and a new bucket assignment) happens at step k, as the ranks send it."""
     run = SyntheticRun(model=model, world=world, strategies=strategies, seed=seed,
                        bucket_cap_mb=bucket_cap_mb)
     out = [fr.Status(text="synthetic run", level="info", ts=0.0)]

@@ -16,8 +16,8 @@ def a100_doc() -> dict:
         return json.load(f)
 
 
-def write_torch_layout(doc: dict, path: str) -> None:
-    """The layout torch's profiler writes: top-level keys, then one event per `\\n  {` block."""
+def write_torch_formatted(doc: dict, path: str) -> None:
+    """JSON formatted as torch's profiler writes it: top-level keys, then one event per `\\n  {` block."""
     opener = partial(gzip.open, compresslevel=1) if path.endswith(".gz") else open  # (fast; read the same)
     with opener(path, "wt") as f:
         f.write("{\n")
@@ -49,5 +49,5 @@ def a100_pair(d: str, shift_us: float = 250.0, gz: bool = True) -> str:
     with open(A100, "rb") as src, open(os.path.join(d, "rank0" + ext if gz else "rank0.json"), "wb") as dst:
         data = src.read()
         dst.write(data if gz else gzip.decompress(data))
-    write_torch_layout(shifted(doc, 1, shift_us), os.path.join(d, "rank1" + ext))
+    write_torch_formatted(shifted(doc, 1, shift_us), os.path.join(d, "rank1" + ext))
     return d

@@ -331,7 +331,7 @@ async def test_startup_screen_shows_progress_then_gives_way():
         text = "\n".join(drawn(body))
         assert "rank 0 connected — cpu · gloo" in text and "rank 1: waiting" in text
         footer = {k.action for k in app.screen.query(FooterKey)}
-        assert footer == {"quit", "help", "screenshot"}
+        assert footer == {"quit", "help", "screenshot", "output"}  # (output: a script's prints before its first step)
         src.add_steps(1)
         await pilot.pause(0.3)
         assert not isinstance(app.screen, StartupScreen)
@@ -517,7 +517,7 @@ async def test_four_panes_at_80x24_fall_back_to_compact_lanes_for_rank_0():
 
 
 @pytest.mark.asyncio
-async def test_full_layout_keeps_its_axis_when_there_is_room():
+async def test_full_pane_keeps_its_axis_when_there_is_room():
     app = DdpApp(SyntheticSource(strategies=("naive", "interleaved", "ddp", "single")))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -590,7 +590,7 @@ async def test_paused_scale_does_not_shrink_while_new_steps_arrive():
             src.add_steps(1)
             app.redraw()
             await pilot.pause()
-        assert pane.state.ms_per_cell == before and "PAUSED" in drawn(app.status_bar)[0]
+        assert pane.state.ms_per_cell == before and "PAUSED" in drawn(app.status_line)[0]
 
 
 @pytest.mark.asyncio

@@ -156,6 +156,42 @@ def test_waits_panel_and_headline_name_it():
     assert waits.culprit_gist(quiet.store, shown) == ""
 
 
+def test_no_verdict_before_a_full_window():
+    """A few steps of two ranks on busy cores name anyone (a live xlarge run read "slow: rank 0
+    · fc5 backward +35 ms" at step 2, gone by step 18): until a window of evidence.WINDOW
+    steps is full, nothing is named, even a real 40 ms straggler; the waits panel, the headline
+    and the headless line say how far the evidence is instead. At 20 steps it is named."""
+    from ddptui.reports.report import straggler_line
+
+    src = SyntheticSource(steps=0, model="medium")
+    src.run.slow, src.run.late = (1, 1, 40.0), NOISE
+    src.add_steps(10)  # steps 1..9 have collectives to judge (step 0 is never judged)
+    shown = {"naive": None, "ddp": None}
+    for s in ("naive", "ddp"):
+        st = src.store.summary(s)["stragglers"]
+        assert st["culprit"] == "" and st["culprit_rank"] is None and st["culprit_from"] is None, st
+        assert st["gathering"] and (st["evidence_steps"], st["window_steps"]) == (9, evidence.WINDOW)
+        assert st["evidence"]["culprit"] is None and st["evidence"]["findings"] == []
+        line = straggler_line({"strategy": s, "stragglers": st})
+        assert line.endswith("· no culprit named: gathering evidence (9/20 steps)"), line
+    text = "".join(t for line in waits.build(src.store, shown, 160, 6) for t, _ in line)
+    assert "culprit rank" not in text and text.count("gathering evidence (9/20 steps)") == 2, text
+    assert waits.culprit_gist(src.store, shown) == "" and waits.compact(src.store, shown) == ""
+    assert waits.culprit_rank(src.store, shown, "ddp") is None
+    note = waits.gathering(src.store, shown)
+    assert note == "gathering evidence (9/20 steps)"
+    line, verdict = headline.headline({"ddp_vs_naive": 1.5}, {"ddp": 40.0}, 120, "", note)
+    assert line == "DDP 1.50× faster than naive — 40 % of communication hidden behind backward · " \
+        "gathering evidence (9/20 steps)" and verdict == "good"
+    line, _ = headline.headline({"ddp_vs_naive": 1.5}, {"ddp": 40.0}, 60, "", note)
+    assert "slow" not in line and line.startswith("DDP 1.50× faster")  # the figures first
+    src.add_steps(11)  # 20 steps judged: a full window
+    st = src.store.summary("ddp")["stragglers"]
+    assert not st["gathering"] and st["culprit"] == "rank 1 · fc2 backward +40 ms"
+    assert waits.gathering(src.store, shown) == ""
+    assert waits.culprit_gist(src.store, shown) == "rank 1 · fc2 backward +40 ms"
+
+
 def test_median_of_the_others_matches_the_plain_definition():
     import random
     from statistics import median

@@ -224,3 +224,42 @@ def test_exported_file_has_ordinary_permissions(tmp_path, synthetic):
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_exports_name_a_user_models_layers_from_its_hello(tmp_path):
+    """A user's script under `ddptui run` writes a header without layer or parameter names;
+    rank 0's hello has them. The Chrome trace, the Kineto traces and the summary name the
+    layers by module ('forward blocks.0'), as the JSON and the UI do, never 'layer 3'."""
+    import msgspec
+
+    from ranks.frames import Hello
+
+    names = ["embed", "blocks.0", "blocks.1", "head"]
+    params = [(f"{names[li]}.{name.rsplit('.', 1)[1]}", e, li) for name, e, li in spec.param_table("small")]
+    frames = []
+    for f in synthetic_frames(steps=4, model="small", strategies=("ddp",)):
+        if type(f) is Hello:  # small has 4 layers: the user model's names in their place
+            f = msgspec.structs.replace(f, model="train.py", layers=names, params=params)
+        frames.append(f)
+    meta = {k: v for k, v in synthetic_meta(strategies=("ddp",)).items() if k not in ("layers", "params")}
+    meta["model"] = "train.py"
+    rec = tmp_path / "user.ddptui"
+    write_recording(rec, frames, meta=meta)
+    out = tmp_path / "t.json"
+    assert run_main("export", str(rec), "-o", str(out)).returncode == 0
+    doc = json.loads(out.read_text())
+    compute = {e["name"] for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "compute"}
+    assert compute == {f"{p} {n}" for p in ("forward", "backward") for n in names}, compute
+    assert doc["otherData"]["layers"] == names
+    comm = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "communication"]
+    assert comm and all(set(e["args"]["layer"]) <= set(names) for e in comm)
+    assert all(p.startswith(tuple(names)) for e in comm for p in e["args"]["params"])
+    kdir = tmp_path / "kineto"
+    r = run_main("export", str(rec), "--format", "kineto", "-o", str(kdir))
+    assert r.returncode == 0, r.stderr
+    kernels = {e["name"] for e in json.loads((kdir / "rank0.json").read_text())["traceEvents"]
+               if e.get("cat") == "kernel" and not e["name"].startswith(("nccl", "optimizer"))}
+    assert kernels == {f"{p} {n}" for p in ("forward", "backward") for n in names}, kernels
+    r = run_main("summary", str(rec), "--json", str(tmp_path / "s.json"))
+    assert r.returncode == 0 and "layer 1" not in r.stdout
+    assert json.loads((tmp_path / "s.json").read_text())["layers"] == names

@@ -67,7 +67,7 @@ def _check(doc, rec, layers, params, first_bucket_has, no_backward=()):
         (o0, o1), = by_kind[OPT].values()
         (s0, s1), = by_kind[STEP].values()
         assert max(t1 for _, t1 in by_kind[BWD].values()) <= o0 <= o1 <= s1, key
-        if key[1] > 0:  # (DDP's first step runs on its initial layout; it rebuilds after it)
+        if key[1] > 0:  # (DDP's first step runs on its initial bucket assignment; it rebuilds after it)
             assert comms[key] == len(buckets), key  # one AllReduce per bucket per step
 
 

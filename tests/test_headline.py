@@ -27,3 +27,18 @@ def test_headline_fits_and_tells_the_truth(ddp, singles, overlap, width):
         elif ddp > 1.005:
             assert "faster" in text and verdict == "good"
         assert f"{ddp:.2f}×" in text
+
+
+@settings(max_examples=200, deadline=None)
+@given(ddp=st.one_of(st.none(), ratio), overlap=st.dictionaries(st.sampled_from(["naive", "ddp"]), pct),
+       width=st.integers(min_value=20, max_value=160), k=st.integers(min_value=0, max_value=19))
+def test_gathering_evidence_is_said_where_it_fits_and_never_as_a_verdict(ddp, overlap, width, k):
+    """No verdict before a full window: the note ('gathering evidence (k/20 steps)') follows
+    the sentence the headline would show without it, when it fits, and never costs the
+    figures their room or reads as 'slow'."""
+    sp = {} if ddp is None else {"ddp_vs_naive": ddp}
+    note = f"gathering evidence ({k}/20 steps)"
+    plain, verdict = headline(sp, overlap, width)
+    text, verdict2 = headline(sp, overlap, width, "", note)
+    assert cell_len(text) <= width and verdict2 == verdict and "slow:" not in text
+    assert text in (plain, f"{plain} · {note}")

@@ -144,7 +144,7 @@ def test_comm_starts_threads_vs_serial():
 def test_ddp_runtime_stats_never_logged_inside_a_step(tmp_path):
     """DDP's forward logs runtime stats on its first 10 iterations (on CUDA: an event sync
     inside the measured step). ddptui's DDP does it only between steps, while it tracks the
-    bucket layout; after that, DDP's logging data stops moving."""
+    bucket assignment; after that, DDP's logging data stops moving."""
     import torch.distributed as dist
 
     from ranks.instrument import CpuClock

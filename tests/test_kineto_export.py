@@ -1,8 +1,10 @@
 """`ddptui export FILE --format kineto -o DIR`: one torch.profiler (Kineto) trace per rank,
 read back by Holistic Trace Analysis itself (the `hta` test extra; those tests skip without
-it) and checked for the layout HTA relies on (these run everywhere)."""
+it, except under CI=true, where they fail) and checked for the structure HTA relies on (these run
+everywhere)."""
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -13,11 +15,15 @@ import pytest
 from ddptui.model import figures
 from ddptui.recording.rankset import open_reader
 from ranks import wire
+from ranks.frames import Spans
 
 from .helpers import ROOT, run_cli
 
 SMALL = os.path.join(ROOT, "demo", "cpu-small-2ranks.ddptui")
 MEDIUM = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
+# a user's script under `ddptui run` (examples/train_transformer.py, 6 steps, 2 ranks): under
+# 128 kernels per rank but more events, the export HTA 0.5 fails on under pandas 3
+USER = os.path.join(ROOT, "tests", "data", "user-transformer-2ranks.ddptui")
 
 
 def export(rec: str, out, *extra) -> list[dict]:
@@ -31,9 +37,9 @@ def ddptui_overlap(rec: str, strategy: str, steps: set[int]) -> dict[int, float]
     """ddptui's own overlap per rank over the given steps (figures.rank_step summed)."""
     acc: dict[int, list[float]] = {}
     for _, f in open_reader(rec):
-        if f["t"] == "spans" and f["s"] == strategy and f["k"] in steps:
+        if type(f) is Spans and f.strategy == strategy and f.step in steps:
             x = figures.rank_step(wire.decode_spans(f), lambda i: 0)
-            a = acc.setdefault(f["r"], [0.0, 0.0])
+            a = acc.setdefault(f.rank, [0.0, 0.0])
             a[0] += x.comm_ms
             a[1] += x.exposed_ms
     return {r: figures.overlap_pct(c, e) for r, (c, e) in acc.items()}
@@ -43,12 +49,12 @@ def steps_of(rec: str, strategy: str, kind: int = wire.STEP) -> Counter:
     """Spans of one kind per rank (default: steps) of a strategy, from the recording."""
     c: Counter = Counter()
     for _, f in open_reader(rec):
-        if f["t"] == "spans" and f["s"] == strategy:
-            c[f["r"]] += list(wire.decode_spans(f).kind).count(kind)
+        if type(f) is Spans and f.strategy == strategy:
+            c[f.rank] += list(wire.decode_spans(f).kind).count(kind)
     return c
 
 
-def test_layout_hta_relies_on(tmp_path):
+def test_structure_hta_relies_on(tmp_path):
     docs = export(SMALL, tmp_path / "k")
     assert sorted(os.listdir(tmp_path / "k")) == ["rank0.json", "rank1.json"]
     want = steps_of(SMALL, "ddp")
@@ -110,11 +116,18 @@ def test_strategy_and_errors(tmp_path):
 
 @pytest.fixture
 def hta():
+    if os.environ.get("CI") == "true":  # .ci/run installs the hta extra: no skipping there
+        try:
+            return importlib.import_module("hta.trace_analysis")
+        except ImportError as e:
+            pytest.fail(f"CI=true and HolisticTraceAnalysis does not import ({e}): .ci/run "
+                        "installs it (DDPTUI_EXTRAS='[test,hta]')")
     return pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed "
                                "(pip install -e '.[hta]')")
 
 
-@pytest.mark.parametrize("rec,strategy", [(SMALL, "ddp"), (SMALL, "interleaved"), (MEDIUM, "ddp")])
+@pytest.mark.parametrize("rec,strategy", [(SMALL, "ddp"), (SMALL, "interleaved"), (MEDIUM, "ddp"),
+                                          (USER, "ddp")])
 def test_hta_reads_every_rank_and_agrees_on_overlap(tmp_path, hta, rec, strategy):
     out = tmp_path / "k"
     export(rec, out, "--strategy", strategy)

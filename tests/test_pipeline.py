@@ -114,13 +114,13 @@ def test_interleaved_allreduces_run_concurrently_and_the_lane_shows_it(run):
 @pytest.mark.slow
 def test_ddp_buckets_match_what_ddp_reports(run):
     st = run.store
-    layouts = st.layouts[("ddp", 0)]
-    final = layouts[-1]
+    history = st.bucket_assignments[("ddp", 0)]
+    final = history[-1]
     assert final[0] == 1  # DDP rebuilds its buckets at the start of the second step
     sizes = [b[2] for b in sorted(final[2])]
     assert len(sizes) >= 2
     # what DDP itself reports (the worker reads _get_ddp_logging_data) vs what our comm hook saw
-    assert sizes == st.ddp_reported[("ddp", 0)] == st.ddp_reported[("ddp", 1)]
+    assert sizes == st.ddp_reported("ddp", 0) == st.ddp_reported("ddp", 1)
     covered = sorted(p for b in final[2] for p in b[1])
     assert covered == list(range(N_PARAMS))  # every parameter exactly once
     for step in (1, 2, 3):

@@ -116,12 +116,16 @@ async def test_live_frames_are_prepared_off_the_drawing_thread_for_256_ranks():
                 await asyncio.sleep(0.01)
             for made in threads.values():  # (the first frame, before the feed: made here)
                 made.clear()
-            while (src.store.latest_complete("ddp") or 0) < 25 and time.monotonic() < deadline:
+            # (every step of the feed: no verdict before a full window of 20 steps is on screen)
+            while (src.store.latest_complete("ddp") or 0) < 30 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert src.updater.running and src.updater.after is not None
-            await pilot.pause(0.3)
             pane = app.panes["ddp"]
-            rows = [pane.render_line(y).text for y in range(pane.size.height)]
+            while time.monotonic() < deadline:  # (the view takes up a newer step every 0.5 s)
+                await pilot.pause(0.1)
+                rows = [pane.render_line(y).text for y in range(pane.size.height)]
+                if any("culprit" in r for r in rows):
+                    break
             # what the live run made (once the source stops, so does its Updater: a last frame
             # of steps it had not prepared yet is made by the drawing thread, as in a replay)
             live = {k: set(v) for k, v in threads.items()}

@@ -80,7 +80,7 @@ def test_verify_bad_options_one_line():
 
 # -- the matcher on hand-made records ------------------------------------------------------------
 def _ev(name, t0, t1, seq=-1, tid=1, shapes=None):
-    return verify.Ev(name, tid, t0, t1, seq, 0, 0, 0, shapes)
+    return verify.ProfEvent(name, tid, t0, t1, seq, 0, 0, 0, shapes)
 
 
 def _profile_step(base=0):
@@ -110,16 +110,16 @@ def test_matcher_pairs_structurally_and_counts_size_mismatches():
     assert p.fwd == {0: (100, 250), 1: (250, 400)}
     # layer 0 ends with its gradient accumulated, and starts where layer 1 ended
     assert p.bwd == {1: (500, 620), 0: (620, 820)}
-    d = verify.DStep("naive", 1, 0, 1100, fwd={0: (100, 250), 1: (250, 400)},
-                bwd={1: (500, 620), 0: (620, 820)},
-                comm=[(0, 900, 950, 890), (1, 960, 990, 955)], opt=(1000, 1100))
+    d = verify.SpanStep("naive", 1, 0, 1100, fwd={0: (100, 250), 1: (250, 400)},
+                        bwd={1: (500, 620), 0: (620, 820)},
+                        comm=[(0, 900, 950, 890), (1, 960, 990, 955)], opt=(1000, 1100))
     sizes = {0: 24, 1: 8}
     pairs, notes = verify.match_rank([d], ps, lambda s, k, i: sizes[i])
-    assert all(x.d_start == 0 and x.d_end == 0 for x in pairs)
+    assert all(x.start_delta == 0 and x.end_delta == 0 for x in pairs)
     assert sorted(x.kind for x in pairs) == sorted([STEP, OPT, FWD, FWD, BWD, BWD, COMM, COMM])
     # a collective of the wrong size is not silently paired
     pairs, notes = verify.match_rank([d], ps, lambda s, k, i: {0: 24, 1: 12}[i])
-    assert [x.d_start for x in pairs if x.kind == COMM] == [0, None] and notes
+    assert [x.start_delta for x in pairs if x.kind == COMM] == [0, None] and notes
     # a step more on one side: nothing of that rank can be paired
     pairs, notes = verify.match_rank([d, d], ps, lambda s, k, i: sizes[i])
-    assert all(x.d_start is None for x in pairs) and notes
+    assert all(x.start_delta is None for x in pairs) and notes

@@ -84,10 +84,10 @@ def _run(strategies=("naive", "ddp"), steps=3, **kw):
 
 def _verify(r, shift=None, backend="nccl", check_comm=True):
     prof = verify.profile_from_kineto(r.trace())
-    dsteps = verify.steps_from_batches(r.batches(shift))
-    psteps = verify.profile_steps(prof, r.n_layers)
-    pairs, notes = verify.match_rank(dsteps, psteps, r.comm_bytes, n_layers=r.n_layers,
-                                check_comm=check_comm)
+    span_steps = verify.steps_from_batches(r.batches(shift))
+    profiled_steps = verify.profile_steps(prof, r.n_layers)
+    pairs, notes = verify.match_rank(span_steps, profiled_steps, r.comm_bytes, n_layers=r.n_layers,
+                                     check_comm=check_comm)
     tol, late = verify.tolerances(True, backend)
     rows = verify.summarize(pairs, tol, ["naive", "ddp"], late_only=late)
     return {(x["strategy"], x["kind"]): x for x in rows}, notes

@@ -1,4 +1,4 @@
-"""The UI's view model without Textual: shown steps, pause and stepping, zoom, scale, layout."""
+"""The UI's view model without Textual: shown steps, pause and stepping, zoom, scale, screen plan."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ from ddptui.live.session import LiveRun
 from ddptui.ui.source import BucketControl, Source, Transport
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun, fill_store
-from ddptui.ui.viewmodel import FOLLOW_EVERY_S, PanelSpec, ViewModel, plan_layout
+from ddptui.ui.viewmodel import FOLLOW_EVERY_S, PanelSpec, ViewModel, plan_screen
 
 
 def filled(steps: int = 6) -> Store:
@@ -73,8 +73,8 @@ PANELS = [PanelSpec("figures", 4, 4, 60), PanelSpec("gpu", 2, 5, 60), PanelSpec(
 @pytest.mark.parametrize("w,h,cols,shown", [
     (80, 24, 1, {"figures", "gpu"}), (120, 40, 1, {"figures", "gpu"}),
     (200, 50, 2, {"figures", "gpu", "history", "buckets"}), (300, 80, 2, {"figures", "gpu", "history", "buckets"})])
-def test_layout_places_panels_by_priority_and_fills_the_height(w, h, cols, shown):
-    plan = plan_layout(w, h, [2, 2], PANELS)
+def test_screen_plan_places_panels_by_priority_and_fills_the_height(w, h, cols, shown):
+    plan = plan_screen(w, h, [2, 2], PANELS)
     assert plan.cols == cols and plan.shown == shown
     assert sum(plan.pane_rows) + sum(plan.shelf_rows) + 5 == h  # every row used
     assert all(r >= 5 for r in plan.pane_rows)
@@ -84,8 +84,8 @@ def test_layout_places_panels_by_priority_and_fills_the_height(w, h, cols, shown
 
 def test_a_new_panel_takes_its_place_with_no_change_to_the_plan():
     more = PANELS + [PanelSpec("waits", 3, 6, 60)]
-    assert "waits" in plan_layout(300, 80, [2, 2], more).shown
-    assert "waits" not in plan_layout(80, 24, [2, 2], more).shown  # lowest priority: no room
+    assert "waits" in plan_screen(300, 80, [2, 2], more).shown
+    assert "waits" not in plan_screen(80, 24, [2, 2], more).shown  # lowest priority: no room
 
 
 def test_sources_declare_what_they_can_do():

@@ -24,7 +24,7 @@ DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
 @pytest.mark.slow  # (a real DDP, re-wrapped at every cap)
 @pytest.mark.parametrize("model", ["medium", "xlarge"])
 def test_buckets_equal_a_real_ddps_at_every_cap(tmp_path, model):
-    """The layout ddptui records from a real DDP (its comm hook's buckets, after DDP rebuilt
+    """The bucket assignment ddptui records from a real DDP (its comm hook's buckets, after DDP rebuilt
     them), at DDP's default cap and at each cap of the ladder, is what assign_buckets says."""
     import torch.distributed as dist
 
@@ -51,7 +51,7 @@ def test_buckets_equal_a_real_ddps_at_every_cap(tmp_path, model):
             want = W.assign_buckets(order, nbytes, cap or spec.DEFAULT_BUCKET_CAP_MB, explicit=cap is not None)
             assert [(b, list(ps), nb) for b, ps, nb in got] == want, (model, cap)
             assert s.reported_sizes() == [nb for _, _, nb in want]
-            # the order it reduces in is the recorded layout's
+            # the order it reduces in is the recorded bucket assignment's
             assert W.ready_order([list(b) for b in got], len(nbytes)) == order
     finally:
         dist.destroy_process_group()
@@ -89,9 +89,9 @@ def hand_basis(lanes: int = 2, world: int = 2) -> W.Basis:
     bucket [3, 2, 1, 0] ready at 40 ms, reduced 40-60 ms on both ranks."""
     kb = 1024
     pbytes = [4 * W.MIB, kb, 2 * W.MIB, kb]
-    layout = [[0, [3, 2, 1, 0], sum(pbytes)]]
+    assignment = [[0, [3, 2, 1, 0], sum(pbytes)]]
     tr = W.trace_step({r: two_layer_step(r, [(0, 40_000, 40_000, 60_000)]) for r in range(world)})
-    return W.Basis("ddp", world, lanes, "gloo", pbytes, [0, 0, 1, 1], 25.0, True, layout, [5], [tr],
+    return W.Basis("ddp", world, lanes, "gloo", pbytes, [0, 0, 1, 1], 25.0, True, assignment, [5], [tr],
                    [{0: sum(pbytes)}])
 
 

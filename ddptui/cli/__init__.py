@@ -1,1 +1,1 @@
-"""The command line: `main` (the parser and the live verb) and one module per verb (replay, export, summary, bench, run, verify, serve, join); `options` declares every numeric option once."""
+"""The command line: `main` (the parser and the live verb) and one module per verb (replay, export, summary, bench, whatif, run, verify, serve, join); `options` declares every numeric option once."""

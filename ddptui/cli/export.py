@@ -30,7 +30,7 @@ def parser() -> Parser:
                         "FILE with .kineto)")
     p.add_argument("--format", choices=("chrome", "kineto"), default="chrome",
                    help="chrome (default): one Trace Event Format file of every rank and "
-                        "strategy; kineto: one trace per rank of one strategy, in the layout "
+                        "strategy; kineto: one trace per rank of one strategy, in the form "
                         "torch.profiler writes (ProfilerStep#k, spans as kernels on streams)")
     p.add_argument("--strategy", metavar="NAME",
                    help="kineto: the strategy whose steps to write (default: ddp when recorded, "

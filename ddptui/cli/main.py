@@ -1,4 +1,4 @@
-"""Command line: `ddptui` (live UI), `--headless`, and the replay/export/summary/bench verbs."""
+"""Command line: `ddptui` (live UI), `--headless`, and the parser of every verb (each in its own module)."""
 from __future__ import annotations
 
 import argparse

@@ -20,6 +20,7 @@ from ranks import spec
 from .common import CliError, check_writable_path, Parser, sigterm_to_interrupt, check_environment, record_path
 from .common import open_live_ui, require_terminal
 from .options import add_numeric
+from ddptui.live.output import CHOICES as OUTPUT_CHOICES
 from ddptui.live.session import LiveRun, RunOptions
 
 
@@ -41,6 +42,10 @@ def parser() -> Parser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="cpu hides the GPUs from the script (default auto)")
     p.add_argument("--threads", type=int, default=1, help="OMP threads per CPU rank (default 1)")
+    p.add_argument("--output", choices=OUTPUT_CHOICES, default="0",
+                   help="with --headless: whose output (the script's prints, stdout and stderr) to pass "
+                        "through, each line prefixed [rankN]: as torchrun does: 0 (rank 0, the default), "
+                        "all, or none. Every rank's is recorded and shown in the UI (key o) either way")
     p.add_argument("script", metavar="SCRIPT", help="the training script (after --)")
     p.add_argument("args", nargs="*", metavar="ARGS", help="its arguments")
     return p
@@ -129,15 +134,18 @@ def main(argv: list[str]) -> int:
     a, opts, plan, run = build(argv)
     if a.headless:
         signal.signal(signal.SIGTERM, sigterm_to_interrupt)
-        return headless(run, opts, a.json)
+        return headless(run, opts, a.json, a.output)
     require_terminal("the live UI", "use --headless to run without one")
     return open_live_ui(opts, plan, run)
 
 
-def headless(run: UserRun, opts: RunOptions, json_path: str | None) -> int:
-    """The live headless run's loop (progress, figures, JSON) around a UserRun."""
+def headless(run: UserRun, opts: RunOptions, json_path: str | None, output: str = "0") -> int:
+    """The live headless run's loop (progress, figures, JSON) around a UserRun; `output`: whose
+    output to pass through (ddptui.live.output.pass_through)."""
     from ddptui.live.headless import Progress, _report
     from ddptui.live.loop import watch
+    from ddptui.live.output import pass_through
+    run.on_output = pass_through(output)
     prog = Progress(run.store)
     if opts.record:
         prog.say(f"recording to {opts.record}")

@@ -108,7 +108,7 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
     """(JSON document, printed table, notes) for a finished run's store and rank profiles."""
     n_layers = len(spec.MODEL_WIDTHS[model]) - 1
     notes: list[str] = []
-    pairs: list[verify.Pair] = []
+    pairs: list[verify.SpanPair] = []
     ranks = store.rank_snapshot()
     raw = store.span_batches()
     paths = sorted(glob.glob(os.path.join(prof_dir, "profile.rank*.json")))
@@ -131,14 +131,14 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
         lo, hi = prof.window
         batches = [b for s, per in raw.items() for k, rs in per.items() if lo <= k < hi
                    for r, b in rs.items() if r == prof.rank]
-        dsteps = verify.steps_from_batches(batches)
-        psteps = verify.profile_steps(prof, n_layers)
+        span_steps = verify.steps_from_batches(batches)
+        profiled_steps = verify.profile_steps(prof, n_layers)
 
         def comm_bytes(strategy, step, idx, r=prof.rank):
             return store.comm_bytes_fn(strategy, r, step)(idx)
 
-        got, rank_notes = verify.match_rank(dsteps, psteps, comm_bytes, n_layers=n_layers,
-                                       check_comm=check_comm)
+        got, rank_notes = verify.match_rank(span_steps, profiled_steps, comm_bytes, n_layers=n_layers,
+                                            check_comm=check_comm)
         pairs.extend(got)
         notes.extend(f"rank {prof.rank}: {n}" for n in rank_notes)
     for r in sorted(set(ranks) - have):
@@ -148,7 +148,7 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
                 if k >= 1 and r in rs:
                     for kd in rs[r].kind:
                         if kd != COMM or check_comm:
-                            pairs.append(verify.Pair(s, kd, None, None))
+                            pairs.append(verify.SpanPair(s, kd, None, None))
     tol, late = verify.tolerances(cuda, backend)
     rows = verify.summarize(pairs, tol, [s for s in strategies if s in raw], late_only=late)
     doc = {"ok": bool(rows) and all(r["ok"] for r in rows),

@@ -13,6 +13,11 @@ everything else goes on. What else a rejection means is the caller's: the collec
 that connection (its stream can no longer be trusted); a recording goes on with its next
 frame. Bytes a recording cannot split into frames (corrupt compression, a bad length) are
 not frames at all: the Reader stops there and calls it damage.
+
+The sink (the live recorder) failing is not the frame's fault: the frame stands (the store
+has it), the sink gets no more frames, and that is said once (`on_sink_error`, else a
+warning in the store's log). Recording stops alone: no frame is rejected for it and no
+connection dropped (a full disk must not end a run).
 """
 from __future__ import annotations
 
@@ -23,15 +28,19 @@ from ranks import frames, wire
 from ranks.frames import Frame, FrameError, Invalid
 
 MAX_WHY = 300
+_decode = frames.decoder().decode
+_TAG = frames.TAG
 
 
 class Feed:
     """Frames into `store`; `sink(body, frame)` gets every frame taken and every reject
     frame made (the live recorder), or None."""
 
-    def __init__(self, store, sink=None):
+    def __init__(self, store, sink=None, on_sink_error=None):
         self.store = store
         self.sink = sink
+        self.on_sink_error = on_sink_error  # called once with the sink's exception (None: logged here)
+        self.sink_error: str | None = None  # why the sink was switched off
         self.seen = 0  # frames offered
         self.rejected = 0  # frames rejected
         self.first_reject: str | None = None  # "after N frames: why" of the first one
@@ -42,17 +51,24 @@ class Feed:
     def body(self, body: bytes, rank: int | None = None, types=frames.RECORDED_FRAMES) -> Frame | None:
         """Decode, validate and take one frame body; returns the frame, or None when rejected."""
         try:
-            f = frames.decode(body)
-        except frames.Undecodable as e:
-            self.seen += 1
-            self.reject(rank, None, f"{e}")
-            return None
-        except FrameError as e:
-            self.seen += 1
-            peek = frames.decode_or_invalid(body)
-            self.reject(self._rank_of(peek, rank), peek.type if type(peek) is Invalid else None, str(e))
+            f = _decode(body)  # one C call: msgpack to the frame's Struct, every field checked
+        except Exception:  # noqa: BLE001 - said again, with its reason, by frames.decode
+            self._refused(body, rank)
             return None
         return f if self._take(f, body, rank, types) else None
+
+    def _refused(self, body: bytes, rank: int | None) -> None:
+        self.seen += 1
+        try:
+            frames.decode(body)
+        except frames.Undecodable as e:
+            self.reject(rank, None, str(e))
+            return
+        except FrameError as e:
+            peek = frames.decode_or_invalid(body)
+            self.reject(self._rank_of(peek, rank), peek.type if type(peek) is Invalid else None, str(e))
+            return
+        self.reject(rank, None, "undecodable frame")  # (decodes now: cannot happen)
 
     def frame(self, f, rank: int | None = None, types=frames.RECORDED_FRAMES, body: bytes | None = None) -> bool:
         """Take one frame: a Struct made in this process (validated here as if it had come
@@ -76,22 +92,23 @@ class Feed:
         """A decoded, validated frame: from `rank` only, of `types` only; into the store (its
         cross-field rules against the run checked there) and the sink."""
         self.seen += 1
-        t = frames.TAG[type(f)]
+        t = _TAG[f.__class__]
         try:
             if t not in types:
                 raise FrameError(f"unexpected frame type {t[:20]!r}")
             if rank is not None and getattr(f, "rank", None) != rank:
                 raise FrameError(f"rank {rank} sent a frame for rank {str(getattr(f, 'rank', None))[:20]}")
-            with self._order:
-                self.store.ingest(f, validated=True)
-                if self.sink is not None:
-                    try:
-                        self.sink(body, f)
-                    except Exception as e:  # noqa: BLE001
-                        raise _SinkError(e) from e
-        except _SinkError as e:
-            self.reject(rank, t, f"internal error recording a {t} frame ({_why(e.__cause__)})")
-            return False
+            if self.sink is None:  # (the store has its own lock; the order lock is for the sink)
+                self.store.ingest(f, True)
+            else:
+                with self._order:
+                    self.store.ingest(f, True)
+                    sink = self.sink
+                    if sink is not None:
+                        try:
+                            sink(body, f)
+                        except Exception as e:  # noqa: BLE001 - recording stops, the frame stands
+                            self.sink_failed(e)
         except FrameError as e:
             why = str(e) if str(e).startswith(("unexpected", "rank ", "invalid ")) else f"invalid {t} frame: {e}"
             self.reject(self._rank_of(f, rank), t, why)
@@ -122,15 +139,28 @@ class Feed:
         """A frame the app itself makes (reject, drop, node): into the store and the sink."""
         with self._order:
             self.store.ingest(f, validated=True)
-            if self.sink is not None:
+            sink = self.sink
+            if sink is not None:
                 try:
-                    self.sink(frames.encode(f), f)
-                except Exception:  # noqa: BLE001 - the store has it; a failing recorder is logged elsewhere
-                    pass
+                    sink(frames.encode(f), f)
+                except Exception as e:  # noqa: BLE001 - the store has it
+                    self.sink_failed(e)
 
-
-class _SinkError(Exception):
-    """The sink (the recorder) failed on a frame the store took."""
+    def sink_failed(self, e: BaseException) -> None:
+        """The sink failed (a full disk, a removed file, a bug): it gets no more frames, and
+        that is said once; the frame it failed on stands."""
+        with self._order:
+            if self.sink is None:
+                return
+            self.sink = None
+            self.sink_error = _why(e)
+            try:
+                if self.on_sink_error is not None:
+                    self.on_sink_error(e)
+                    return
+            except Exception as e2:  # noqa: BLE001 - said here instead
+                self.sink_error += f" (then {_why(e2)})"
+            self.store.add_log(f"recording stopped: {self.sink_error}", "warn")
 
 
 def _why(e: BaseException) -> str:

@@ -1,1 +1,1 @@
-"""A live run: the torchrun launcher, the LiveRun session (collector, recorder, samplers), NVML/CPU samplers, the headless run, and multi-node (node 0's listener, its options)."""
+"""A live run: the torchrun launcher, the LiveRun session (collector, recorder, samplers), NVML/CPU samplers, the one watch loop and what it watches for, the headless run, the load generator, and multi-node (node 0's listener, its options)."""

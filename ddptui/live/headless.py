@@ -77,6 +77,8 @@ def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, 
 def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=None) -> None:
     report_run(store, json_path, lambda dropped: {"state": run.state, "message": run.message,
                                                   "recording": opts.record, "dropped_spans": dropped,
+                                                  **({"recording_error": run.recording_error}
+                                                     if run.recording_error else {}),
                                                   **clock_offsets(store)},
                out=out, err=err)
     if len(store.hosts()) > 1:  # multi-node: a line per host
@@ -90,7 +92,9 @@ def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=No
             print(f"  node {h['node']} {h['host']} {span_text(h['ranks'])} · clock {off} · "
                   f"last arriver {last} · waits {_fmt(h['wait_ms'])} ms · step {_fmt(h['step_ms'])} ms",
                   file=out)
-    if opts.record:
+    if opts.record and run.recording_error:  # (the warning said where and why)
+        print(f"ddptui: recorded to {opts.record} up to where it stopped", file=err or sys.stderr)
+    elif opts.record:
         print(f"ddptui: recorded to {opts.record}", file=err or sys.stderr)
 
 

@@ -134,22 +134,27 @@ def describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
-def with_log_dir(cmd: list[str], log_dir: str) -> list[str]:
+def with_log_dir(cmd: list[str], log_dir: str, redirect: bool = False) -> list[str]:
     """torchrun's own files (one folder per attempt, error files) under `log_dir` instead of a
-    `torchelastic_*` folder it would leave in the temp directory after every run. A command
-    that is not `python -m torch.distributed.run ...` is returned as it is."""
+    `torchelastic_*` folder it would leave in the temp directory after every run; `redirect`:
+    each rank's stdout and stderr to files there too (``<run>/attempt_<n>/<local rank>/
+    std{out,err}.log``, read by ddptui.live.output). A command that is not `python -m
+    torch.distributed.run ...` is returned as it is."""
     at = cmd.index("torch.distributed.run") + 1 if "torch.distributed.run" in cmd else 0
     if at < 3 or cmd[at - 2] != "-m":
         return list(cmd)
-    return [*cmd[:at], "--log-dir", log_dir, *cmd[at:]]
+    return [*cmd[:at], "--log-dir", log_dir, *(["--redirects", "3"] if redirect else []), *cmd[at:]]
 
 
 class Launcher:
     """torchrun in a new session; its output goes to a log file, its own files to a folder
-    beside it (the run's private folder, removed with it)."""
+    beside it, `log_dir` (the run's private folder, removed with it); `redirect_output`: the
+    ranks' stdout and stderr to files there, one per rank and stream."""
 
-    def __init__(self, cmd: list[str], env: dict, log_path: str, cwd: str | None = None):
-        cmd = with_log_dir(cmd, os.path.join(os.path.dirname(os.path.abspath(log_path)), "torchrun"))
+    def __init__(self, cmd: list[str], env: dict, log_path: str, cwd: str | None = None,
+                 redirect_output: bool = False):
+        self.log_dir = os.path.join(os.path.dirname(os.path.abspath(log_path)), "torchrun")
+        cmd = with_log_dir(cmd, self.log_dir, redirect_output)
         self.cmd = cmd
         self.log_path = log_path
         self.log = open(log_path, "wb")

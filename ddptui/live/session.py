@@ -22,7 +22,8 @@ from ddptui.ingest.feed import Feed
 from .launcher import (PROJECT_ROOT, Launcher, Plan, describe_exit, rank_exit_codes, torchrun_cmd,  # noqa: F401
                        worker_args, worker_env)  # (PROJECT_ROOT: where `ddptui join` starts torchrun too)
 from .nvml import CpuSampler, GpuSampler
-from ranks.recfile import RecordWriter
+from .output import OutputTail
+from ranks.recfile import RecordingStopped, RecordWriter
 from ddptui.model.store import Store
 from ddptui.model.updater import Updater
 from .watchdog import Watchdog
@@ -53,7 +54,9 @@ class LiveRun:
         self.opts = opts
         self.plan = plan
         self.store = store or Store()
-        self.feed = Feed(self.store, sink=self._sink)  # every frame in, with one damage policy
+        # every frame in, with one damage policy; the recorder failing stops recording alone
+        self.feed = Feed(self.store, sink=self._sink, on_sink_error=self._recording_failed)
+        self.recording_error: str | None = None  # where and why the recording stopped early
         self.state = "created"  # starting | running | finished | failed | stopped
         self.message = ""
         self.exit_code: int | None = None
@@ -72,6 +75,10 @@ class LiveRun:
         self.multinode = opts.multinode
         self.listener = None  # multi-node: ddptui.live.netlisten.NetListener
         self.updater = Updater(self.store)  # the store's figures, off the drawing thread
+        # the ranks' own output (a script's prints): read from torchrun's files into Output
+        # frames; `on_output(rank, stream, line)`, set before start(), sees every line (headless)
+        self.on_output = None
+        self.output: OutputTail | None = None
 
     # -- metadata ----------------------------------------------------------------------
     def meta(self) -> dict:
@@ -111,7 +118,11 @@ class LiveRun:
             m = self.multinode
             cmd = node_cmd(m.nnodes, m.node_rank, m.nproc_per_node, m.rdzv_endpoint, m.run_id, args)
             self.listener = start_listener(self, args, env)
-        self.launcher = Launcher(cmd, env, log_path, cwd=self.cwd)
+        one_host = self.multinode is None  # (other nodes' ranks: their own torchrun's files)
+        self.launcher = Launcher(cmd, env, log_path, cwd=self.cwd, redirect_output=one_host)
+        if one_host:
+            self.output = OutputTail(self.launcher.log_dir, self.feed.frame, self.on_output)
+            self.output.start()
         self._sampler = threading.Thread(target=self._sample_loop, name="ddptui-sampler", daemon=True)
         self._sampler.start()
         self.updater.start()
@@ -137,7 +148,31 @@ class LiveRun:
 
     def _record(self, frame: frames.Frame) -> None:
         """A frame into the recording only (not the store)."""
-        self._sink(frames.encode(frame), frame)
+        if self.feed.sink is None:  # (recording stopped)
+            return
+        try:
+            self._sink(frames.encode(frame), frame)
+        except Exception as e:  # noqa: BLE001 - recording stops alone
+            self.feed.sink_failed(e)
+
+    def _recording_failed(self, e: BaseException) -> None:
+        """The recorder failed (a full disk, the file removed): recording stops, said once in
+        a warning with where the file ends and why; the run, its screen, figures and JSON go
+        on. The file is finalised as far as it got (RecordWriter)."""
+        self.feed.sink = None
+        with self._rec_lock:
+            if self.recording_error is not None:
+                return
+            self._pending = []
+            self.recording_error = str(e) if isinstance(e, RecordingStopped) else \
+                f"recording {self.opts.record} stopped: {type(e).__name__}: {e}"
+            rec = self.recorder
+        if rec is not None:
+            try:
+                rec.close()  # (after another failure: the file ends cleanly where it got to)
+            except OSError:
+                pass
+        self.store.add_log(self.recording_error + "; the run goes on without it", "warn")
 
     def _open_recording(self) -> None:
         meta = self.meta()
@@ -174,8 +209,11 @@ class LiveRun:
                     pids = {r: i.pid for r, i in self.store.rank_snapshot().items() if i.pid}
                     f = cpu.sample(pids)
                 self.feed.frame(f)
-                if self.recorder is not None:
-                    self.recorder.flush()
+                if self.recorder is not None and self.recording_error is None:
+                    try:
+                        self.recorder.flush()
+                    except Exception as e:  # noqa: BLE001 - recording stops alone
+                        self.feed.sink_failed(e)
             except Exception as e:  # noqa: BLE001 - sampling must never break the run
                 self.store.add_log(f"sampler: {type(e).__name__}: {e}", "warn")
 
@@ -296,11 +334,16 @@ class LiveRun:
             self.launcher.stop(grace=5.0, workers=self.rank_pids())
         if self.collector is not None:
             self.collector.close()
-        with self._rec_lock:
-            if self.recorder is None and self.opts.record and self._pending:
-                self._open_recording()
-            if self.recorder is not None:
-                self.recorder.close()
+        if self.output is not None:  # (the ranks are gone: their output to its end, recorded)
+            self.output.close()
+        try:
+            with self._rec_lock:
+                if self.recorder is None and self.opts.record and self._pending and self.recording_error is None:
+                    self._open_recording()
+                if self.recorder is not None:
+                    self.recorder.close()
+        except Exception as e:  # noqa: BLE001 - recording stops alone
+            self.feed.sink_failed(e)
         if getattr(self, "run_dir", None):
             shutil.rmtree(self.run_dir, ignore_errors=True)
         self.updater.stop()

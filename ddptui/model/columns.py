@@ -10,8 +10,8 @@ from __future__ import annotations
 from ranks.wire import BWD, COMM, FWD, STEP
 
 
-class Layout:
-    """The positions of a batch's spans by kind."""
+class Placement:
+    """Where each kind of span sits in a batch: the positions of its spans by kind."""
     __slots__ = ("compute", "comm", "step", "comm_idx", "comm_keys", "sections")
 
     def __init__(self, kind, idx):
@@ -35,13 +35,13 @@ _KEPT: dict = {}
 _KEPT_MAX = 256
 
 
-def layout(b) -> Layout:
-    """A span batch's Layout (the same object for every batch with the same kind and idx)."""
+def placement(b) -> Placement:
+    """A span batch's Placement (the same object for every batch with the same kind and idx)."""
     idx = b.idx
     key = (bytes(b.kind), idx.tobytes() if hasattr(idx, "tobytes") else tuple(idx))
     got = _KEPT.get(key)
     if got is None:
         if len(_KEPT) >= _KEPT_MAX:
             _KEPT.clear()
-        got = _KEPT[key] = Layout(b.kind, idx)
+        got = _KEPT[key] = Placement(b.kind, idx)
     return got

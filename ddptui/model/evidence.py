@@ -40,7 +40,7 @@ from statistics import median
 
 from ranks.wire import BWD, FWD
 
-from .columns import layout
+from .columns import placement
 
 WINDOW = 20  # steps a verdict is over (the panel's window; 10 s at 0.5 s a step)
 FAST_QUANTILE = 0.10  # a section's cost on a rank: this quantile of its window (the fast steps)
@@ -57,9 +57,9 @@ Sections = dict[int, dict[Section, float]]  # rank -> section -> ms (one step)
 def sections_of(b) -> dict[Section, float]:
     """One rank's span batch -> (pass, layer) -> ms (a section seen twice: summed)."""
     kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
-    lay = layout(b)
-    if lay.sections is not None:  # each section once (the rule): column-wise
-        return dict(zip(lay.sections, [(t1[i] - t0[i]) / 1000 for i in lay.compute]))
+    place = placement(b)
+    if place.sections is not None:  # each section once (the rule): column-wise
+        return dict(zip(place.sections, [(t1[i] - t0[i]) / 1000 for i in place.compute]))
     out: dict[Section, float] = {}
     for i in range(len(kind)):
         k = kind[i]

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from ranks.spec import strategy_ranks
 from ranks.wire import BWD, COMM, FWD, STEP, SpanBatch
 
-from .columns import layout
+from .columns import placement
 
 
 def union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -115,11 +115,11 @@ def rank_step(b: SpanBatch, comm_bytes) -> RankStep:
     """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket). Exposed
     communication is the union of compute and communication less the union of compute."""
     t0, t1 = b.t0, b.t1
-    lay = layout(b)  # (the spans' positions by kind: the timing columns read in C)
-    step = 0 if lay.step is None else t1[lay.step] - t0[lay.step]
-    comp = list(zip(map(t0.__getitem__, lay.compute), map(t1.__getitem__, lay.compute)))
-    comm = list(zip(map(t0.__getitem__, lay.comm), map(t1.__getitem__, lay.comm)))
-    nbytes = sum(map(comm_bytes, lay.comm_idx))
+    place = placement(b)  # (the spans' positions by kind: the timing columns read in C)
+    step = 0 if place.step is None else t1[place.step] - t0[place.step]
+    comp = list(zip(map(t0.__getitem__, place.compute), map(t1.__getitem__, place.compute)))
+    comm = list(zip(map(t0.__getitem__, place.comm), map(t1.__getitem__, place.comm)))
+    nbytes = sum(map(comm_bytes, place.comm_idx))
     calls = len(comm)
     both = comp + comm
     cu, mu = union_length(comp), union_length(comm)

@@ -1,7 +1,7 @@
 """A few results kept by the identity of what they were made from.
 
 Span batches, StepWaits and step views never change once made, so a result made from the
-same objects is the same result: the panel, the status bar, the headline and the lanes ask
+same objects is the same result: the panel, the status line, the headline and the lanes ask
 for the same summary every frame, and the Updater's thread makes it first. Safe from two
 threads (two may make the same result at once; either is kept); the oldest goes first.
 """

@@ -24,7 +24,7 @@ from statistics import median
 from ranks.wire import BWD
 
 from . import evidence as layer_evidence
-from .columns import layout
+from .columns import placement
 from .kept import Kept
 
 # a step names a culprit only when someone waited at least this long for it: below it, who
@@ -99,16 +99,16 @@ class StepWaits:
 def comm_spans(b):
     """A span batch's AllReduces: (span index, ready time in µs after the batch's base,
     (idx, nth)). (idx, nth) — the nth AllReduce of that parameter or bucket in the step — is
-    what names the same collective on every rank (columns.Layout.comm_keys)."""
-    lay = layout(b)
-    return zip(lay.comm, b.iss, lay.comm_keys)
+    what names the same collective on every rank (columns.Placement.comm_keys)."""
+    place = placement(b)
+    return zip(place.comm, b.iss, place.comm_keys)
 
 
 def _rank_comms(r: int, b, to_common) -> tuple[list[tuple[int, int]], list[int], list[int]]:
     """(keys (idx, nth), ready ns, end ns) of one rank's AllReduces, in its order, on the
     common clock (this runs for every rank of every step: column-wise, no loop over spans)."""
-    lay = layout(b)
-    pos, keys = lay.comm, lay.comm_keys
+    place = placement(b)
+    pos, keys = place.comm, place.comm_keys
     base, t1 = b.base_ns, b.t1
     ready = [base + x * 1000 for x in b.iss]
     end = [base + t1[i] * 1000 for i in pos]
@@ -235,7 +235,11 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
     was last in at least MIN_CULPRIT_STEPS_PCT % of the steps —, `named_pct` (share of steps
     where a culprit was clear). `evidence`: the per-layer evidence (see `evidence()`); when it
     names a slow rank and section, that is the culprit (`culprit_from` "layers", else
-    "arrival"), `culprit_rank` its rank."""
+    "arrival"), `culprit_rank` its rank.
+
+    No verdict before there is evidence: until a full window (evidence.WINDOW steps) has
+    been seen, nothing is named (`gathering` True, `evidence_steps` of `window_steps`; a few
+    steps of two ranks on busy cores name anyone); `gathering_text` says so."""
     steps = [s for s in steps if s is not None]
     if not steps:
         return None
@@ -249,16 +253,28 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
     }
     ev = evidence(steps, layer_names)
     out["evidence"] = ev
+    have = ev["steps"] if ev else len(steps)
+    out.update(evidence_steps=have, window_steps=layer_evidence.WINDOW, gathering=have < layer_evidence.WINDOW)
     counts: dict[int, int] = {}
     for s in steps:
         if s.last_arriver is not None:
             counts[s.last_arriver] = counts.get(s.last_arriver, 0) + 1
     if counts:
         _arrival_culprit(out, steps, counts, layer_names)
-    if ev and ev["culprit"]:  # the per-layer evidence names the culprit when it can
+    if out["gathering"]:  # who arrived last, but no culprit yet
+        out.update(culprit_layer=None, culprit="", culprit_rank=None, culprit_from=None)
+    elif ev and ev["culprit"]:  # the per-layer evidence names the culprit when it can
         c = ev["culprit"]
         out.update(culprit=c["text"], culprit_layer=c["layer"], culprit_rank=c["rank"], culprit_from="layers")
     return out
+
+
+def gathering_text(got: dict | None) -> str:
+    """'gathering evidence (3/20 steps)' while a summary has fewer steps than a verdict needs,
+    else ''."""
+    if not got or not got.get("gathering"):
+        return ""
+    return f"gathering evidence ({got['evidence_steps']}/{got['window_steps']} steps)"
 
 
 RECENT = 20  # steps the live figures are over (a live talk: a change shows within seconds)
@@ -267,7 +283,7 @@ _SUMMARIES = Kept(16)
 
 def summarize_cached(steps: list[StepWaits | None], layer_names: list[str]) -> dict | None:
     """summarize(steps, layer_names), kept while they are the same steps: the panel, the status
-    bar, the headline and the lanes ask for it every frame, and the Updater's thread asks
+    line, the headline and the lanes ask for it every frame, and the Updater's thread asks
     first, as soon as a step is complete."""
     key = (tuple(layer_names), len(steps), id(steps[0]) if steps else 0, id(steps[-1]) if steps else 0)
     return _SUMMARIES.get(key, steps, lambda: summarize(steps, layer_names))
@@ -295,13 +311,20 @@ EXCESS_RANKS_MAX = 16
 
 def evidence(steps: list[StepWaits], layer_names: list[str], window: int = layer_evidence.WINDOW) -> dict | None:
     """The per-layer evidence over these steps (ddptui/model/evidence.py): sliding windows of
-    `window` steps (one window of all of them when fewer), the newest window's verdict,
-    windows that named a culprit, when the newest culprit was detected. None: no step with
-    two or more ranks' layers."""
+    `window` steps, the newest window's verdict, windows that named a culprit, when the
+    newest culprit was detected; `steps`: the steps with evidence. Fewer than a window:
+    no verdict (`gathering`, no culprit, no findings). None: no step with two or more
+    ranks' layers."""
     rows = [(s.step, s.t_ns, s.flat, s.excess) for s in steps if s.ref]
     if not rows:
         return None
-    size = min(window, len(rows))
+    if len(rows) < window:
+        return {"window_steps": window, "steps": len(rows), "gathering": True,
+                "first_step": rows[0][0], "last_step": rows[-1][0], "windows": 0, "windows_named": 0,
+                "windows_named_pct": 0.0, "windows_naming_culprit": 0, "culprit": None, "findings": [],
+                "excess_ms": {}, "detected_step": None, "onset_step": None, "detection_steps": None,
+                "detection_s": None}
+    size = window
     ranks = len(rows[-1][3])
     stride = 1 if ranks <= 64 else size  # many ranks: windows side by side
     got = _scan_cached(rows, size, stride)
@@ -317,7 +340,7 @@ def evidence(steps: list[StepWaits], layer_names: list[str], window: int = layer
                 "fast_excess_ms": round(f.fast_excess_ms, 3), "slower_steps": f.slower,
                 "of": f.steps, "p": f.p, "text": f.text(layer_names)}
     return {
-        "window_steps": size, "first_step": v.first, "last_step": v.last,
+        "window_steps": size, "steps": len(rows), "gathering": False, "first_step": v.first, "last_step": v.last,
         "windows": got["windows"], "windows_named": got["windows_named"],
         "windows_named_pct": round(100.0 * got["windows_named"] / got["windows"], 1),
         "windows_naming_culprit": got["windows_naming_culprit"],

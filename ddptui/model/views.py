@@ -9,7 +9,7 @@ from ranks.wire import COMM
 
 from . import figures as step_figures
 from . import stragglers
-from .columns import Layout, layout
+from .columns import Placement, placement
 
 
 @dataclass(slots=True)
@@ -48,20 +48,20 @@ class Lane(Sequence):
     (in span order) ready time here, the last rank's ready time (None: not known), and
     whether this rank was that last one."""
 
-    __slots__ = ("kind", "idx", "starts", "ends", "issued", "others", "last", "_layout", "_spans")
+    __slots__ = ("kind", "idx", "starts", "ends", "issued", "others", "last", "_placement", "_spans")
 
     def __init__(self, kind, idx, starts: list, ends: list, issued: list, others: list, last: list,
-                 lay: Layout | None = None):
+                 place: Placement | None = None):
         self.kind, self.idx, self.starts, self.ends = kind, idx, starts, ends
         self.issued, self.others, self.last = issued, others, last
-        self._layout = lay
+        self._placement = place
         self._spans: list[Span] | None = None
 
-    def layout(self) -> Layout:
-        """Where each kind of span sits (columns.Layout)."""
-        got = self._layout
+    def placement(self) -> Placement:
+        """Where each kind of span sits (columns.Placement)."""
+        got = self._placement
         if got is None:
-            got = self._layout = layout(self)
+            got = self._placement = placement(self)
         return got
 
     @classmethod
@@ -81,7 +81,7 @@ class Lane(Sequence):
         if got is None:
             n = len(self.kind)
             issued, others, last = [None] * n, [None] * n, [False] * n
-            for j, i in enumerate(self.layout().comm):
+            for j, i in enumerate(self.placement().comm):
                 issued[i], others[i], last[i] = self.issued[j], self.others[j], self.last[j]
             got = self._spans = list(map(Span, self.kind, self.idx, self.starts, self.ends, issued, others, last))
         return got
@@ -111,21 +111,21 @@ class RankSpans(Mapping):
         if got is None:
             b = self._batches[r]  # (KeyError for a rank not in the step)
             off = (b.base_ns - self._origin) / 1e6
-            lay = layout(b)
-            others, lasts = self._arrived(lay)
+            place = placement(b)
+            others, lasts = self._arrived(place)
             got = self._made[r] = Lane(
                 b.kind, b.idx, [off + a / 1e3 for a in b.t0], [off + z / 1e3 for z in b.t1],
-                [off + x / 1e3 for x in b.iss], others, [last == r for last in lasts], lay)
+                [off + x / 1e3 for x in b.iss], others, [last == r for last in lasts], place)
         return got
 
-    def _arrived(self, lay: Layout) -> tuple[list, list]:
+    def _arrived(self, place: Placement) -> tuple[list, list]:
         """The last rank's ready time (ms after the origin, or None: not known) and that rank
-        (or None) of each AllReduce of a layout (the same on every rank with the same
+        (or None) of each AllReduce of a placement (the same on every rank with the same
         AllReduces, so made once for them)."""
-        got = self._arrived_of.get(lay)
+        got = self._arrived_of.get(place)
         if got is None:
-            arrived = list(map(self._arrivals.get, lay.comm_keys))
-            got = self._arrived_of[lay] = ([None if a is None else a[0] for a in arrived],
+            arrived = list(map(self._arrivals.get, place.comm_keys))
+            got = self._arrived_of[place] = ([None if a is None else a[0] for a in arrived],
                                            [None if a is None else a[1] for a in arrived])
         return got
 
@@ -149,10 +149,10 @@ class RankSpans(Mapping):
     def _others(self, b) -> list:
         """The last rank's ready time of each AllReduce of a batch (µs; the same on every rank
         with the same AllReduces, so made once for them)."""
-        lay = layout(b)
-        got = self._others_of.get(lay)
+        place = placement(b)
+        got = self._others_of.get(place)
         if got is None:
-            got = self._others_of[lay] = [None if ms is None else ms * 1e3 for ms in self._arrived(lay)[0]]
+            got = self._others_of[place] = [None if ms is None else ms * 1e3 for ms in self._arrived(place)[0]]
         return got
 
     def __iter__(self):
@@ -165,27 +165,26 @@ class RankSpans(Mapping):
 def step_view(store, strategy: str, step: int) -> StepView | None:
     """One step of a strategy as the UI draws it, from a Store (under its lock): spans per rank
     relative to the step's origin, AllReduces marked with their readiness and the last
-    arriver, the ranks' figures, the bucket layout size, the marks of events at the step."""
+    arriver, the ranks' figures, the number of buckets, the marks of events at the step. Read
+    through the Store's queries, under its lock held throughout (one consistent step)."""
     with store.lock:
-        ranks = store.raw.get(strategy, {}).get(step)
-        if not ranks:
+        batches = store.step_batches(strategy, step)  # (by rank)
+        if not batches:
             return None
-        origin = min(b.base_ns for b in ranks.values())
+        origin = min(b.base_ns for b in batches.values())
         figs = {}
         dur = 0.0
-        waits = store.waits.get(strategy, {}).get(step)
+        waits = store.step_waits(strategy, step)
         # (idx, nth) -> (last arriver's ready, ms after origin; the last arriver)
         arrivals = {(c.idx, c.nth): ((c.last_ready - origin) / 1e6, c.last)
                     for c in (waits.collectives if waits else [])}
-        batches = dict(sorted(ranks.items()))
         for r, b in batches.items():
             if len(b.t1):
                 dur = max(dur, (b.base_ns - origin) / 1e6 + max(b.t1) / 1e3)
             figs[r] = store.rank_figures(strategy, step, r)
         spans = RankSpans(batches, origin, arrivals)
-        layout = store.bucket_layout(strategy, step) if strategy == "ddp" else None
-        marks = [text for k, s, text in store.events if s == strategy and k == step]
+        assignment = store.bucket_assignment(strategy, step) if strategy == "ddp" else None
+        marks = store.marks(strategy, step)
         cap = store.cap_at(step) if strategy == "ddp" else None
         return StepView(strategy, step, spans, figs, dur, cap,
-                        len(layout) if layout else None, marks,
-                        store.waits.get(strategy, {}).get(step))
+                        len(assignment) if assignment else None, marks, waits)

@@ -1,11 +1,11 @@
 """What if: a recorded step replayed under another DDP bucket cap, world size or network.
 
 Pure functions (no I/O, no UI). The input is what a run recorded, read through the Store's
-public queries (`span_batches`, `bucket_layout`, `cap_history`, `recent_figures`, `meta`):
+public queries (`span_batches`, `bucket_assignment`, `cap_history`, `recent_figures`, `meta`):
 
 - when each layer's backward ended on every rank (its parameters' gradients are ready then);
 - every collective: when it was ready (the spans' issue column), when it ran, its bytes;
-- the bucket layout DDP built (its order is the order gradients became ready).
+- the bucket assignment DDP built (its order is the order gradients became ready).
 
 The step simulator replays one recorded step per rank:
 
@@ -80,11 +80,11 @@ def assign_buckets(order: list[int], nbytes: list[int], cap_mb: float,
     return out
 
 
-def ready_order(layout: list | None, n_params: int) -> list[int]:
-    """Gradient-ready order: the recorded rebuilt layout's, else reverse definition order
-    (what DDP assumes before its first step)."""
-    if layout:
-        order = [int(p) for _, ps, _ in sorted(layout, key=lambda b: b[0]) for p in ps]
+def ready_order(assignment: list | None, n_params: int) -> list[int]:
+    """Gradient-ready order: the recorded rebuilt bucket assignment's, else reverse definition
+    order (what DDP assumes before its first step)."""
+    if assignment:
+        order = [int(p) for _, ps, _ in sorted(assignment, key=lambda b: b[0]) for p in ps]
         if sorted(order) == list(range(n_params)) and order != list(range(n_params)):
             return order
     return list(reversed(range(n_params)))
@@ -100,8 +100,9 @@ class Coll:
 
 
 @dataclass
-class RankTrace:
-    """One rank's step (ms from the step's earliest base across ranks)."""
+class RankTimeline:
+    """One rank's step as the simulation replays it: compute, backward ends and collectives
+    (ms from the step's earliest base across ranks)."""
     rank: int
     start: float
     end: float
@@ -120,8 +121,8 @@ class RankTrace:
         return max(0.0, self.end - last)
 
 
-def trace_step(batches: dict) -> dict[int, RankTrace]:
-    """rank -> RankTrace from one strategy step's span batches (rank -> SpanBatch)."""
+def trace_step(batches: dict) -> dict[int, RankTimeline]:
+    """rank -> RankTimeline from one strategy step's span batches (rank -> SpanBatch)."""
     origin = min(b.base_ns for b in batches.values())
     out = {}
     for r, b in sorted(batches.items()):
@@ -143,7 +144,7 @@ def trace_step(batches: dict) -> dict[int, RankTrace]:
                 start, end = a, z
         if start is None:
             continue
-        out[r] = RankTrace(r, start, end, figures.union(comp), bwd, colls)
+        out[r] = RankTimeline(r, start, end, figures.union(comp), bwd, colls)
     return out
 
 
@@ -221,14 +222,14 @@ class Basis:
     param_layer: list[int]
     cap_mb: float | None  # DDP: the cap these steps ran under
     explicit: bool  # DDP: the cap was given (else DDP's default, first bucket 1 MiB)
-    layout: list | None  # DDP: the recorded layout of these steps
+    assignment: list | None  # DDP: the recorded bucket assignment of these steps
     steps: list[int]
-    traces: list[dict[int, RankTrace]]
+    traces: list[dict[int, RankTimeline]]
     bytes_of: list[dict[int, int]]  # per step: collective idx -> bytes
 
     @property
     def order(self) -> list[int]:
-        return ready_order(self.layout, len(self.param_bytes))
+        return ready_order(self.assignment, len(self.param_bytes))
 
 
 def _explicit_at(store, step: int) -> bool:
@@ -270,14 +271,14 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
         ks = ks[-last:]
     backend = str(store.meta.backend or next((i.backend for i in store.rank_snapshot().values()), "") or "")
     lanes = 1 if "nccl" in backend.lower() else GLOO_THREADS
-    traces, bytes_of, layout = [], [], None
+    traces, bytes_of, assignment = [], [], None
     for k in ks:
         tr = trace_step(batches[k])
         if len(tr) < want:
             continue
         if strategy == "ddp":
-            layout = store.bucket_layout("ddp", k) or layout
-            sizes = {int(b): int(nb) for b, _, nb in (store.bucket_layout("ddp", k) or [])}
+            assignment = store.bucket_assignment("ddp", k) or assignment
+            sizes = {int(b): int(nb) for b, _, nb in (store.bucket_assignment("ddp", k) or [])}
             bytes_of.append(sizes)
         else:
             bytes_of.append({i: b for i, b in enumerate(pbytes)})
@@ -285,7 +286,7 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
     if not traces:
         raise WhatIfError(f"no complete {strategy} step to predict from")
     return Basis(strategy, store.world, lanes, backend, pbytes, player, cap, bool(explicit),
-                 layout, ks, traces, bytes_of)
+                 assignment, ks, traces, bytes_of)
 
 
 def caps_text(store) -> str:
@@ -297,7 +298,7 @@ def caps_text(store) -> str:
     return ", ".join(f"{c:g} MB" for c in seen)
 
 
-def _matched(tr: dict[int, RankTrace]):
+def _matched(tr: dict[int, RankTimeline]):
     """The step's collectives matched across ranks by (idx, nth): [(idx, {rank: Coll})]."""
     per: dict[tuple[int, int], dict[int, Coll]] = {}
     order: list[tuple[int, int]] = []
@@ -345,7 +346,7 @@ class Delays:
 def fit_delays(basis: Basis) -> Delays:
     ready: dict[int, list[float]] = {}
     gap: dict[int, list[float]] = {}
-    layout_params = {int(b): [int(p) for p in ps] for b, ps, _ in (basis.layout or [])}
+    bucket_params = {int(b): [int(p) for p in ps] for b, ps, _ in (basis.assignment or [])}
     for tr in basis.traces:
         for r, t in tr.items():
             if basis.strategy == "naive":
@@ -355,7 +356,7 @@ def fit_delays(basis: Basis) -> Delays:
                     gap.setdefault(r, []).append(max(0.0, b.ready - a.end))
                 continue
             for c in t.colls:
-                ps = layout_params.get(c.idx, []) if basis.strategy == "ddp" else [c.idx]
+                ps = bucket_params.get(c.idx, []) if basis.strategy == "ddp" else [c.idx]
                 ends = [t.bwd_end.get(basis.param_layer[p]) for p in ps if p < len(basis.param_layer)]
                 ends = [e for e in ends if e is not None]
                 if ends:
@@ -372,7 +373,7 @@ class SimRank:
     comm_ms: float
 
 
-def simulate(tr: dict[int, RankTrace], colls: list[tuple[list[int] | None, int]], cost, lanes: int,
+def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, int]], cost, lanes: int,
              delays: Delays, param_layer: list[int], blocking: bool = False) -> dict[int, SimRank]:
     """One step under a plan of collectives: [(params it carries (None: after the backward),
     bytes)] in launch order; cost(bytes) -> ms."""
@@ -516,7 +517,7 @@ def basis_info(b: Basis, fit: CommFit) -> tuple[dict, dict]:
     info = {"strategy": b.strategy, "world": b.world, "backend": b.backend, "lanes": b.lanes,
             "steps": len(b.steps), "first_step": b.steps[0], "last_step": b.steps[-1],
             "cap_mb": b.cap_mb, "cap_explicit": b.explicit if b.strategy == "ddp" else None,
-            "buckets": len(b.layout) if b.layout else None}
+            "buckets": len(b.assignment) if b.assignment else None}
     fitd = {"alpha_ms": fit.alpha_ms, "beta_ms_per_mb": fit.beta_ms_per_mb, "collectives": fit.n,
             "sizes": fit.sizes, "err_pct": fit.err_pct, "world": fit.world, "bus_gbps": fit.bus_gbps,
             "hop_ms": fit.hop_ms}

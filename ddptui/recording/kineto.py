@@ -22,9 +22,9 @@ clock, ns):
   forward op with the same sequence number (``AccumulateGrad``: the layer of the node before
   it). Optimizer: ``Optimizer.step#*``.
 
-The JSON is read in a stream, one rank at a time (memory: what is kept, not the file): the
-layout torch writes (one event per ``\\n  {`` block) is cut into pieces decoded by msgspec
-into typed records that keep only the fields used here; any other layout is read by ijson.
+The JSON is read in a stream, one rank at a time (memory: what is kept, not the file): JSON
+formatted as torch writes it (one event per ``\\n  {`` block) is cut into pieces decoded by msgspec
+into typed records that keep only the fields used here; any other formatting is read by ijson.
 """
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def read_events(path: str, info: dict):
 
 
 def _read_ijson(path: str, info: dict):
-    """Any other JSON layout: ijson's streaming parser (slower, same events)."""
+    """Any other JSON formatting: ijson's streaming parser (slower, same events)."""
     import ijson
     name = os.path.basename(path)
     try:
@@ -203,8 +203,9 @@ def _numel(dims) -> int:
     return n if d else 0
 
 
-class RankTrace:
-    """One rank's trace reduced to what ddptui keeps: per step, its spans."""
+class KinetoRankEvents:
+    """One rank's Kineto trace file reduced, as it is read, to the events ddptui uses (steps,
+    ranges, autograd nodes, kernels, collectives); rank_steps turns them into per-step spans."""
 
     def __init__(self, path: str):
         self.path = path
@@ -213,7 +214,7 @@ class RankTrace:
         self.ranges: list = []      # (t0, t1, tid, name, module?)
         self.evals: list = []       # (t0, t1, tid, seq, accumulate?)
         self.fwd_seq: dict = {}     # sequence number -> forward op start
-        self.c10d: list = []        # (t0, name) of c10d:: ops (issue)
+        self.c10d: list = []        # (t0, name, bytes) of c10d:: ops (issue; bytes from their input dims)
         self.gloo: list = []        # (t0, t1, name, bytes)
         self.nccl: list = []        # (t0, t1, ext, bytes)
         self.k_t0, self.k_t1, self.k_ext = array("q"), array("q"), array("q")
@@ -270,7 +271,8 @@ class RankTrace:
                 self.gloo.append((t0, t1, name, _numel(a.dims if a else None)
                                   * DTYPE_BYTES.get(str(ty).lower(), 4)))
             elif name.startswith("c10d::"):
-                self.c10d.append((t0, name))
+                ty = a.types[0] if a is not None and isinstance(a.types, list) and a.types else ""
+                self.c10d.append((t0, name, _numel(a.dims if a else None) * DTYPE_BYTES.get(str(ty).lower(), 4)))
             elif name.startswith(EVAL):
                 self.evals.append((t0, t1, tid, _int(a.seq) if a is not None else -1,
                                    "AccumulateGrad" in name))
@@ -338,7 +340,7 @@ def _assign(t: int, spans: list, starts: list):
     return None
 
 
-def rank_steps(tr: RankTrace, names: list[str], per_step) -> dict:
+def rank_steps(tr: KinetoRankEvents, names: list[str], per_step) -> dict:
     """{k: {"spans": [(kind, idx, t0, t1)], "iss": [...], "bytes": [...]}} of one rank."""
     if not tr.steps:
         return {}
@@ -452,6 +454,8 @@ def rank_steps(tr: RankTrace, names: list[str], per_step) -> dict:
         paired = len(issued) == len(work)
         for i, (t0, t1, _name, nb) in enumerate(work):
             iss = issued[i][0] if paired else t0
+            if not nb and paired:  # a record still open when the profiler stopped (torch 2.11
+                nb = issued[i][2]  # writes it without its input dims): its c10d op's size
             k = step_of(iss) if paired else step_of(t0)
             if k is not None:
                 colls.setdefault(k, []).append((t0, t1, min(iss, t0), nb))
@@ -482,7 +486,7 @@ class KinetoReader:
         world = backend = None
         names = None
         for f in files:
-            tr = RankTrace(f)
+            tr = KinetoRankEvents(f)
             r, w, b = tr.dist()
             if world is not None and w != world:
                 raise RecordingError(f"{os.path.basename(f)}: world size {w}, other traces say {world}")
@@ -533,10 +537,10 @@ class KinetoReader:
                 s = self.ranks[r][2].get(k)
                 if s is None:
                     continue
-                layout = [(i, [i], nb) for i, nb in enumerate(s["bytes"])]
-                if layout and layout != last.get(r):
-                    last[r] = layout
-                    yield frames.Buckets(rank=r, strategy=STRATEGY, step=k, buckets=layout)
+                assignment = [(i, [i], nb) for i, nb in enumerate(s["bytes"])]
+                if assignment and assignment != last.get(r):
+                    last[r] = assignment
+                    yield frames.Buckets(rank=r, strategy=STRATEGY, step=k, buckets=assignment)
                 sp = sorted(s["spans"], key=lambda x: (x[2], x[0]))
                 base = min(x[2] for x in sp)
                 comm_iss = {x[1]: s["iss"][x[1]] for x in sp if x[0] == wire.COMM}

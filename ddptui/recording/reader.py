@@ -1,5 +1,5 @@
 """Reading a recording (format: ranks.recfile): a versioned header, then the frames the ranks sent, in one zlib stream
-(the layout is described there).
+(the format is described there).
 
 Reading never trusts a length: frame lengths are capped at wire.MAX_FRAME, the header at
 MAX_HEADER, and the stream is inflated 16 KiB at a time (deflate bounds the output of each

@@ -111,11 +111,11 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
     from ddptui.model.stragglers import comm_spans
     from ddptui.recording.loader import load
     from ddptui.recording.rankset import open_reader as Reader
-    from ddptui.reports.trace import Scan
+    from ddptui.reports.trace import Scan, run_meta
 
     scan = Scan()
     got = load(path, store=scan.store, on_frame=scan)
-    meta = got.meta
+    meta = run_meta(got, scan.store)  # (layer and parameter names: from the hello frames too)
     recorded = [str(s) for s in meta.get("strategies") or []]
     have: dict[str, set] = {}
     r = Reader(path)
@@ -177,7 +177,7 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
                     "pid": CPU_PID, "tid": MAIN_TID, "ts": s0 / 1000, "dur": (s1 - s0) / 1000,
                     "args": {"ddptui": f"{strategy} step {b.step}"}})
             o.steps += 1
-            layout = scan.layout(b.rank, strategy, b.step) if strategy == "ddp" else None
+            buckets = scan.buckets_at(b.rank, strategy, b.step) if strategy == "ddp" else None
             for a, z, kind, idx, i in spans:
                 base = {"rank": b.rank, "strategy": strategy, "step": b.step}
                 if kind in KINETO_KINDS:
@@ -187,8 +187,8 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
                         base["layer"] = lname(idx)
                     o.kernel(name, "compute", a, z, min(max(a, s0), s1), base)
                 elif kind == wire.COMM:
-                    if layout is not None:
-                        ps, nbytes = layout.get(idx, [[], 0])
+                    if buckets is not None:
+                        ps, nbytes = buckets.get(idx, [[], 0])
                         label = f"bucket {idx}"
                         base["params"] = [pname(p) for p in ps]
                     else:

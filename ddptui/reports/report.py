@@ -63,7 +63,11 @@ def straggler_line(r: dict) -> str | None:
     ev = st.get("evidence") or {}
     how = (f" (per-layer evidence: {ev['windows_naming_culprit']} of {ev['windows']} windows of "
            f"{ev['window_steps']} steps)") if st.get("culprit_from") == "layers" else ""
-    return line + (f" · culprit {st['culprit']}{how}" if st.get("culprit") else " · no culprit")
+    if st.get("culprit"):
+        return line + f" · culprit {st['culprit']}{how}"
+    if st.get("gathering"):  # too few steps for a verdict (evidence.WINDOW)
+        return line + f" · no culprit named: {stragglers.gathering_text(st)}"
+    return line + " · no culprit"
 
 
 def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> None:

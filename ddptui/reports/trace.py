@@ -17,7 +17,7 @@ Perfetto (ui.perfetto.dev, trace_processor), chrome://tracing and HTA-style tool
   bytes (communication), queued_us (ready to start of an AllReduce), last_arriver (the rank
   ready last), wait_us (last arriver's ready - this rank's), transfer_us (end - last ready);
 - instant events (``ph: "i"``, thread scope, on a "ddp events" lane, at the start of the DDP
-  step they apply to) for bucket-cap changes and for each new DDP bucket layout.
+  step they apply to) for bucket-cap changes and for each new DDP bucket assignment.
 
 Events are written in recording order: on every thread, start times never decrease.
 The file is written to a temporary name and renamed, so a failed export leaves nothing.
@@ -57,7 +57,7 @@ def tid_of(rank: int, lane: str, sub: int = 0) -> int:
 
 class Scan:
     """Pass 1, fed by recording.load(store=scan.store, on_frame=scan): the Store that load()
-    fills keeps the run (clocks, devices, bucket layouts, events); this keeps what the Store
+    fills keeps the run (clocks, devices, bucket assignments, events); this keeps what the Store
     keeps only for its last steps but a trace needs for every step: where its time starts,
     each rank's lanes, the start of each DDP step, and who was ready last for each collective."""
 
@@ -69,7 +69,7 @@ class Scan:
         self.ddp_base: dict[tuple[int, int], int] = {}  # (rank, step) -> start of a DDP step
         # (strategy, step, idx, n-th time) -> (last ready ns, the rank ready last): who waits
         self.arrivals: dict[tuple, tuple[int, int]] = {}
-        self._layouts: dict[tuple[int, str], list] = {}
+        self._assignments: dict[tuple[int, str], list] = {}
 
     @property
     def clocks(self):
@@ -82,9 +82,9 @@ class Scan:
 
     @property
     def events(self) -> set[int]:
-        """Ranks with bucket events: a bucket layout, or (rank 0) a bucket-cap change."""
-        ranks = {r for (_s, r) in self.store.layouts}
-        if self.store.cap_changes:
+        """Ranks with bucket events: a bucket assignment, or (rank 0) a bucket-cap change."""
+        ranks = self.store.bucket_reporters()
+        if self.store.cap_history():
             ranks.add(0)
         return ranks
 
@@ -111,13 +111,14 @@ class Scan:
         if f.strategy == "ddp":
             self.ddp_base[(r, f.step)] = b
 
-    def layout(self, rank: int, strategy: str, step: int) -> dict[int, list] | None:
-        """{bucket: [parameter indices, bytes]} in force on `rank` at `step`, from the Store."""
-        got = self._layouts.get((rank, strategy))
+    def buckets_at(self, rank: int, strategy: str, step: int) -> dict[int, list] | None:
+        """The bucket assignment in force on `rank` at `step`, from the Store, as
+        {bucket: [parameter indices, bytes]}."""
+        got = self._assignments.get((rank, strategy))
         if got is None:
-            got = self._layouts[(rank, strategy)] = [
-                (k, {b[0]: [b[1], b[2]] for b in lay})
-                for k, _sizes, lay in self.store.layouts.get((strategy, rank), ())]
+            got = self._assignments[(rank, strategy)] = [
+                (k, {b[0]: [b[1], b[2]] for b in assignment})
+                for k, assignment in self.store.bucket_history(strategy, rank)]
         return in_force(got, step, first=True) if got else None
 
 
@@ -203,12 +204,12 @@ class TraceWriter:
             self._instant(f.rank, k, f"bucket_cap_mb → {cap:g} MB",
                           {"bucket_cap_mb": cap, "step": k, "rank": f.rank})
         elif cls is frames.Buckets:
-            lay = f.buckets
+            assignment = f.buckets
             args = {"strategy": f.strategy, "step": f.step, "rank": f.rank,
-                    "bucket_cap_mb": f.cap_mb, "buckets": len(lay),
-                    "bucket_bytes": [b[2] for b in lay],
-                    "bucket_params": [[self._pname(p) for p in b[1]] for b in lay]}
-            self._instant(f.rank, f.step, f"DDP buckets: {len(lay)}", args)
+                    "bucket_cap_mb": f.cap_mb, "buckets": len(assignment),
+                    "bucket_bytes": [b[2] for b in assignment],
+                    "bucket_params": [[self._pname(p) for p in b[1]] for b in assignment]}
+            self._instant(f.rank, f.step, f"DDP buckets: {len(assignment)}", args)
 
     def _instant(self, rank: int, step: int, name: str, args: dict) -> None:
         """At the start of DDP step `step` on this rank (known from pass 1), or else at the
@@ -244,7 +245,7 @@ class TraceWriter:
         b = wire.decode_spans(f)
         r, s, k = b.rank, b.strategy, b.step
         off = self.clocks.to_common(r, b.base_ns) - self.origin
-        layout = self.scan.layout(r, s, k) if s == "ddp" else None
+        buckets = self.scan.buckets_at(r, s, k) if s == "ddp" else None
         comm = {i: (off + ready_us * 1000, self.scan.arrivals.get((s, k, *key)))
                 for i, ready_us, key in comm_spans(b)}
         items = []
@@ -264,8 +265,8 @@ class TraceWriter:
                 name = ("forward " if kind == FWD else "backward ") + lname
                 args["layer"] = lname
             elif kind == COMM:
-                if layout is not None:
-                    params, nbytes = layout.get(idx, [[], 0])
+                if buckets is not None:
+                    params, nbytes = buckets.get(idx, [[], 0])
                     name = f"allreduce bucket {idx}"
                     args["bucket"] = idx
                     args["params"] = [self._pname(p) for p in params]
@@ -299,6 +300,17 @@ class TraceWriter:
             self.last_ts[r] = max(self.last_ts.get(r, 0), a)
 
 
+def run_meta(got, store) -> dict:
+    """The recording's header, completed by what the ranks' hello frames said (the Store's
+    RunInfo): a user's script under `ddptui run` writes a header without layer or parameter
+    names; rank 0's hello has them, and the exports name layers as the JSON and the UI do."""
+    meta = dict(got.meta)
+    for k, v in store.meta.as_dict().items():
+        if meta.get(k) in (None, "", [], {}):
+            meta[k] = v
+    return meta
+
+
 def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
     """Export `path` to `out_path` ('-' = stdout). Raises RecordingError for a bad file."""
     scan = Scan()
@@ -314,7 +326,7 @@ def export(path: str, out_path: str) -> tuple[TraceWriter, object]:
             d = os.path.dirname(os.path.abspath(out_path))
             fd, tmp = tempfile.mkstemp(prefix=".ddptui-export-", suffix=".tmp", dir=d)
             fobj = os.fdopen(fd, "w", encoding="utf-8")
-        w = TraceWriter(fobj, got.meta, scan)
+        w = TraceWriter(fobj, run_meta(got, scan.store), scan)
         w.begin()
         skip = set(got.rejected)
         for n, (_body, frame) in enumerate(r):  # pass 2: the frames pass 1 took

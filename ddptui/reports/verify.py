@@ -99,42 +99,45 @@ class VerifyError(Exception):
 
 
 @dataclass
-class Ev:
+class ProfEvent:
+    """One torch.profiler record (fields as ranks/profwin.py writes them)."""
     name: str
     tid: int
-    t0: int
+    t0: int  # ns, host monotonic axis
     t1: int
-    seq: int
-    dev: int
-    corr: int
-    linked: int
-    shapes: list | None
+    seq: int  # autograd sequence number (-1: none)
+    dev: int  # 1: device work (kernel, copy, set), 0: a CPU op or annotation
+    corr: int  # correlation id: what device work names as `linked`
+    linked: int  # device work: the correlation id of the CPU op that launched it
+    shapes: list | None  # input shapes
 
 
 @dataclass
 class Profile:
+    """One rank's profiled window: its records, time-ordered."""
     rank: int
     window: tuple[int, int]
     cuda: bool
     drift_ns: int
-    events: list[Ev]
+    events: list[ProfEvent]
 
 
 def load_profile(path: str) -> Profile:
     try:
         with open(path) as f:
-            d = json.load(f)
-        names = d["names"]
-        evs = [Ev(names[r[0]], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in d["events"]]
-        return Profile(int(d["rank"]), tuple(d["window"]), bool(d.get("cuda")),
-                       int(d.get("offset_drift_ns", 0)), sorted(evs, key=lambda e: (e.t0, -e.t1)))
+            doc = json.load(f)
+        names = doc["names"]
+        events = [ProfEvent(names[rec[0]], rec[1], rec[2], rec[3], rec[4], rec[5], rec[6], rec[7], rec[8])
+                  for rec in doc["events"]]
+        return Profile(int(doc["rank"]), tuple(doc["window"]), bool(doc.get("cuda")),
+                       int(doc.get("offset_drift_ns", 0)), sorted(events, key=lambda e: (e.t0, -e.t1)))
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise VerifyError(f"{path}: not a readable profile ({type(e).__name__}: {e})") from None
 
 
 # -- ddptui's side ---------------------------------------------------------------------------
 @dataclass
-class DStep:
+class SpanStep:
     """ddptui's spans of one (strategy, step) on one rank, absolute ns (µs resolution)."""
     strategy: str
     step: int
@@ -146,39 +149,39 @@ class DStep:
     opt: tuple | None = None
 
 
-def steps_from_batches(batches) -> list[DStep]:
-    """SpanBatch objects (one rank) -> DSteps in time order."""
+def steps_from_batches(batches) -> list[SpanStep]:
+    """SpanBatch objects (one rank) -> SpanSteps in time order."""
     out = []
     for b in batches:
         base = b.base_ns
-        ds = None
+        step = None
         comm = []
-        ci = 0
-        for i, kd in enumerate(b.kind):
+        comm_i = 0
+        for i, kind in enumerate(b.kind):
             t0, t1 = base + b.t0[i] * 1000, base + b.t1[i] * 1000
-            if kd == STEP:
-                ds = DStep(b.strategy, b.step, t0, t1)
-            elif kd == COMM:
-                comm.append((b.idx[i], t0, t1, base + b.iss[ci] * 1000))
-                ci += 1
-        if ds is None:
+            if kind == STEP:
+                step = SpanStep(b.strategy, b.step, t0, t1)
+            elif kind == COMM:
+                comm.append((b.idx[i], t0, t1, base + b.iss[comm_i] * 1000))
+                comm_i += 1
+        if step is None:
             continue
-        for i, kd in enumerate(b.kind):
+        for i, kind in enumerate(b.kind):
             t0, t1 = base + b.t0[i] * 1000, base + b.t1[i] * 1000
-            if kd == FWD:
-                ds.fwd[b.idx[i]] = (t0, t1)
-            elif kd == BWD:
-                ds.bwd[b.idx[i]] = (t0, t1)
-            elif kd == OPT:
-                ds.opt = (t0, t1)
-        ds.comm = sorted(comm, key=lambda c: c[3])
-        out.append(ds)
+            if kind == FWD:
+                step.fwd[b.idx[i]] = (t0, t1)
+            elif kind == BWD:
+                step.bwd[b.idx[i]] = (t0, t1)
+            elif kind == OPT:
+                step.opt = (t0, t1)
+        step.comm = sorted(comm, key=lambda c: c[3])
+        out.append(step)
     return sorted(out, key=lambda s: s.t0)
 
 
 # -- the profiler's side ----------------------------------------------------------------------
 @dataclass
-class PStep:
+class ProfiledStep:
     """The profiler's own record of one step (absolute ns, host monotonic axis)."""
     t0: int
     t1: int
@@ -189,15 +192,15 @@ class PStep:
     notes: list = field(default_factory=list)
 
 
-def _device_span(cpu_ops: list[Ev], by_linked: dict) -> tuple | None:
+def _device_span(cpu_ops: list[ProfEvent], by_linked: dict) -> tuple | None:
     """Earliest start and latest end of the device work (kernels, copies) that these CPU
     ops launched, linked by correlation id; None if they launched none."""
-    dev = []
+    work = []
     for op in cpu_ops:
-        dev.extend(by_linked.get(op.corr, ()))
-    if not dev:
+        work.extend(by_linked.get(op.corr, ()))
+    if not work:
         return None
-    return min(d.t0 for d in dev), max(d.t1 for d in dev)
+    return min(w.t0 for w in work), max(w.t1 for w in work)
 
 
 def _numel(shapes) -> int | None:
@@ -206,18 +209,18 @@ def _numel(shapes) -> int | None:
     return math.prod(shapes[0]) if shapes[0] else None
 
 
-def _is_device_work(e: Ev) -> bool:
+def _is_device_work(e: ProfEvent) -> bool:
     """A kernel, memcpy or memset: not a GPU-side annotation of a CPU range."""
     return e.dev == 1 and not e.name.startswith(("nccl:", "gloo:", "ProfilerStep", "## "))
 
 
-def _nested(by_tid: dict, parent: Ev) -> list[Ev]:
+def _nested(by_tid: dict, parent: ProfEvent) -> list[ProfEvent]:
     """Events of parent's thread nested inside it (the profiler's own nesting)."""
     return [e for e in by_tid.get(parent.tid, ()) if e is not parent
             and e.t0 >= parent.t0 and e.t1 <= parent.t1]
 
 
-def _compute_ops(by_tid: dict, ops: list[Ev]) -> list[Ev]:
+def _compute_ops(by_tid: dict, ops: list[ProfEvent]) -> list[ProfEvent]:
     """ops less those inside a collective's records (their kernels are communication)."""
     comm = [e for o in ops if o.name.startswith(COMM_RECORDS) for e in [o, *_nested(by_tid, o)]]
     if not comm:
@@ -226,10 +229,10 @@ def _compute_ops(by_tid: dict, ops: list[Ev]) -> list[Ev]:
     return [o for o in ops if id(o) not in drop]
 
 
-def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
+def profile_steps(prof: Profile, n_layers: int) -> list[ProfiledStep]:
     """The steps of one rank's profile, each with its layers, allreduces and optimizer."""
-    evs = prof.events
-    host = [e for e in evs if e.dev == 0]
+    events = prof.events
+    host = [e for e in events if e.dev == 0]
     by_tid: dict = {}
     for e in host:
         by_tid.setdefault(e.tid, []).append(e)
@@ -241,7 +244,7 @@ def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
     adds = [e for e in mainev if e.name == "aten::_foreach_add_"]
     by_linked: dict = {}
     if prof.cuda:
-        for e in evs:
+        for e in events:
             if _is_device_work(e) and e.linked > 0:
                 by_linked.setdefault(e.linked, []).append(e)
     colls = sorted((e for e in host if e.name == "gloo:all_reduce"), key=lambda e: e.t0)
@@ -253,38 +256,38 @@ def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
     evals = sorted((e for e in host if e.name.startswith(EVAL)), key=lambda e: e.t0)
     evals_t0 = [e.t0 for e in evals]
     steps = []
-    for zi, z in enumerate(zeros):
-        nxt = zeros[zi + 1].t0 if zi + 1 < len(zeros) else None
-        add = next((a for a in adds if a.t0 >= z.t1 and (nxt is None or a.t1 <= nxt)), None)
+    for zero_i, zero in enumerate(zeros):
+        next_zero = zeros[zero_i + 1].t0 if zero_i + 1 < len(zeros) else None
+        add = next((a for a in adds if a.t0 >= zero.t1 and (next_zero is None or a.t1 <= next_zero)), None)
         if add is None:
             continue
-        ps = PStep(z.t0, add.t1, (add.t0, add.t1))
-        inside = [e for e in mainev if e.t0 >= z.t0 and e.t1 <= add.t1]
+        step = ProfiledStep(zero.t0, add.t1, (add.t0, add.t1))
+        inside = [e for e in mainev if e.t0 >= zero.t0 and e.t1 <= add.t1]
         linears = [e for e in inside if e.name == "aten::linear"]
         relus = [e for e in inside if e.name == "aten::relu"]
         seq_layer: dict[int, int] = {}
         fwd_ops: dict[int, list] = {}
         if len(linears) == n_layers:
-            for j, lin in enumerate(linears):
-                end = lin.t1
+            for j, linear in enumerate(linears):
+                end = linear.t1
                 if j < n_layers - 1:
-                    r = next((x for x in relus if x.t0 >= lin.t1 and x.t1 <= linears[j + 1].t0), None)
-                    if r is None:
-                        ps.notes.append(f"no aten::relu after layer {j}'s aten::linear")
+                    relu = next((x for x in relus if x.t0 >= linear.t1 and x.t1 <= linears[j + 1].t0), None)
+                    if relu is None:
+                        step.notes.append(f"no aten::relu after layer {j}'s aten::linear")
                         continue
-                    end = r.t1
-                ops = [e for e in inside if e.t0 >= lin.t0 and e.t1 <= end]
+                    end = relu.t1
+                ops = [e for e in inside if e.t0 >= linear.t0 and e.t1 <= end]
                 fwd_ops[j] = ops
-                ps.fwd[j] = (lin.t0, end)
+                step.fwd[j] = (linear.t0, end)
                 for e in ops:
                     if e.seq >= 0:
                         seq_layer.setdefault(e.seq, j)
         else:
-            ps.notes.append(f"{len(linears)} aten::linear in the step, the model has {n_layers} layers")
+            step.notes.append(f"{len(linears)} aten::linear in the step, the model has {n_layers} layers")
         for j in range(1, n_layers):
-            if j in ps.fwd and j - 1 in ps.fwd:  # a layer starts when the one before ended:
-                ps.fwd[j] = (ps.fwd[j - 1][1], ps.fwd[j][1])  # one moment, one mark
-        last_fwd = max((v[1] for v in ps.fwd.values()), default=z.t1)
+            if j in step.fwd and j - 1 in step.fwd:  # a layer starts when the one before ended:
+                step.fwd[j] = (step.fwd[j - 1][1], step.fwd[j][1])  # one moment, one mark
+        last_fwd = max((v[1] for v in step.fwd.values()), default=zero.t1)
         lo, hi = bisect_left(evals_t0, last_fwd), bisect_left(evals_t0, add.t1)
         nodes = [e for e in evals[lo:hi] if e.t1 <= add.t1]
         cur = None
@@ -306,129 +309,131 @@ def profile_steps(prof: Profile, n_layers: int) -> list[PStep]:
             else:
                 ops = _compute_ops(by_tid, [e, *kids])
             bwd_ops.setdefault(layer, []).extend(ops)
-        for j, ns in bwd_nodes.items():
-            end = max(e.t1 for e in ns)
-            if "AccumulateGrad" in ns[-1].name:
+        for j, layer_nodes in bwd_nodes.items():
+            end = max(e.t1 for e in layer_nodes)
+            if "AccumulateGrad" in layer_nodes[-1].name:
                 # a block's backward ends when its (last) parameter gradient is accumulated,
                 # i.e. at the end of the accumulating op inside the node, before the node's
                 # hooks (DDP's reducer, an interleaved all_reduce issue) run inside the same
                 # engine record (ranks/strategies.attach_layer_hooks)
-                acc = [e for e in _nested(by_tid, ns[-1]) if e.name.startswith("aten::")]
+                acc = [e for e in _nested(by_tid, layer_nodes[-1]) if e.name.startswith("aten::")]
                 if acc:
                     end = acc[0].t1
-            ps.bwd[j] = (min(e.t0 for e in ns), end)
-        for j in sorted(ps.bwd):
-            if j + 1 in ps.bwd:  # the block below starts when this one has ended: one moment
-                ps.bwd[j] = (ps.bwd[j + 1][1], ps.bwd[j][1])
-        lo, hi = bisect_left(coll_t0, z.t0), bisect_left(coll_t0, add.t1)
-        ps.comm = [(c.t0, c.t1, _numel(c.shapes)) for c in colls[lo:hi]]
+            step.bwd[j] = (min(e.t0 for e in layer_nodes), end)
+        for j in sorted(step.bwd):
+            if j + 1 in step.bwd:  # the block below starts when this one has ended: one moment
+                step.bwd[j] = (step.bwd[j + 1][1], step.bwd[j][1])
+        lo, hi = bisect_left(coll_t0, zero.t0), bisect_left(coll_t0, add.t1)
+        step.comm = [(c.t0, c.t1, _numel(c.shapes)) for c in colls[lo:hi]]
         if prof.cuda:
-            lo2, hi2 = bisect_left(c10d_t0, z.t0), bisect_left(c10d_t0, add.t1)
-            _device_times(ps, by_tid, inside, fwd_ops, bwd_ops, colls[lo:hi], c10d[lo2:hi2],
+            c10d_lo, c10d_hi = bisect_left(c10d_t0, zero.t0), bisect_left(c10d_t0, add.t1)
+            _device_times(step, by_tid, inside, fwd_ops, bwd_ops, colls[lo:hi], c10d[c10d_lo:c10d_hi],
                           add, by_linked)
-        steps.append(ps)
+        steps.append(step)
     return steps
 
 
-def _device_times(ps: PStep, by_tid, inside, fwd_ops, bwd_ops, colls, c10d, add,
+def _device_times(step: ProfiledStep, by_tid, inside, fwd_ops, bwd_ops, colls, c10d, add,
                   by_linked) -> None:
     """CUDA: replace host times by the times of the device work each part launched."""
-    sp = _device_span(_compute_ops(by_tid, inside), by_linked)
-    if sp is not None:
-        ps.t0, ps.t1 = sp
+    span = _device_span(_compute_ops(by_tid, inside), by_linked)
+    if span is not None:
+        step.t0, step.t1 = span
     for j, ops in fwd_ops.items():
-        sp = _device_span(ops, by_linked)
-        if sp is not None:
-            ps.fwd[j] = sp
+        span = _device_span(ops, by_linked)
+        if span is not None:
+            step.fwd[j] = span
     for j, ops in bwd_ops.items():
-        sp = _device_span(ops, by_linked)
-        if sp is not None:
-            ps.bwd[j] = sp
-    sp = _device_span([add, *_nested(by_tid, add)], by_linked)
-    if sp is not None:
-        ps.opt = sp
+        span = _device_span(ops, by_linked)
+        if span is not None:
+            step.bwd[j] = span
+    span = _device_span([add, *_nested(by_tid, add)], by_linked)
+    if span is not None:
+        step.opt = span
     comm = []
     for c in c10d:  # NCCL: the kernel launched inside each c10d::allreduce_, issue order
-        sp = _device_span([c, *_nested(by_tid, c)], by_linked)
-        if sp is not None and not colls:
-            comm.append((sp[0], sp[1], _numel(c.shapes)))
+        span = _device_span([c, *_nested(by_tid, c)], by_linked)
+        if span is not None and not colls:
+            comm.append((span[0], span[1], _numel(c.shapes)))
     if comm:
-        ps.comm = comm
+        step.comm = comm
         return
-    gl = []
+    gloo = []
     for c in colls:  # gloo with CUDA tensors: the copy back made inside the gloo record
-        sp = _device_span([c, *_nested(by_tid, c)], by_linked)
-        gl.append((c.t0, sp[1] if sp else c.t1, _numel(c.shapes)))
-    ps.comm = gl
+        span = _device_span([c, *_nested(by_tid, c)], by_linked)
+        gloo.append((c.t0, span[1] if span else c.t1, _numel(c.shapes)))
+    step.comm = gloo
 
 
 # -- pairing -----------------------------------------------------------------------------------
 @dataclass
-class Pair:
+class SpanPair:
+    """One ddptui span and the profiler's record of the same work (deltas: ddptui minus profiler)."""
     strategy: str
     kind: int
-    d_start: int | None  # ddptui - profiler, ns; None: unmatched
-    d_end: int | None
+    start_delta: int | None  # ddptui - profiler, ns; None: unmatched
+    end_delta: int | None
     dur: int | None = None  # the profiler's span, ns
 
 
-def match_rank(dsteps: list[DStep], psteps: list[PStep], comm_bytes, elem_size: int = 4,
-               n_layers: int | None = None, check_comm: bool = True) -> tuple[list[Pair], list[str]]:
+def match_rank(span_steps: list[SpanStep], profiled_steps: list[ProfiledStep], comm_bytes, elem_size: int = 4,
+               n_layers: int | None = None, check_comm: bool = True) -> tuple[list[SpanPair], list[str]]:
     """Pair one rank's ddptui steps with its profiler steps; comm_bytes(strategy, step, idx)
     gives the bytes ddptui says an allreduce carried. `check_comm` False (NCCL at world size
     1: no kernel to compare with) leaves AllReduces out."""
-    pairs: list[Pair] = []
+    pairs: list[SpanPair] = []
     notes: list[str] = []
 
     def miss(strategy, kind, n=1):
-        pairs.extend(Pair(strategy, kind, None, None) for _ in range(n))
+        pairs.extend(SpanPair(strategy, kind, None, None) for _ in range(n))
 
-    if len(dsteps) != len(psteps):
-        notes.append(f"{len(dsteps)} ddptui steps but {len(psteps)} profiled steps: "
+    if len(span_steps) != len(profiled_steps):
+        notes.append(f"{len(span_steps)} ddptui steps but {len(profiled_steps)} profiled steps: "
                      f"steps cannot be paired")
-        for d in dsteps:
-            miss(d.strategy, STEP)
-            miss(d.strategy, FWD, len(d.fwd))
-            miss(d.strategy, BWD, len(d.bwd))
-            miss(d.strategy, COMM, len(d.comm) if check_comm else 0)
-            if d.opt:
-                miss(d.strategy, OPT)
+        for ours in span_steps:
+            miss(ours.strategy, STEP)
+            miss(ours.strategy, FWD, len(ours.fwd))
+            miss(ours.strategy, BWD, len(ours.bwd))
+            miss(ours.strategy, COMM, len(ours.comm) if check_comm else 0)
+            if ours.opt:
+                miss(ours.strategy, OPT)
         return pairs, notes
-    for d, p in zip(dsteps, psteps):
-        s = d.strategy
-        notes.extend(f"{s} step {d.step}: {n}" for n in p.notes)
-        pairs.append(Pair(s, STEP, d.t0 - p.t0, d.t1 - p.t1, p.t1 - p.t0))
-        if d.opt:
-            pairs.append(Pair(s, OPT, d.opt[0] - p.opt[0], d.opt[1] - p.opt[1], p.opt[1] - p.opt[0]))
-        for kind, dd, pp in ((FWD, d.fwd, p.fwd), (BWD, d.bwd, p.bwd)):
-            for j, (t0, t1) in sorted(dd.items()):
-                got = pp.get(j)
+    for ours, theirs in zip(span_steps, profiled_steps):
+        s = ours.strategy
+        notes.extend(f"{s} step {ours.step}: {n}" for n in theirs.notes)
+        pairs.append(SpanPair(s, STEP, ours.t0 - theirs.t0, ours.t1 - theirs.t1, theirs.t1 - theirs.t0))
+        if ours.opt:
+            pairs.append(SpanPair(s, OPT, ours.opt[0] - theirs.opt[0], ours.opt[1] - theirs.opt[1],
+                                  theirs.opt[1] - theirs.opt[0]))
+        for kind, ours_of, theirs_of in ((FWD, ours.fwd, theirs.fwd), (BWD, ours.bwd, theirs.bwd)):
+            for j, (t0, t1) in sorted(ours_of.items()):
+                got = theirs_of.get(j)
                 if got is None:
                     miss(s, kind)
                 else:
-                    pairs.append(Pair(s, kind, t0 - got[0], t1 - got[1], got[1] - got[0]))
+                    pairs.append(SpanPair(s, kind, t0 - got[0], t1 - got[1], got[1] - got[0]))
         if not check_comm:
             continue
-        pc = list(p.comm)
-        for i, (idx, t0, t1, _iss) in enumerate(d.comm):
-            want = comm_bytes(s, d.step, idx)
-            if i < len(pc) and i + 1 < len(pc) and pc[i][2] is not None and want \
-                    and pc[i][2] * elem_size != want and pc[i + 1][2] * elem_size == want:
+        their_comm = list(theirs.comm)
+        for i, (idx, t0, t1, _iss) in enumerate(ours.comm):
+            want = comm_bytes(s, ours.step, idx)
+            if i < len(their_comm) and i + 1 < len(their_comm) and their_comm[i][2] is not None and want \
+                    and their_comm[i][2] * elem_size != want and their_comm[i + 1][2] * elem_size == want:
                 # two works taken off gloo's queue by its two threads at the same moment:
                 # the profiler's start order may swap them; the size says which is which
-                pc[i], pc[i + 1] = pc[i + 1], pc[i]
-            if i >= len(pc):
+                their_comm[i], their_comm[i + 1] = their_comm[i + 1], their_comm[i]
+            if i >= len(their_comm):
                 miss(s, COMM)
                 continue
-            c0, c1, numel = pc[i]
+            their_t0, their_t1, numel = their_comm[i]
             if numel is not None and want and numel * elem_size != want:
-                notes.append(f"{s} step {d.step}: allreduce #{i} carried {numel * elem_size} B "
+                notes.append(f"{s} step {ours.step}: allreduce #{i} carried {numel * elem_size} B "
                              f"in the profile, ddptui says {want} B")
                 miss(s, COMM)
                 continue
-            pairs.append(Pair(s, COMM, t0 - c0, t1 - c1, c1 - c0))
-        if len(pc) > len(d.comm):
-            notes.append(f"{s} step {d.step}: {len(pc) - len(d.comm)} profiled allreduce(s) "
+            pairs.append(SpanPair(s, COMM, t0 - their_t0, t1 - their_t1, their_t1 - their_t0))
+        if len(their_comm) > len(ours.comm):
+            notes.append(f"{s} step {ours.step}: {len(their_comm) - len(ours.comm)} profiled allreduce(s) "
                          f"without a ddptui span")
     return pairs, notes
 
@@ -440,7 +445,7 @@ def tolerances(cuda: bool, backend: str) -> tuple[dict, frozenset]:
     return (GLOO_CUDA_TOL if backend == "gloo" else GPU_TOL), GPU_LATE_ONLY
 
 
-def _pct(vals: list[float], q: float) -> float:
+def _percentile(vals: list[float], q: float) -> float:
     if not vals:
         return float("nan")
     v = sorted(vals)
@@ -448,47 +453,50 @@ def _pct(vals: list[float], q: float) -> float:
     return v[i]
 
 
-def summarize(pairs: list[Pair], tol: dict, strategies: list[str], late_only=frozenset()) -> list[dict]:
+def summarize(pairs: list[SpanPair], tol: dict, strategies: list[str], late_only=frozenset()) -> list[dict]:
     """One row per (strategy, kind) that has spans. `late_only`: kinds whose start is held
     to the tolerance only when ddptui's start is later than the profiler's."""
     rows = []
     for s in strategies:
         for kind in (FWD, BWD, COMM, OPT, STEP):
-            ps = [p for p in pairs if p.strategy == s and p.kind == kind]
-            if not ps:
+            of_kind = [p for p in pairs if p.strategy == s and p.kind == kind]
+            if not of_kind:
                 continue
-            m = [p for p in ps if p.d_start is not None]
-            ts, te = tol[kind]
-            ds = [abs(p.d_start) / 1000 for p in m]
-            de = [abs(p.d_end) / 1000 for p in m]
+            matched = [p for p in of_kind if p.start_delta is not None]
+            tol_start, tol_end = tol[kind]
+            start_errs = [abs(p.start_delta) / 1000 for p in matched]
+            end_errs = [abs(p.end_delta) / 1000 for p in matched]
             # the start error held to the tolerance (only lateness for late_only kinds)
-            js = [max(0, p.d_start) / 1000 if kind in late_only else abs(p.d_start) / 1000 for p in m]
+            held_starts = [max(0, p.start_delta) / 1000 if kind in late_only else abs(p.start_delta) / 1000
+                           for p in matched]
             # the error a span is judged by: its worse edge among those held to a tolerance
-            err = [max(a if ts is not None else 0.0, b if te is not None else 0.0)
-                   for a, b in zip(js, de)]
-            ok = sum(1 for a, b in zip(js, de)
-                     if (ts is None or a <= ts) and (te is None or b <= te))
-            within = 100.0 * ok / len(ps)
-            short = sum(1 for p in m if p.dur is not None and p.dur < SHORT_SPAN_US * 1000)
+            err = [max(a if tol_start is not None else 0.0, b if tol_end is not None else 0.0)
+                   for a, b in zip(held_starts, end_errs)]
+            ok = sum(1 for a, b in zip(held_starts, end_errs)
+                     if (tol_start is None or a <= tol_start) and (tol_end is None or b <= tol_end))
+            within = 100.0 * ok / len(of_kind)
+            short = sum(1 for p in matched if p.dur is not None and p.dur < SHORT_SPAN_US * 1000)
             # the profiled start minus ddptui's, where ddptui's is earlier: on GPU, for an
             # NCCL AllReduce, the wait of the ready collective for its stream and for SMs
-            queued = [max(0, -p.d_start) / 1000 for p in m]
+            queued = [max(0, -p.start_delta) / 1000 for p in matched]
             rows.append({
-                "strategy": s, "kind": KINDS[kind], "n": len(m), "unmatched": len(ps) - len(m),
-                "short": short, "median_early_start_us": _r(_pct(queued, 50)),
-                "median_abs_err_us": _r(_pct(err, 50)), "p95_abs_err_us": _r(_pct(err, 95)),
+                "strategy": s, "kind": KINDS[kind], "n": len(matched), "unmatched": len(of_kind) - len(matched),
+                "short": short, "median_early_start_us": _round1(_percentile(queued, 50)),
+                "median_abs_err_us": _round1(_percentile(err, 50)), "p95_abs_err_us": _round1(_percentile(err, 95)),
                 "within_tol_pct": round(within, 1),
-                "tol_us": te if te is not None else ts,
-                "tol_start_us": ts, "tol_end_us": te,
-                "median_start_us": _r(_pct(ds, 50)), "p95_start_us": _r(_pct(ds, 95)),
-                "median_end_us": _r(_pct(de, 50)), "p95_end_us": _r(_pct(de, 95)),
+                "tol_us": tol_end if tol_end is not None else tol_start,
+                "tol_start_us": tol_start, "tol_end_us": tol_end,
+                "median_start_us": _round1(_percentile(start_errs, 50)),
+                "p95_start_us": _round1(_percentile(start_errs, 95)),
+                "median_end_us": _round1(_percentile(end_errs, 50)),
+                "p95_end_us": _round1(_percentile(end_errs, 95)),
                 "start_late_only": kind in late_only,
-                "ok": len(m) > 0 and len(m) == len(ps) and within >= PASS_PCT,
+                "ok": len(matched) > 0 and len(matched) == len(of_kind) and within >= PASS_PCT,
             })
     return rows
 
 
-def _r(x: float) -> float | None:
+def _round1(x: float) -> float | None:
     return None if x != x else round(x, 1)
 
 
@@ -500,22 +508,23 @@ def format_table(rows: list[dict], title: str) -> str:
              "tolerance to be small", ""]
     body = []
     for r in rows:
-        ts, te = r["tol_start_us"], r["tol_end_us"]
-        tol = f"{'+' if r.get('start_late_only') else ''}{ts if ts is not None else '-'}/{te if te is not None else '-'}"
+        tol_start, tol_end = r["tol_start_us"], r["tol_end_us"]
+        tol = (f"{'+' if r.get('start_late_only') else ''}{tol_start if tol_start is not None else '-'}"
+               f"/{tol_end if tol_end is not None else '-'}")
         body.append((r["strategy"], r["kind"], str(r["n"]), str(r["unmatched"]),
-                     _f(r["median_start_us"]), _f(r["p95_start_us"]),
-                     _f(r["median_end_us"]), _f(r["p95_end_us"]), tol,
+                     _cell(r["median_start_us"]), _cell(r["p95_start_us"]),
+                     _cell(r["median_end_us"]), _cell(r["p95_end_us"]), tol,
                      f"{r['within_tol_pct']:.0f} %", "ok" if r["ok"] else "FAIL",
-                     _f(r.get("median_early_start_us")), str(r.get("short", 0))))
-    w = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i])  # noqa: E731
+                     _cell(r.get("median_early_start_us")), str(r.get("short", 0))))
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.ljust(widths[i]) if i < 2 else c.rjust(widths[i])  # noqa: E731
                                   for i, c in enumerate(cells)).rstrip()
     lines.append(fmt(head))
     lines.extend(fmt(b) for b in body)
     return "\n".join(lines)
 
 
-def _f(x) -> str:
+def _cell(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
@@ -530,25 +539,25 @@ def profile_from_kineto(doc: dict, window: tuple[int, int] = (0, 0), offset_ns: 
     "External id". Times: Kineto's µs minus `offset_ns`, in ns."""
     try:
         rank = int((doc.get("distributedInfo") or {}).get("rank", 0))
-        evs = []
+        events = []
         cuda = False
         for e in doc["traceEvents"]:
             if e.get("ph") != "X":
                 continue
             cat = e.get("cat", "")
-            a = e.get("args") or {}
+            args = e.get("args") or {}
             t0 = int(round(float(e["ts"]) * 1000)) - offset_ns
             t1 = t0 + int(round(float(e.get("dur", 0)) * 1000))
-            ext = int(a.get("External id", 0) or 0)
+            ext = int(args.get("External id", 0) or 0)
             if cat in ("cpu_op", "user_annotation"):
-                dims = a.get("Input Dims")
-                evs.append(Ev(e["name"], int(e.get("tid", 0)), t0, t1,
-                              int(a.get("Sequence number", -1)), 0, ext, 0,
-                              dims if isinstance(dims, list) else None))
+                dims = args.get("Input Dims")
+                events.append(ProfEvent(e["name"], int(e.get("tid", 0)), t0, t1,
+                                        int(args.get("Sequence number", -1)), 0, ext, 0,
+                                        dims if isinstance(dims, list) else None))
             elif cat in _DEVICE_CATS:
                 cuda = True
-                evs.append(Ev(e["name"], int(e.get("tid", 0)), t0, t1, -1, 1,
-                              int(a.get("correlation", 0) or 0), ext, None))
-        return Profile(rank, tuple(window), cuda, 0, sorted(evs, key=lambda e: (e.t0, -e.t1)))
+                events.append(ProfEvent(e["name"], int(e.get("tid", 0)), t0, t1, -1, 1,
+                                        int(args.get("correlation", 0) or 0), ext, None))
+        return Profile(rank, tuple(window), cuda, 0, sorted(events, key=lambda e: (e.t0, -e.t1)))
     except (KeyError, TypeError, ValueError) as e:
         raise VerifyError(f"not a Kineto trace ({type(e).__name__}: {e})") from None

@@ -21,7 +21,7 @@ from .jobs import JobQueue
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
 from ddptui.model import figures
-from .viewmodel import (PanelSpec, ViewModel, latest_steps, next_bucket_cap, plan_layout, straggler_ask,
+from .viewmodel import (PanelSpec, ViewModel, latest_steps, next_bucket_cap, plan_screen, straggler_ask,
                         straggler_where)
 from .widgets import (
     GUTTER,
@@ -42,8 +42,9 @@ from .widgets import (
 )
 from .widgets import theme
 from ddptui.ui.widgets.panel import Frame, Panel
-from .widgets import aggregate, bars, waits
+from .widgets import aggregate, statuslines, waits
 from ddptui.ui.widgets.waits import WaitsPanel
+from ddptui.ui.widgets.output import OutputScreen
 from ddptui.ui.widgets.hosts import HostsPanel
 from ddptui.ui.widgets.whatif import WhatIfPanel
 
@@ -84,8 +85,9 @@ class DdpApp(App):
         Binding("right_square_bracket", "speed(1)", "faster"),
         Binding("g", "goto", "go to"),
         Binding("s", "screenshot", "screenshot"),
+        Binding("o", "output", "output"),
     ]
-    ALWAYS = ("quit", "help", "screenshot")
+    ALWAYS = ("quit", "help", "screenshot", "output")
 
     def __init__(self, source: Source, *, title: str | None = None, fps: float = FPS,
                  screenshot_dir: str = ".", record: str | None = None):
@@ -112,8 +114,9 @@ class DdpApp(App):
         self._names_of: tuple | None = None  # (the store's layer and parameter names the panes have)
         self._drawn_at = 0.0  # (monotonic) and the steps that frame showed (see MINOR_EVERY_S)
         self._drawn_shown: dict | None = None
-        self._layout_key: tuple | None = None
+        self._plan_key: tuple | None = None
         self._caps_seen = 0
+        self._rec_error_said = False  # live: the recording's failure told (a notice, once)
         self._banner_text = ""
         self._banner_rows = 0
         self._ticks = 0
@@ -141,8 +144,8 @@ class DdpApp(App):
         self.grid, self.panel_grid = m.query_one("#panes", Grid), m.query_one("#panels", Grid)
         self.panels: dict[str, Panel] = {name: m.query_one(f"#{name}", cls) for name, cls in PANELS}
         self.headline = m.query_one(Headline)
-        self.title_bar, self.legend = m.query_one("#title", PartsView), m.query_one("#legend", PartsView)
-        self.status_bar, self.banner = m.query_one("#status", PartsView), m.query_one("#banner", Static)
+        self.title_line, self.legend = m.query_one("#title", PartsView), m.query_one("#legend", PartsView)
+        self.status_line, self.banner = m.query_one("#status", PartsView), m.query_one("#banner", Static)
         self._caps_seen = len(self.source.store.cap_history())
         if self.transport is None and not self._has_step():
             self.push_screen(StartupScreen())
@@ -185,6 +188,8 @@ class DdpApp(App):
                 self.error = f"{type(e).__name__}: {e}"
         if isinstance(self.screen, StartupScreen):
             self._draw_startup()
+        elif isinstance(self.screen, OutputScreen):  # (the ranks' output: new lines at this rate)
+            self.screen.refresh_from(src.store)
         if self._prepares() and self.transport is None and not self.vm.paused and \
                 self.vm.shown_steps(src.store) != self._prepared_shown:
             src.updater.request()  # following: a newer step is due (no frame may come to say so)
@@ -273,7 +278,7 @@ class DdpApp(App):
         if self._sync_panes(store, strategies):
             sizes = self._sizes()  # (again, with the pane just mounted)
         self._draw_banner()
-        self._sync_layout(store, strategies)  # (its new sizes come at Textual's next layout)
+        self._sync_plan(store, strategies)  # (its new sizes come at Textual's next layout)
         shown = self.shown_steps()
         views = {s: self._view(store, s, k) for s, k in shown.items()}
         mpc = self._ms_per_cell(views, sizes)
@@ -293,14 +298,18 @@ class DdpApp(App):
             if panel.display:
                 panel.draw(frame)
         slow = waits.culprit_gist(store, shown)
-        self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow))
-        self.title_bar.show([bars.title(store, strategies, self.talk_title)])
-        self.legend.show([bars.legend(mpc, self.vm.zoom, self.size.width)])
-        self.status_bar.show([self._status(store)])
+        note = "" if slow else waits.gathering(store, shown)  # (no verdict before a full window)
+        self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow, note))
+        self.title_line.show([statuslines.title(store, strategies, self.talk_title)])
+        self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width)])
+        self.status_line.show([self._status(store)])
         self._notify_caps(store)
+        if getattr(self.source, "recording_error", None) and not self._rec_error_said:  # (once)
+            self._rec_error_said = True
+            self.notify(self.source.recording_error, severity="warning", timeout=10)
 
     def _view(self, store: Store, strategy: str, step: int | None):
-        """store.view, kept while nothing that shapes it (layouts, events) changed."""
+        """store.view, kept while nothing that shapes it (bucket assignments, events) changed."""
         if step is None:
             return None
         key = (id(store), strategy, step, store.view_stamp(strategy))
@@ -330,16 +339,16 @@ class DdpApp(App):
                 self.panes[s].set_names(layers, params)
         return mounted
 
-    def _sync_layout(self, store: Store, strategies: list[str]) -> None:
+    def _sync_plan(self, store: Store, strategies: list[str]) -> None:
         w, h = self.size
         specs = [PanelSpec(name, cls.rows_min(store), cls.rows_max(store), cls.MIN_WIDTH, cls.GROW)
                  for name, cls in PANELS]
         key = (w, h, tuple(strategies), store.world, tuple(specs), self._banner_rows)
-        if key == self._layout_key:
+        if key == self._plan_key:
             return
-        self._layout_key = key
+        self._plan_key = key
         ranks = [store.expected_ranks(s) for s in strategies]
-        plan = plan_layout(w, h, ranks, specs, self._banner_rows)
+        plan = plan_screen(w, h, ranks, specs, self._banner_rows)
         grid = self.grid
         grid.styles.grid_size_columns = plan.cols
         grid.styles.grid_size_rows = len(plan.pane_rows)
@@ -372,12 +381,17 @@ class DdpApp(App):
 
     def _status(self, store: Store) -> list:
         if self.transport is not None:
-            state = bars.replay_state(self.transport, self._busy)
+            state = statuslines.replay_state(self.transport, self._busy)
         else:
-            state = bars.live_state(self.source, max(latest_steps(store), default=None), stopping=self._stopping,
-                                    paused=self.paused, pinned=self.pinned, error=self.error, record=self.record)
+            rec_error = getattr(self.source, "recording_error", None)  # (the run goes on without it)
+            state = statuslines.live_state(self.source, max(latest_steps(store), default=None), stopping=self._stopping,
+                                    paused=self.paused, pinned=self.pinned, error=self.error,
+                                    record=None if rec_error else self.record)
+            if rec_error:
+                why = rec_error.split(" stopped: ", 1)[-1].split(";", 1)[0]
+                state.append((f" · recording stopped: {why}", theme.style(theme.WARN, bold=True)))
         gist = "" if self.panels["waits"].display else waits.compact(store, self.shown_steps())
-        return bars.status(store, state, gist)
+        return statuslines.status(store, state, gist)
 
     def _draw_banner(self) -> None:
         src = self.source
@@ -489,6 +503,11 @@ class DdpApp(App):
             self.notify(f"screenshot failed: {e}", severity="error")
             return
         self.notify(f"screenshot saved: {os.path.abspath(path)}", title="screenshot")
+
+    def action_output(self) -> None:
+        """The ranks' own output (the script's prints) over the timelines."""
+        if not isinstance(self.screen, OutputScreen):
+            self.push_screen(OutputScreen(self.source.store))
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

@@ -1,5 +1,5 @@
 """The UI's state and arithmetic, without Textual: which step each pane shows, the shared
-time scale, and the layout plan. Pure enough to test without a running app.
+time scale, and the screen plan. Pure enough to test without a running app.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from ranks import spec
 
 from ddptui.model.store import Store
-from . import layout
-from .layout import LANE_SHAPES, span_ceil
+from . import geometry
+from .geometry import LANE_SHAPES, span_ceil
 
 ZOOMS = (1, 2, 4, 8, 16, 32)
 LOOKBACK = 500  # steps searched back for a complete one
@@ -163,7 +163,7 @@ def straggler_where(store: Store) -> str:
     return f"rank {max(store.world - 1, 0)} · {names[(len(names) - 1) // 2]}" if names else "the highest rank"
 
 
-# -- layout ----------------------------------------------------------------------------------
+# -- screen plan -----------------------------------------------------------------------------
 PANE_MIN_WIDTH = 80  # panes go side by side when each can have this many columns
 FIXED_ROWS = 5  # title, headline, legend, status and footer
 
@@ -178,11 +178,11 @@ def pane_rows(ranks: list[int], avail: int) -> list[int]:
     rest is shared by the ranks still to show, up to the thickest lanes (rows with as many
     ranks get the same height); when even the minimum does not fit, the rows share the
     height evenly."""
-    base = [layout.rows_min(r) for r in ranks]
+    base = [geometry.rows_min(r) for r in ranks]
     if avail < sum(base):  # too small for one rank each: share what there is (each says so)
         even = max(2, avail // len(ranks))
         return [even + (1 if i < avail - even * len(ranks) else 0) for i in range(len(ranks))]
-    want = [layout.rows_big(r) - b for r, b in zip(ranks, base)]
+    want = [geometry.rows_big(r) - b for r, b in zip(ranks, base)]
     spare = avail - sum(base)
     total = sum(want) or 1
     return [b + min(wt, spare * wt // total) for b, wt in zip(base, want)]
@@ -192,7 +192,7 @@ def lane_shape_rows(rows: list[int], avail: int) -> list[int]:
     """Pane heights that fit the thickest lane shape all panes can have within `avail`
     (no half-used rows); pane_rows when not even the thinnest shape fits."""
     for shape in LANE_SHAPES:
-        need = [layout.rows_for(r, shape) for r in rows]
+        need = [geometry.rows_for(r, shape) for r in rows]
         if sum(need) <= avail:
             return need
     return pane_rows(rows, avail)
@@ -209,7 +209,7 @@ class PanelSpec:
 
 
 @dataclass(frozen=True)
-class LayoutPlan:
+class ScreenPlan:
     cols: int  # panes per grid row
     pane_rows: tuple[int, ...]  # height of each grid row of panes
     panel_cols: int  # panels per shelf
@@ -221,8 +221,8 @@ class LayoutPlan:
         return {n for shelf in self.shelves for n in shelf}
 
 
-def plan_layout(width: int, height: int, ranks: list[int], panels: list[PanelSpec],
-                banner_rows: int = 0) -> LayoutPlan:
+def plan_screen(width: int, height: int, ranks: list[int], panels: list[PanelSpec],
+                banner_rows: int = 0) -> ScreenPlan:
     """Where everything goes. `ranks`: the ranks of each strategy pane, in order; `panels`:
     in order of priority. The lanes get their minimum first, then the panels up to a third
     of the height (even when the lanes then get less than their minimum), then the lanes
@@ -245,10 +245,10 @@ def plan_layout(width: int, height: int, ranks: list[int], panels: list[PanelSpe
         if lo[i] <= budget:
             size[i] = min(hi[i], budget)
             budget -= size[i]
-    lanes = sum(layout.rows_min(r) for r in rows)
+    lanes = sum(geometry.rows_min(r) for r in rows)
     left = avail - lanes - sum(size)
     if left > 0:
-        more = min(left, sum(layout.rows_max(r) for r in rows) - lanes)  # comfortable lanes
+        more = min(left, sum(geometry.rows_max(r) for r in rows) - lanes)  # comfortable lanes
         lanes, left = lanes + max(0, more), left - max(0, more)
         for i in range(len(chunks)):  # panels: more shelves, then what each wants
             if not size[i] and lo[i] <= left:
@@ -257,7 +257,7 @@ def plan_layout(width: int, height: int, ranks: list[int], panels: list[PanelSpe
             if size[i]:
                 add = min(left, hi[i] - size[i])
                 size[i], left = size[i] + add, left - add
-        more = min(left, sum(layout.rows_big(r) for r in rows) - lanes)  # thickest lanes
+        more = min(left, sum(geometry.rows_big(r) for r in rows) - lanes)  # thickest lanes
         lanes, left = lanes + max(0, more), left - max(0, more)
     else:
         lanes, left = avail - sum(size), 0
@@ -269,8 +269,8 @@ def plan_layout(width: int, height: int, ranks: list[int], panels: list[PanelSpe
     if left > 0 and heights:  # nobody grows: the panes keep it
         heights[-1] += left
     shown = [i for i in range(len(chunks)) if size[i]]
-    return LayoutPlan(cols, tuple(heights), k,
+    return ScreenPlan(cols, tuple(heights), k,
                       tuple(tuple(p.name for p in chunks[i]) for i in shown), tuple(size[i] for i in shown))
 
 
-__all__ = ["ViewModel", "SpanScale", "LayoutPlan", "PanelSpec", "plan_layout", "pane_rows", "latest_steps", "ZOOMS"]
+__all__ = ["ViewModel", "SpanScale", "ScreenPlan", "PanelSpec", "plan_screen", "pane_rows", "latest_steps", "ZOOMS"]

@@ -20,12 +20,12 @@ def layer_text(params: list[int], param_layer: list[int], layer_names: list[str]
     return ",".join(name(i) for i in layers)
 
 
-def bucket_rows(store: Store, view: StepView, layout: list) -> list[tuple[int, list[int], float, float | None, float | None]]:
+def bucket_rows(store: Store, view: StepView, assignment: list) -> list[tuple[int, list[int], float, float | None, float | None]]:
     """(bucket, params, MB, time ms, overlap %) per bucket, means over the ranks (the store's
     per-step figures: computed once per step, not per frame)."""
     figs = store.bucket_figures(view.strategy, view.step) or {}
     out = []
-    for b, params, nbytes in layout:
+    for b, params, nbytes in assignment:
         t, ov = figs.get(b, (None, None))
         out.append((int(b), list(params), nbytes / 2**20, t, ov))
     return out
@@ -34,7 +34,7 @@ def bucket_rows(store: Store, view: StepView, layout: list) -> list[tuple[int, l
 def build(store: Store, view: StepView | None, rows: int) -> list[Parts]:
     if view is None:
         return [[("DDP buckets: waiting for a DDP step…", theme.style(theme.DIM))]]
-    layout = store.bucket_layout("ddp", view.step) or []
+    assignment = store.bucket_assignment("ddp", view.step) or []
     params = store.meta.params
     param_layer = [int(p[2]) if len(p) > 2 else 0 for p in params]
     names = list(store.meta.layers)
@@ -43,7 +43,7 @@ def build(store: Store, view: StepView | None, rows: int) -> list[Parts]:
         [(f"DDP buckets · step {view.step}{cap}", theme.style(theme.TEXT, bold=True)),
          (" · in the order DDP reduces them", theme.style(theme.DIM))],
         [(f"{'bucket':<8}{'layers':<14}{'MB':>8}{'time ms':>10}{'overlap':>9}", theme.style(theme.DIM, bold=True))]]
-    got = bucket_rows(store, view, layout)
+    got = bucket_rows(store, view, assignment)
     room = max(0, rows - 2)
     show = got if len(got) <= room else got[:max(0, room - 1)]
     for b, ps, mb, t, ov in show:
@@ -63,14 +63,14 @@ class BucketsPanel(Panel):
     def rows_min(store: Store) -> int:
         if "ddp" not in store.strategies():
             return 0
-        n = len(store.bucket_layout("ddp") or [])
+        n = len(store.bucket_assignment("ddp") or [])
         return min(2 + n, 5) if n else 0
 
     @staticmethod
     def rows_max(store: Store) -> int:
         if "ddp" not in store.strategies():
             return 0
-        return 2 + len(store.bucket_layout("ddp") or [])
+        return 2 + len(store.bucket_assignment("ddp") or [])
 
     def build_lines(self, frame: Frame) -> list[Parts]:
         return build(frame.store, frame.views.get("ddp"), self.inner[1])

@@ -59,12 +59,15 @@ def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
     return [("waiting for complete steps of two strategies to compare…", "none"), ("waiting…", "none")]
 
 
-def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "") -> tuple[str, str]:
+def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "", note: str = "") -> tuple[str, str]:
     """The fullest candidate within `width` cells (the shortest, cut, if none fits). `slow`:
-    a straggler in words ('rank 1 · fc2 backward +40 ms'), said first when there is one."""
+    a straggler in words ('rank 1 · fc2 backward +40 ms'), said first when there is one;
+    else `note` ('gathering evidence (3/20 steps)': no verdict yet), said last where it fits."""
     cands = candidates(sp, overlap)
     if slow:
         cands = [(f"{t} · slow: {slow}", v) for t, v in cands] + [(f"slow: {slow}", "bad")] + cands
+    elif note:  # (each sentence with the note, then without: the figures come first)
+        cands = [c for t, v in cands for c in ((f"{t} · {note}", v), (t, v))]
     for text, verdict in cands:
         if cell_len(text) <= width:
             return text, verdict
@@ -75,9 +78,9 @@ def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "") -> tuple[
 COLOUR = {"good": theme.GOOD, "bad": theme.ERROR, "same": theme.WARN, "none": theme.DIM}
 
 
-def build(rows: list[dict], sp: dict, width: int, slow: str = "") -> list[Parts]:
+def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = "") -> list[Parts]:
     overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
-    text, verdict = headline(sp, overlap, max(0, width - 2), slow)
+    text, verdict = headline(sp, overlap, max(0, width - 2), slow, note)
     return [[(" " + text + " ", theme.style("#000000" if verdict != "none" else theme.TEXT,
                                         COLOUR[verdict] if verdict != "none" else theme.BG, bold=True))]]
 

@@ -20,14 +20,14 @@ from . import theme
 Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _DRAWN = (FWD, BWD, OPT)
-_PLANS: dict = {}  # (Layout, layer names) -> the compute lane's positions, colours, labels
+_PLANS: dict = {}  # (Placement, layer names) -> the compute lane's positions, colours, labels
 _PLANS_MAX = 256
 
 
 def _compute_plan(lane: Lane, layer_names: list[str]) -> tuple[list[int], list[int], list[str]]:
     """Which spans a compute lane draws, in what colour, with what label: the same for every
     lane with the same kind and idx columns and layer names, so made once for them."""
-    key = (lane.layout(), tuple(layer_names))
+    key = (lane.placement(), tuple(layer_names))
     got = _PLANS.get(key)
     if got is None:
         kind, idx, n = lane.kind, lane.idx, len(layer_names)
@@ -93,7 +93,7 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
     A lane `rows` tall gives concurrent AllReduces sub-rows (this is row `row`); what does
     not fit (and, in a one-row lane, every stretch where several run at once) is marked."""
     lane = Lane.of_spans(spans)
-    pos = lane.layout().comm
+    pos = lane.placement().comm
     starts, ends = lane.starts, lane.ends
     comms = list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), lane.issued, lane.others,
                      lane.last, map(lane.idx.__getitem__, pos)))

@@ -1,8 +1,8 @@
-"""The panels below the lanes: each says how much room it wants, the layout plan places them
-by priority (ddptui.ui.viewmodel.plan_layout), and each draws itself from one Frame.
+"""The panels below the lanes: each says how much room it wants, the screen plan places them
+by priority (ddptui.ui.viewmodel.plan_screen), and each draws itself from one Frame.
 
 A new panel: subclass Panel, give it rows_min/rows_max (0 rows: nothing to show now),
-MIN_WIDTH, GROW (takes the rows nobody else wants) and lines(frame); add it to
+MIN_WIDTH, GROW (takes the rows nobody else wants) and build_lines(frame); add it to
 ddptui.ui.app.PANELS at its priority.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A widget that draws lines of styled parts and refreshes only when they change.
 
 Lines are drawn with Textual's Line API: each part is a Segment with its Rich style, cut to
-the widget's width, so a status bar redrawn at every step costs a few Segments, not a
+the widget's width, so a status line redrawn at every step costs a few Segments, not a
 parse of rich Text into Textual's Content. Control characters (a rank's error message may
 hold a newline) are drawn as spaces: a line stays one line.
 """

@@ -14,8 +14,8 @@ from textual.widget import Widget
 
 from ddptui.model.views import StepView
 from . import theme
-from ddptui.ui import layout
-from ddptui.ui.layout import fit_ranks, nice_ceil
+from ddptui.ui import geometry
+from ddptui.ui.geometry import fit_ranks, nice_ceil
 from .lanes import comm_bars, compute_bars, lane_segments
 
 GUTTER = 9  # "r12 comp "
@@ -51,10 +51,10 @@ class TimelinePane(Widget):
     TimelinePane { height: 1fr; min-height: 2; background: #000000; }
     """
 
-    rows_min = staticmethod(layout.rows_min)
-    rows_for = staticmethod(layout.rows_for)
-    rows_max = staticmethod(layout.rows_max)
-    rows_big = staticmethod(layout.rows_big)
+    rows_min = staticmethod(geometry.rows_min)
+    rows_for = staticmethod(geometry.rows_for)
+    rows_max = staticmethod(geometry.rows_max)
+    rows_big = staticmethod(geometry.rows_big)
 
     def __init__(self, strategy: str, layers: list[str], params: list[str], **kw):
         super().__init__(**kw)
@@ -183,7 +183,7 @@ class TimelinePane(Widget):
         return out
 
     def _compact_header(self, hidden: list[int], width: int) -> Strip:
-        """The header with, at its right end, what the compact layout leaves out."""
+        """The header with, at its right end, what a compact pane leaves out."""
         note = f" ⚠ {hidden_who(hidden)} hidden · no axis " if hidden else " no axis "
         style = theme.style("#000000", theme.WARN, bold=True) if hidden else theme.style(theme.DIM)
         room = max(0, width - len(note))

@@ -36,11 +36,14 @@ def summary_line(store: Store, shown: dict) -> Parts:
         parts.append((f"rank {got['last_arriver_rank']} last {got['last_arriver_pct']:.0f} % ", theme.style(theme.TEXT)))
         if got["culprit"]:
             parts.append((f"· culprit {got['culprit']} ", theme.style(theme.WARN, bold=True)))
+    note = gathering(store, shown)  # (once, for the strategy with the fewest steps)
+    if note:
+        parts.append((f"· {note} ", theme.style(theme.DIM)))
     return parts
 
 
 def compact(store: Store, shown: dict) -> str:
-    """The status bar's share when the panel has no room (80x24): 'waits: rank 1 last (naive
+    """The status line's share when the panel has no room (80x24): 'waits: rank 1 last (naive
     100 %, ddp 92 %) · fc2 backward +40 ms', or '' while nobody clearly waits."""
     best = None
     bits = []
@@ -76,6 +79,17 @@ def culprit_gist(store: Store, shown: dict) -> str:
     return best["text"] if best else ""
 
 
+def gathering(store: Store, shown: dict) -> str:
+    """'gathering evidence (3/20 steps)' while a strategy's last RECENT steps are fewer than a
+    verdict needs (the one with the fewest), else ''."""
+    least = None
+    for s in _strategies(store):
+        got = _summary(store, s, shown.get(s))
+        if got and got.get("gathering") and (least is None or got["evidence_steps"] < least["evidence_steps"]):
+            least = got
+    return stragglers.gathering_text(least)
+
+
 def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
     strategies = _strategies(store)
     if not strategies:
@@ -100,7 +114,8 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
         else:
             head.append((f"rank {got['last_arriver_rank']} arrives last in {got['last_arriver_pct']:.0f} % "
                          "of steps", theme.style(theme.TEXT)))
-            head.append((f" · culprit {got['culprit']}" if got["culprit"] else " · no clear culprit",
+            quiet = f" · {stragglers.gathering_text(got)}" if got.get("gathering") else " · no clear culprit"
+            head.append((f" · culprit {got['culprit']}" if got["culprit"] else quiet,
                          theme.style(theme.WARN, bold=True) if got["culprit"] else theme.style(theme.DIM)))
         lines.append(head)
         waits = {int(r): v for r, v in got["wait_ms_median"].items()}

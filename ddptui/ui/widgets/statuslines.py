@@ -1,4 +1,4 @@
-"""The one-line bars around the panes, as styled parts (no Textual): the title (model,
+"""The status lines around the panes (one line each), as styled parts (no Textual): the title (model,
 ranks, device, strategies), the legend (colours, then the time scale; entries drop off the
 end when the line is short) and the status line (live or replay state, then what went
 wrong: dropped spans, rejected frames, and the waits' gist when their panel has no room).

@@ -1,4 +1,4 @@
-"""The bars around the panes (ddptui/ui/widgets/bars.py), without Textual."""
+"""The status lines around the panes (ddptui/ui/widgets/statuslines.py), without Textual."""
 from __future__ import annotations
 
 import types
@@ -6,7 +6,7 @@ import types
 import pytest
 
 from ddptui.recording.synthetic import SyntheticSource
-from ddptui.ui.widgets import bars
+from ddptui.ui.widgets import statuslines
 
 
 def text(parts) -> str:
@@ -14,10 +14,10 @@ def text(parts) -> str:
 
 
 def test_the_legend_drops_entries_from_the_end_and_always_keeps_the_scale():
-    wide, narrow = bars.legend(0.5, 2, 200), bars.legend(0.5, 2, 70)
+    wide, narrow = statuslines.legend(0.5, 2, 200), statuslines.legend(0.5, 2, 70)
     assert text(wide).endswith("1 cell = 0.5 ms · zoom 2× · one scale for all panes")
     assert text(narrow).endswith("1 cell = 0.5 ms · zoom 2×")
-    names = [name for name, _ in bars.LEGEND]
+    names = [name for name, _ in statuslines.LEGEND]
     shown = [n for n in names if f" {n} " in text(narrow)]
     assert shown == names[:len(shown)] and 0 < len(shown) < len(names)  # the first ones stay
     assert len(text(narrow)) <= 70 and all(f" {n} " in text(wide) for n in names)
@@ -26,26 +26,26 @@ def test_the_legend_drops_entries_from_the_end_and_always_keeps_the_scale():
 def test_title_and_status_say_what_the_store_holds():
     src = SyntheticSource(steps=3, world=4, model="small")
     st = src.store
-    assert text(bars.title(st, ["naive", "ddp"], "my talk")).startswith(" ddptui  my talk ")
-    assert "4 ranks" in text(bars.title(st, ["naive", "ddp"])) and "naive vs ddp" in text(bars.title(st, ["naive", "ddp"]))
-    live = bars.live_state(src, 2, record="runs/x.ddptui")
+    assert text(statuslines.title(st, ["naive", "ddp"], "my talk")).startswith(" ddptui  my talk ")
+    assert "4 ranks" in text(statuslines.title(st, ["naive", "ddp"])) and "naive vs ddp" in text(statuslines.title(st, ["naive", "ddp"]))
+    live = statuslines.live_state(src, 2, record="runs/x.ddptui")
     assert text(live).startswith(" ● LIVE  running · step 2") and "recording → runs/x.ddptui" in text(live)
-    assert text(bars.live_state(src, 9, paused=True, pinned=4)).startswith(" ⏸ PAUSED  step 4 · training continues (latest 9)")
-    assert "RUN FAILED" in text(bars.live_state(src, 2, error="boom"))
-    assert text(bars.live_state(src, 2, stopping=True)) == " ⏹ stopping ranks… "
+    assert text(statuslines.live_state(src, 9, paused=True, pinned=4)).startswith(" ⏸ PAUSED  step 4 · training continues (latest 9)")
+    assert "RUN FAILED" in text(statuslines.live_state(src, 2, error="boom"))
+    assert text(statuslines.live_state(src, 2, stopping=True)) == " ⏹ stopping ranks… "
     st.ranks[1].dropped_spans = 12
     st.rejected = 3
-    out = text(bars.status(st, live, "waits: rank 1 last"))
+    out = text(statuslines.status(st, live, "waits: rank 1 last"))
     assert out.endswith(" · dropped spans: r1 12 · rejected frames or connections: 3 · waits: rank 1 last")
     rep = types.SimpleNamespace(state="paused", speed=2.0, position_step=5, steps_total=11, name="a.ddptui",
                                 loop=True, playing=False, skipped=2, message="")
-    assert text(bars.replay_state(rep, busy=True)) == (" ⏸ REPLAY  2× · step 5/10 · a.ddptui · loop · seeking…"
-                                                      " · 2 invalid frames skipped")
+    assert text(statuslines.replay_state(rep, busy=True)) == (" ⏸ REPLAY  2× · step 5/10 · a.ddptui · loop · seeking…"
+                                                             " · 2 invalid frames skipped")
 
 
 @pytest.mark.asyncio
 async def test_a_parts_view_draws_each_line_cut_to_its_width_and_control_characters_as_spaces():
-    """PartsView (the bars' and panels' widget) draws with the Line API: one strip a line, cut
+    """PartsView (the status lines' and panels' widget) draws with the Line API: one strip a line, cut
     or padded to the width, in the parts' styles; a newline in a message stays on its line."""
     from textual.app import App
 

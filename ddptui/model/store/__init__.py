@@ -1,0 +1,87 @@
+"""The store: every source (live ranks, a replay file) feeds frames in; the UI, the
+recorder's summary and the headless report read figures out.
+
+Ingest is cheap (columns are kept as they arrive); figures are computed by update(),
+off the collector thread: while a run is live by one Updater thread (updater.py), else by
+whoever reads. Raw spans are kept for the last
+``keep_steps`` steps of each strategy and per-step figures for the last ``keep_figures``,
+so memory stays bounded however long the run.
+
+`Store` is made of three parts, one job each, sharing the state declared (once, a comment
+per field) in `Store.__init__` below and its one lock:
+
+- intake.py   `Intake`: frames in (ingest's checks, one handler per frame type, set_meta, add_log);
+- figuring.py `Figuring`: figures of complete steps (update, eviction, rank_figures,
+  bucket_figures, multi-node clock samples);
+- queries.py  `Queries`: every read-only query, each under the lock, returning copies.
+
+Beside them: rankinfo.py (`RankInfo`, one rank's state) and history.py (`in_force`, what a
+step-ordered history holds at a step).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+
+from ranks import frames
+from ranks.wire import SpanBatch
+
+from .. import figures
+from .. import stragglers
+from ..clocksync import HostClocks
+from ..runinfo import RunInfo
+from .figuring import Figuring
+from .history import in_force
+from .intake import Intake
+from .queries import Queries
+from .rankinfo import RankInfo
+
+__all__ = ["Store", "RankInfo", "in_force"]
+
+OUTPUT_KEPT = 2000  # lines of the ranks' own output kept in memory (the output pane's)
+
+
+class Store(Intake, Figuring, Queries):
+    def __init__(self, keep_steps: int = 400, keep_figures: int = 20000):
+        self.lock = threading.RLock()  # one lock over everything below (re-entrant: queries call queries)
+        self.version = 0  # +1 on every change (a frame, meta, a log line, published figures): readers redraw
+        self.keep_steps = keep_steps  # raw spans (and what goes with them) kept per strategy, in steps
+        self.keep_figures = keep_figures  # per-step figures kept per strategy, in steps
+        self.meta = RunInfo()  # what the run is (typed; .as_dict() for the header's map)
+        self.ranks: dict[int, RankInfo] = {}  # rank -> what is known of it
+        # strategy -> step -> rank -> its span batch, oldest step first (the last keep_steps)
+        self.raw: dict[str, OrderedDict[int, dict[int, SpanBatch]]] = {}
+        self._strategies: tuple | None = None  # (the strategies named, len(raw), the list): asked many times a frame
+        # strategy -> step -> figures of a complete step, oldest first (the last keep_figures)
+        self.step_figs: dict[str, OrderedDict[int, figures.StepFigures]] = {}
+        self.rank_figs: dict[tuple[str, int, int], figures.RankStep] = {}  # (strategy, step, rank), kept like raw
+        self.bucket_figs: dict[tuple[str, int], dict] = {}  # (strategy, step) of complete steps
+        # DDP's bucket assignment: (strategy, rank) -> each change as reported, in step order:
+        # (step, {bucket: bytes}, [[bucket, [param idx...], bytes], ...])
+        self.bucket_assignments: dict[tuple[str, int], list[tuple[int, dict[int, int], list]]] = {}
+        self.reported_sizes: dict[tuple[str, int], list[int]] = {}  # bucket sizes DDP itself reports
+        self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
+        self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
+        self.slow_changes: list[tuple[int, float, int, int]] = []  # (step, ms, rank, layer) as applied
+        self.waits: dict[str, OrderedDict[int, stragglers.StepWaits | None]] = {}  # kept like raw spans
+        # (strategy, step) -> (start ns, end ns) of a complete step on CLOCK_MONOTONIC, kept like raw spans
+        self._intervals: dict[tuple[str, int], tuple[int, int]] = {}
+        self.log: deque[tuple[float, str, str]] = deque(maxlen=500)  # (time, level, text)
+        self.log_seq = 0  # lines ever logged (the deque keeps the last 500): readers follow this
+        # the ranks' own output (a script's prints): (time, rank, stream, line), the last OUTPUT_KEPT
+        self.output: deque[tuple[float, int, str, str]] = deque(maxlen=OUTPUT_KEPT)
+        self.output_seq = 0  # output lines ever received (readers follow this, as the log's)
+        self.output_dropped = 0  # output lines the run dropped, not recorded (the frames' counts)
+        self.gpu: deque[frames.Gpu] = deque(maxlen=600)  # the latest GPU samples
+        self.cpu: deque[frames.Cpu] = deque(maxlen=600)  # the latest CPU samples
+        self.spans = 0  # span events ever stored
+        self.rejected = 0  # frames or connections refused (reject frames)
+        self._param_bytes: list[int] = []  # each parameter's gradient bytes (non-DDP AllReduce sizes)
+        self._limits = frames.Limits()  # what frames are checked against (from meta)
+        self._dirty: dict[str, set[int]] = {}  # strategy -> steps with new spans since update()
+        # multi-node: rank -> node, node -> clock frame (its offset onto node 0's axis)
+        self.host_clocks = HostClocks()
+        self.node_of: dict[int, int] = self.host_clocks.node_of  # (the same dicts, read by queries)
+        self.clocks: dict[int, frames.Clock] = self.host_clocks.clocks
+        self._shift: dict[tuple[str, int], dict[int, int]] = {}  # (strategy, step) -> rank -> raw - mapped
+        self._coll: dict[int, deque] = {}  # node -> its latest collectives against node 0 (CollSample)

@@ -1,0 +1,144 @@
+"""The Store's figuring, one job: figures of complete steps. `update()` computes the figures
+of the steps every rank has sent (per rank, per step, who waited for whom, the step's
+interval; multi-node, each collective's clock sample) and evicts what is beyond the Store's
+bounds; `rank_figures` and `bucket_figures` make a step's per-rank and per-bucket figures
+when first asked for. Works on the Store's state (declared in store/__init__.py); frames
+come in through intake.py, readers go through queries.py.
+
+What to compute is chosen under the lock, computed outside it (span batches never change
+once in) and published under it, so readers (the UI) never wait on the arithmetic."""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from .. import figures
+from .. import stragglers
+from ..clocksync import KEEP_COLLECTIVES, coll_sample
+from .history import in_force
+
+
+class Figuring:
+    """Figures of complete steps, and eviction (a part of Store: the state it works on is
+    declared in Store.__init__)."""
+
+    def comm_bytes_fn(self, strategy: str, rank: int, step: int):
+        """idx -> bytes of a rank's AllReduce at `step`: DDP, the bucket's size in the bucket
+        assignment in force; other strategies, the parameter's gradient bytes."""
+        history = self.bucket_assignments.get((strategy, rank))
+        if strategy == "ddp" and history:
+            sizes = in_force(history, step, first=True)
+            return lambda i: sizes.get(i, 0)
+        pb = self._param_bytes
+        return lambda i: pb[i] if i < len(pb) else 0
+
+    def rank_figures(self, strategy: str, step: int, rank: int) -> figures.RankStep | None:
+        with self.lock:
+            key = (strategy, step, rank)
+            got = self.rank_figs.get(key)
+            if got is None:
+                b = self.raw.get(strategy, {}).get(step, {}).get(rank)
+                if b is None:
+                    return None
+                got = self.rank_figs[key] = figures.rank_step(b, self.comm_bytes_fn(strategy, rank, step))
+            return got
+
+    def bucket_figures(self, strategy: str, step: int) -> dict[int, tuple[float, float | None]] | None:
+        """Per AllReduce index (DDP: bucket) of a step: (mean time ms, mean % overlapped with
+        compute) over its ranks (figures.bucket_step); kept once the step is complete. Made
+        outside the lock (batches never change once in): ingest does not wait on it."""
+        key = (strategy, step)
+        with self.lock:
+            got = self.bucket_figs.get(key)
+            if got is not None:
+                return got
+            ranks = self.raw.get(strategy, {}).get(step)
+            if not ranks:
+                return None
+            batches, complete = list(ranks.values()), len(ranks) >= self.expected_ranks(strategy)
+        got = figures.bucket_step(batches)
+        if complete:
+            with self.lock:
+                if self.raw.get(strategy, {}).get(step) is not None:  # (not evicted meanwhile)
+                    self.bucket_figs[key] = got
+        return got
+
+    def update(self) -> None:
+        """Compute figures of steps complete on every rank; evict what is beyond bounds.
+
+        Three phases, so readers (the UI) never wait on the arithmetic: what to compute is
+        chosen under the lock, computed outside it (span batches never change once in), and
+        published under it (a step evicted meanwhile is dropped). The Updater thread calls
+        this while a run is live; readers that need figures now may call it too."""
+        todo = []  # (strategy, step, {rank: batch}, {rank: comm_bytes})
+        with self.lock:
+            for strategy, dirty in self._dirty.items():
+                per = self.raw.get(strategy, {})
+                want = self.expected_ranks(strategy)
+                figs = self.step_figs.get(strategy, {})
+                for k in sorted(dirty):
+                    ranks = per.get(k)
+                    if ranks is None or len(ranks) < want or k in figs:
+                        continue
+                    todo.append((strategy, k, dict(sorted(ranks.items())),
+                                 {r: self.comm_bytes_fn(strategy, r, k) for r in ranks}))
+                    dirty.discard(k)
+        done = []
+        for strategy, k, ranks, comm in todo:
+            rs = {r: figures.rank_step(b, comm[r]) for r, b in ranks.items()}
+            step = figures.combine(k, list(rs.values()))
+            done.append((strategy, k, ranks, rs, step, stragglers.step_waits(ranks, step.step_ms),
+                         figures.step_interval(ranks.values())))
+        with self.lock:
+            for strategy, k, ranks, rs, step, waits, interval in done:
+                if self.raw.get(strategy, {}).get(k) is None:
+                    continue  # evicted while computed
+                figs = self.step_figs.setdefault(strategy, OrderedDict())
+                if k in figs:
+                    continue  # another caller published it first
+                for r, got in rs.items():
+                    self.rank_figs[(strategy, k, r)] = got
+                figs[k] = step
+                if interval is not None:
+                    self._intervals[(strategy, k)] = interval
+                self.waits.setdefault(strategy, OrderedDict())[k] = waits
+                if waits is not None and self.clocks:
+                    self._collect_clock_samples(waits, self._shift.get((strategy, k), {}), (strategy, k))
+            if done:
+                self.version += 1
+            self._evict()
+
+    def _evict(self) -> None:
+        """(Under the lock.) Raw spans and what is kept per step with them beyond the last
+        `keep_steps` steps of each strategy, step figures beyond the last `keep_figures`."""
+        for strategy, dirty in self._dirty.items():
+            per = self.raw.get(strategy, {})
+            figs = self.step_figs.setdefault(strategy, OrderedDict())
+            while len(per) > self.keep_steps:
+                k, ranks = per.popitem(last=False)
+                self._shift.pop((strategy, k), None)
+                self.waits.get(strategy, {}).pop(k, None)
+                self.bucket_figs.pop((strategy, k), None)
+                self._intervals.pop((strategy, k), None)
+                for r in ranks:
+                    self.rank_figs.pop((strategy, k, r), None)
+                dirty.discard(k)
+            while len(figs) > self.keep_figures:
+                figs.popitem(last=False)
+
+    def _collect_clock_samples(self, w: stragglers.StepWaits, shift: dict[int, int], step: tuple) -> None:
+        """Multi-node: each collective of a step, per host against node 0, in raw host times
+        (what the clock refinement reads; ddptui/model/clocksync.py)."""
+        by_node: dict[int, list[int]] = {}
+        for r in shift:
+            by_node.setdefault(self.node_of.get(r, 0), []).append(r)
+        here = by_node.pop(0, None)
+        if not here or not by_node:
+            return
+        for c in w.collectives:
+            r0, e0 = [c.ready[r] for r in here], [c.end[r] for r in here]
+            for node, rs in by_node.items():
+                got = self._coll.get(node)
+                if got is None:
+                    got = self._coll[node] = deque(maxlen=KEEP_COLLECTIVES)
+                got.append(coll_sample(r0, e0, [c.ready[r] + shift[r] for r in rs],
+                                       [c.end[r] + shift[r] for r in rs], step))
