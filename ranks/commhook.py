@@ -9,15 +9,19 @@ import torch.distributed as dist
 
 class CommState:
     """What the hook needs: the recorder, the world size, parameter -> index, the user's hook
-    and its state; it collects (bucket, params, bytes sent) in `seen` while `track` is on."""
+    and its state; it collects (bucket, params, bytes sent) in `seen` while `track` is on.
+    `offset` is added to DDP's bucket index: the buckets of a rank's second DDP module are
+    numbered after the first's (by its first parameter's index: never more buckets than
+    parameters, so a bucket's number stays below the parameter count the app checks)."""
 
-    __slots__ = ("rec", "world", "pindex", "inner", "inner_state", "seen", "track")
+    __slots__ = ("rec", "world", "pindex", "inner", "inner_state", "seen", "track", "offset")
 
-    def __init__(self, rec, world: int, pindex: dict, inner=None, inner_state=None):
+    def __init__(self, rec, world: int, pindex: dict, inner=None, inner_state=None, offset: int = 0):
         self.rec, self.world, self.pindex = rec, world, pindex
         self.inner, self.inner_state = inner, inner_state
         self.seen: list = []
         self.track = True
+        self.offset = offset
 
 
 _capture: list | None = None  # bytes handed to all_reduce while the user's hook runs
@@ -45,7 +49,8 @@ def timed_hook(h: CommState, bucket):  # DDP requires the name `bucket`
     inner = h.inner
     if cur is None:  # backward outside any step: not timed
         return _call_inner(h, bucket)
-    slot = rec.comm_issue(bucket.index())
+    b = bucket.index() + h.offset
+    slot = rec.comm_issue(b)
     if inner is None:
         buf = bucket.buffer()
         sent = buf.numel() * buf.element_size()
@@ -60,7 +65,7 @@ def timed_hook(h: CommState, bucket):  # DDP requires the name `bucket`
         buf = bucket.buffer()
         sent = sum(cap) if cap else buf.numel() * buf.element_size()
     if h.track:
-        h.seen.append((bucket.index(), [h.pindex[id(p)] for p in bucket.parameters()], sent))
+        h.seen.append((b, [h.pindex[id(p)] for p in bucket.parameters()], sent))
 
     def done(f):
         rec.comm_done(cur, slot)

@@ -3,7 +3,8 @@
     handle = ddptui.instrument(ddp_model, layers="auto", optimizer=opt)
     for x, y in data:
         with handle.step():          # or no `with`: a step starts at the DDP forward and
-            loss = loss_fn(ddp_model(x), y)  # ends after optimizer.step() (optimizer= given)
+            loss = loss_fn(ddp_model(x), y)  # ends after the optimizer.step() that follows
+                                             # its synchronising backward (optimizer= given)
             loss.backward()
             opt.step()
     handle.close()
@@ -18,15 +19,23 @@ gloo's concurrent collectives):
   are a module's first call start to its last call end in a step (a module called twice,
   e.g. a shared block, is one span); nested choices overlap. Backward starts when the
   first gradient of the module's output is ready and ends when the gradient of its input
-  is, or its last parameter gradient is accumulated;
+  is, or its last parameter gradient is accumulated (a parameter tied between two layers:
+  the gradient of the one that runs first in the forward, whose backward ends last);
 - every DDP bucket's AllReduce, through a comm hook that wraps the user's (registered
   after instrument(), or passed as comm_hook=): an fp16/bf16 compression hook keeps
   compressing, its cast is inside the timed span, and the bytes shown are the bytes handed
   to all_reduce inside the hook;
 - the optimizer step (optimizer=: step pre/post hooks) and the whole step.
 
-Steps under `no_sync()` have no AllReduce and are shown as such. DDP's bucket rebuild
-(after the first step) is reported as a new layout, as the built-in DDP strategy does.
+A step is one gradient synchronisation (RankSession): numbered by the synchronisations, the
+same on every rank, never by a rank's own count of forwards. Micro-steps of gradient
+accumulation (no_sync(), require_backward_grad_sync = False) are drawn inside the step
+they belong to; forwards that synchronise nothing (no_grad evaluation, a forward no
+backward follows) are not steps and are kept out of them. Every DDP module of a rank is in
+one picture (several `instrument()` calls, or `ddptui run --auto` on a model with several
+DDP modules, share one RankSession): layers and parameters named after each module's
+attribute path, buckets numbered after the modules before. DDP's bucket rebuild (after the
+first step) is reported as a new layout, as the built-in DDP strategy does.
 
 Where spans go: started by ``ddptui run`` (DDPTUI_SOCKET set) to the app, through the
 Emitter; otherwise to a per-rank recording ``<dir>/rank<r>.ddptui`` (record= or
@@ -94,10 +103,15 @@ class FileSink(FrameQueue):
                 d = os.path.dirname(self.path)
                 if d:
                     os.makedirs(d, exist_ok=True)
-                self.writer = RecordWriter(self.path, meta)
+                self.writer = RecordWriter(self.path, meta, on_error=self._stopped)
             self.writer.write(item)
         if self.writer is not None:
             self.writer.close()
+
+    def _stopped(self, why: str) -> None:
+        """The file could not be written (a full disk): it ends where it got to, and training
+        goes on unrecorded (the writer drops what follows); said once, on this rank's stderr."""
+        print(f"ddptui: rank {self.rank}: {why}; training goes on without it", file=sys.stderr, flush=True)
 
 
 def _default_record_dir() -> str:
@@ -105,76 +119,52 @@ def _default_record_dir() -> str:
     return os.path.join("runs", f"{script}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-# -- the handle ------------------------------------------------------------------------------
-class Handle:
-    """What ddptui.instrument returns: step() (a context manager), close(), and what it
-    found: `layers` (names), `params` (names), `buckets` (the last layout reported)."""
+# -- a rank: every DDP module of it in one picture --------------------------------------------
+class RankSession:
+    """What every DDP module of this process (one rank) shares: one recorder and clock, one
+    sink (the app allows one connection a rank), one step count, one hello. Modules join
+    until the first step is over (the hello names every layer and parameter); each adds its
+    layers and parameters after the ones before it, and its buckets are numbered after theirs
+    (CommState.offset).
 
-    def __init__(self, ddp, layers="auto", optimizer=None, batch: int | None = None,
-                 record: str | None = None, comm_hook=None, comm_state=None, name: str | None = None):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        if not isinstance(ddp, DDP):
-            raise TypeError("ddptui.instrument wants a torch.nn.parallel.DistributedDataParallel model")
-        if not dist.is_initialized():
-            raise RuntimeError("ddptui.instrument: init the process group first")
-        if getattr(ddp, "_ddptui", None) is not None:
-            raise RuntimeError("ddptui.instrument: this model is instrumented already")
-        self.ddp = ddp
+    What a step is: the work of one gradient synchronisation, which every rank takes part in.
+    A step opens at the first training forward (autograd on) of a DDP module; forwards under
+    no_sync() / require_backward_grad_sync = False and their backwards are micro-steps inside
+    it; it closes at the end of the optimizer step that follows its synchronising backward
+    (or, without an optimizer, at the next training forward or at close). Steps are numbered
+    by those synchronisations, the same on every rank; a rank's own extra forwards take no
+    number: a forward with autograd off (evaluation under no_grad) is not recorded at all,
+    and forwards that no backward followed (an evaluation with autograd on: the same module
+    called again before any backward) are dropped from the step, which then starts anew. An
+    open step that synchronised nothing when the run ends is dropped."""
+
+    def __init__(self, first: "Handle", record, batch, name):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        model = ddp.module
-        chosen = choose_layers(model, layers)
-        self._names = [n for n, _ in chosen]
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.params = [n for n, _ in named]
-        self.pindex = {id(p): i for i, (_, p) in enumerate(named)}
-        # each parameter belongs to the innermost chosen module holding it (else the
-        # nearest chosen module before it): for the end of backward and the params table
-        owner: dict[int, int] = {}
-        for i in sorted(range(len(chosen)), key=lambda i: len(self._names[i])):
-            for p in chosen[i][1].parameters():  # the innermost (longest name) choice wins
-                if id(p) in self.pindex:
-                    owner[id(p)] = i
-        self.param_layer = {id(p): (p, owner[id(p)]) for _, p in named if id(p) in owner}
-        last = 0
-        self._param_owner = []
-        for _, p in named:
-            last = owner.get(id(p), last)
-            self._param_owner.append(last)
-        device = _device_of(model)
-        self.device = device
-        backend = dist.get_backend()
-        self.backend = backend
-        clock = CudaClock(device, comm_on_host=backend == "gloo") if device.type == "cuda" else CpuClock()
-        self.clock = clock
-        self.rec = UserRecorder(clock, len(chosen))
-        self.optimizer = optimizer
+        self.backend = dist.get_backend()
+        self.device = first.device
+        self.clock = CudaClock(self.device, comm_on_host=self.backend == "gloo") \
+            if self.device.type == "cuda" else CpuClock()
+        self.rec = UserRecorder(self.clock, 0)
+        self.mods: list[Handle] = []
+        self.names: list[str] = []  # layer names by internal index (as chosen, unprefixed)
+        self.param_names: list[str] = []  # by global parameter index (unprefixed)
+        self.param_numel: list[int] = []
+        self.param_owner: list[int] = []  # internal layer index of each parameter
         self.batch = batch
-        self.name = name or type(model).__name__
-        self.k = 0
-        self._explicit = False
-        self._auto_open = False
+        self.name = name
+        self.first_name = type(first.ddp.module).__name__
+        self.k = 0  # the next step's number: synchronisations so far
+        self.explicit = False  # inside `with handle.step():`
+        self.fwd_mods: set[int] = set()  # DDP modules forwarded in the current micro-step
+        self.stash = None  # the open step, while an evaluation forward (no_grad) runs
+        self.opt_seen = False  # an optimizer step has ended a step (then it ends every step)
+        self._opts: set[int] = set()
         self._order: list[int] | None = None  # internal layer index -> forward-order index
-        self.layout: list | None = None
-        self.reported: list[int] | None = None
-        self.stable = 0
+        self.layers: list[str] | None = None  # shown names, in forward order (the hello's)
+        self.shown_params: list[str] | None = None
         self.stop_asked = False
         self.closed = False
-        self._handles = attach_module_hooks(chosen, self.rec, self.param_layer)
-        self._sink = self._open_sink(record)
-        # the comm hook: ours, around the user's (given now, or registered later)
-        self.comm = CommState(self.rec, self.world, self.pindex, comm_hook, comm_state)
-        if ddp._comm_hooks:
-            raise RuntimeError("ddptui.instrument: a comm hook is registered already; call "
-                               "instrument() first, or pass it as comm_hook=")
-        from .strategies import quiet_runtime_stats
-        quiet_runtime_stats(ddp)
-        ddp.register_comm_hook(self.comm, timed_hook)
-        ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
-        ddp._ddptui = self
-        self._handles.append(ddp.register_forward_pre_hook(self._ddp_forward))
-        if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(opt_step_pre(self.rec.opt_begin)))
-            self._handles.append(optimizer.register_step_post_hook(self._after_opt))
+        self.sink = self._open_sink(record)
 
     # -- set-up -------------------------------------------------------------------------
     def _open_sink(self, record):
@@ -184,7 +174,7 @@ class Handle:
             return Emitter(sock, os.environ.get("DDPTUI_TOKEN", ""), self.rank,
                            on_control=self._on_control)
         d = record or os.environ.get("DDPTUI_RECORD") or _default_record_dir()
-        meta = {"ddptui": "0.1.0", "created": time.time(), "model": self.name,
+        meta = {"ddptui": "0.1.0", "created": time.time(), "model": self.name or self.first_name,
                 "strategies": [STRATEGY], "world": self.world, "steps": 0,
                 "device": self.device.type, "user": True}
         return FileSink(os.path.join(d, f"rank{self.rank}.ddptui"), self.rank, meta)
@@ -192,6 +182,376 @@ class Handle:
     def _on_control(self, msg: frames.Frame) -> None:
         if type(msg) is frames.Stop:
             self.stop_asked = True
+
+    def can_join(self) -> bool:
+        return self._order is None and self.rec.cur is None and not self.closed
+
+    def join(self, h: "Handle", chosen, named) -> tuple[int, int]:
+        """A module's layers and parameters appended: (its first layer, its first parameter)."""
+        base, pbase = len(self.names), len(self.param_names)
+        self.names += [n for n, _ in chosen]
+        self.rec.add_layers(len(chosen))
+        for n, p in named:
+            self.param_names.append(n)
+            self.param_numel.append(int(p.numel()))
+        self.mods.append(h)
+        return base, pbase
+
+    def add_optimizer(self, opt, handles: list) -> None:
+        if id(opt) in self._opts:
+            return
+        self._opts.add(id(opt))
+        handles.append(opt.register_step_pre_hook(opt_step_pre(self.opt_begin)))
+        handles.append(opt.register_step_post_hook(self.after_opt))
+
+    # -- step boundaries ----------------------------------------------------------------
+    def forward_pre(self, ddp) -> None:
+        """A DDP module's forward begins (its forward pre-hook)."""
+        rec = self.rec
+        if self.stash is not None:  # (an evaluation forward that raised)
+            rec.cur, self.stash = self.stash, None
+        c = rec.cur
+        if not torch.is_grad_enabled():  # an evaluation: no step, nothing of it recorded
+            if c is not None:
+                if c.comm_idx and not self.explicit and not self.opt_seen:
+                    self._end()  # the step was complete (no optimizer step to end it)
+                else:
+                    self.stash, rec.cur = c, None
+            return
+        me = id(ddp)
+        if c is None:
+            self._begin()
+        elif c.comm_idx and not self.explicit:  # the step has synchronised: this is the next one
+            self._end()
+            self._begin()
+        elif rec.bwd_since():  # a backward ran since the micro-step began: the next micro-step
+            rec.micro()
+            self.fwd_mods.clear()
+        elif me in self.fwd_mods:  # the same module again, no backward between: what ran
+            if c.had_bwd:  # before was a forward no backward followed (an evaluation)
+                rec.micro()
+            else:
+                rec.discard()  # ... the step so far: it starts again here
+                self._begin()
+            self.fwd_mods.clear()
+        self.fwd_mods.add(me)
+
+    def forward_post(self) -> None:
+        if self.stash is not None:
+            self.rec.cur, self.stash = self.stash, None
+
+    def opt_begin(self) -> None:
+        self.rec.opt_begin()
+
+    def after_opt(self, opt=None, args=None, kwargs=None) -> None:
+        rec = self.rec
+        c = rec.cur
+        if c is None:
+            return
+        rec.opt_end()
+        if c.comm_idx and not self.explicit:
+            self.opt_seen = True
+            self._end()
+
+    def step_enter(self) -> None:
+        rec = self.rec
+        if self.stash is not None:
+            rec.cur, self.stash = self.stash, None
+        c = rec.cur
+        if c is not None and not self.explicit and c.comm_idx:
+            self._end()
+            c = None
+        self.explicit = True
+        if c is None:
+            self._begin()
+        elif rec.bwd_since():  # a block of an accumulation: the step's next micro-step
+            rec.micro()
+            self.fwd_mods.clear()
+
+    def step_exit(self) -> None:
+        self.explicit = False
+        c = self.rec.cur
+        if c is not None and c.comm_idx:
+            self._end()
+
+    def _begin(self) -> None:
+        for m in self.mods:
+            m.comm.seen = []
+        self.clock.maybe_calibrate()
+        self.sink.clock_residual_ns = self.clock.residual_ns
+        self.sink.step = self.k
+        self.rec.begin(STRATEGY, self.k)
+        self.fwd_mods.clear()
+
+    def _end(self) -> None:
+        rec = self.rec
+        rec.end()
+        c = rec.pending[-1]
+        if not c.comm_idx:  # synchronised nothing: not a step
+            rec.drop_last()
+            return
+        k = self.k
+        self.k += 1
+        if self._order is None:
+            self._hello(c)
+        self._emit(rec.poll())
+        if any(m.comm.track and m.comm.seen for m in self.mods):
+            self._layout_change(k)
+
+    # -- frames ---------------------------------------------------------------------------
+    def _times(self, c, toks) -> list:
+        """Comparable times of a step's marks (None stays None): CPU readings as they are;
+        CUDA events against the step's start, once they are done (first step only)."""
+        if not self.clock.cuda:
+            return list(toks)
+        torch.cuda.current_stream(self.device).synchronize()
+        return [None if t is None else c.step_start.elapsed_time(t) for t in toks]
+
+    def _hello(self, first) -> None:
+        """Layers in forward order (from the first step), then hello: the first frame."""
+        n = len(self.names)
+        ff = first.first_fwd
+        toks = [ff[i] if ff is not None and ff[i] is not None else first.fwd_s[i] for i in range(n)]
+        times = self._times(first, toks)
+        firsts = [(0, 0, i) if t is None else (1, t, i) for i, t in enumerate(times)]
+        ranked = sorted(firsts, key=lambda x: (-x[0], x[1], x[2]))
+        self._order = [0] * n
+        for pos, (_, _, i) in enumerate(ranked):
+            self._order[i] = pos
+        shown, pshown = list(self.names), list(self.param_names)
+        model = self.name
+        if len(self.mods) > 1:  # several DDP modules: names say which module
+            labels, roots = [], []
+            for j, m in enumerate(self.mods):
+                label, root = module_label(m.ddp, j)
+                labels.append(label)
+                roots.append(root)
+                for i in range(m.base, m.base + m.n_layers):
+                    shown[i] = label if self.names[i] == "model" else f"{label}.{self.names[i]}"
+                for i in range(m.pbase, m.pbase + m.n_params):
+                    pshown[i] = f"{label}.{self.param_names[i]}"
+                m.label = label
+            if model is None and roots[0] is not None and all(r is roots[0] for r in roots):
+                model = type(roots[0]).__name__  # the model that holds them
+            elif model is None:
+                model = "+".join(type(m.ddp.module).__name__ for m in self.mods)
+        model = model or self.first_name
+        self.layers = [None] * n
+        for i, name in enumerate(shown):
+            self.layers[self._order[i]] = name
+        self.shown_params = pshown
+        params = [(pshown[j], self.param_numel[j], self._order[self.param_owner[j]])
+                  for j in range(len(pshown))]
+        dev = str(self.device) if self.device.type == "cuda" else "cpu"
+        ddp0 = self.mods[0].ddp
+        self.sink.send_now(frames.Hello(
+            rank=self.rank, world=self.world,
+            local_rank=int(os.environ.get("LOCAL_RANK", self.rank)), pid=os.getpid(),
+            host=socket.gethostname(), device=dev, backend=self.backend, note="",
+            torch=str(torch.__version__), model=model[:32], layers=self.layers,
+            params=params, strategies=[STRATEGY],
+            batch=int(self.batch) if self.batch else frames.UNSET,  # unknown: no samples/s
+            steps=0, bucket_cap_mb=_cap_mb(ddp0), threads=torch.get_num_threads(),
+        ))
+        self.sink.phase = "training"
+        self.sink.send_now(frames.Phase(rank=self.rank, phase="training"))
+
+    def _emit(self, items) -> None:
+        order = self._order
+        for item in items:
+            s, k, base, kinds, idxs, t0, t1, iss = item
+            idxs = [order[i] if kd <= wire.BWD else i for kd, i in zip(kinds, idxs)]
+            self.sink.put((s, k, base, kinds, idxs, t0, t1, iss), n_spans=len(kinds))
+
+    def _layout_change(self, k: int) -> None:
+        """Every module's buckets as one layout (each module's newest), sent when one changed."""
+        changed = False
+        for m in self.mods:
+            if m.comm.track and m.comm.seen and m.layout_update():
+                changed = True
+        if not changed:
+            return
+        rows = [tuple(r) for m in self.mods for r in (m.layout or [])]
+        reported = [x for m in self.mods for x in (m.reported or [])]
+        self.sink.send_now(frames.Buckets(rank=self.rank, strategy=STRATEGY, step=k,
+                                          cap_mb=_cap_mb(self.mods[0].ddp), ddp_reported=reported,
+                                          buckets=[(b, ps, nb) for b, ps, nb in rows]),
+                           timeout=0.5)
+
+    # -- the end ------------------------------------------------------------------------
+    def close(self, why: str = "done") -> None:
+        """Flush the last steps and say goodbye (also at interpreter exit)."""
+        if self.closed:
+            return
+        self.closed = True
+        rec = self.rec
+        if self.stash is not None:
+            rec.cur, self.stash = self.stash, None
+        if rec.cur is not None:
+            if rec.cur.comm_idx:
+                self._end()
+            else:
+                rec.discard()
+        self._emit(rec.poll(wait=True))
+        if self._order is not None:
+            self.sink.phase = "done"
+            self.sink.send_now(frames.Bye(rank=self.rank, why=why, dropped=self.sink.dropped_spans,
+                                          dropped_frames=self.sink.dropped_frames))
+        self.sink.close(timeout=3.0)
+        for m in self.mods:
+            m.remove_hooks()
+
+    def error(self, exc: BaseException) -> None:
+        """Report an exception of the training script (then close)."""
+        import traceback
+        if self.closed:
+            return
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=6))
+        if self._order is None:  # the app needs to know the rank before an error
+            self._hello_minimal()
+        self.sink.send_now(frames.Error(rank=self.rank, msg=f"{type(exc).__name__}: {exc}".strip()[:500],
+                                        tb=tb[-4000:]))
+        self.closed = True
+        self.sink.close(timeout=2.0)
+
+    def _hello_minimal(self) -> None:
+        self._order = list(range(len(self.names)))
+        self.layers = list(self.names)
+        self.sink.send_now(frames.Hello(rank=self.rank, world=self.world, pid=os.getpid(),
+                                        backend=self.backend, strategies=[STRATEGY],
+                                        layers=self.layers))
+
+
+_session: RankSession | None = None
+
+
+# -- the handle ------------------------------------------------------------------------------
+class Handle:
+    """What ddptui.instrument returns for one DDP module: step() (a context manager), close()
+    (this rank's recording: every DDP module of it), and what it found: `layers` (names, in
+    forward order), `params` (names), `buckets` (the last layout reported). Several DDP
+    modules of one rank share one RankSession: one step, one picture."""
+
+    def __init__(self, ddp, layers="auto", optimizer=None, batch: int | None = None,
+                 record: str | None = None, comm_hook=None, comm_state=None, name: str | None = None):
+        global _session
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        if not isinstance(ddp, DDP):
+            raise TypeError("ddptui.instrument wants a torch.nn.parallel.DistributedDataParallel model")
+        if not dist.is_initialized():
+            raise RuntimeError("ddptui.instrument: init the process group first")
+        if getattr(ddp, "_ddptui", None) is not None:
+            raise RuntimeError("ddptui.instrument: this model is instrumented already")
+        if ddp._comm_hooks:
+            raise RuntimeError("ddptui.instrument: a comm hook is registered already; call "
+                               "instrument() first, or pass it as comm_hook=")
+        self.ddp = ddp
+        self._hooks: list = []
+        self.closed = False
+        self.label: str | None = None
+        model = ddp.module
+        self.device = _device_of(model)
+        chosen = choose_layers(model, layers)  # (a ValueError here leaves nothing behind)
+        s = _session
+        if s is None or s.closed:
+            s = _session = RankSession(self, record, batch, name)
+        elif not s.can_join():
+            # a DDP built once training has begun: the hello has named the layers already
+            print(f"ddptui: a DistributedDataParallel of {type(model).__name__} built after training "
+                  "began is not drawn", file=sys.stderr)
+            self.session = None
+            ddp._ddptui = self
+            return
+        elif batch and not s.batch:
+            s.batch = batch
+        self.session = s
+        self.rank, self.world = s.rank, s.world
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.base, self.pbase = s.join(self, chosen, named)
+        self.n_layers, self.n_params = len(chosen), len(named)
+        self._names = [n for n, _ in chosen]
+        self.pindex = {id(p): self.pbase + i for i, (_, p) in enumerate(named)}
+        param_ends = self._owners(chosen, named)
+        self._hooks += attach_module_hooks(chosen, s.rec, self.base, param_ends)
+        self.layout: list | None = None
+        self.reported: list[int] | None = None
+        self.stable = 0
+        # the comm hook: ours, around the user's (given now, or registered later)
+        self.comm = CommState(s.rec, s.world, self.pindex, comm_hook, comm_state, offset=self.pbase)
+        from .strategies import quiet_runtime_stats
+        quiet_runtime_stats(ddp)
+        ddp.register_comm_hook(self.comm, timed_hook)
+        ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
+        ddp._ddptui = self
+        self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre))
+        self._hooks.append(ddp.register_forward_hook(self._forward_post))
+        if optimizer is not None:
+            s.add_optimizer(optimizer, self._hooks)
+
+    def _owners(self, chosen, named) -> list:
+        """Which layer each parameter's gradient ends the backward of (and the params table's
+        layer): the innermost chosen module holding it; a parameter that several modules hold
+        side by side (a tied embedding and output layer) belongs to the one that uses it first
+        in the forward, whose backward accumulates its gradient last (autograd runs the graph
+        backwards), found from the first forward's marks (until then: the first registered).
+        A parameter no chosen module holds goes with the nearest chosen module before it."""
+        s = self.session
+        names = self._names
+        holders: dict[int, list[int]] = {}
+        for i, (_, mod) in enumerate(chosen):
+            for p in mod.parameters():
+                if id(p) in self.pindex:
+                    holders.setdefault(id(p), []).append(i)
+        owner: dict[int, int] = {}
+        self._tied: list[list[int]] = []  # each tied parameter's candidate layers (global)
+        self._tied_owner: list[int] = []
+        self._tied_params: list[int] = []  # their global parameter indices
+        ends = []
+        for _, p in named:
+            hs = holders.get(id(p))
+            if not hs:
+                continue
+            inner = [i for i in hs  # (nested choices: the innermost)
+                     if not any(j != i and names[j].startswith(names[i] + ".") for j in hs)] or hs
+            owner[id(p)] = inner[0]
+            if len(inner) > 1:
+                slot = len(self._tied)
+                self._tied.append([self.base + i for i in inner])
+                self._tied_owner.append(self.base + inner[0])
+                self._tied_params.append(self.pindex[id(p)])
+                ends.append((p, lambda t=self._tied_owner, j=slot: t[j]))
+            else:
+                ends.append((p, self.base + inner[0]))
+        last = 0
+        for _, p in named:
+            last = owner.get(id(p), last)
+            s.param_owner.append(self.base + last)
+        return ends
+
+    def _fix_tied(self) -> None:
+        """After the first forward: each tied parameter's layer is the first of its holders to run."""
+        s = self.session
+        c = s.rec.cur
+        cand = sorted({i for t in self._tied for i in t})
+        ff = c.first_fwd
+        toks = [ff[i] if ff is not None and ff[i] is not None else c.fwd_s[i] for i in cand]
+        when = dict(zip(cand, s._times(c, toks)))
+        for j, layers in enumerate(self._tied):
+            ran = [i for i in layers if when.get(i) is not None]
+            if ran:
+                first = min(ran, key=lambda i: (when[i], i))
+                self._tied_owner[j] = first
+                s.param_owner[self._tied_params[j]] = first
+        self._tied = []
+
+    def _forward_pre(self, module, args):
+        self.session.forward_pre(module)
+
+    def _forward_post(self, module, args, out):
+        s = self.session
+        s.forward_post()
+        if self._tied and s.rec.cur is not None and torch.is_grad_enabled():
+            self._fix_tied()
 
     def _set_user_hook(self, state, hook) -> None:
         """ddp.register_comm_hook after instrument(): the hook runs inside ddptui's."""
@@ -201,92 +561,8 @@ class Handle:
         self.ddp.logger._set_comm_hook_name(hook.__qualname__)
         self.comm.inner, self.comm.inner_state = hook, state
 
-    # -- step boundaries ----------------------------------------------------------------
-    @contextlib.contextmanager
-    def step(self):
-        """One training step (or one micro-step of gradient accumulation)."""
-        if self._auto_open:
-            self._end()
-        self._explicit = True
-        self._begin()
-        try:
-            yield self
-        finally:
-            self._explicit = False
-            if self.rec.cur is not None:
-                self._end()
-
-    def _ddp_forward(self, module, args):
-        if self._explicit:
-            return
-        if self._auto_open:
-            self._end()
-        self._auto_open = True
-        self._begin()
-
-    def _after_opt(self, opt, args, kwargs):
-        self.rec.opt_end()
-        if self._auto_open and not self._explicit:
-            self._end()
-
-    def _begin(self) -> None:
-        self.comm.seen = []
-        self.clock.maybe_calibrate()
-        self._sink.clock_residual_ns = self.clock.residual_ns
-        self._sink.step = self.k
-        self.rec.begin(STRATEGY, self.k)
-
-    def _end(self) -> None:
-        self._auto_open = False
-        self.rec.end()
-        k = self.k
-        self.k += 1
-        if self._order is None:
-            self._hello(self.rec.pending[0])
-        self._emit(self.rec.poll())
-        if self.comm.track and self.comm.seen:  # a no_sync step issues no AllReduce: nothing to learn
-            self._layout_change(k)
-
-    def _hello(self, first) -> None:
-        """Layers in forward order (from the first step), then hello: the first frame."""
-        n = len(self._names)
-        if self.clock.cuda:  # events: read against the step's start once they are done
-            torch.cuda.current_stream(self.device).synchronize()
-            key = lambda t: first.step_start.elapsed_time(t)  # noqa: E731
-        else:
-            key = int
-        firsts = [(0, 0, i) if t is None else (1, key(t), i) for i, t in enumerate(first.fwd_s)]
-        ranked = sorted(firsts, key=lambda x: (-x[0], x[1], x[2]))
-        self._order = [0] * n
-        for pos, (_, _, i) in enumerate(ranked):
-            self._order[i] = pos
-        self.layers = [None] * n
-        for i, name in enumerate(self._names):
-            self.layers[self._order[i]] = name
-        params = [(name, int(p.numel()), self._order[self._param_owner[j]])
-                  for j, (name, p) in enumerate((nm, pp) for nm, pp in self.ddp.module.named_parameters()
-                                                if pp.requires_grad)]
-        dev = str(self.device) if self.device.type == "cuda" else "cpu"
-        self._sink.send_now(frames.Hello(
-            rank=self.rank, world=self.world,
-            local_rank=int(os.environ.get("LOCAL_RANK", self.rank)), pid=os.getpid(),
-            host=socket.gethostname(), device=dev, backend=self.backend, note="",
-            torch=str(torch.__version__), model=self.name[:32], layers=self.layers,
-            params=params, strategies=[STRATEGY],
-            batch=int(self.batch) if self.batch else frames.UNSET,  # unknown: no samples/s
-            steps=0, bucket_cap_mb=_cap_mb(self.ddp), threads=torch.get_num_threads(),
-        ))
-        self._sink.phase = "training"
-        self._sink.send_now(frames.Phase(rank=self.rank, phase="training"))
-
-    def _emit(self, items) -> None:
-        order = self._order
-        for item in items:
-            s, k, base, kinds, idxs, t0, t1, iss = item
-            idxs = [order[i] if kd <= wire.BWD else i for kd, i in zip(kinds, idxs)]
-            self._sink.put((s, k, base, kinds, idxs, t0, t1, iss), n_spans=len(kinds))
-
-    def _layout_change(self, k: int) -> None:
+    def layout_update(self) -> bool:
+        """This module's buckets as seen in the step just ended: True if they changed."""
         from .strategies import ddp_reported_sizes
         seen = sorted(self.comm.seen)
         reported = ddp_reported_sizes(self.ddp)
@@ -294,52 +570,124 @@ class Handle:
             self.stable += 1
             if self.stable >= 3:
                 self.comm.track = False
-            return
+            return False
         self.layout, self.reported, self.stable = seen, reported, 0
-        self._sink.send_now(frames.Buckets(rank=self.rank, strategy=STRATEGY, step=k,
-                                           cap_mb=_cap_mb(self.ddp), ddp_reported=reported,
-                                           buckets=[(b, ps, nb) for b, ps, nb in seen]),
-                            timeout=0.5)
+        return True
+
+    # -- what it found ------------------------------------------------------------------
+    @property
+    def layers(self) -> list[str]:
+        """This module's layers, in forward order (once the first step is over)."""
+        s = self.session
+        if s is None or s._order is None:
+            return list(getattr(self, "_names", []))
+        order = s._order
+        mine = sorted(range(self.base, self.base + self.n_layers), key=lambda i: order[i])
+        return [s.layers[order[i]] for i in mine]
+
+    @property
+    def params(self) -> list[str]:
+        s = self.session
+        if s is None:
+            return []
+        names = s.shown_params or s.param_names
+        return names[self.pbase:self.pbase + self.n_params]
 
     @property
     def buckets(self) -> list[dict]:
         """The last bucket layout seen: index, parameter names, bytes sent."""
-        return [{"index": b, "params": [self.params[i] for i in ps], "bytes": nb}
+        s = self.session
+        if s is None:
+            return []
+        names = s.shown_params or s.param_names
+        return [{"index": b, "params": [names[i] for i in ps], "bytes": nb}
                 for b, ps, nb in (self.layout or [])]
 
-    def close(self, why: str = "done") -> None:
-        """Flush the last steps and say goodbye (also at interpreter exit)."""
-        if self.closed:
+    @property
+    def stop_asked(self) -> bool:
+        return bool(self.session and self.session.stop_asked)
+
+    # -- step boundaries ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def step(self):
+        """One training step, or one micro-step of gradient accumulation: a block whose
+        backward synchronises nothing (no_sync()) goes on into the next block's step."""
+        s = self.session
+        if s is None:
+            yield self
             return
+        s.step_enter()
+        try:
+            yield self
+        finally:
+            s.step_exit()
+
+    def close(self, why: str = "done") -> None:
+        """Flush the last steps and say goodbye: this rank's recording, every DDP module of it."""
         self.closed = True
-        if self.rec.cur is not None:
-            self._end()
-        self._emit(self.rec.poll(wait=True))
-        if self._order is not None:
-            self._sink.phase = "done"
-            self._sink.send_now(frames.Bye(rank=self.rank, why=why, dropped=self._sink.dropped_spans,
-                                           dropped_frames=self._sink.dropped_frames))
-        self._sink.close(timeout=3.0)
-        for h in self._handles:
-            h.remove()
+        if self.session is not None:
+            self.session.close(why)
 
     def error(self, exc: BaseException) -> None:
         """Report an exception of the training script (then close)."""
-        import traceback
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=6))
-        if self._order is None:  # the app needs to know the rank before an error
-            self._hello_minimal()
-        self._sink.send_now(frames.Error(rank=self.rank, msg=f"{type(exc).__name__}: {exc}".strip()[:500],
-                                         tb=tb[-4000:]))
         self.closed = True
-        self._sink.close(timeout=2.0)
+        if self.session is not None:
+            self.session.error(exc)
 
-    def _hello_minimal(self) -> None:
-        self._order = list(range(len(self._names)))
-        self.layers = list(self._names)
-        self._sink.send_now(frames.Hello(rank=self.rank, world=self.world, pid=os.getpid(),
-                                         backend=self.backend, strategies=[STRATEGY],
-                                         layers=self.layers))
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def module_label(ddp, index: int) -> tuple[str, object]:
+    """A DDP module's name in the picture: its attribute path in the module that holds it
+    (`bot_l`, `model.encoder`), else the script's global name for it, else its wrapped
+    module's class and an index (`Sequential1`); and the outermost module found holding it."""
+    import gc
+    main = sys.modules.get("__main__")
+    mods = [v for v in (vars(main).values() if main is not None else ()) if isinstance(v, nn.Module)]
+    for top in mods:  # the script's own models first (cheap): a path inside one of them
+        if top is ddp:
+            continue
+        for path, m in top.named_modules(remove_duplicate=False):
+            if m is ddp and path:
+                return path, top
+    path, root, cur = [], None, ddp
+    try:  # else whoever holds it (gc's referrers: a scan of the heap, once a module)
+        for _ in range(16):
+            got = _parent_of(cur, gc)
+            if got is None:
+                break
+            parent, attr = got
+            path.append(attr)
+            root = cur = parent
+    except Exception:  # noqa: BLE001 - a name is a nicety: never fail the run for it
+        path = []
+    if path:
+        return ".".join(reversed(path)), root
+    for k, v in (vars(main).items() if main is not None else ()):
+        if v is ddp and not k.startswith("_"):
+            return k, None
+    return f"{type(ddp.module).__name__}{index}", None
+
+
+def _parent_of(mod, gc):
+    """(the nn.Module whose child `mod` is, the attribute name) or None (gc's referrers)."""
+    for d in gc.get_referrers(mod):
+        if not isinstance(d, dict):
+            continue
+        attr = next((k for k, v in d.items() if v is mod), None)
+        if not isinstance(attr, str):
+            continue
+        for o in gc.get_referrers(d):
+            if isinstance(o, nn.Module) and o.__dict__.get("_modules") is d and o is not mod:
+                return o, attr
+            if type(o) is dict and o.get("_modules") is d:  # a module's own __dict__
+                for m in gc.get_referrers(o):
+                    if isinstance(m, nn.Module) and m.__dict__ is o and m is not mod:
+                        return m, attr
+    return None
 
 
 def opt_step_pre(begin):
@@ -384,7 +732,8 @@ def instrument(ddp_model, layers="auto", optimizer=None, batch: int | None = Non
     """Time a DistributedDataParallel model's layers, buckets and steps (see the module doc).
 
     layers: "auto" | depth (int) | [module names]; optimizer: its step() is timed and ends a
-    step when `with handle.step():` is not used; batch: the global batch (samples/s);
+    step when `with handle.step():` is not used; batch: the global batch of one step (of
+    all its micro-steps under accumulation: samples/s);
     record: a directory for this rank's recording when not under ddptui (else DDPTUI_RECORD,
     else ./runs/<script>-<time>/); comm_hook/comm_state: a comm hook to run inside ddptui's
     (one registered later with ddp_model.register_comm_hook is taken the same way)."""

@@ -6,8 +6,9 @@ An exception that ends the script is sent to the app with this rank (an `error` 
 through the script's ddptui.instrument handle, or a connection of its own when the script
 never got that far), printed, and the process exits 1. With DDPTUI_AUTO=1 (`ddptui run
 --auto`) every DistributedDataParallel the script builds is instrumented as it is
-constructed (layers from DDPTUI_LAYERS, default auto), and every torch optimizer's step is
-timed through torch's global optimizer hooks: no change to the script.
+constructed (layers from DDPTUI_LAYERS, default auto; several DDP modules of a rank drawn
+as one model, ranks.user.RankSession), and every torch optimizer's step is timed through
+torch's global optimizer hooks: no change to the script.
 """
 from __future__ import annotations
 
@@ -32,13 +33,15 @@ def _auto() -> None:
 
     DDP.__init__ = init
 
-    def begin():
-        for h in user._handles:
-            h.rec.opt_begin()
+    def begin():  # every DDP module of this rank is in one session: one step
+        s = user._session
+        if s is not None and not s.closed:
+            s.opt_begin()
 
     def post(opt, args, kwargs):
-        for h in user._handles:
-            h._after_opt(opt, args, kwargs)
+        s = user._session
+        if s is not None and not s.closed:
+            s.after_opt(opt, args, kwargs)
 
     register_optimizer_step_pre_hook(user.opt_step_pre(begin))
     register_optimizer_step_post_hook(post)

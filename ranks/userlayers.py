@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .instrument import Recorder
+from .instrument import Recorder, StepRecord
+from .wire import BWD, FWD
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 UNCALLED = (nn.ModuleList, nn.ModuleDict)
@@ -93,9 +94,42 @@ def choose_layers(model: nn.Module, layers="auto") -> list[tuple[str, nn.Module]
     return uniq
 
 
+class UserStep(StepRecord):
+    """A step of a user's model: the slots of its current micro-step (StepRecord's), the spans
+    of its earlier micro-steps (`micro`: (kind, layer, start, end) marks), each layer's first
+    forward start over the whole step (`first_fwd`, for the layers' forward order) and whether
+    any earlier micro-step had a backward (`had_bwd`)."""
+
+    __slots__ = ("micro", "first_fwd", "had_bwd", "loose")
+
+
 class UserRecorder(Recorder):
-    """Recorder for modules that may run more than once a step: a layer's span goes from
-    its first start to its last end (the workers' blocks run once)."""
+    """Recorder for modules that may run more than once a step, and for steps of several
+    micro-steps (gradient accumulation): within a micro-step, a layer's span goes from its
+    first start to its last end (the workers' blocks run once); `micro()` closes a
+    micro-step, its spans kept in the step. Layers may be added between steps (a second
+    DDP module of the same rank: `add_layers`)."""
+
+    def __init__(self, clock, n_layers: int):
+        super().__init__(clock, n_layers)
+        # a CUDA mark costs µs of host time: there, a layer's backward end is marked at its
+        # first call and from the number of calls the layer made the last time it ran (the
+        # Recorder's rule); on CPU every call is marked (a clock read), so a layer that makes
+        # fewer calls than before (a conditional input, a block used once instead of twice)
+        # keeps its exact end
+        self._count_bwd = clock.cuda
+
+    def add_layers(self, n: int) -> None:
+        """n more layers (between steps only)."""
+        self.n_layers += n
+        self._bwd_calls += [None] * n
+
+    def begin(self, strategy: str, step: int) -> None:
+        self.cur = c = UserStep(strategy, step, self.n_layers)
+        c.micro, c.first_fwd, c.had_bwd, c.loose = [], None, False, None
+        self.clock.begin_step()
+        c.ref = self.clock.ref()
+        c.step_start = self.clock.mark()
 
     def fwd_begin(self, layer: int) -> None:
         c = self.cur
@@ -112,6 +146,17 @@ class UserRecorder(Recorder):
         if c is not None and c.bwd_s[layer] is None:
             c.bwd_s[layer] = self.clock.mark()
 
+    def bwd_end(self, layer: int) -> None:
+        c = self.cur
+        if c is None:
+            return
+        if self._count_bwd:
+            n = c.bwd_n[layer] = c.bwd_n[layer] + 1
+            want = self._bwd_calls[layer]
+            if not (want is None or n == 1 or n >= want):
+                return
+        self._mark_again(c.bwd_e, layer)
+
     def opt_begin(self) -> None:
         if self.cur is not None:
             super().opt_begin()
@@ -119,6 +164,94 @@ class UserRecorder(Recorder):
     def opt_end(self) -> None:
         if self.cur is not None:
             super().opt_end()
+
+    # -- micro-steps (between hooks, never inside one) -----------------------------------
+    def bwd_since(self) -> bool:
+        """Has a backward run in the current micro-step?"""
+        c = self.cur
+        n = self.n_layers
+        return c.bwd_s.count(None) < n or c.bwd_e.count(None) < n
+
+    def micro(self) -> None:
+        """Close the open step's current micro-step: its layer spans are kept in the step,
+        the slots cleared for the next one."""
+        c = self.cur
+        n = self.n_layers
+        fs, fe, bs, be = c.fwd_s, c.fwd_e, c.bwd_s, c.bwd_e
+        if c.first_fwd is None:
+            c.first_fwd = list(fs)
+        else:
+            first = c.first_fwd
+            for i, t in enumerate(fs):
+                if first[i] is None:
+                    first[i] = t
+        out = c.micro
+        loose = [] if self.clock.cuda else None
+        for i in range(n):
+            if fs[i] is not None and fe[i] is not None:
+                out.append((FWD, i, fs[i], fe[i]))
+            elif loose is not None:
+                loose += [t for t in (fs[i], fe[i]) if t is not None]
+        for i in reversed(range(n)):
+            if bs[i] is not None and be[i] is not None:
+                out.append((BWD, i, bs[i], be[i]))
+                c.had_bwd = True
+            elif loose is not None:
+                loose += [t for t in (bs[i], be[i]) if t is not None]
+        if loose:
+            c.loose = (c.loose or []) + loose
+        calls = self._bwd_calls
+        for i, k in enumerate(c.bwd_n):
+            if k:
+                calls[i] = k
+        c.fwd_s, c.fwd_e, c.bwd_s, c.bwd_e = [None] * n, [None] * n, [None] * n, [None] * n
+        c.bwd_n = [0] * n
+
+    def discard(self) -> None:
+        """Drop the open step (it synchronised nothing: not a step)."""
+        c, self.cur = self.cur, None
+        if c is not None and self.clock.cuda:
+            self._release_all(c)
+
+    def drop_last(self) -> None:
+        """Drop the step just ended (it synchronised nothing: not a step)."""
+        c = self.pending.pop()
+        if self.clock.cuda:
+            self._release_all(c)
+
+    def _release_all(self, c) -> None:
+        seen = set()
+        for tok in (c.step_start, c.step_end, c.opt_s, c.opt_e, *c.fwd_s, *c.fwd_e, *c.bwd_s,
+                    *c.bwd_e, *c.comm_ready, *c.comm_end, *(c.first_fwd or ()), *(c.loose or ()),
+                    *(t for m in c.micro for t in m[2:])):
+            if tok is not None and id(tok) not in seen:
+                seen.add(id(tok))
+                self.clock.release(tok)
+
+    def _resolve(self, r) -> tuple:
+        frozen = r.micro
+        if not frozen and r.first_fwd is None:
+            return super()._resolve(r)
+        clock = self.clock
+        ns = clock.resolver(r.step_start, r.ref)  # (before the step's own events go back to the pool)
+        extra = [(k, i, ns(a), ns(b)) for k, i, a, b in frozen]
+        rest = None
+        if clock.cuda:
+            rest = [t for m in frozen for t in m[2:]] + list(r.first_fwd or ()) + list(r.loose or ())
+        s, k, base, kinds, idxs, t0s, t1s, iss = super()._resolve(r)
+        if rest:
+            done = {id(t) for t in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
+                                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end) if t is not None}
+            for tok in rest:
+                if tok is not None and id(tok) not in done:
+                    done.add(id(tok))
+                    clock.release(tok)
+        if extra:  # the earlier micro-steps' spans, after the STEP span, in the order they ran
+            kinds = kinds[:1] + [e[0] for e in extra] + kinds[1:]
+            idxs = idxs[:1] + [e[1] for e in extra] + idxs[1:]
+            t0s = t0s[:1] + [e[2] for e in extra] + t0s[1:]
+            t1s = t1s[:1] + [e[3] for e in extra] + t1s[1:]
+        return (s, k, base, kinds, idxs, t0s, t1s, iss)
 
 
 def _tensors(obj, out: list, depth: int = 0) -> list:
@@ -135,12 +268,14 @@ def _tensors(obj, out: list, depth: int = 0) -> list:
     return out
 
 
-def attach_module_hooks(chosen, rec: Recorder, param_layer: dict) -> list:
-    """Forward/backward hooks of every chosen module (see the module docstring); returns the
-    handles. param_layer: id(param) -> layer index, for the end of a layer's backward."""
+def attach_module_hooks(chosen, rec: Recorder, base: int = 0, param_ends=()) -> list:
+    """Forward/backward hooks of every chosen module (see the module docstring), layer
+    indices from `base`; returns the handles. param_ends: (param, layer index, or a callable
+    giving it) for the end of a layer's backward when the parameter's gradient is
+    accumulated (a callable for a parameter several layers hold: tied weights)."""
     handles = []
     grad_on = torch.is_grad_enabled
-    for i, (_name, mod) in enumerate(chosen):
+    for i, (_name, mod) in enumerate(chosen, base):
         def bwd_end(g, i=i):
             rec.bwd_end(i)
 
@@ -167,9 +302,10 @@ def attach_module_hooks(chosen, rec: Recorder, param_layer: dict) -> list:
         for target in (list(mod.children()) or [mod]) if isinstance(mod, UNCALLED) else [mod]:
             handles.append(target.register_forward_pre_hook(pre))
             handles.append(target.register_forward_hook(post))
-    for p, i in param_layer.values():
-        handles.append(p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i)))
+    for p, i in param_ends:
+        if callable(i):
+            handles.append(p.register_post_accumulate_grad_hook(lambda p, f=i: rec.bwd_end(f())))
+        else:
+            handles.append(p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i)))
     return handles
 
-
-# -- where frames go -------------------------------------------------------------------------

@@ -153,7 +153,7 @@ def test_fp16_hook_is_wrapped_timed_and_halves_bytes(pg):
     assert len(b0) == len(b1) > 1
     assert [b["params"] for b in b0] == [b["params"] for b in b1]
     assert [b["bytes"] // 2 for b in b0] == [b["bytes"] for b in b1]
-    assert sum(b["bytes"] for b in b0) == sum(plain.store.ddp_reported[("ddp", 0)])
+    assert sum(b["bytes"] for b in b0) == sum(plain.store.ddp_reported("ddp"))
     comm = [k for k in _kinds(fp16, 3) if k[0] == "allreduce"]
     assert len(comm) == len(b1)  # every bucket timed through the user's hook
     names = sorted(n for b in b1 for n in b["params"])
@@ -161,13 +161,21 @@ def test_fp16_hook_is_wrapped_timed_and_halves_bytes(pg):
 
 
 @pytest.mark.slow  # (a real DDP)
-def test_no_sync_steps_have_no_allreduce(pg):
+def test_no_sync_micro_steps_are_drawn_inside_their_step(pg):
+    """`with h.step()` blocks under no_sync() are micro-steps: a step is one synchronisation
+    (one optimizer step), each micro-step's forward and backward drawn inside it."""
     h, got = _train(pg, "auto", accumulate=2, steps=3)
-    assert got.store.complete_steps("ddp") == list(range(6))
-    for k in range(6):
-        comm = [x for x in _kinds(got, k) if x[0] == "allreduce"]
-        assert (len(comm) > 0) == (k % 2 == 1), (k, comm)
-        assert any(x[0] == "backward" for x in _kinds(got, k))
+    assert got.store.complete_steps("ddp") == list(range(3))
+    n = len(h.layers)
+    for k in range(3):
+        kinds = _kinds(got, k)
+        comm = [x[1] for x in kinds if x[0] == "allreduce"]
+        assert comm and len(comm) == len(set(comm))  # each bucket once, in the step that syncs
+        assert sum(1 for x in kinds if x[0] == "forward") == 2 * n  # both micro-steps' layers
+        assert sum(1 for x in kinds if x[0] == "backward") == 2 * n
+        b = got.store.raw["ddp"][k][0]
+        fwd0 = [b.t0[i] for i, kd in enumerate(b.kind) if kd == 0 and b.idx[i] == 0]
+        assert len(fwd0) == 2 and fwd0[0] < fwd0[1]  # in the order they ran
 
 
 @pytest.mark.slow  # (a real DDP)
@@ -230,7 +238,8 @@ def test_plain_torchrun_per_rank_files_are_one_run(tmp_path):
     got = run_main("summary", str(rec), "--json", str(js))  # (these verbs start no ranks: in-process)
     assert got.returncode == 0, got.stderr
     d = json.loads(js.read_text())
-    assert d["world_size"] == 2 and d["state"] == "finished" and d["strategies"][0]["steps"] == 8
+    # 4 optimizer steps of 2 micro-steps each: a step is a synchronisation (RankSession)
+    assert d["world_size"] == 2 and d["state"] == "finished" and d["strategies"][0]["steps"] == 4
     assert d["layers"][0] == "stem"
     ex = run_main("export", str(rec), "-o", str(tmp_path / "t.json"))
     assert ex.returncode == 0 and "on 2 rank(s)" in ex.stdout
@@ -375,3 +384,99 @@ def test_optimizer_step_with_a_closure_times_only_the_update(pg):
         o0, o1 = span["optimizer"]
         assert o0 >= bwd_end + 15_000 and o1 - o0 < 15_000, (k, o0, o1, bwd_end)
         assert o1 <= span["step"][1]
+
+
+@pytest.mark.slow  # (a real DDP)
+def test_two_ddp_modules_named_by_where_they_are_held(pg):
+    """Two DDP modules of one rank, instrumented one after the other, are one picture: one
+    recording, one step per synchronisation spanning both, layers and parameters named after
+    the module's attribute path (found from whoever holds it: here a model local to a
+    function), else after its class and an index."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddptui
+    from ddptui.recording.loader import load
+
+    def train(run, held_by_a_model):
+        torch.manual_seed(0)
+        bot, top = nn.Sequential(nn.Linear(4, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 2))
+        if held_by_a_model:
+            net = nn.Module()
+            net.enc, net.head = DDP(bot), DDP(top)
+            mods = [net.enc, net.head]
+        else:
+            mods = [DDP(bot), DDP(top)]
+        opt = torch.optim.SGD([p for m in mods for p in m.parameters()], lr=0.1)
+        hs = [ddptui.instrument(m, optimizer=opt, record=str(run)) for m in mods]
+        x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(mods[1](mods[0](x)), y).backward()
+            opt.step()
+        hs[0].close()
+        return hs, load(str(run))
+
+    hs, got = train(pg / "a", True)
+    assert sorted(os.listdir(pg / "a")) == ["rank0.ddptui"]
+    assert got.meta["layers"] == ["enc.0", "enc.1", "head.0"]
+    assert hs[0].layers == ["enc.0", "enc.1"] and hs[1].params == ["head.0.weight", "head.0.bias"]
+    assert got.store.complete_steps("ddp") == [0, 1, 2]
+    rows = got.store.summary("ddp")["buckets"]
+    assert sorted(p for b in rows for p in b["params"]) == sorted(hs[0].params + hs[1].params)
+    assert len({b["index"] for b in rows}) == len(rows) == 2
+    for k in range(3):
+        assert len([x for x in _kinds(got, k) if x[0] == "allreduce"]) == 2  # both modules' buckets
+    _, got = train(pg / "b", False)
+    assert got.meta["layers"] == ["Sequential0.0", "Sequential0.1", "Sequential1.0"]
+
+
+def test_user_recorder_on_the_cuda_path_micro_steps_and_fewer_calls():
+    """(tests/cuda_sim.py's stand-in for torch.cuda) UserRecorder with CUDA events: micro-steps
+    keep their spans, in order, against the step's start; a layer that makes fewer backward
+    calls than the last time it ran keeps a span (its end marked at its first call); a
+    dropped step and resolved steps hand every event back (the pool stays flat)."""
+    from ranks.instrument import CudaClock
+    from ranks.userlayers import UserRecorder
+    from ranks.wire import BWD, FWD, STEP
+    from tests.cuda_sim import SimCuda
+    sim = SimCuda()
+    clock = CudaClock("cuda:0", torch_cuda=sim, host_ns=sim.host_ns)
+    rec = UserRecorder(clock, 0)
+    rec.add_layers(2)
+
+    def micro(calls):
+        starts = []
+        for i in range(2):
+            starts.append(sim.now)
+            rec.fwd_begin(i); sim.host_work(1_000); rec.fwd_end(i)
+        for i in reversed(range(2)):
+            rec.bwd_begin(i)
+            for _ in range(calls):
+                sim.host_work(1_000)
+                rec.bwd_end(i)
+        return starts
+
+    pools = []
+    for step, calls in enumerate((3, 3, 1, 3)):
+        rec.begin("ddp", step)
+        s0 = micro(calls)
+        assert rec.bwd_since()
+        rec.micro()
+        assert not rec.bwd_since()
+        s1 = micro(calls)
+        rec.comm_issue(0)
+        rec.comm_done(rec.cur, 0)
+        rec.end()
+        (item,) = rec.poll(wait=True)
+        _, _, base, kinds, idxs, t0s, t1s, _ = item
+        assert kinds.count(FWD) == kinds.count(BWD) == 4 and kinds[0] == STEP
+        fwd0 = [t for k, i, t in zip(kinds, idxs, t0s) if k == FWD and i == 0]
+        assert [abs(a - b) < 2_000 for a, b in zip(fwd0, (s0[0], s1[0]))] == [True, True]
+        rec.begin("ddp", step + 1)  # a step that synchronised nothing: dropped
+        micro(calls)
+        rec.discard()
+        pools.append(clock.allocated)
+    assert pools[-1] == pools[1], pools  # no event lost: the pool stays flat

@@ -1,0 +1,55 @@
+"""(tests) A tiny language model whose output layer shares the token embedding's weight (GPT-2's
+weight tying: lm_head.weight is wte.weight). Plain DDP, nothing of ddptui.
+
+    --iters N   optimizer steps (default 24)
+"""
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.proj(F.gelu(self.fc(x)))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=1024, d=128, n=3):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.h = nn.ModuleList([Block(d) for _ in range(n)])
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        for b in self.h:
+            x = b(x)
+        return self.lm_head(self.ln_f(x))
+
+
+p = argparse.ArgumentParser()
+p.add_argument("--iters", type=int, default=24)
+a = p.parse_args()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(TinyLM())
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(rank)
+idx = torch.randint(0, 1024, (8, 65), generator=g)
+for it in range(a.iters):
+    opt.zero_grad()
+    logits = model(idx[:, :-1])
+    F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1)).backward()
+    opt.step()
+dist.destroy_process_group()
