@@ -31,9 +31,10 @@ A step is one gradient synchronisation (RankSession): numbered by the synchronis
 same on every rank, never by a rank's own count of forwards. Micro-steps of gradient
 accumulation (no_sync(), require_backward_grad_sync = False) are drawn inside the step
 they belong to; forwards that synchronise nothing (no_grad evaluation, a forward no
-backward follows) are not steps and are kept out of them. Every DDP module of a rank is in
-one picture (several `instrument()` calls, or `ddptui run --auto` on a model with several
-DDP modules, share one RankSession): layers and parameters named after each module's
+backward follows) are not steps and are kept out of them: drawn as "other" time (OTHER
+spans) on the rank's lane. Every DDP module of a rank is in one picture (several
+`instrument()` calls, or `ddptui run --auto` on a model with several DDP modules, share one
+RankSession): layers and parameters named after each module's
 attribute path, buckets numbered after the modules before. DDP's bucket rebuild (after the
 first step) is reported as a new layout, as the built-in DDP strategy does.
 
@@ -133,10 +134,15 @@ class RankSession:
     it; it closes at the end of the optimizer step that follows its synchronising backward
     (or, without an optimizer, at the next training forward or at close). Steps are numbered
     by those synchronisations, the same on every rank; a rank's own extra forwards take no
-    number: a forward with autograd off (evaluation under no_grad) is not recorded at all,
-    and forwards that no backward followed (an evaluation with autograd on: the same module
-    called again before any backward) are dropped from the step, which then starts anew. An
-    open step that synchronised nothing when the run ends is dropped."""
+    number and are in no figure: they are kept as OTHER spans (wire.OTHER, idx 0: drawn
+    "other" on the rank's lane). A forward with autograd off (evaluation under no_grad) is one
+    OTHER span from its start to its end, in the step it interrupted (an open step that has
+    not synchronised yet) or else in the next step's frame, before its STEP span (the frame's
+    base moves back to it); forwards that no backward followed (an evaluation with autograd
+    on: the same module called again before any backward) are dropped from the step, which
+    starts anew, and become one OTHER span from the first of them to the new step's start.
+    An open step that synchronised nothing when the run ends is dropped, and OTHER spans not
+    yet placed in a step with it."""
 
     def __init__(self, first: "Handle", record, batch, name):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -157,6 +163,8 @@ class RankSession:
         self.explicit = False  # inside `with handle.step():`
         self.fwd_mods: set[int] = set()  # DDP modules forwarded in the current micro-step
         self.stash = None  # the open step, while an evaluation forward (no_grad) runs
+        self.other_s = None  # the start mark of the evaluation forward (no_grad) running now
+        self.others: list = []  # (start, end) marks of evaluation forwards for the next step
         self.opt_seen = False  # an optimizer step has ended a step (then it ends every step)
         self._opts: set[int] = set()
         self._order: list[int] | None = None  # internal layer index -> forward-order index
@@ -210,13 +218,17 @@ class RankSession:
         rec = self.rec
         if self.stash is not None:  # (an evaluation forward that raised)
             rec.cur, self.stash = self.stash, None
+        self._drop_other_start()
         c = rec.cur
-        if not torch.is_grad_enabled():  # an evaluation: no step, nothing of it recorded
+        if not torch.is_grad_enabled():  # an evaluation: no step, kept as OTHER time
             if c is not None:
                 if c.comm_idx and not self.explicit and not self.opt_seen:
                     self._end()  # the step was complete (no optimizer step to end it)
                 else:
                     self.stash, rec.cur = c, None
+            if self.rec.cur is None and self.stash is None and self.clock.cuda:
+                self.clock.begin_step()  # (the stream a mark is recorded on)
+            self.other_s = self.clock.mark()
             return
         me = id(ddp)
         if c is None:
@@ -231,14 +243,28 @@ class RankSession:
             if c.had_bwd:  # before was a forward no backward followed (an evaluation)
                 rec.micro()
             else:
-                rec.discard()  # ... the step so far: it starts again here
-                self._begin()
+                start, kept = rec.discard(keep_start=True)  # ... the step so far: it starts
+                self._begin()  # again here, its time kept as OTHER up to the new start
+                rec.cur.micro += kept + [(wire.OTHER, 0, start, rec.cur.step_start)]
             self.fwd_mods.clear()
         self.fwd_mods.add(me)
 
     def forward_post(self) -> None:
+        if self.other_s is not None:  # an evaluation forward ends: its OTHER span
+            span = (self.other_s, self.clock.mark())
+            self.other_s = None
+            if self.stash is not None:  # in the step it interrupted
+                self.stash.micro.append((wire.OTHER, 0) + span)
+            else:  # in the next step's frame, before its start
+                self.others.append(span)
         if self.stash is not None:
             self.rec.cur, self.stash = self.stash, None
+
+    def _drop_other_start(self) -> None:
+        """An evaluation forward that raised (no forward_post): its start mark let go."""
+        if self.other_s is not None:
+            self.clock.release(self.other_s)
+            self.other_s = None
 
     def opt_begin(self) -> None:
         self.rec.opt_begin()
@@ -257,6 +283,7 @@ class RankSession:
         rec = self.rec
         if self.stash is not None:
             rec.cur, self.stash = self.stash, None
+        self._drop_other_start()
         c = rec.cur
         if c is not None and not self.explicit and c.comm_idx:
             self._end()
@@ -282,6 +309,9 @@ class RankSession:
         self.sink.step = self.k
         self.rec.begin(STRATEGY, self.k)
         self.fwd_mods.clear()
+        if self.others:  # evaluation forwards since the last step: OTHER spans of this one
+            self.rec.cur.micro += [(wire.OTHER, 0, a, z) for a, z in self.others]
+            self.others = []
 
     def _end(self) -> None:
         rec = self.rec
@@ -387,6 +417,11 @@ class RankSession:
         rec = self.rec
         if self.stash is not None:
             rec.cur, self.stash = self.stash, None
+        self._drop_other_start()
+        for a, z in self.others:  # evaluation forwards no step followed
+            self.clock.release(a)
+            self.clock.release(z)
+        self.others = []
         if rec.cur is not None:
             if rec.cur.comm_idx:
                 self._end()

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from .instrument import Recorder, StepRecord
-from .wire import BWD, FWD
+from .wire import BWD, FWD, OTHER
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 UNCALLED = (nn.ModuleList, nn.ModuleDict)
@@ -207,11 +207,20 @@ class UserRecorder(Recorder):
         c.fwd_s, c.fwd_e, c.bwd_s, c.bwd_e = [None] * n, [None] * n, [None] * n, [None] * n
         c.bwd_n = [0] * n
 
-    def discard(self) -> None:
-        """Drop the open step (it synchronised nothing: not a step)."""
+    def discard(self, keep_start: bool = False):
+        """Drop the open step (it synchronised nothing: not a step). keep_start: its start
+        mark and its OTHER spans are kept and returned, (start, [(OTHER, 0, a, z)...]), for
+        the step that follows (what ran was an evaluation: OTHER time)."""
         c, self.cur = self.cur, None
-        if c is not None and self.clock.cuda:
-            self._release_all(c)
+        if c is None:
+            return None, []
+        kept = [m for m in c.micro if m[0] == OTHER] if keep_start else []
+        if self.clock.cuda:
+            keep = {id(t) for m in kept for t in m[2:]}
+            if keep_start:
+                keep.add(id(c.step_start))
+            self._release_all(c, keep)
+        return (c.step_start if keep_start else None), kept
 
     def drop_last(self) -> None:
         """Drop the step just ended (it synchronised nothing: not a step)."""
@@ -219,8 +228,8 @@ class UserRecorder(Recorder):
         if self.clock.cuda:
             self._release_all(c)
 
-    def _release_all(self, c) -> None:
-        seen = set()
+    def _release_all(self, c, keep=()) -> None:
+        seen = set(keep)
         for tok in (c.step_start, c.step_end, c.opt_s, c.opt_e, *c.fwd_s, *c.fwd_e, *c.bwd_s,
                     *c.bwd_e, *c.comm_ready, *c.comm_end, *(c.first_fwd or ()), *(c.loose or ()),
                     *(t for m in c.micro for t in m[2:])):
@@ -251,6 +260,7 @@ class UserRecorder(Recorder):
             idxs = idxs[:1] + [e[1] for e in extra] + idxs[1:]
             t0s = t0s[:1] + [e[2] for e in extra] + t0s[1:]
             t1s = t1s[:1] + [e[3] for e in extra] + t1s[1:]
+            base = min(base, min(e[2] for e in extra))  # (OTHER spans may come before the step)
         return (s, k, base, kinds, idxs, t0s, t1s, iss)
 
 

@@ -22,9 +22,10 @@ LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 1024 * 1024  # a frame claiming more than this is rejected unread
 PROTOCOL_VERSION = 1
 
-# span kinds
-FWD, BWD, COMM, OPT, STEP = 0, 1, 2, 3, 4
-KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step")
+# span kinds. OTHER: a rank's own work that synchronises nothing (an evaluation forward under
+# no_grad, a forward no backward followed): drawn on its lane, in no figure of a step; idx 0
+FWD, BWD, COMM, OPT, STEP, OTHER = 0, 1, 2, 3, 4, 5
+KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other")
 N_KINDS = len(KIND_NAMES)
 
 _LITTLE = sys.byteorder == "little"

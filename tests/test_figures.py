@@ -99,3 +99,92 @@ def test_the_notes_line_never_cuts_a_note_beside_the_speedups():
     assert wide.startswith(narrow + " · ms, medians of") and len(wide) <= 200
     alone = "".join(t for t, _ in _notes_line({}, 30))  # no speed-ups: the shortest note, cut by the panel
     assert alone.startswith("medians of")
+
+
+# -- OTHER spans: a rank's own work that synchronises nothing (an evaluation) ----------------
+def _with_other(f, extra):
+    """A spans frame with OTHER spans added ((t0, t1) ns after its base, negative: before it):
+    rebuilt on a base that is the earliest span's start, as a rank builds it."""
+    b = wire.decode_spans(f)
+    base = f.base_ns
+    kinds, idxs = list(b.kind), list(b.idx)
+    t0 = [base + x * 1000 for x in b.t0]
+    t1 = [base + x * 1000 for x in b.t1]
+    iss = [base + x * 1000 for x in b.iss]
+    at = 1  # (after the STEP span, where a rank puts them)
+    for a, z in extra:
+        kinds.insert(at, wire.OTHER); idxs.insert(at, 0)
+        t0.insert(at, base + a); t1.insert(at, base + z)
+        at += 1
+    new_base = min(t0)
+    return spans_frame(f.rank, f.strategy, f.step, new_base, kinds, idxs, t0, t1, iss)
+
+
+def _filled(other: bool, steps: int = 24):
+    from ddptui.model.store import Store
+    from ddptui.recording.synthetic import SyntheticRun
+    run = SyntheticRun("small", 3, ("naive", "ddp"), slow=(1, 2, 4.0), slow_from=4, late=(0.3, 0.5, 2.0))
+    st = Store()
+    for f in run.header_frames():
+        st.ingest(f)
+    n_other = 0
+    for k in range(steps):
+        for f in run.step_frames(k):
+            if other and type(f) is frames.Spans and f.rank in (0, 1) and k % 3 != 2:
+                # before the step (an evaluation after the last optimizer step), inside it over
+                # the backward and the AllReduces, and past its end
+                b = wire.decode_spans(f)
+                end = max(b.t1) * 1000
+                f = _with_other(f, [(-3_000_000, -1_000_000), (end // 3, end - 1000), (end + 10, end + 5_000_000)])
+                n_other += 3
+            st.ingest(f)
+        st.update()
+    return st, n_other
+
+
+def _waits_of(sw):
+    if sw is None:
+        return None
+    return (sw.collectives, sw.wait_ms, sw.caused_ms, sw.transfer_ms, sw.last_arriver, sw.culprit,
+            sw.layer_excess_ms, sw.step, sw.t_ns, sw.flat, sw.excess, sw.ref)
+
+
+def test_other_spans_change_no_figure_and_no_wait():
+    """OTHER spans (before a step, inside it, after it: the frame's base moved back) change no
+    step figure, no wait, no culprit, no per-layer evidence and no summary row."""
+    plain, _ = _filled(False)
+    other, n = _filled(True)
+    assert n > 0 and other.spans == plain.spans + n
+    for s in ("naive", "ddp"):
+        assert other.step_figures(s) == plain.step_figures(s) != []
+        ks = [f.step for f in plain.step_figures(s)]
+        for k in ks:
+            assert _waits_of(other.step_waits(s, k)) == _waits_of(plain.step_waits(s, k)), (s, k)
+        assert other.summary(s) == plain.summary(s)
+    assert plain.summary("ddp")["stragglers"]  # (the comparison holds figures worth comparing)
+
+
+def test_other_spans_sit_in_no_placement_and_are_drawn_as_other():
+    from ddptui.model.columns import Placement
+    from ddptui.model.views import Lane
+    from ddptui.ui.widgets import lanes, theme
+    b = batch([(STEP, 0, 0, 100), (wire.OTHER, 0, 0, 10), (FWD, 0, 10, 40), (BWD, 0, 40, 80),
+               (COMM, 0, 50, 90), (OPT, 0, 90, 100)], iss=[45])
+    p = Placement(b.kind, b.idx)
+    assert p.compute == [2, 3] and p.comm == [4] and p.step == 0 and p.sections == [(FWD, 0), (BWD, 0)]
+    r = figures.rank_step(b, lambda i: 4)
+    assert (r.step_ms, r.compute_ms, r.comm_ms) == (0.1, 0.07, 0.04)
+    lane = Lane(b.kind, b.idx, [a / 1e3 for a in b.t0], [z / 1e3 for z in b.t1], [45 / 1e3], [None], [False])
+    bars = lanes.compute_bars(lane, ["l0"])
+    assert (0.0, 0.01, theme.OTHER, "other") in bars and len(bars) == 4
+    assert wire.KIND_NAMES[wire.OTHER] == "other" and wire.N_KINDS == 6
+
+
+def test_a_rank_with_other_spans_stays_in_its_band():
+    from ddptui.ui.widgets.aggregate import band_spans
+    plain = (bytes([STEP, FWD, COMM]), wire._from_le("H", bytes(6)), [0.0, 10.0, 50.0], [100.0, 40.0, 90.0], [45.0], [None])
+    slow = (bytes([STEP, wire.OTHER, FWD, COMM]), wire._from_le("H", bytes(8)), [0.0, -30.0, 20.0, 60.0],
+            [200.0, -5.0, 50.0, 190.0], [55.0], [None])
+    p50, p95 = band_spans({0: slow, 1: plain}, [0, 1], (0.0, 1.0))
+    assert bytes(p50.kind) == bytes([STEP, FWD, COMM])
+    assert p50.ends[0] == 0.1 and p95.ends[0] == 0.2  # both ranks counted (ms)

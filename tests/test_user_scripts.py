@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # (real torchrun runs: ~15 s each, most of it sta
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 ITERS = 24  # optimizer iterations of every script: more than the 20-step evidence window
-FWD, BWD, COMM, STEP = 0, 1, 2, 4  # (ranks.wire's span kinds)
+FWD, BWD, COMM, STEP, OTHER = 0, 1, 2, 4, 5  # (ranks.wire's span kinds)
 
 
 def _run(tmp_path, script: str, *args: str):
@@ -106,12 +106,21 @@ def _layer(doc, name: str) -> int:
 def test_rank0_only_evaluation_takes_no_step(tmp_path):
     """Rank 0 alone evaluates (model.eval(), a forward through the DDP module) before every
     third iteration, in turn under no_grad and with autograd on and no backward. Those
-    forwards synchronise nothing: no step of their own, nothing of them in the steps."""
+    forwards synchronise nothing: no step of their own, none of their forwards in the steps;
+    each is one OTHER span of rank 0 in the step it came before, ending by its start."""
     doc, got = _sound(tmp_path, "eval_rank0.py", ("--every", "3", "--how", "both"))
-    for k, ranks in _steps(got).items():
+    with_other = {0: [], 1: []}
+    for k, ranks in sorted(_steps(got).items()):
         for r, b in ranks.items():  # one forward of each layer a step: the training one
             fwd = [i for i, _, _ in _spans(b, FWD)]
             assert len(fwd) == len(set(fwd)) == len(doc["layers"]), (k, r, fwd)
+            other = _spans(b, OTHER)
+            if other:
+                with_other[r].append(k)
+                (_, s0, _), = _spans(b, STEP)
+                assert len(other) == 1 and other[0][0] == 0, (k, r, other)
+                assert other[0][1] < other[0][2] <= s0, (k, r, other, s0)
+    assert with_other == {0: list(range(0, ITERS, 3)), 1: []}, with_other
 
 
 def test_accumulation_is_one_step_per_optimizer_step(tmp_path):

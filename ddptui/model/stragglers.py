@@ -166,6 +166,13 @@ def backward_ms(b) -> dict[int, float]:
     return {b.idx[i]: (b.t1[i] - b.t0[i]) / 1000 for i in range(len(b.kind)) if b.kind[i] == BWD}
 
 
+def _step_start_ns(b) -> int:
+    """A batch's STEP span start (its base when it has none): a rank's OTHER spans (an
+    evaluation before the step) may start before it, and move the base back."""
+    i = placement(b).step
+    return b.base_ns if i is None else b.base_ns + b.t0[i] * 1000
+
+
 def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits | None:
     """None for a step without collectives on two or more ranks."""
     if len(batches) < 2:
@@ -183,7 +190,7 @@ def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits
     transfer = median(c.transfer_ns for c in cols) / 1e6
     sw = StepWaits(cols, wait, caused, transfer, last if caused[last] > 0 else None)
     any_b = next(iter(batches.values()))
-    sw.step, sw.t_ns = any_b.step, min(to_common(r, b.base_ns) for r, b in batches.items())
+    sw.step, sw.t_ns = any_b.step, min(to_common(r, _step_start_ns(b)) for r, b in batches.items())
     sw.batches = dict(batches)
     waited = caused[last]
     if waited >= MIN_CULPRIT_WAIT_MS and waited >= MIN_CULPRIT_SHARE * step_ms:

@@ -15,6 +15,7 @@ from ranks.recfile import RecordingError
 COMPUTE_STREAM, COMM_STREAM, EXTRA_STREAMS = 7, 13, 20
 CPU_PID, DEVICE_PID, MAIN_TID = 1, 0, 1
 KINETO_KINDS = {wire.FWD: "forward", wire.BWD: "backward", wire.OPT: "optimizer"}
+# (wire.OTHER, a rank's evaluation that synchronises nothing, is left out: no kernel of a step)
 
 
 def comm_kernel_name(label: str) -> str:

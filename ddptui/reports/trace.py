@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 from ranks import frames, spec, wire
-from ranks.wire import BWD, COMM, FWD, OPT, STEP
+from ranks.wire import BWD, COMM, FWD, OPT, OTHER, STEP
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
@@ -43,7 +43,9 @@ from ddptui.model.stragglers import comm_spans
 # lane: (tid offset, thread name, category)
 LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "communication"),
          "optimizer": (4, "optimizer"), "events": (5, "ddp events")}
-LANE_OF_KIND = {STEP: "step", FWD: "compute", BWD: "compute", COMM: "communication", OPT: "optimizer"}
+# (OTHER: a rank's own work that synchronises nothing, an evaluation: on its compute lane)
+LANE_OF_KIND = {STEP: "step", FWD: "compute", BWD: "compute", COMM: "communication", OPT: "optimizer",
+                OTHER: "compute"}
 SUBLANE_STRIDE = 10  # extra lanes for partly overlapping slices: tid offset + 10 * j
 
 
@@ -108,8 +110,9 @@ class Scan:
         lanes = self.lanes.setdefault(r, set())
         for k in set(f.kind):
             lanes.add(LANE_OF_KIND[k])
-        if f.strategy == "ddp":
-            self.ddp_base[(r, f.step)] = b
+        if f.strategy == "ddp":  # (the STEP span's start: OTHER spans may come before it)
+            i = f.kind.find(STEP)
+            self.ddp_base[(r, f.step)] = b if i < 0 else b + 1000 * int.from_bytes(f.t0[4 * i:4 * i + 4], "little")
 
     def buckets_at(self, rank: int, strategy: str, step: int) -> dict[int, list] | None:
         """The bucket assignment in force on `rank` at `step`, from the Store, as
@@ -289,6 +292,9 @@ class TraceWriter:
                     args["transfer_us"] = max(0, z - max(a, last_ready)) / 1000
             elif kind == OPT:
                 name = "optimizer"
+            elif kind == OTHER:
+                name = "other (no synchronisation: evaluation)"
+                args["kind"] = "other"
             else:
                 name = f"{s} step {k}"
             sub = self._sublane(r, lane, a, z)

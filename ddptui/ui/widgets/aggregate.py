@@ -10,9 +10,10 @@ at most GUTTER cells. Pure; the app calls `for_pane` with what the pane has room
 """
 from __future__ import annotations
 
+from array import array
 from itertools import compress
 
-from ranks.wire import BWD, COMM, FWD
+from ranks.wire import BWD, COMM, FWD, OTHER
 
 from ddptui.model.kept import Kept
 from ddptui.model.views import Lane, StepView
@@ -46,13 +47,26 @@ def _quantiles(col, qs: tuple[float, ...]) -> list:
     return [_q(vals, q) / 1e3 for q in qs] if vals else [None] * len(qs)
 
 
+def _sans_other(c: tuple) -> tuple:
+    """A rank's columns without its OTHER spans (an evaluation of its own, in no band: the
+    ranks of a band are those with the same spans as the first)."""
+    kinds = c[0]
+    if OTHER not in kinds:
+        return c
+    keep = [k != OTHER for k in kinds]
+    idx = c[1]
+    idx = array(idx.typecode, compress(idx, keep)) if isinstance(idx, array) else list(compress(idx, keep))
+    kinds = bytes(compress(kinds, keep)) if isinstance(kinds, bytes) else list(compress(kinds, keep))
+    return (kinds, idx, list(compress(c[2], keep)), list(compress(c[3], keep)), c[4], c[5])
+
+
 def band_spans(cols_of: dict[int, tuple], ranks: list[int], qs: tuple[float, ...]) -> list[Lane]:
     """The q-quantile lanes of these ranks, one per q of `qs`: span by span (ranks of one
     strategy send the same spans in the same order; ranks whose spans differ from the
     first's are left out), the quantile of the starts, ends and ready times (each column
     sorted once for every q). `cols_of`: rank -> its columns (`columns`): no Span is made
     for a rank, and the columns are turned and sorted in C."""
-    cols = [cols_of[r] for r in ranks if r in cols_of]
+    cols = [_sans_other(cols_of[r]) for r in ranks if r in cols_of]
     if not cols:
         return [Lane([], [], [], [], [], [], []) for _ in qs]
     kinds, idxs = cols[0][0], cols[0][1]

@@ -12,14 +12,15 @@ from operator import itemgetter, lt
 
 from rich.segment import Segment
 
-from ranks.wire import BWD, FWD, OPT
+from ranks.wire import BWD, FWD, OPT, OTHER
 
 from ddptui.model.views import Lane
 from . import theme
 
 Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
-_DRAWN = (FWD, BWD, OPT)
+_DRAWN = (FWD, BWD, OPT, OTHER)  # (OTHER: a rank's evaluation, in no figure; drawn dim)
+_FIXED = {OPT: (theme.OPT, "opt"), OTHER: (theme.OTHER, "other")}  # kind -> colour, label
 _PLANS: dict = {}  # (Placement, layer names) -> the compute lane's positions, colours, labels
 _PLANS_MAX = 256
 
@@ -32,9 +33,10 @@ def _compute_plan(lane: Lane, layer_names: list[str]) -> tuple[list[int], list[i
     if got is None:
         kind, idx, n = lane.kind, lane.idx, len(layer_names)
         pos = [i for i in range(len(kind)) if kind[i] in _DRAWN]
-        colours = [theme.OPT if kind[i] == OPT else (theme.FWD_A if kind[i] == FWD else theme.BWD_A) + (idx[i] & 1)
+        colours = [_FIXED[kind[i]][0] if kind[i] in _FIXED else (theme.FWD_A if kind[i] == FWD else theme.BWD_A) + (idx[i] & 1)
                    for i in pos]
-        labels = ["opt" if kind[i] == OPT else layer_names[idx[i]] if idx[i] < n else f"L{idx[i]}" for i in pos]
+        labels = [_FIXED[kind[i]][1] if kind[i] in _FIXED else layer_names[idx[i]] if idx[i] < n else f"L{idx[i]}"
+                  for i in pos]
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         got = _PLANS[key] = (pos, colours, labels)
@@ -42,8 +44,9 @@ def _compute_plan(lane: Lane, layer_names: list[str]) -> tuple[list[int], list[i
 
 
 def compute_bars(spans, layer_names: list[str]) -> list[Bar]:
-    """Forward and backward per layer (alternating shades, layer labels) and the optimizer,
-    from a Lane (or a list of Spans), column-wise."""
+    """Forward and backward per layer (alternating shades, layer labels), the optimizer and
+    the rank's "other" time (an evaluation: in no figure, dim), from a Lane (or a list of
+    Spans), column-wise."""
     lane = Lane.of_spans(spans)
     pos, colours, labels = _compute_plan(lane, layer_names)
     starts, ends = lane.starts, lane.ends

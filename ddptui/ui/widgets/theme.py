@@ -14,7 +14,7 @@ ERROR = "#ff4d4d"
 GOOD = "#4cd964"
 
 # colour ids of lane cells (index into LANE_COLOURS)
-EMPTY, FWD_A, FWD_B, BWD_A, BWD_B, COMM_A, COMM_B, QUEUED, OPT, COMM_MULTI, WAIT, COMM_LAST = range(12)
+EMPTY, FWD_A, FWD_B, BWD_A, BWD_B, COMM_A, COMM_B, QUEUED, OPT, COMM_MULTI, WAIT, COMM_LAST, OTHER = range(13)
 LANE_COLOURS = (
     TRACK,
     "#5aa9ff", "#2f6fd0",  # forward: light / dark blue, alternating per layer
@@ -25,10 +25,11 @@ LANE_COLOURS = (
     "#ffe14d",  # two or more AllReduces running at once (where the lane has one row)
     "#a3203c",  # AllReduce ready here, waiting for the other ranks to be ready
     "#ff5fd7",  # AllReduce of the rank that arrived last (the others waited for it)
+    "#4b4b63",  # other time: a rank's own work that synchronises nothing (an evaluation)
 )
 # label text on each bar colour
 LABEL_ON = ("#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#ffffff", "#000000",
-            "#000000", "#ffffff", "#000000")
+            "#000000", "#ffffff", "#000000", "#b4b4c8")
 
 STRATEGY_COLOURS = {"naive": "#ff6b6b", "interleaved": "#c792ea", "ddp": "#4cd964", "single": "#8ab4f8"}
 
