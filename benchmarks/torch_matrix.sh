@@ -8,7 +8,7 @@
 #
 # For each VERSION: a venv under a temp dir, `pip install torch==VERSION`, then
 # `pip install -e '.[test]'` (torch held at VERSION), then pytest on the torch-facing modules:
-# instrumentation (test_instrument), user scripts under `ddptui run` / `--auto` (test_user_run),
+# instrumentation (test_instrument), user scripts under `ddptui run` / `--auto` (test_user_run, and the real-script patterns of test_user_scripts),
 # `ddptui verify` against torch.profiler (test_verify), the Kineto import (test_kineto_import)
 # and the CUDA code paths (test_cuda_path; without a GPU its simulated parts run, the rest
 # skips). Prints a table VERSION -> torch build, passed/failed/skipped/errors, install and test
@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 versions=("$@")
 [ "${#versions[@]}" -gt 0 ] || versions=(2.11.0 2.13.0 2.15.0)
-read -r -a tests <<<"${TORCH_MATRIX_TESTS:-tests/test_instrument.py tests/test_user_run.py tests/test_verify.py tests/test_kineto_import.py tests/test_cuda_path.py}"
+read -r -a tests <<<"${TORCH_MATRIX_TESTS:-tests/test_instrument.py tests/test_user_run.py tests/test_user_scripts.py tests/test_verify.py tests/test_kineto_import.py tests/test_cuda_path.py}"
 workers=${TORCH_MATRIX_WORKERS:-2}
 logs=${TORCH_MATRIX_LOGS:-$(mktemp -d -t ddptui-torch-matrix-logs.XXXXXX)}
 mkdir -p "$logs"
