@@ -8,11 +8,12 @@
 #
 # For each VERSION: a venv under a temp dir, `pip install torch==VERSION`, then
 # `pip install -e '.[test]'` (torch held at VERSION), then pytest on the torch-facing modules:
-# instrumentation (test_instrument), user scripts under `ddptui run` / `--auto` (test_user_run, and the real-script patterns of test_user_scripts),
-# `ddptui verify` against torch.profiler (test_verify), the Kineto import (test_kineto_import)
-# and the CUDA code paths (test_cuda_path; without a GPU its simulated parts run, the rest
-# skips). Prints a table VERSION -> torch build, passed/failed/skipped/errors, install and test
-# seconds; exits 1 if any version failed a test or did not install.
+# instrumentation (test_instrument), user scripts under `ddptui run` / `--auto` (test_user_run;
+# test_user_scripts: the patterns of real training scripts), `ddptui verify` against
+# torch.profiler (test_verify), the Kineto import (test_kineto_import) and the CUDA code paths
+# (test_cuda_path; without a GPU its simulated parts run, the rest skips). Prints a table
+# VERSION -> torch build, passed/failed/skipped/errors, install and test seconds; exits 1 if
+# any version failed a test or did not install.
 #
 # Disk and time: on PyPI most releases are CUDA builds that pull ~3 GB of nvidia-* wheels (they
 # run fine on a CPU; such a venv is 4.7 to 5.4 GB, 1.5 to 3 min to install); a CPU build of

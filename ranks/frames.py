@@ -37,7 +37,7 @@ from .wire import FrameError
 
 __all__ = [
     "UNSET", "FrameError", "Undecodable", "Invalid", "Limits", "NO_LIMITS", "decode",
-    "decode_or_invalid", "validate", "encode", "pack", "check", "check_spans", "to_dict", "Frame",
+    "decode_or_invalid", "validate", "encode", "check", "check_spans", "to_dict", "Frame",
 ]
 
 MAX_RANK = 4095
@@ -473,12 +473,6 @@ def validate(obj) -> Frame:
 def encode(frame: Frame) -> bytes:
     """One frame body (msgpack), without its length prefix."""
     return _encoder.encode(frame)
-
-
-def pack(frame: Frame) -> bytes:
-    """One frame on the wire: length prefix + body."""
-    body = _encoder.encode(frame)
-    return wire.LEN.pack(len(body)) + body
 
 
 def to_dict(frame: Frame) -> dict:

@@ -269,7 +269,7 @@ class Join:
                         return self._end(f"node 0: {'run ended' if f.why is UNSET else f.why}")
                     if cls is not frames.Ping:
                         raise NetError(f"unexpected {frames.TAG[cls][:20]!r} frame")
-                    s.sendall(frames.pack(frames.Pong(seq=f.seq, t1=f.t1, t2=t2, t3=now_ns())))
+                    s.sendall(wire.pack(frames.Pong(seq=f.seq, t1=f.t1, t2=t2, t3=now_ns())))
                 data = s.recv(HANDSHAKE_MAX)
                 if ASYM_NS:
                     time.sleep(ASYM_NS / 1e9)
@@ -312,7 +312,7 @@ class Join:
             c.settimeout(None)
             rest = b"".join(wire.LEN.pack(len(b)) + b for b in bodies[1:]) + bytes(reader.buf)
             # the local token stays here: node 0 checked this connection's handshake instead
-            up.sendall(frames.pack(msgspec.structs.replace(f, token="")) + rest)
+            up.sendall(wire.pack(msgspec.structs.replace(f, token="")) + rest)
         except Exception as e:  # noqa: BLE001 - one rank's connection; the rank exits without it
             self.log(f"a rank's connection failed: {type(e).__name__}: {e}")
             c.close()

@@ -88,7 +88,7 @@ class Collector:
             raise FrameError(f"{t!r} is not a control frame")
         f = frames.validate(msg)
         frames.check(f)
-        data = frames.pack(f)
+        data = wire.pack(f)
         n = 0
         with self.lock:
             for c in list(self.conns.values()):

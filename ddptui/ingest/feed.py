@@ -58,17 +58,18 @@ class Feed:
         return f if self._take(f, body, rank, types) else None
 
     def _refused(self, body: bytes, rank: int | None) -> None:
+        """A body the decoder refused: rejected with frames' reason (its type and rank when
+        they can be read)."""
         self.seen += 1
         try:
-            frames.decode(body)
+            got = frames.decode_or_invalid(body)
         except frames.Undecodable as e:
             self.reject(rank, None, str(e))
             return
-        except FrameError as e:
-            peek = frames.decode_or_invalid(body)
-            self.reject(self._rank_of(peek, rank), peek.type if type(peek) is Invalid else None, str(e))
-            return
-        self.reject(rank, None, "undecodable frame")  # (decodes now: cannot happen)
+        if type(got) is Invalid:
+            self.reject(self._rank_of(got, rank), got.type, got.why)
+        else:  # (decodes now: cannot happen)
+            self.reject(rank, None, "undecodable frame")
 
     def frame(self, f, rank: int | None = None, types=frames.RECORDED_FRAMES, body: bytes | None = None) -> bool:
         """Take one frame: a Struct made in this process (validated here as if it had come

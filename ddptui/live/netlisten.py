@@ -185,7 +185,7 @@ def client_handshake(sock: socket.socket, token: bytes, role: str, node: int, ru
     host = socket.gethostname()[:200]
     j = frames.Join(role=role, node=node, rank=UNSET if r is None else r, host=host, run=run, cnonce=cnonce,
                     mac=mac(token, "c", ch.nonce, cnonce, run, role, node, -1 if r is None else r, host))
-    sock.sendall(frames.pack(j))
+    sock.sendall(wire.pack(j))
     w = recv_frame(sock, reader, "welcome", timeout)
     settings = None if w.settings is UNSET else w.settings
     if not hmac.compare_digest(w.mac, mac(token, "s", cnonce, ch.nonce, run, _canon(settings))):
@@ -241,7 +241,7 @@ class NetListener:
         for s in ctl:
             try:
                 s.settimeout(1.0)
-                s.sendall(frames.pack(frames.End(why=why[:200])))
+                s.sendall(wire.pack(frames.End(why=why[:200])))
             except OSError:
                 pass
             try:
@@ -273,7 +273,7 @@ class NetListener:
                 self._refuse(hs.peer, why)
                 if tell:  # the peer speaks the protocol: it learns why (and does not retry)
                     try:
-                        hs.sock.send(frames.pack(frames.End(why=why[:200])))
+                        hs.sock.send(wire.pack(frames.End(why=why[:200])))
                     except OSError:
                         pass
             hs.sock.close()
@@ -321,7 +321,7 @@ class NetListener:
             try:
                 s.setblocking(False)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                s.send(frames.pack(frames.Challenge(version=wire.PROTOCOL_VERSION, run=self.run_id,
+                s.send(wire.pack(frames.Challenge(version=wire.PROTOCOL_VERSION, run=self.run_id,
                                                     nonce=hs.nonce)))
             except OSError as e:
                 self._refuse(peer, f"connection failed ({e.strerror or e})")
@@ -393,7 +393,7 @@ class NetListener:
                            settings=UNSET if settings is None else settings)
         try:
             s.settimeout(HANDSHAKE_TIMEOUT)
-            s.sendall(frames.pack(w))
+            s.sendall(wire.pack(w))
         except OSError as e:
             self._refuse(hs.peer, f"connection failed ({e.strerror or e})")
             if settings is not None:
@@ -428,7 +428,7 @@ class NetListener:
                     for _ in range(burst):
                         seq += 1
                         t1 = now_ns()
-                        s.sendall(frames.pack(frames.Ping(seq=seq, t1=t1)))
+                        s.sendall(wire.pack(frames.Ping(seq=seq, t1=t1)))
                         p = recv_frame(s, reader, "pong", 5.0)
                         t4 = now_ns()
                         if p.seq == seq and p.t1 == t1:

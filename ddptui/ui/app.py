@@ -44,7 +44,7 @@ from .widgets import theme
 from ddptui.ui.widgets.panel import Frame, Panel
 from .widgets import aggregate, statuslines, waits
 from ddptui.ui.widgets.waits import WaitsPanel
-from ddptui.ui.widgets.output import OutputScreen
+from .widgets.output import OutputScreen
 from ddptui.ui.widgets.hosts import HostsPanel
 from ddptui.ui.widgets.whatif import WhatIfPanel
 
