@@ -141,6 +141,26 @@ class Buckets(Frame, tag="buckets", kw_only=True):
     buckets: Annotated[list[BucketRow], Meta(min_length=1, max_length=0xFFFF)]
 
 
+CollOpT = Literal[spec.COLL_OPS]  # type: ignore[valid-type]
+LayerRef = Annotated[int, Meta(ge=-1, le=0xFFFF)]  # a layer (forward order), -1: none
+# (id, op, bytes, group size, group, issuing layer, phase, async): one row of a collectives table
+CollRow = tuple[U16, CollOpT, Count, Annotated[int, Meta(ge=1, le=MAX_RANK + 1)],
+                Annotated[str, Meta(max_length=64)], LayerRef,
+                Literal[spec.COLL_PHASES], bool]  # type: ignore[valid-type]
+
+
+class Colls(Frame, tag="colls", kw_only=True):
+    """New rows of a rank's collectives table: what each COLL span (its idx: the row's id)
+    was. Sent before the first spans frame that uses them; rows are never changed."""
+    rank: RankT = field(name="r")
+    strategy: StrategyT = field(name="s")
+    rows: Annotated[list[CollRow], Meta(min_length=1, max_length=0xFFFF)]
+
+
+# (op, group sequence number, bytes, issuing layer, when it was issued: host ns)
+Inflight = tuple[CollOpT, Count, Count, LayerRef, Ns]  # type: ignore[valid-type]
+
+
 class Event(Frame, tag="event", kw_only=True):
     """A change applied at a step: DDP's bucket cap, or an injected straggler."""
     rank: RankT = field(name="r")
@@ -160,6 +180,9 @@ class Hb(Frame, tag="hb", kw_only=True):
     dropped_frames: Count = field(name="dropf", default=0)
     ts: Ns | UnsetType = UNSET
     residual_ns: I64 | UnsetType = field(name="res", default=UNSET)
+    # the oldest collective this rank has entered and not left (a hang names it), if any
+    waiting: Inflight | UnsetType = field(name="w", default=UNSET)
+    colls: Count | UnsetType = field(name="nc", default=UNSET)  # collectives entered so far
 
 
 class Bye(Frame, tag="bye", kw_only=True):
@@ -332,7 +355,7 @@ def spans_frame(rank: int, strategy: str, step: int, base_ns: int,
                  kind=kind, idx=idx, t0=t0, t1=t1, iss=iss)
 
 
-RANK_TYPES = (Hello, Phase, Spans, Buckets, Event, Hb, Bye, Error)
+RANK_TYPES = (Hello, Phase, Spans, Buckets, Colls, Event, Hb, Bye, Error)
 APP_TYPES = (Status, Exit, Gpu, Cpu, Reject, Drop, Node, Clock, Output)
 CONTROL_TYPES = (Stop, Set)
 NET_TYPES = (Challenge, Join, Welcome, Ping, Pong, End)
@@ -568,7 +591,18 @@ def _set(f: Set, lim: Limits) -> None:
         _straggler(f.value, f.slow_rank, f.layer, lim)
 
 
-_CROSS = {Hello: _hello, Buckets: _buckets, Event: _event, Set: _set}
+def _colls(f: Colls, lim: Limits) -> None:
+    ids = set()
+    n_layers = lim.n_layers
+    for row in f.rows:
+        if row[0] in ids:
+            raise FrameError(f"collective {row[0]} is listed twice")
+        ids.add(row[0])
+        if n_layers is not None and row[5] >= n_layers:
+            raise FrameError(f"collective {row[0]} names layer {row[5]}, which does not exist")
+
+
+_CROSS = {Hello: _hello, Buckets: _buckets, Colls: _colls, Event: _event, Set: _set}
 _RANKED = frozenset(c for c in ALL_TYPES if "rank" in c.__struct_fields__)
 
 

@@ -10,15 +10,42 @@ MODEL_WIDTHS: dict[str, list[int]] = {
     "deep40": [784] + [4096] * 39 + [10],
 }
 MODELS = tuple(MODEL_WIDTHS)
-STRATEGIES = ("naive", "interleaved", "ddp", "single")
+STRATEGIES = ("naive", "interleaved", "ddp", "single", "fsdp")
 DEFAULT_STRATEGIES = ("naive", "ddp")
 BUCKET_LADDER_MB = (1.0, 5.0, 25.0, 100.0)
 DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch's default
 # the strategy a user's own DDP (ddptui run, ddptui.instrument) and an opened torch.profiler
 # trace are drawn as: the DDP pane (buckets, figures, stragglers)
 USER_STRATEGY = "ddp"
+# ... and a user's FSDP2 model (fully_shard): the fsdp pane (its all-gathers and reduce-scatters)
+USER_FSDP_STRATEGY = "fsdp"
 SPEED_LADDER = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # replay speeds, slowest to fastest
 BYTES_PER_GRAD = 4  # fp32 gradients: bytes an AllReduce carries per parameter element
+
+# -- collectives: the vocabulary, written once ------------------------------------------------
+# what a COLL span (ranks.wire) can be: the kinds of torch.distributed collectives, as the
+# process group is asked for them (every public entry point ends in one of these)
+COLL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier",
+            "reduce", "gather", "scatter", "send", "recv")
+COLL_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A",
+              "broadcast": "BC", "barrier": "BAR", "reduce": "RED", "gather": "GA", "scatter": "SC",
+              "send": "SEND", "recv": "RECV"}
+# the pass a collective was issued in (a COLL row's `phase`): by a layer's forward or
+# backward, by the optimizer, or elsewhere in the step (between layers, the script's own)
+COLL_PHASES = ("forward", "backward", "optimizer", "step")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """Bytes a ring moves per byte of the collective's buffer, per rank (NCCL's bus bandwidth
+    factors): all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n (of the
+    full, gathered buffer); broadcast, reduce, send, recv 1; barrier 0. One rank: 0."""
+    if n <= 1 or op == "barrier":
+        return 0.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    return 1.0
 
 
 def strategy_ranks(strategy: str, world: int) -> int:

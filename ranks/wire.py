@@ -8,6 +8,8 @@ collector decodes them without a Python loop per span.
     {"t": "spans", "r": rank, "s": strategy, "k": step, "b": base_ns,
      "kind": u8[n], "idx": u16[n], "t0": u32[n], "t1": u32[n], "iss": u32[n_comm]}
 
+n_comm: the COMM and COLL spans (collectives), each with its issue time in iss, in order.
+
 t0/t1/iss are microseconds after base_ns (host CLOCK_MONOTONIC, shared by ranks on one host).
 """
 from __future__ import annotations
@@ -23,10 +25,17 @@ MAX_FRAME = 16 * 1024 * 1024  # a frame claiming more than this is rejected unre
 PROTOCOL_VERSION = 1
 
 # span kinds. OTHER: a rank's own work that synchronises nothing (an evaluation forward under
-# no_grad, a forward no backward followed): drawn on its lane, in no figure of a step; idx 0
-FWD, BWD, COMM, OPT, STEP, OTHER = 0, 1, 2, 3, 4, 5
-KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other")
+# no_grad, a forward no backward followed): drawn on its lane, in no figure of a step; idx 0.
+# COMM: a gradient AllReduce (a DDP bucket, naive's per-parameter call; idx: the bucket or
+# parameter). COLL: any other collective the rank issued (an all_reduce of its own, FSDP's
+# all-gathers and reduce-scatters, all_to_all, broadcast, barrier...); idx: the row of the
+# rank's collectives table (a `colls` frame: ranks.collectives) that says what it was.
+# Both carry an issue time (the iss column) and are communication in every figure.
+FWD, BWD, COMM, OPT, STEP, OTHER, COLL = 0, 1, 2, 3, 4, 5, 6
+KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other", "collective")
 N_KINDS = len(KIND_NAMES)
+COMM_KINDS = (COMM, COLL)
+MAX_COLL_ID = 0xFFFF  # a COLL span's idx: any u16 (a table row; checked against the table by the Store)
 
 _LITTLE = sys.byteorder == "little"
 
@@ -98,10 +107,15 @@ def _check_kind_idx(kind: bytes, idx: bytes, max_idx: int, iss_len: int) -> int:
     n = len(kind)
     if kind.translate(None, _KNOWN_KINDS):  # same as max(kind) >= N_KINDS
         raise FrameError("spans frame has an unknown span kind")
-    n_comm = kind.count(COMM)
+    n_coll = kind.count(COLL)
+    n_comm = kind.count(COMM) + n_coll
     if iss_len != 4 * n_comm:
         raise FrameError("spans frame issue column does not match its allreduce spans")
-    if n:
+    if n_coll:  # a collective's idx is a table row (any u16): only the other spans' are checked
+        ia = _from_le("H", idx)
+        if max((i for k, i in zip(kind, ia) if k != COLL), default=0) > max_idx:
+            raise FrameError("spans frame names a layer or parameter that does not exist")
+    elif n:
         if 0 <= max_idx < 256:  # u16 little-endian: every high byte 0, every low byte <= max_idx
             bad = idx[1::2].count(0) != n or idx[0::2].translate(None, bytes(range(max_idx + 1)))
         else:

@@ -60,6 +60,9 @@ class Store(Intake, Figuring, Queries):
         # (step, {bucket: bytes}, [[bucket, [param idx...], bytes], ...])
         self.bucket_assignments: dict[tuple[str, int], list[tuple[int, dict[int, int], list]]] = {}
         self.reported_sizes: dict[tuple[str, int], list[int]] = {}  # bucket sizes DDP itself reports
+        # every other collective a rank issued (COLL spans' idx): (strategy, rank) -> id -> its
+        # row (id, op, bytes, group size, group, layer, phase, async), as the colls frames said
+        self.collectives: dict[tuple[str, int], dict[int, tuple]] = {}
         self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
         self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
         self.slow_changes: list[tuple[int, float, int, int]] = []  # (step, ms, rank, layer) as applied

@@ -94,6 +94,9 @@ class Intake:
         info.dropped_spans = f.dropped
         if f.residual_ns is not frames.UNSET:
             info.clock_res_ns = f.residual_ns
+        info.waiting = None if f.waiting is frames.UNSET else tuple(f.waiting)
+        if f.colls is not frames.UNSET:
+            info.colls_entered = f.colls
         if info.phase in ("connected", "connecting") and f.phase:
             info.phase = f.phase
 
@@ -137,6 +140,12 @@ class Intake:
             self.reported_sizes[key] = f.ddp_reported
         if f.cap_mb is not None:
             self.meta.bucket_cap_mb_now = f.cap_mb
+
+    def _on_colls(self, f: frames.Colls) -> None:
+        self._rank(f.rank)
+        table = self.collectives.setdefault((f.strategy, f.rank), {})
+        for row in f.rows:
+            table[row[0]] = tuple(row)
 
     def _on_gpu(self, f: frames.Gpu) -> None:
         self.gpu.append(f)
@@ -217,7 +226,7 @@ class Intake:
 
     _handlers = {frames.Hello: _on_hello, frames.Phase: _on_phase, frames.Hb: _on_hb,
                  frames.Bye: _on_bye, frames.Error: _on_error, frames.Event: _on_event,
-                 frames.Buckets: _on_buckets, frames.Gpu: _on_gpu, frames.Cpu: _on_cpu,
+                 frames.Buckets: _on_buckets, frames.Colls: _on_colls, frames.Gpu: _on_gpu, frames.Cpu: _on_cpu,
                  frames.Status: _on_status, frames.Exit: _on_exit, frames.Reject: _on_reject,
                  frames.Drop: _on_drop, frames.Node: _on_node, frames.Clock: _on_clock,
                  frames.Output: _on_output}

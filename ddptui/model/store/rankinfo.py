@@ -22,6 +22,10 @@ class RankInfo:
     finished: bool = False
     uuid: str | None = None  # the GPU's UUID (CUDA ranks)
     clock_res_ns: int | None = None  # CUDA: GPU-timer mapping residual at the last calibration
+    # the oldest collective the rank is inside, as its last heartbeat said: (op, group
+    # sequence number, bytes, layer, issued at host ns), or None; and how many it has entered
+    waiting: tuple | None = None
+    colls_entered: int | None = None
 
     def copy(self) -> "RankInfo":
         """A shallow copy (copy.copy's reduce protocol costs ten times this: the status bar

@@ -31,7 +31,7 @@ LANE_COLOURS = (
 LABEL_ON = ("#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#ffffff", "#000000",
             "#000000", "#ffffff", "#000000", "#b4b4c8")
 
-STRATEGY_COLOURS = {"naive": "#ff6b6b", "interleaved": "#c792ea", "ddp": "#4cd964", "single": "#8ab4f8"}
+STRATEGY_COLOURS = {"naive": "#ff6b6b", "interleaved": "#c792ea", "ddp": "#4cd964", "single": "#8ab4f8", "fsdp": "#ffb454"}
 
 # left-aligned eighth blocks: LEFT_EIGHTHS[n] covers n/8 of a cell from the left
 LEFT_EIGHTHS = " ▏▎▍▌▋▊▉█"
