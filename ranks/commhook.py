@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from . import colltap
+
 
 class CommState:
     """What the hook needs: the recorder, the world size, parameter -> index, the user's hook
@@ -48,18 +50,21 @@ def timed_hook(h: CommState, bucket):  # DDP requires the name `bucket`
     cur = rec.cur
     inner = h.inner
     if cur is None:  # backward outside any step: not timed
-        return _call_inner(h, bucket)
+        with colltap.suspended():
+            return _call_inner(h, bucket)
     b = bucket.index() + h.offset
     slot = rec.comm_issue(b)
     if inner is None:
         buf = bucket.buffer()
         sent = buf.numel() * buf.element_size()
-        fut = _default_allreduce(buf, h.world)
+        with colltap.suspended():  # (the bucket's AllReduce is this COMM span, not a COLL one)
+            fut = _default_allreduce(buf, h.world)
     else:
         _install_counter()
         _capture = cap = []
         try:
-            fut = inner(h.inner_state, bucket)
+            with colltap.suspended():
+                fut = inner(h.inner_state, bucket)
         finally:
             _capture = None
         buf = bucket.buffer()

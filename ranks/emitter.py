@@ -28,6 +28,9 @@ class FrameQueue:
         self.q: queue.Queue = queue.Queue(maxsize=maxsize)
         self.dropped_spans = 0
         self.dropped_frames = 0
+        # () -> (the collective this rank is inside, as frames.Inflight, or None; collectives
+        # entered so far): the heartbeat says it (a hang names the collective); None: not known
+        self.collectives = None
 
     def put(self, frame, n_spans: int = 0) -> bool:
         """Queue a frame (a ranks.frames Struct, a span-batch tuple from Recorder.poll, or a
@@ -129,9 +132,17 @@ class Emitter(FrameQueue):
     def _heartbeat(self) -> None:
         while not self.closed.wait(1.0):
             res = self.clock_residual_ns
+            waiting, entered = frames.UNSET, frames.UNSET
+            if self.collectives is not None:
+                try:
+                    w, entered = self.collectives()
+                    waiting = frames.UNSET if w is None else w
+                except Exception:  # noqa: BLE001 - never lose the heartbeat for it
+                    pass
             self.put(frames.Hb(rank=self.rank, step=self.step, phase=self.phase,
                                dropped=self.dropped_spans, dropped_frames=self.dropped_frames,
-                               ts=now_ns(), residual_ns=frames.UNSET if res is None else res))
+                               ts=now_ns(), residual_ns=frames.UNSET if res is None else res,
+                               waiting=waiting, colls=entered))
 
     def _recv_loop(self) -> None:
         reader = wire.FrameReader(max_frame=1 << 20)

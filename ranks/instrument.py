@@ -287,8 +287,8 @@ class StepRecord:
     """Slots for one (strategy, step) on one rank."""
 
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
-                 "bwd_s", "bwd_e", "bwd_n", "comm_idx", "comm_ready", "comm_end",
-                 "comm_hend", "comm_thr", "opt_s", "opt_e", "ref")
+                 "bwd_s", "bwd_e", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
+                 "comm_hend", "comm_thr", "opt_s", "opt_e", "ref", "synced")
 
     def __init__(self, strategy: str, step: int, n_layers: int):
         self.strategy, self.step, self.n_layers = strategy, step, n_layers
@@ -299,6 +299,8 @@ class StepRecord:
         self.bwd_e = [None] * n_layers
         self.bwd_n = [0] * n_layers  # bwd_end calls so far this step
         self.comm_idx: list[int] = []
+        self.comm_kind: list[int] = []  # COMM (a gradient AllReduce) or COLL (any other collective)
+        self.synced = 0  # gradient synchronisations issued (COMM spans, FSDP's reduce-scatters)
         self.comm_ready: list = []
         self.comm_end: list = []
         self.comm_hend: list = []  # gloo with CUDA tensors: host ends, to chain starts
@@ -423,9 +425,14 @@ class Recorder:
         if old is not None and self._recycle is not None:
             self._recycle(old)
 
-    def comm_issue(self, idx: int) -> int:
-        """An AllReduce is handed to the backend now; returns its slot."""
+    def comm_issue(self, idx: int, kind: int = COMM, synced: bool = False) -> int:
+        """A collective is handed to the backend now; returns its slot. COMM: a gradient
+        AllReduce (idx: its bucket or parameter; a gradient synchronisation); COLL: any other
+        (idx: its row of the rank's collectives table; `synced`: it synchronises gradients)."""
         c = self.cur
+        if kind == COMM or synced:
+            c.synced += 1
+        c.comm_kind.append(kind)
         c.comm_idx.append(idx)
         c.comm_ready.append(self.clock.mark())
         c.comm_end.append(None)
@@ -495,8 +502,7 @@ class Recorder:
             if any(h is not None for h in r.comm_hend):
                 free = [h if h is not None else e for h, e in zip(r.comm_hend, end)]
             starts = comm_starts(ready, end, r.comm_thr, clock.serial_comm, free)
-            n = len(r.comm_idx)
-            kinds += [COMM] * n; idxs += r.comm_idx; t0s += starts; t1s += end
+            kinds += r.comm_kind; idxs += r.comm_idx; t0s += starts; t1s += end
         if r.opt_s is not None and r.opt_e is not None:
             kinds.append(OPT); idxs.append(0); t0s.append(ns(r.opt_s)); t1s.append(ns(r.opt_e))
         # the "issue" column is when each collective was READY: handed to the backend on CPU,

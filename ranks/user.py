@@ -59,6 +59,7 @@ import torch.nn as nn
 
 from . import frames, spec, wire
 from .emitter import FrameQueue
+from .colltap import CollTap
 from .commhook import CommState, timed_hook
 from .instrument import CpuClock, CudaClock
 from .userlayers import UserRecorder, attach_module_hooks, choose_layers
@@ -151,6 +152,12 @@ class RankSession:
         self.clock = CudaClock(self.device, comm_on_host=self.backend == "gloo") \
             if self.device.type == "cuda" else CpuClock()
         self.rec = UserRecorder(self.clock, 0)
+        self.strategy = first.strategy  # ddp, or fsdp (an FSDP2 model: fully_shard)
+        # every other collective of this rank (its own all_reduce, all_to_all, FSDP2's
+        # all-gathers and reduce-scatters): COLL spans, attributed to the running layer
+        self._mod_layer: dict[int, int] = {}  # id(module) -> internal layer holding it
+        self.tap = CollTap(self.rec, self._unit_layer, self.rec.phase)
+        self.tap.activate()
         self.mods: list[Handle] = []
         self.names: list[str] = []  # layer names by internal index (as chosen, unprefixed)
         self.param_names: list[str] = []  # by global parameter index (unprefixed)
@@ -158,7 +165,7 @@ class RankSession:
         self.param_owner: list[int] = []  # internal layer index of each parameter
         self.batch = batch
         self.name = name
-        self.first_name = type(first.ddp.module).__name__
+        self.first_name = _class_name(first.module)
         self.k = 0  # the next step's number: synchronisations so far
         self.explicit = False  # inside `with handle.step():`
         self.fwd_mods: set[int] = set()  # DDP modules forwarded in the current micro-step
@@ -179,13 +186,34 @@ class RankSession:
         sock = os.environ.get("DDPTUI_SOCKET")
         if sock and record is None:
             from .emitter import Emitter
-            return Emitter(sock, os.environ.get("DDPTUI_TOKEN", ""), self.rank,
-                           on_control=self._on_control)
+            em = Emitter(sock, os.environ.get("DDPTUI_TOKEN", ""), self.rank,
+                         on_control=self._on_control)
+            em.collectives = self._collectives
+            return em
         d = record or os.environ.get("DDPTUI_RECORD") or _default_record_dir()
         meta = {"ddptui": "0.1.0", "created": time.time(), "model": self.name or self.first_name,
-                "strategies": [STRATEGY], "world": self.world, "steps": 0,
+                "strategies": [self.strategy], "world": self.world, "steps": 0,
                 "device": self.device.type, "user": True}
         return FileSink(os.path.join(d, f"rank{self.rank}.ddptui"), self.rank, meta)
+
+    def _unit_layer(self, modules) -> int:
+        """An FSDP2 unit's layer (internal index): the chosen layer holding its first module."""
+        ml = self._mod_layer
+        for m in modules:
+            got = ml.get(id(m))
+            if got is not None:
+                return got
+        return -1
+
+    def _collectives(self):
+        """(the collective this rank is inside, layer in forward order; entered so far): the heartbeat's."""
+        tap = self.tap
+        w = tap.waiting()
+        if w is not None:
+            op, seq, nb, layer, t = w
+            order = self._order
+            w = (op, seq, nb, order[layer] if order is not None and 0 <= layer < len(order) else -1, t)
+        return w, tap.entered
 
     def _on_control(self, msg: frames.Frame) -> None:
         if type(msg) is frames.Stop:
@@ -198,6 +226,9 @@ class RankSession:
         """A module's layers and parameters appended: (its first layer, its first parameter)."""
         base, pbase = len(self.names), len(self.param_names)
         self.names += [n for n, _ in chosen]
+        for i, (_, mod) in enumerate(chosen, base):
+            for m in mod.modules():
+                self._mod_layer.setdefault(id(m), i)
         self.rec.add_layers(len(chosen))
         for n, p in named:
             self.param_names.append(n)
@@ -222,7 +253,7 @@ class RankSession:
         c = rec.cur
         if not torch.is_grad_enabled():  # an evaluation: no step, kept as OTHER time
             if c is not None:
-                if c.comm_idx and not self.explicit and not self.opt_seen:
+                if c.synced and not self.explicit and not self.opt_seen:
                     self._end()  # the step was complete (no optimizer step to end it)
                 else:
                     self.stash, rec.cur = c, None
@@ -233,7 +264,7 @@ class RankSession:
         me = id(ddp)
         if c is None:
             self._begin()
-        elif c.comm_idx and not self.explicit:  # the step has synchronised: this is the next one
+        elif c.synced and not self.explicit:  # the step has synchronised: this is the next one
             self._end()
             self._begin()
         elif rec.bwd_since():  # a backward ran since the micro-step began: the next micro-step
@@ -275,7 +306,7 @@ class RankSession:
         if c is None:
             return
         rec.opt_end()
-        if c.comm_idx and not self.explicit:
+        if c.synced and not self.explicit:
             self.opt_seen = True
             self._end()
 
@@ -285,7 +316,7 @@ class RankSession:
             rec.cur, self.stash = self.stash, None
         self._drop_other_start()
         c = rec.cur
-        if c is not None and not self.explicit and c.comm_idx:
+        if c is not None and not self.explicit and c.synced:
             self._end()
             c = None
         self.explicit = True
@@ -298,16 +329,17 @@ class RankSession:
     def step_exit(self) -> None:
         self.explicit = False
         c = self.rec.cur
-        if c is not None and c.comm_idx:
+        if c is not None and c.synced:
             self._end()
 
     def _begin(self) -> None:
         for m in self.mods:
-            m.comm.seen = []
+            if m.comm is not None:
+                m.comm.seen = []
         self.clock.maybe_calibrate()
         self.sink.clock_residual_ns = self.clock.residual_ns
         self.sink.step = self.k
-        self.rec.begin(STRATEGY, self.k)
+        self.rec.begin(self.strategy, self.k)
         self.fwd_mods.clear()
         if self.others:  # evaluation forwards since the last step: OTHER spans of this one
             self.rec.cur.micro += [(wire.OTHER, 0, a, z) for a, z in self.others]
@@ -317,7 +349,7 @@ class RankSession:
         rec = self.rec
         rec.end()
         c = rec.pending[-1]
-        if not c.comm_idx:  # synchronised nothing: not a step
+        if not c.synced:  # synchronised nothing: not a step
             rec.drop_last()
             return
         k = self.k
@@ -325,7 +357,7 @@ class RankSession:
         if self._order is None:
             self._hello(c)
         self._emit(rec.poll())
-        if any(m.comm.track and m.comm.seen for m in self.mods):
+        if any(m.comm is not None and m.comm.track and m.comm.seen for m in self.mods):
             self._layout_change(k)
 
     # -- frames ---------------------------------------------------------------------------
@@ -350,7 +382,7 @@ class RankSession:
             self._order[i] = pos
         shown, pshown = list(self.names), list(self.param_names)
         model = self.name
-        if len(self.mods) > 1:  # several DDP modules: names say which module
+        if len(self.mods) > 1:  # several DDP (or FSDP2) modules: names say which module
             labels, roots = [], []
             for j, m in enumerate(self.mods):
                 label, root = module_label(m.ddp, j)
@@ -364,7 +396,7 @@ class RankSession:
             if model is None and roots[0] is not None and all(r is roots[0] for r in roots):
                 model = type(roots[0]).__name__  # the model that holds them
             elif model is None:
-                model = "+".join(type(m.ddp.module).__name__ for m in self.mods)
+                model = "+".join(_class_name(m.module) for m in self.mods)
         model = model or self.first_name
         self.layers = [None] * n
         for i, name in enumerate(shown):
@@ -379,7 +411,7 @@ class RankSession:
             local_rank=int(os.environ.get("LOCAL_RANK", self.rank)), pid=os.getpid(),
             host=socket.gethostname(), device=dev, backend=self.backend, note="",
             torch=str(torch.__version__), model=model[:32], layers=self.layers,
-            params=params, strategies=[STRATEGY],
+            params=params, strategies=[self.strategy],
             batch=int(self.batch) if self.batch else frames.UNSET,  # unknown: no samples/s
             steps=0, bucket_cap_mb=_cap_mb(ddp0), threads=torch.get_num_threads(),
         ))
@@ -388,6 +420,12 @@ class RankSession:
 
     def _emit(self, items) -> None:
         order = self._order
+        rows = self.tap.new_rows() if items and order is not None else None
+        if rows:  # the collectives these spans name, before them
+            first = self.tap.sent - len(rows)
+            self.sink.send_now(frames.Colls(rank=self.rank, strategy=self.strategy, rows=[
+                (first + j, op, nb, size, group, order[layer] if 0 <= layer < len(order) else -1, phase, asy)
+                for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]))
         for item in items:
             s, k, base, kinds, idxs, t0, t1, iss = item
             idxs = [order[i] if kd <= wire.BWD else i for kd, i in zip(kinds, idxs)]
@@ -397,13 +435,13 @@ class RankSession:
         """Every module's buckets as one layout (each module's newest), sent when one changed."""
         changed = False
         for m in self.mods:
-            if m.comm.track and m.comm.seen and m.layout_update():
+            if m.comm is not None and m.comm.track and m.comm.seen and m.layout_update():
                 changed = True
         if not changed:
             return
         rows = [tuple(r) for m in self.mods for r in (m.layout or [])]
         reported = [x for m in self.mods for x in (m.reported or [])]
-        self.sink.send_now(frames.Buckets(rank=self.rank, strategy=STRATEGY, step=k,
+        self.sink.send_now(frames.Buckets(rank=self.rank, strategy=self.strategy, step=k,
                                           cap_mb=_cap_mb(self.mods[0].ddp), ddp_reported=reported,
                                           buckets=[(b, ps, nb) for b, ps, nb in rows]),
                            timeout=0.5)
@@ -423,7 +461,7 @@ class RankSession:
             self.clock.release(z)
         self.others = []
         if rec.cur is not None:
-            if rec.cur.comm_idx:
+            if rec.cur.synced:
                 self._end()
             else:
                 rec.discard()
@@ -433,6 +471,7 @@ class RankSession:
             self.sink.send_now(frames.Bye(rank=self.rank, why=why, dropped=self.sink.dropped_spans,
                                           dropped_frames=self.sink.dropped_frames))
         self.sink.close(timeout=3.0)
+        self.tap.deactivate()
         for m in self.mods:
             m.remove_hooks()
 
@@ -447,13 +486,14 @@ class RankSession:
         self.sink.send_now(frames.Error(rank=self.rank, msg=f"{type(exc).__name__}: {exc}".strip()[:500],
                                         tb=tb[-4000:]))
         self.closed = True
+        self.tap.deactivate()
         self.sink.close(timeout=2.0)
 
     def _hello_minimal(self) -> None:
         self._order = list(range(len(self.names)))
         self.layers = list(self.names)
         self.sink.send_now(frames.Hello(rank=self.rank, world=self.world, pid=os.getpid(),
-                                        backend=self.backend, strategies=[STRATEGY],
+                                        backend=self.backend, strategies=[self.strategy],
                                         layers=self.layers))
 
 
@@ -471,29 +511,37 @@ class Handle:
                  record: str | None = None, comm_hook=None, comm_state=None, name: str | None = None):
         global _session
         from torch.nn.parallel import DistributedDataParallel as DDP
-        if not isinstance(ddp, DDP):
-            raise TypeError("ddptui.instrument wants a torch.nn.parallel.DistributedDataParallel model")
+        fsdp = is_fsdp(ddp)
+        if not isinstance(ddp, DDP) and not fsdp:
+            raise TypeError("ddptui.instrument wants a torch.nn.parallel.DistributedDataParallel model "
+                            "or an FSDP2 model (the module fully_shard was applied to last)")
         if not dist.is_initialized():
             raise RuntimeError("ddptui.instrument: init the process group first")
         if getattr(ddp, "_ddptui", None) is not None:
             raise RuntimeError("ddptui.instrument: this model is instrumented already")
-        if ddp._comm_hooks:
+        if not fsdp and ddp._comm_hooks:
             raise RuntimeError("ddptui.instrument: a comm hook is registered already; call "
                                "instrument() first, or pass it as comm_hook=")
-        self.ddp = ddp
+        if fsdp and comm_hook is not None:
+            raise TypeError("ddptui.instrument: comm_hook is for DistributedDataParallel, not FSDP2")
+        self.ddp = ddp  # the wrapper: a DDP, or the FSDP2 root itself
+        self.strategy = spec.USER_FSDP_STRATEGY if fsdp else STRATEGY
         self._hooks: list = []
         self.closed = False
         self.label: str | None = None
-        model = ddp.module
+        self.module = model = ddp if fsdp else ddp.module
+        self.comm: CommState | None = None
         self.device = _device_of(model)
         chosen = choose_layers(model, layers)  # (a ValueError here leaves nothing behind)
         s = _session
         if s is None or s.closed:
             s = _session = RankSession(self, record, batch, name)
-        elif not s.can_join():
+        elif not s.can_join() or s.strategy != self.strategy:
             # a DDP built once training has begun: the hello has named the layers already
-            print(f"ddptui: a DistributedDataParallel of {type(model).__name__} built after training "
-                  "began is not drawn", file=sys.stderr)
+            why = "built after training began" if s.strategy == self.strategy else \
+                f"beside a{'n FSDP2' if s.strategy == 'fsdp' else ' DDP'} model (one kind a rank)"
+            print(f"ddptui: a {'fully_shard' if fsdp else 'DistributedDataParallel'} of "
+                  f"{type(model).__name__} {why} is not drawn", file=sys.stderr)
             self.session = None
             ddp._ddptui = self
             return
@@ -511,14 +559,18 @@ class Handle:
         self.layout: list | None = None
         self.reported: list[int] | None = None
         self.stable = 0
-        # the comm hook: ours, around the user's (given now, or registered later)
-        self.comm = CommState(s.rec, s.world, self.pindex, comm_hook, comm_state, offset=self.pbase)
-        from .strategies import quiet_runtime_stats
-        quiet_runtime_stats(ddp)
-        ddp.register_comm_hook(self.comm, timed_hook)
-        ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
         ddp._ddptui = self
-        self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre))
+        if fsdp:
+            # FSDP2's own pre-forward hook on the root all-gathers: the step begins before it
+            self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, prepend=True))
+        else:
+            # the comm hook: ours, around the user's (given now, or registered later)
+            self.comm = CommState(s.rec, s.world, self.pindex, comm_hook, comm_state, offset=self.pbase)
+            from .strategies import quiet_runtime_stats
+            quiet_runtime_stats(ddp)
+            ddp.register_comm_hook(self.comm, timed_hook)
+            ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
+            self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre))
         self._hooks.append(ddp.register_forward_hook(self._forward_post))
         if optimizer is not None:
             s.add_optimizer(optimizer, self._hooks)
@@ -704,7 +756,7 @@ def module_label(ddp, index: int) -> tuple[str, object]:
     for k, v in (vars(main).items() if main is not None else ()):
         if v is ddp and not k.startswith("_"):
             return k, None
-    return f"{type(ddp.module).__name__}{index}", None
+    return f"{type(getattr(ddp, 'module', ddp)).__name__}{index}", None
 
 
 def _parent_of(mod, gc):
@@ -744,6 +796,27 @@ def opt_step_pre(begin):
             return args, dict(kwargs, closure=timed_closure)
         return (args[0], timed_closure, *args[2:]), kwargs
     return pre
+
+
+def _class_name(model) -> str:
+    """A model's class name; for an FSDP2 model, the user's class (fully_shard makes a class
+    `FSDP<name>` of FSDPModule and it)."""
+    cls = type(model)
+    if is_fsdp(model):
+        from torch.distributed.fsdp import FSDPModule
+        for base in cls.__bases__:
+            if not issubclass(base, FSDPModule):
+                return base.__name__
+    return cls.__name__
+
+
+def is_fsdp(model) -> bool:
+    """An FSDP2 model (fully_shard applied to it)?"""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except Exception:  # noqa: BLE001 - a torch without FSDP2
+        return False
+    return isinstance(model, FSDPModule)
 
 
 def _cap_mb(ddp) -> float | None:

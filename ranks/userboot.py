@@ -32,6 +32,7 @@ def _auto() -> None:
         user.instrument(self, layers=layers)
 
     DDP.__init__ = init
+    _auto_fsdp(layers)
 
     def begin():  # every DDP module of this rank is in one session: one step
         s = user._session
@@ -45,6 +46,33 @@ def _auto() -> None:
 
     register_optimizer_step_pre_hook(user.opt_step_pre(begin))
     register_optimizer_step_post_hook(post)
+
+
+def _auto_fsdp(layers) -> None:
+    """An FSDP2 model (fully_shard) is instrumented at its first forward: the first FSDP2
+    module called is the root (the outermost call comes first). A global forward pre-hook
+    looks for it until a model of this rank is instrumented (DDP's at its construction),
+    then removes itself; the root's first call is then timed as any other."""
+    import torch.nn as nn
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except Exception:  # noqa: BLE001 - a torch without FSDP2
+        return
+    from . import user
+    handle = None
+
+    def pre(module, args):
+        s = user._session
+        if s is not None and not s.closed:
+            handle.remove()  # (a DDP model is drawn: it was instrumented when built)
+            return None
+        if isinstance(module, FSDPModule) and getattr(module, "_ddptui", None) is None:
+            handle.remove()
+            h = user.instrument(module, layers=layers)
+            h._forward_pre(module, args)  # (its hook was made during this call: not called for it)
+        return None
+
+    handle = nn.modules.module.register_module_forward_pre_hook(pre)
 
 
 def _report(exc: BaseException) -> None:
@@ -89,6 +117,9 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(1)
     from . import user
+    if os.environ.get("DDPTUI_AUTO") == "1" and not user._handles:
+        print("ddptui: the script built no DistributedDataParallel and no FSDP2 (fully_shard) "
+              "model, or never ran one: nothing was timed", file=sys.stderr, flush=True)
     user._close_all()
 
 

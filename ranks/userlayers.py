@@ -94,6 +94,9 @@ def choose_layers(model: nn.Module, layers="auto") -> list[tuple[str, nn.Module]
     return uniq
 
 
+_graph_task = torch._C._current_graph_task_id  # -1 outside a backward
+
+
 class UserStep(StepRecord):
     """A step of a user's model: the slots of its current micro-step (StepRecord's), the spans
     of its earlier micro-steps (`micro`: (kind, layer, start, end) marks), each layer's first
@@ -118,6 +121,26 @@ class UserRecorder(Recorder):
         # fewer calls than before (a conditional input, a block used once instead of twice)
         # keeps its exact end
         self._count_bwd = clock.cuda
+        # which layer is running (a collective issued now is attributed to it): the forward's
+        # open layers, innermost last, and the last layer whose backward began
+        self._fwd_open: list[int] = []
+        self._bwd_at = -1
+
+    def at(self) -> int:
+        """The layer running now (internal index), -1 for none: in a backward, the last layer
+        whose backward began; else the innermost layer whose forward is open."""
+        if _graph_task() != -1:
+            return self._bwd_at
+        return self._fwd_open[-1] if self._fwd_open else -1
+
+    def phase(self) -> str:
+        """What the step is doing now (spec.COLL_PHASES)."""
+        if _graph_task() != -1:
+            return "backward"
+        c = self.cur
+        if c is not None and c.opt_s is not None and c.opt_e is None:
+            return "optimizer"
+        return "forward" if self._fwd_open else "step"
 
     def add_layers(self, n: int) -> None:
         """n more layers (between steps only)."""
@@ -127,24 +150,34 @@ class UserRecorder(Recorder):
     def begin(self, strategy: str, step: int) -> None:
         self.cur = c = UserStep(strategy, step, self.n_layers)
         c.micro, c.first_fwd, c.had_bwd, c.loose = [], None, False, None
+        self._fwd_open, self._bwd_at = [], -1
         self.clock.begin_step()
         c.ref = self.clock.ref()
         c.step_start = self.clock.mark()
 
     def fwd_begin(self, layer: int) -> None:
         c = self.cur
-        if c is not None and c.fwd_s[layer] is None:
-            c.fwd_s[layer] = self.clock.mark()
+        if c is not None:
+            self._fwd_open.append(layer)
+            if c.fwd_s[layer] is None:
+                c.fwd_s[layer] = self.clock.mark()
 
     def fwd_end(self, layer: int) -> None:
         c = self.cur
         if c is not None:
             self._mark_again(c.fwd_e, layer)
+            op = self._fwd_open
+            if op and op[-1] == layer:
+                op.pop()
+            elif layer in op:
+                op.remove(layer)
 
     def bwd_begin(self, layer: int) -> None:
         c = self.cur
-        if c is not None and c.bwd_s[layer] is None:
-            c.bwd_s[layer] = self.clock.mark()
+        if c is not None:
+            self._bwd_at = layer
+            if c.bwd_s[layer] is None:
+                c.bwd_s[layer] = self.clock.mark()
 
     def bwd_end(self, layer: int) -> None:
         c = self.cur

@@ -1,0 +1,274 @@
+"""Every collective a rank issues, timed where every torch.distributed API ends up: the
+process group (imports torch, never the app).
+
+`dist.all_reduce`, `all_gather_into_tensor`, `all_gather_single` (FSDP2's), `all_to_all_single`,
+`reduce_scatter_tensor`, `broadcast`, `barrier`... each call a method of the `ProcessGroup`
+they are given (or the default one); FSDP2 calls them through its own classes, so wrapping
+a list of `torch.distributed` functions misses it. `install()` wraps those methods once a
+process: a wrapper costs one attribute read when no `CollTap` is active (`_tap is None`),
+and otherwise marks the issue, calls the method, and asks the `Work` it returns for a
+completion callback (`get_future().then`, on the backend's thread, as DDP's buckets are
+timed). What is not seen: collectives C++ issues by itself (DDP's reducer without a comm
+hook, its buffer broadcasts; `torch._C._distributed_c10d`'s functional collectives used
+under torch.compile): their work never passes through Python.
+
+Each collective issued inside a step becomes a COLL span (ranks.wire) whose idx is a row of
+this rank's collectives table: (op, bytes, group, issuing layer, phase, async), one row per
+distinct signature, sent as a `colls` frame before the first spans frame that uses it. The
+issuing layer and phase: FSDP2's unit when FSDP2 issued it (its all-gather for a unit's
+forward or backward, prefetches included; its reduce-scatter after a unit's backward), else
+the layer running when it was issued (`UserRecorder.at`), else none.
+
+For a hang: every collective entered and not yet left is kept (`inflight`), with the
+group's sequence number as this rank counts it; the heartbeat names the oldest.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.distributed as dist
+
+from .clock import now_ns
+from .wire import COLL, COMM
+
+# ProcessGroup method -> the collective it is (spec.COLL_OPS)
+METHOD_OPS = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather", "_allgather_base": "all_gather", "all_gather_single": "all_gather",
+    "allgather_coalesced": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_single_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_single_coalesced": "reduce_scatter",
+    "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast", "barrier": "barrier", "monitored_barrier": "barrier",
+    "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "send": "send", "recv": "recv", "recv_anysource": "recv",
+}
+
+_graph_task = torch._C._current_graph_task_id  # -1 outside a backward
+_tap: "CollTap | None" = None  # the active tap (one a process), or None: the wrappers pass through
+_installed = False
+_lock = threading.Lock()
+
+
+def _nbytes(obj, depth: int = 0) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if depth < 2 and isinstance(obj, (list, tuple)):
+        return sum(_nbytes(x, depth + 1) for x in obj)
+    return 0
+
+
+def _wrap(name: str, op: str, orig):
+    def wrapper(self, *args, **kwargs):
+        tap = _tap
+        if tap is None or tap.suspended:
+            return orig(self, *args, **kwargs)
+        # the collective's buffer: the larger of its first two arguments (the gathered
+        # output of an all-gather, the input of a reduce-scatter, the tensor of an all_reduce)
+        n = max(_nbytes(args[0]) if args else 0, _nbytes(args[1]) if len(args) > 1 else 0)
+        token = tap.enter(op, n, self, bool(getattr(args[-1], "asyncOp", True)) if args else True)
+        try:
+            work = orig(self, *args, **kwargs)
+        except BaseException:
+            tap.left(token)
+            raise
+        if work is None:  # (a backend that completed it in the call)
+            tap.left(token)
+            return work
+        try:
+            work.get_future().then(token.done)
+        except Exception:  # noqa: BLE001 - a Work without a future: ends when the call returned
+            tap.left(token)
+        return work
+    wrapper.__name__ = name
+    wrapper.__qualname__ = f"ProcessGroup.{name}"
+    wrapper.__wrapped__ = wrapper._ddptui_orig = orig
+    return wrapper
+
+
+def install() -> None:
+    """Wrap the process group's collective methods (once a process; idempotent)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        pg = dist.ProcessGroup
+        for name, op in METHOD_OPS.items():
+            orig = getattr(pg, name, None)
+            if orig is None or hasattr(orig, "_ddptui_orig"):
+                continue
+            setattr(pg, name, _wrap(name, op, orig))
+        _install_fsdp()
+        _installed = True
+
+
+# -- FSDP2: which unit issued it --------------------------------------------------------------
+def _install_fsdp() -> None:
+    """FSDP2's param groups say which unit an all-gather or a reduce-scatter is for (the
+    unit's modules): `unshard` issues the all-gather (forward, backward, prefetches),
+    `post_backward` the reduce-scatter of the unit's gradients (a gradient synchronisation).
+    Absent FSDP2 (an older torch, another layout): attribution falls back to the running layer."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except Exception:  # noqa: BLE001
+        return
+    for meth, kind in (("unshard", "gather"), ("post_backward", "reduce")):
+        orig = getattr(FSDPParamGroup, meth, None)
+        if orig is None or hasattr(orig, "_ddptui_orig"):
+            continue
+        setattr(FSDPParamGroup, meth, _unit_wrapper(orig, kind))
+
+
+def _unit_wrapper(orig, kind: str):
+    def wrapper(self, *args, **kwargs):
+        tap = _tap
+        if tap is None:
+            return orig(self, *args, **kwargs)
+        prev = tap.unit
+        tap.unit = (self.modules, kind)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            tap.unit = prev
+    wrapper.__wrapped__ = wrapper._ddptui_orig = orig
+    wrapper.__name__ = orig.__name__
+    return wrapper
+
+
+class Entered:
+    """One collective entered: its recorder slot (None outside a step), its in-flight entry."""
+
+    __slots__ = ("tap", "step", "slot", "key")
+
+    def __init__(self, tap, step, slot, key):
+        self.tap, self.step, self.slot, self.key = tap, step, slot, key
+
+    def done(self, fut):
+        """The Work's future completed (on the backend's thread): the span's end."""
+        tap = self.tap
+        if self.step is not None:
+            tap.rec.comm_done(self.step, self.slot)
+        tap.inflight.pop(self.key, None)
+        return None
+
+
+class CollTap:
+    """A rank's view of its collectives (one a process, made by RankSession): the table of
+    signatures, the collectives in flight, a sequence number per group."""
+
+    def __init__(self, rec, layer_of=None, phase_of=None):
+        self.rec = rec  # a UserRecorder: comm_issue / comm_done, cur, at
+        self.layer_of = layer_of or (lambda modules: -1)  # FSDP unit modules -> internal layer
+        self.phase_of = phase_of  # () -> the phase now (spec.COLL_PHASES)
+        self.table: dict[tuple, int] = {}  # signature -> row id
+        self.rows: list[tuple] = []  # by id: (op, bytes, group size, group, internal layer, phase, async)
+        self.sent = 0  # rows already sent (a colls frame carries the rest)
+        self.inflight: dict[int, tuple] = {}  # key -> (op, seq, bytes, internal layer, issued ns)
+        self.seq: dict[int, int] = {}  # id(group) -> collectives issued on it
+        self.entered = 0
+        self.unit = None  # (FSDP unit's modules, "gather" | "reduce") while FSDP2 issues
+        self.suspended = False  # inside ddptui's own DDP comm hook: its bucket is a COMM span
+        self._names: dict[int, tuple[int, str]] = {}  # id(group) -> (size, name)
+
+    def activate(self) -> None:
+        global _tap
+        install()
+        _tap = self
+
+    def deactivate(self) -> None:
+        global _tap
+        if _tap is self:
+            _tap = None
+
+    def _group(self, pg) -> tuple[int, str]:
+        got = self._names.get(id(pg))
+        if got is None:
+            try:
+                name = pg.group_desc if hasattr(pg, "group_desc") else ""
+                name = name or getattr(pg, "group_name", "") or ""
+            except Exception:  # noqa: BLE001
+                name = ""
+            if name in ("default_pg", "undefined", ""):
+                name = "world" if pg.size() == dist.get_world_size() else f"group{len(self._names)}"
+            got = self._names[id(pg)] = (int(pg.size()), str(name)[:64])
+        return got
+
+    def enter(self, op: str, nbytes: int, pg, is_async: bool = True) -> Entered:
+        """A collective is handed to the backend now (the training thread or the autograd
+        engine's): its span starts, its in-flight entry is made."""
+        self.entered += 1
+        gid = id(pg)
+        seq = self.seq[gid] = self.seq.get(gid, 0) + 1
+        unit = self.unit
+        rec = self.rec
+        if unit is not None:
+            layer = self.layer_of(unit[0])
+            # FSDP2 gathers a unit for its forward (or a prefetch in the forward) or, in a
+            # backward, for its backward; it reduce-scatters after a unit's backward
+            phase = "backward" if unit[1] == "reduce" or _graph_task() != -1 else "forward"
+        else:
+            layer = rec.at()
+            phase = self.phase_of() if self.phase_of is not None else "step"
+        key = self.entered
+        t = now_ns()
+        self.inflight[key] = (op, seq, nbytes, layer, t)
+        cur = rec.cur
+        if cur is None:
+            return Entered(self, None, 0, key)
+        size, name = self._group(pg)
+        sig = (op, nbytes, size, name, layer, phase, is_async)
+        rid = self.table.get(sig)
+        if rid is None:
+            rid = self.table[sig] = len(self.rows)
+            self.rows.append(sig)
+        # FSDP's reduce-scatter after a unit's backward synchronises gradients (a step's mark)
+        synced = unit is not None and unit[1] == "reduce" and op == "reduce_scatter"
+        slot = rec.comm_issue(rid, COLL, synced)
+        return Entered(self, cur, slot, key)
+
+    def left(self, token: Entered) -> None:
+        """A collective that finished in its call (no Work to wait for)."""
+        token.done(None)
+
+    def waiting(self) -> tuple | None:
+        """The oldest collective entered and not left: (op, seq, bytes, internal layer, ns)."""
+        fl = self.inflight
+        if not fl:
+            return None
+        try:
+            return fl[min(fl)]
+        except (ValueError, KeyError):  # (a callback removed it meanwhile)
+            return None
+
+    def new_rows(self) -> list[tuple]:
+        """Rows not sent yet (marked sent)."""
+        rows = self.rows[self.sent:]
+        self.sent = len(self.rows)
+        return rows
+
+
+def suspended() -> "_Suspend":
+    """(context) collectives inside ddptui's DDP comm hook are the bucket's COMM span, not COLL."""
+    return _Suspend()
+
+
+class _Suspend:
+    __slots__ = ("tap", "prev")
+
+    def __enter__(self):
+        self.tap = t = _tap
+        if t is not None:
+            self.prev = t.suspended
+            t.suspended = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.tap is not None:
+            self.tap.suspended = self.prev
+        return False
+
+
+__all__ = ["install", "CollTap", "METHOD_OPS", "suspended", "COMM", "COLL"]
