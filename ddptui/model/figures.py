@@ -6,6 +6,7 @@ import statistics
 from bisect import bisect_right
 from dataclasses import asdict, dataclass
 
+from ranks import spec
 from ranks.spec import strategy_ranks
 from ranks.wire import BWD, COMM, FWD, STEP, SpanBatch
 
@@ -102,28 +103,45 @@ def bucket_step(batches) -> dict[int, tuple[float, float | None]]:
 
 @dataclass
 class RankStep:
-    """Figures of one rank for one strategy step (times in ms)."""
+    """Figures of one rank for one strategy step (times in ms). Communication is every
+    collective: the gradient AllReduces (COMM) and any other (COLL); `colls` counts the COLL
+    spans among the `calls` and `bus_bytes` is their bytes x each one's ring bus factor
+    (spec.bus_factor) added to the AllReduces' bytes x 2(N-1)/N (None: no COLL span)."""
     step_ms: float
     compute_ms: float
     comm_ms: float
     exposed_ms: float
     calls: int
     bytes: int
+    colls: int = 0
+    bus_bytes: float | None = None
 
 
-def rank_step(b: SpanBatch, comm_bytes) -> RankStep:
-    """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket). Exposed
-    communication is the union of compute and communication less the union of compute."""
+def rank_step(b: SpanBatch, comm_bytes, coll_row=None, world: int = 0) -> RankStep:
+    """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket);
+    coll_row(idx) -> the collectives table row of a COLL span (None: not known: counted, no
+    bytes); world: the AllReduces' ring size. Exposed communication is the union of compute
+    and communication less the union of compute."""
     t0, t1 = b.t0, b.t1
     place = placement(b)  # (the spans' positions by kind: the timing columns read in C)
     step = 0 if place.step is None else t1[place.step] - t0[place.step]
     comp = list(zip(map(t0.__getitem__, place.compute), map(t1.__getitem__, place.compute)))
     comm = list(zip(map(t0.__getitem__, place.comm), map(t1.__getitem__, place.comm)))
-    nbytes = sum(map(comm_bytes, place.comm_idx))
     calls = len(comm)
     both = comp + comm
     cu, mu = union_length(comp), union_length(comm)
-    return RankStep(step / 1e3, cu / 1e3, mu / 1e3, (union_length(both) - cu) / 1e3, calls, nbytes)
+    if not place.colls:  # (gradient AllReduces alone: as before every collective was drawn)
+        nbytes = sum(map(comm_bytes, place.comm_idx))
+        return RankStep(step / 1e3, cu / 1e3, mu / 1e3, (union_length(both) - cu) / 1e3, calls, nbytes)
+    ar_bytes = sum(map(comm_bytes, place.allreduce_idx))
+    nbytes, bus = ar_bytes, ar_bytes * spec.bus_factor("all_reduce", world)
+    for j in place.coll_idx:
+        row = coll_row(j) if coll_row is not None else None
+        if row is not None:
+            nbytes += row[2]
+            bus += row[2] * spec.bus_factor(row[1], row[3])
+    return RankStep(step / 1e3, cu / 1e3, mu / 1e3, (union_length(both) - cu) / 1e3, calls, nbytes,
+                    len(place.colls), bus)
 
 
 def step_interval(batches) -> tuple[int, int] | None:
@@ -150,11 +168,13 @@ class StepFigures:
     exposed_ms: float
     calls: float
     bytes: float
+    colls: float = 0.0  # of the calls, COLL spans (not gradient AllReduces)
+    bus_bytes: float | None = None  # bytes x bus factor, with COLL spans (RankStep.bus_bytes)
 
 
 def combine(step: int, per_rank: list[RankStep]) -> StepFigures:
     n = len(per_rank)
-    return StepFigures(
+    got = StepFigures(
         step=step,
         step_ms=max(r.step_ms for r in per_rank),
         compute_ms=sum(r.compute_ms for r in per_rank) / n,
@@ -163,6 +183,10 @@ def combine(step: int, per_rank: list[RankStep]) -> StepFigures:
         calls=sum(r.calls for r in per_rank) / n,
         bytes=sum(r.bytes for r in per_rank) / n,
     )
+    if any(r.bus_bytes is not None for r in per_rank):
+        got.colls = sum(r.colls for r in per_rank) / n
+        got.bus_bytes = sum(r.bus_bytes or 0.0 for r in per_rank) / n
+    return got
 
 
 def overlap_pct(comm_ms: float, exposed_ms: float) -> float | None:
@@ -189,6 +213,10 @@ def summarize(strategy: str, steps: list[StepFigures], batch: int, world: int,
     step_ms = med("step_ms")
     comm_ms, exposed = med("comm_ms"), med("exposed_ms")
     nbytes = med("bytes")
+    bus_bw = bus_bandwidth_gbps(nbytes, comm_ms, ranks)
+    if any(s.bus_bytes is not None for s in use):  # COLL spans: each collective's own bus factor
+        bus = statistics.median(s.bus_bytes or 0.0 for s in use)
+        bus_bw = bus / (comm_ms / 1e3) / 1e9 if comm_ms > 0 and bus > 0 else None
     return {
         "strategy": strategy,
         "ranks": ranks,
@@ -203,7 +231,7 @@ def summarize(strategy: str, steps: list[StepFigures], batch: int, world: int,
         "allreduce_calls_per_step": med("calls"),
         "bytes_per_step": nbytes,
         "samples_per_s": batch / (step_ms / 1e3) if step_ms > 0 and batch > 0 else None,
-        "bus_bw_gbps": bus_bandwidth_gbps(nbytes, comm_ms, ranks),
+        "bus_bw_gbps": bus_bw,
     }
 
 

@@ -1,7 +1,7 @@
 """Who waits for whom: per-collective arrival, wait vs transfer, the culprit rank and layer.
 
 Pure functions over one strategy step's span batches (one per rank). A collective (an
-AllReduce of one parameter, or of one DDP bucket) is READY on a rank when that rank handed it
+AllReduce of one parameter, of one DDP bucket, or any other collective: a COLL span) is READY on a rank when that rank handed it
 to the backend (on GPU: when its stream reached it); the spans' issue column carries that
 time. Across ranks:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from statistics import median
 
-from ranks.wire import BWD
+from ranks.wire import BWD, COMM
 
 from . import evidence as layer_evidence
 from .columns import placement
@@ -44,11 +44,17 @@ def same_clock(rank: int, ns: int) -> int:
 @dataclass
 class Collective:
     idx: int
-    nth: int  # the nth AllReduce of this parameter/bucket in the step (see comm_spans)
+    nth: int  # the nth collective of this kind and idx in the step (see comm_spans)
     ready: dict[int, int]  # rank -> ns
     end: dict[int, int]
     last: int  # the last arriver
     last_ready: int
+    kind: int = COMM  # COMM (idx: a parameter or bucket) or COLL (idx: a collectives table row)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """(kind, idx, nth): columns.Placement.comm_keys."""
+        return (self.kind, self.idx, self.nth)
 
     def wait_ns(self, rank: int) -> int:
         return self.last_ready - self.ready[rank]
@@ -97,15 +103,15 @@ class StepWaits:
 
 
 def comm_spans(b):
-    """A span batch's AllReduces: (span index, ready time in µs after the batch's base,
-    (idx, nth)). (idx, nth) — the nth AllReduce of that parameter or bucket in the step — is
-    what names the same collective on every rank (columns.Placement.comm_keys)."""
+    """A span batch's collectives (COMM and COLL): (span index, ready time in µs after the
+    batch's base, (kind, idx, nth)). (kind, idx, nth) — the nth collective of that kind and idx
+    in the step — is what names the same collective on every rank (columns.Placement.comm_keys)."""
     place = placement(b)
     return zip(place.comm, b.iss, place.comm_keys)
 
 
 def _rank_comms(r: int, b, to_common) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """(keys (idx, nth), ready ns, end ns) of one rank's AllReduces, in its order, on the
+    """(keys (kind, idx, nth), ready ns, end ns) of one rank's collectives, in its order, on the
     common clock (this runs for every rank of every step: column-wise, no loop over spans)."""
     place = placement(b)
     pos, keys = place.comm, place.comm_keys
@@ -130,7 +136,8 @@ def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
         for key, rcol, ecol in zip(keys, zip(*(g[1] for g in got)), zip(*(g[2] for g in got))):
             last_ready = max(rcol)
             last = ranks[rcol.index(last_ready)]  # (the lowest rank among those tied)
-            out.append(Collective(key[0], key[1], dict(zip(ranks, rcol)), dict(zip(ranks, ecol)), last, last_ready))
+            out.append(Collective(key[1], key[2], dict(zip(ranks, rcol)), dict(zip(ranks, ecol)), last, last_ready,
+                                  key[0]))
         return out
     per_rank = [dict(zip(k, zip(rd, en))) for k, rd, en in got]
     for key in keys:
@@ -141,7 +148,7 @@ def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
         ready = {r: v[0] for r, v in zip(ranks, both)}
         end = {r: v[1] for r, v in zip(ranks, both)}
         last = max(ready, key=lambda r: (ready[r], -r))
-        out.append(Collective(key[0], key[1], ready, end, last, ready[last]))
+        out.append(Collective(key[1], key[2], ready, end, last, ready[last], key[0]))
     return out
 
 

@@ -3,6 +3,9 @@ strategy (`strategy_summary`) and DDP's bucket assignment with parameter names (
 Read through the Store's queries."""
 from __future__ import annotations
 
+import statistics
+
+from . import collectives
 from . import figures
 from . import stragglers
 
@@ -16,6 +19,13 @@ def strategy_summary(store, strategy: str) -> dict:
         # who waits for whom, over the kept steps but the first (warm-up)
         waits = store.recent_waits(strategy, n=None)
         out["stragglers"] = stragglers.summarize(waits, list(store.meta.layers))
+        colls = collective_rows(store, strategy)
+        if colls:  # (a strategy with COLL spans: runs without them say nothing new)
+            use = steps[1:] if len(steps) > 1 else steps
+            colls_med = statistics.median(s.colls for s in use) if use else 0.0
+            out["collective_calls_per_step"] = colls_med
+            out["allreduce_calls_per_step"] = out.get("allreduce_calls_per_step", 0.0) - colls_med
+            out["collectives"] = colls
         buckets = bucket_rows(store, strategy)
         if buckets is not None:
             out["buckets"] = buckets
@@ -32,3 +42,16 @@ def bucket_rows(store, strategy: str) -> list[dict] | None:
         names = [str(p[0]) for p in store.meta.params]
         return [{"index": b, "params": [names[i] if i < len(names) else f"param {i}" for i in ps],
                  "bytes": nb} for b, ps, nb in assignment]
+
+
+def collective_rows(store, strategy: str) -> list[dict] | None:
+    """A strategy's collectives by (op, phase), and by layer under each (model/collectives.py),
+    over its kept complete steps but the first (warm-up); None when none holds a COLL span."""
+    with store.lock:
+        ks = store.complete_steps(strategy)
+        steps = [b for b in (store.step_batches(strategy, k) for k in (ks[1:] if len(ks) > 1 else ks)) if b]
+        if not any(collectives.has_colls(b.values()) for b in steps):
+            return None
+        return collectives.stats(steps, store.collective_tables(strategy), list(store.meta.layers),
+                                 store.expected_ranks(strategy),
+                                 lambda r, k: store.comm_bytes_fn(strategy, r, k))

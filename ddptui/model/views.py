@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ranks.wire import COMM
+from ranks.wire import COMM_KINDS
 
 from . import figures as step_figures
 from . import stragglers
@@ -18,9 +18,9 @@ class Span:
     idx: int
     start_ms: float
     end_ms: float
-    issued_ms: float | None = None  # AllReduce: when it was ready on this rank
-    others_ms: float | None = None  # AllReduce: when the last rank was ready (waits until then)
-    last: bool = False  # AllReduce: this rank arrived last
+    issued_ms: float | None = None  # a collective (COMM or COLL): when it was ready on this rank
+    others_ms: float | None = None  # a collective: when the last rank was ready (waits until then)
+    last: bool = False  # a collective: this rank arrived last
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Lane(Sequence):
     first asked for (readers other than the drawing).
 
     kind, idx: every span's kind and index (bytes / array, or lists); starts, ends: every
-    span's start and end, ms after the step's origin; issued, others, last: every AllReduce's
+    span's start and end, ms after the step's origin; issued, others, last: every collective's
     (in span order) ready time here, the last rank's ready time (None: not known), and
     whether this rank was that last one."""
 
@@ -69,7 +69,7 @@ class Lane(Sequence):
         """A list of Spans as a Lane (a Lane is returned as it is)."""
         if isinstance(spans, Lane):
             return spans
-        comms = [s for s in spans if s.kind == COMM]
+        comms = [s for s in spans if s.kind in COMM_KINDS]
         lane = cls([s.kind for s in spans], [s.idx for s in spans], [s.start_ms for s in spans],
                    [s.end_ms for s in spans], [s.issued_ms for s in comms], [s.others_ms for s in comms],
                    [s.last for s in comms])
@@ -175,8 +175,8 @@ def step_view(store, strategy: str, step: int) -> StepView | None:
         figs = {}
         dur = 0.0
         waits = store.step_waits(strategy, step)
-        # (idx, nth) -> (last arriver's ready, ms after origin; the last arriver)
-        arrivals = {(c.idx, c.nth): ((c.last_ready - origin) / 1e6, c.last)
+        # (kind, idx, nth) -> (last arriver's ready, ms after origin; the last arriver)
+        arrivals = {c.key: ((c.last_ready - origin) / 1e6, c.last)
                     for c in (waits.collectives if waits else [])}
         for r, b in batches.items():
             if len(b.t1):

@@ -41,7 +41,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from ranks import spec
-from ranks.wire import BWD, COMM, FWD, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, STEP
 
 from . import figures
 
@@ -108,7 +108,9 @@ class RankTimeline:
     end: float
     compute: list[tuple[float, float]]  # union of forward/backward
     bwd_end: dict[int, float]  # layer -> its backward's end
-    colls: list[Coll]
+    colls: list[Coll]  # the gradient AllReduces (COMM): what a plan re-buckets
+    # every other collective (COLL: the script's own, FSDP's...): kept where it ran, fixed
+    fixed: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def last_compute(self) -> float:
@@ -117,7 +119,7 @@ class RankTimeline:
     @property
     def tail(self) -> float:
         """After the last collective (or backward): finalize and optimizer."""
-        last = max([self.last_compute] + [c.end for c in self.colls])
+        last = max([self.last_compute] + [c.end for c in self.colls] + [z for _, z in self.fixed])
         return max(0.0, self.end - last)
 
 
@@ -127,9 +129,9 @@ def trace_step(batches: dict) -> dict[int, RankTimeline]:
     out = {}
     for r, b in sorted(batches.items()):
         off = (b.base_ns - origin) / 1e6
-        comp, bwd, colls = [], {}, []
+        comp, bwd, colls, fixed = [], {}, [], []
         start = end = None
-        ci = 0
+        ci = 0  # (the issue column lists COMM and COLL spans alike)
         for i in range(len(b.kind)):
             k = b.kind[i]
             a, z = off + b.t0[i] / 1e3, off + b.t1[i] / 1e3
@@ -140,11 +142,14 @@ def trace_step(batches: dict) -> dict[int, RankTimeline]:
             elif k == COMM:
                 colls.append(Coll(b.idx[i], off + b.iss[ci] / 1e3, a, z))
                 ci += 1
+            elif k == COLL:
+                fixed.append((a, z))
+                ci += 1
             elif k == STEP:
                 start, end = a, z
         if start is None:
             continue
-        out[r] = RankTimeline(r, start, end, figures.union(comp), bwd, colls)
+        out[r] = RankTimeline(r, start, end, figures.union(comp), bwd, colls, fixed)
     return out
 
 
@@ -243,6 +248,9 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
             last: int | None = None) -> Basis:
     """The kept, complete steps of `strategy` (DDP: those run under `cap_mb`, default the
     cap in force at `upto`), less warm-up and the steps right after a re-wrap."""
+    if strategy == "fsdp":
+        raise WhatIfError("fsdp: no gradient AllReduce to re-bucket or re-size (its all-gathers and "
+                          "reduce-scatters are kept as recorded); predict from ddp or naive steps")
     params = store.meta.params
     if not params:
         raise WhatIfError("the recording has no parameter table")
@@ -402,8 +410,8 @@ def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, in
             spans[r].append((ls, e))
     out = {}
     for r, t in tr.items():
-        last = max([t.last_compute] + [e for _, e in spans[r]])
-        mu = figures.union(spans[r])
+        last = max([t.last_compute] + [e for _, e in spans[r]] + [z for _, z in t.fixed])
+        mu = figures.union(spans[r] + t.fixed)  # (COLL spans: fixed communication, as recorded)
         comm = figures.length(mu)
         exposed = comm - figures.intersection_length(t.compute, mu)
         out[r] = SimRank(last + t.tail - t.start, spans[r], exposed, comm)
@@ -530,7 +538,8 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
     """The predictions of `ddptui whatif`: DDP at each bucket cap (its basis: the steps run
     under `from_cap`, default the cap in force last), and every communicating strategy at each
     world size (at its recorded cap) — with the figures measured under the same settings."""
-    strategies = [strategy] if strategy else [s for s in store.strategies() if s != "single"]
+    # (fsdp: no gradient AllReduce to re-bucket; its collectives are fixed communication)
+    strategies = [strategy] if strategy else [s for s in store.strategies() if s not in ("single", "fsdp")]
     if not strategies:
         raise WhatIfError("the recording has no strategy that communicates")
     bases = {}

@@ -3,7 +3,11 @@
 Used by UI tests (snapshots must not depend on timing), the drawing and ingest benchmarks,
 and anyone who wants to see the UI without torch. Timings follow the seeds' picture:
 naive runs its AllReduces after backward, interleaved per parameter during backward, DDP
-per bucket during backward.
+per bucket during backward. fsdp (FSDP2's picture, without torch): per layer an all-gather
+of its parameters before its forward (the next one prefetched while it runs), an all-gather
+again before its backward and a reduce-scatter of its gradients after it, every one a COLL
+span described by a `colls` frame; `a2a_after=L` adds an all_to_all after layer L's forward
+and before its backward (an expert layer's exchange) to every communicating strategy.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import threading
 import time
 
 from ranks import frames, spec
-from ranks.wire import BWD, COMM, FWD, OPT, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, OPT, STEP
 
 from ddptui.model.store import Store
 from ddptui.model.updater import Updater
@@ -57,7 +61,7 @@ class SyntheticRun:
                  seed: int = 0, batch: int = 1024, bucket_cap_mb: float = 25.0,
                  us_per_mparam: float = 2000.0, bw_gbps: float = 2.0, jitter: float = 0.05,
                  slow: tuple[int, int, float] | None = None, slow_from: int = 0,
-                 late: tuple[float, float, float] | None = None):
+                 late: tuple[float, float, float] | None = None, a2a_after: int | None = None):
         self.model, self.world, self.strategies = model, world, list(strategies)
         self.rng = random.Random(seed)
         self.batch = batch
@@ -71,6 +75,32 @@ class SyntheticRun:
         self.buckets = ddp_buckets(model, bucket_cap_mb)
         self.slow, self.slow_from, self.late = slow, slow_from, late
         self._extra: dict[tuple[int, int, bool], int] = {}  # (rank, layer, backward) -> µs, this step
+        self.a2a_after = a2a_after
+        self.rows = self._coll_rows()  # the collectives table every rank sends (COLL idx: its id)
+        self._row_id = {(r[1], r[5], r[6]): r[0] for r in self.rows}  # (op, layer, phase) -> id
+
+    def layer_bytes(self, layer: int) -> int:
+        """A layer's parameters' bytes (fp32): what FSDP gathers and reduce-scatters for it."""
+        return sum(n for _, n, li in self.table if li == layer) * spec.BYTES_PER_GRAD
+
+    def _coll_rows(self) -> list[tuple]:
+        """(id, op, bytes, group size, group, layer, phase, async) of every collective issued."""
+        rows: list[tuple] = []
+        add = lambda op, nb, layer, phase: rows.append(  # noqa: E731
+            (len(rows), op, nb, self.world, "default_pg", layer, phase, op != "all_to_all"))
+        if "fsdp" in self.strategies:
+            for i in range(len(self.layers)):
+                add("all_gather", self.layer_bytes(i), i, "forward")
+            for i in reversed(range(len(self.layers))):
+                add("all_gather", self.layer_bytes(i), i, "backward")
+                add("reduce_scatter", self.layer_bytes(i), i, "backward")
+        if self.a2a_after is not None:
+            widths = spec.MODEL_WIDTHS.get(self.model)
+            width = widths[self.a2a_after + 1] if widths and self.a2a_after + 1 < len(widths) else 1024
+            nb = max(1, self.batch // self.world) * width * 4
+            add("all_to_all", nb, self.a2a_after, "forward")
+            add("all_to_all", nb, self.a2a_after, "backward")
+        return rows
 
     def header_frames(self) -> list[frames.Hello]:
         return [hello(r, self.world, self.model, self.strategies, self.batch, bucket_cap_mb=self.cap)
@@ -100,6 +130,8 @@ class SyntheticRun:
                 key = (self.rng.randrange(len(ranks)), self.rng.randrange(len(self.layers)), self.rng.random() < 0.5)
                 self._extra[key] = self._extra.get(key, 0) + int(self.rng.uniform(self.late[1], self.late[2]) * 1000)
             for r in ranks:
+                if step == 0 and (s == "fsdp" or (self.a2a_after is not None and s != "single")):
+                    out.append(frames.Colls(rank=r, strategy=s, rows=list(self.rows)))
                 if s == "ddp" and step == 0:
                     out.append(frames.Buckets(rank=r, strategy="ddp", step=step, cap_mb=self.cap,
                                               buckets=[(b, list(ps), n) for b, ps, n in self.buckets]))
@@ -110,15 +142,30 @@ class SyntheticRun:
         return out
 
     def _one(self, s: str, rank: int, base: int):
+        if s == "fsdp":
+            return self._fsdp(rank, base)
         n_layers = len(self.layers)
         kinds, idxs, t0, t1, iss = [], [], [], [], []
         t = base + self._j(50) * 1000 * rank // 4
         scale = self.world if s == "single" else 1
+        a2a = self.a2a_after if s != "single" else None
+
+        def exchange(phase):  # a blocking all_to_all between layers (COLL)
+            nonlocal t
+            rid = self._row_id[("all_to_all", a2a, phase)]
+            z = t + self._comm_us(self.rows[rid][2]) * 1000
+            kinds.append(COLL); idxs.append(rid); t0.append(t); t1.append(z); iss.append(t)
+            t = z + 5000
+
         for i in range(n_layers):
             d = (self._layer_us(i, False) * scale + self._extra.get((rank, i, False), 0)) * 1000
             kinds.append(FWD); idxs.append(i); t0.append(t); t1.append(t + d); t += d + 5000
+            if i == a2a:
+                exchange("forward")
         bwd_end_of = {}
         for i in reversed(range(n_layers)):
+            if i == a2a:
+                exchange("backward")
             d = (self._layer_us(i, True) * scale + self._extra.get((rank, i, True), 0)) * 1000
             kinds.append(BWD); idxs.append(i); t0.append(t); t1.append(t + d); t += d + 5000
             bwd_end_of[i] = t
@@ -148,6 +195,53 @@ class SyntheticRun:
         kinds.append(OPT); idxs.append(0); t0.append(end); t1.append(end + opt)
         end += opt
         kinds.insert(0, STEP); idxs.insert(0, 0); t0.insert(0, base); t1.insert(0, end)
+        return kinds, idxs, t0, t1, iss
+
+    def _fsdp(self, rank: int, base: int):
+        """FSDP2's step: all-gathers on one stream (the next layer's prefetched while a layer
+        runs), a layer's compute once its all-gather is done, a reduce-scatter after each
+        backward; spans in time order."""
+        n_layers = len(self.layers)
+        ev = []  # (start, kind, idx, end, ready)
+        t = base + self._j(50) * 1000 * rank // 4
+        free = t  # the communication stream
+
+        def coll(op, layer, phase, ready):
+            nonlocal free
+            rid = self._row_id[(op, layer, phase)]
+            a = max(ready, free)
+            z = a + self._comm_us(self.rows[rid][2] // self.world) * 1000
+            ev.append((a, COLL, rid, z, ready))
+            free = z
+            return z
+
+        gathered = coll("all_gather", 0, "forward", t)
+        for i in range(n_layers):
+            nxt = coll("all_gather", i + 1, "forward", t) if i + 1 < n_layers else None  # prefetch
+            a = max(t, gathered)
+            d = (self._layer_us(i, False) + self._extra.get((rank, i, False), 0)) * 1000
+            ev.append((a, FWD, i, a + d, None))
+            t = a + d + 5000
+            gathered = nxt
+        gathered = coll("all_gather", n_layers - 1, "backward", t)
+        for i in reversed(range(n_layers)):
+            nxt = coll("all_gather", i - 1, "backward", t) if i > 0 else None
+            a = max(t, gathered)
+            d = (self._layer_us(i, True) + self._extra.get((rank, i, True), 0)) * 1000
+            ev.append((a, BWD, i, a + d, None))
+            t = a + d + 5000
+            coll("reduce_scatter", i, "backward", t)
+            gathered = nxt
+        end = max(t, free)
+        opt = self._j(300) * 1000
+        ev.append((end, OPT, 0, end + opt, None))
+        end += opt
+        ev.sort(key=lambda e: (e[0], e[1] != COLL))
+        kinds, idxs, t0, t1, iss = [STEP], [0], [base], [end], []
+        for a, k, i, z, ready in ev:
+            kinds.append(k); idxs.append(i); t0.append(a); t1.append(z)
+            if k == COLL:
+                iss.append(ready)
         return kinds, idxs, t0, t1, iss
 
     def gpu_frame(self, step: int, n_gpus: int = 2) -> frames.Gpu:
@@ -183,8 +277,8 @@ class SyntheticSource:
 
     def __init__(self, steps: int = 6, world: int = 2, model: str = "medium", strategies=("naive", "ddp"),
                  gpu: bool = False, seed: int = 3, ahead: int = 0, per_s: float = 0.0,
-                 slow: tuple[int, int, float] | None = None):
-        self.run = SyntheticRun(model, world, strategies, seed=seed, slow=slow)
+                 slow: tuple[int, int, float] | None = None, a2a_after: int | None = None):
+        self.run = SyntheticRun(model, world, strategies, seed=seed, slow=slow, a2a_after=a2a_after)
         self.store = Store()
         self.steps = 0
         if steps:

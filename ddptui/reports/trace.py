@@ -69,7 +69,7 @@ class Scan:
         self.origin_ns: int | None = None
         self.lanes: dict[int, set[str]] = {}
         self.ddp_base: dict[tuple[int, int], int] = {}  # (rank, step) -> start of a DDP step
-        # (strategy, step, idx, n-th time) -> (last ready ns, the rank ready last): who waits
+        # (strategy, step, kind, idx, n-th time) -> (last ready ns, the rank ready last): who waits
         self.arrivals: dict[tuple, tuple[int, int]] = {}
         self._assignments: dict[tuple[int, str], list] = {}
 
@@ -93,9 +93,9 @@ class Scan:
     def _arrivals(self, f: frames.Spans) -> None:
         b = wire.decode_spans(f)
         base = self.clocks.to_common(b.rank, b.base_ns)
-        for _, ready_us, (idx, n) in comm_spans(b):
+        for _, ready_us, ckey in comm_spans(b):
             ready = base + ready_us * 1000
-            key = (b.strategy, b.step, idx, n)
+            key = (b.strategy, b.step, *ckey)
             got = self.arrivals.get(key)
             if got is None or ready > got[0]:
                 self.arrivals[key] = (ready, b.rank)

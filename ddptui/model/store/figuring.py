@@ -31,6 +31,17 @@ class Figuring:
         pb = self._param_bytes
         return lambda i: pb[i] if i < len(pb) else 0
 
+    def coll_row_fn(self, strategy: str, rank: int):
+        """idx -> the row of a rank's collectives table a COLL span names (None: none such:
+        counted, without bytes), or None when the rank sent no table. (Under the lock: a copy,
+        the figures are made outside it.)"""
+        table = self.collectives.get((strategy, rank))
+        return dict(table).get if table else None
+
+    def _rank_step(self, b, strategy: str, rank: int, step: int) -> figures.RankStep:
+        return figures.rank_step(b, self.comm_bytes_fn(strategy, rank, step), self.coll_row_fn(strategy, rank),
+                                 self.expected_ranks(strategy))
+
     def rank_figures(self, strategy: str, step: int, rank: int) -> figures.RankStep | None:
         with self.lock:
             key = (strategy, step, rank)
@@ -39,7 +50,7 @@ class Figuring:
                 b = self.raw.get(strategy, {}).get(step, {}).get(rank)
                 if b is None:
                     return None
-                got = self.rank_figs[key] = figures.rank_step(b, self.comm_bytes_fn(strategy, rank, step))
+                got = self.rank_figs[key] = self._rank_step(b, strategy, rank, step)
             return got
 
     def bucket_figures(self, strategy: str, step: int) -> dict[int, tuple[float, float | None]] | None:
@@ -69,7 +80,7 @@ class Figuring:
         chosen under the lock, computed outside it (span batches never change once in), and
         published under it (a step evicted meanwhile is dropped). The Updater thread calls
         this while a run is live; readers that need figures now may call it too."""
-        todo = []  # (strategy, step, {rank: batch}, {rank: comm_bytes})
+        todo = []  # (strategy, step, {rank: batch}, {rank: (comm_bytes, coll_row)}, ranks in the ring)
         with self.lock:
             for strategy, dirty in self._dirty.items():
                 per = self.raw.get(strategy, {})
@@ -80,11 +91,12 @@ class Figuring:
                     if ranks is None or len(ranks) < want or k in figs:
                         continue
                     todo.append((strategy, k, dict(sorted(ranks.items())),
-                                 {r: self.comm_bytes_fn(strategy, r, k) for r in ranks}))
+                                 {r: (self.comm_bytes_fn(strategy, r, k), self.coll_row_fn(strategy, r))
+                                  for r in ranks}, want))
                     dirty.discard(k)
         done = []
-        for strategy, k, ranks, comm in todo:
-            rs = {r: figures.rank_step(b, comm[r]) for r, b in ranks.items()}
+        for strategy, k, ranks, comm, want in todo:
+            rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
             step = figures.combine(k, list(rs.values()))
             done.append((strategy, k, ranks, rs, step, stragglers.step_waits(ranks, step.step_ms),
                          figures.step_interval(ranks.values())))

@@ -199,6 +199,12 @@ class Queries:
             got = self.reported_sizes.get((strategy, rank))
             return None if got is None else list(got)
 
+    def collective_tables(self, strategy: str) -> dict[int, dict[int, tuple]]:
+        """rank -> its collectives table (id -> (id, op, bytes, group size, group, layer,
+        phase, async)), what each COLL span of the strategy was, as the colls frames said (a copy)."""
+        with self.lock:
+            return {r: dict(t) for (s, r), t in self.collectives.items() if s == strategy}
+
     def cap_at(self, step: int) -> float | None:
         """DDP's bucket_cap_mb in force at `step`."""
         with self.lock:
