@@ -480,6 +480,10 @@ class Recorder:
             elif not (clock.done(rec.step_end) and
                       all(t is None or clock.done(t) for t in rec.comm_end)):
                 break
+            # a collective of the script's own still running (an async all_reduce waited on
+            # after the step): the step waits for it, up to two steps later
+            elif not wait and None in rec.comm_end and len(self.pending) < 3:
+                break
             self.pending.pop(0)
             out.append(Pending(self, rec) if lazy else self._resolve(rec))
         return out

@@ -138,9 +138,18 @@ class UserRecorder(Recorder):
         if _graph_task() != -1:
             return "backward"
         c = self.cur
-        if c is not None and c.opt_s is not None and c.opt_e is None:
+        if c is None:
+            return "step"
+        if c.opt_s is not None and c.opt_e is None:
             return "optimizer"
-        return "forward" if self._fwd_open else "step"
+        if self._fwd_open:
+            return "forward"
+        # between layers: in the forward while this micro-step has a forward and no backward
+        # (a collective between two DDP modules of one model), else the step's own
+        n = self.n_layers
+        if c.fwd_s.count(None) < n and c.bwd_s.count(None) == n and c.bwd_e.count(None) == n:
+            return "forward"
+        return "step"
 
     def add_layers(self, n: int) -> None:
         """n more layers (between steps only)."""

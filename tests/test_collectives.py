@@ -1,0 +1,178 @@
+"""Every collective of a step, and FSDP2, under `ddptui run --auto` (2 CPU ranks on gloo).
+
+The scripts in tests/scripts/ know nothing of ddptui: a DLRM-like recommender (two DDP
+modules, all_to_all of sharded embedding lookups between them in the forward and the
+backward, an async all_reduce of the loss waited on after the optimizer step), and an
+FSDP2 transformer (fully_shard per block and the root) with and without explicit
+prefetching, with bf16 mixed precision, with gradient accumulation. What is checked: each
+collective is a COLL span of its step with a table row saying what it was (op, bytes,
+group, issuing layer and pass); DDP's buckets stay COMM spans and are not counted twice;
+a step is a gradient synchronisation (DDP's buckets, FSDP2's reduce-scatters); FSDP2's
+all-gathers and reduce-scatters are per unit and attributed to the unit they gather.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.helpers import ROOT, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("collectives")]
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+FWD, BWD, COMM, STEP, COLL = 0, 1, 2, 4, 6  # (ranks.wire's span kinds)
+ITERS = 8
+BLOCKS = 3
+
+
+def _run(tmp, script: str, *args: str):
+    """`ddptui run --auto --headless` of a script on 2 ranks: (JSON, loaded recording, stdout)."""
+    from ddptui.recording.loader import load
+    tmp.mkdir(parents=True, exist_ok=True)
+    rec, js = tmp / "run.ddptui", tmp / "run.json"
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec),
+                "--json", str(js), "--", os.path.join(SCRIPTS, script), *args, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(js.read_text()), load(str(rec)), r.stdout
+
+
+def _colls(got, strategy: str, rank: int, step: int):
+    """The COLL spans of a rank's step as (row, t0, t1) in issue order, rows from the table."""
+    table = got.store.collectives[(strategy, rank)]
+    b = got.store.span_batches()[strategy][step][rank]
+    return [(table[b.idx[i]], b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == COLL]
+
+
+def _spans(b, kind: int):
+    return [(b.idx[i], b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == kind]
+
+
+@pytest.fixture(scope="module")
+def dlrm(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("dlrm"), "a2a_ddp.py", "--iters", str(ITERS))
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("fsdp"), "fsdp2.py", "--iters", str(ITERS), "--blocks", str(BLOCKS))
+
+
+@pytest.fixture(scope="module")
+def fsdp_prefetch_mixed(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("fsdp-pm"), "fsdp2.py", "--iters", str(ITERS), "--blocks",
+                str(BLOCKS), "--prefetch", "--mixed", "--accum", "2")
+
+
+def test_all_to_all_between_two_ddp_modules_is_drawn(dlrm):
+    """The all_to_all of the forward (between bot_l and top_l) and of the backward, and the
+    async all_reduce of the loss, are COLL spans of every step on both ranks, with their
+    bytes; the buckets are COMM spans as before, none of them also a COLL all_reduce."""
+    doc, got, _ = dlrm
+    row = doc["strategies"][0]
+    assert row["steps"] == ITERS
+    a2a_bytes = 2 * 512 * 64 * 4  # (world, batch, D) float32: the whole buffer exchanged
+    for k in range(ITERS):
+        for r in (0, 1):
+            seen = [(c[1], c[2], c[5], c[6]) for c, _, _ in _colls(got, "ddp", r, k)]
+            assert ("all_to_all", a2a_bytes, -1, "forward") in seen, (k, r, seen)
+            assert any(s[0] == "all_to_all" and s[3] == "backward" for s in seen), (k, r, seen)
+            assert ("all_reduce", 4, -1, "step") in seen, (k, r, seen)
+            assert len(seen) == 3, (k, r, seen)
+            b = got.store.span_batches()["ddp"][k][r]
+            comm = _spans(b, COMM)
+            assert {i for i, _, _ in comm} == {x["index"] for x in row["buckets"]}, (k, r, comm)
+            for (c, t0, t1) in _colls(got, "ddp", r, k):
+                assert t0 <= t1, c
+    # the forward all_to_all ran between the two modules' forwards
+    layers = doc["layers"]
+    b = got.store.span_batches()["ddp"][3][0]
+    fwd = {i: (t0, t1) for i, t0, t1 in _spans(b, FWD)}
+    a2a = [(t0, t1) for c, t0, t1 in _colls(got, "ddp", 0, 3) if c[6] == "forward"][0]
+    assert fwd[layers.index("bot_l.3")][1] <= a2a[0] and a2a[1] <= fwd[layers.index("top_l.0")][0]
+
+
+def test_fsdp2_steps_are_optimizer_steps_with_per_unit_gathers_and_scatters(fsdp):
+    """fully_shard per block and the root: drawn as strategy fsdp, a step per optimizer step
+    on both ranks; in each step every block is all-gathered for its forward and again for
+    its backward, and its gradients reduce-scattered once, each attributed to the block;
+    the root's unit (embedding, norm, output) to no layer. Bytes: the unsharded unit."""
+    doc, got, _ = fsdp
+    row = doc["strategies"][0]
+    assert row["strategy"] == "fsdp" and row["steps"] == ITERS, row
+    assert got.store.meta.model == "Transformer"
+    layers = doc["layers"]
+    blocks = [layers.index(f"layers.{i}") for i in range(BLOCKS)]
+    d = 128
+    block_bytes = 4 * (2 * 2 * d + 4 * d * d + 4 * d + (4 * d * d + 4 * d) + (4 * d * d + d))
+    for k in range(ITERS):
+        for r in (0, 1):
+            cs = _colls(got, "fsdp", r, k)
+            got_ops = {}
+            for c, _, _ in cs:
+                got_ops.setdefault((c[1], c[5], c[6]), []).append(c[2])
+            for i in blocks:
+                assert got_ops.get(("all_gather", i, "forward")) == [block_bytes], (k, r, i, got_ops)
+                assert got_ops.get(("reduce_scatter", i, "backward")) == [block_bytes], (k, r, i, got_ops)
+            # the last block is still gathered after its forward (reshard after forward: the
+            # blocks before it are gathered again for their backward)
+            for i in blocks[:-1]:
+                assert got_ops.get(("all_gather", i, "backward")) == [block_bytes], (k, r, i, got_ops)
+            assert ("all_gather", -1, "forward") in got_ops and ("reduce_scatter", -1, "backward") in got_ops
+            b = got.store.span_batches()["fsdp"][k][r]
+            assert not _spans(b, COMM)  # no DDP bucket
+            fwd = {i: (t0, t1) for i, t0, t1 in _spans(b, FWD)}
+            for c, t0, t1 in cs:  # a block's forward gather before its forward compute
+                if c[1] == "all_gather" and c[6] == "forward" and c[5] >= 0:
+                    assert t0 <= fwd[c[5]][0], (k, r, c, fwd[c[5]])
+
+
+def test_fsdp2_prefetch_mixed_precision_and_accumulation(fsdp, fsdp_prefetch_mixed):
+    """Explicit prefetching: block i+1 is all-gathered while block i computes (issued before
+    block i's forward ends), attributed to block i+1; bf16 parameters halve the all-gather
+    bytes, fp32 reduction keeps the reduce-scatter's; accumulation over 2 micro-steps with
+    set_requires_gradient_sync: one step per optimizer step, its forwards twice, its
+    reduce-scatters once (the last micro-step)."""
+    doc0, plain, _ = fsdp
+    doc, got, _ = fsdp_prefetch_mixed
+    assert doc["strategies"][0]["steps"] == ITERS
+    layers = doc["layers"]
+    blocks = [layers.index(f"layers.{i}") for i in range(BLOCKS)]
+    base = {(c[1], c[5], c[6]): c[2] for c, _, _ in _colls(plain, "fsdp", 0, 2)}
+    prefetched = 0
+    for k in range(1, ITERS):
+        for r in (0, 1):
+            b = got.store.span_batches()["fsdp"][k][r]
+            fwd = {}
+            for i, t0, t1 in _spans(b, FWD):
+                fwd.setdefault(i, []).append((t0, t1))
+            assert all(len(fwd[i]) == 2 for i in blocks), (k, r, fwd)  # two micro-steps
+            cs = _colls(got, "fsdp", r, k)
+            rs = [c for c, _, _ in cs if c[1] == "reduce_scatter"]
+            assert sorted(c[5] for c in rs if c[5] >= 0) == sorted(blocks), (k, r, rs)
+            last_micro = fwd[blocks[0]][1][0]
+            assert all(t0 >= last_micro for c, t0, _ in cs if c[1] == "reduce_scatter"), (k, r)
+            for c, t0, _ in cs:
+                if c[1] == "all_gather" and c[5] in blocks:
+                    assert c[2] * 2 == base[("all_gather", c[5], "forward")], (c, base)
+                if c[1] == "reduce_scatter" and c[5] in blocks:
+                    assert c[2] == base[("reduce_scatter", c[5], "backward")], (c, base)
+                # prefetched: block j gathered before block j-1's forward ended
+                if c[1] == "all_gather" and c[6] == "forward" and c[5] in blocks[1:]:
+                    prev = blocks[blocks.index(c[5]) - 1]
+                    if any(t0 < e for _, e in fwd[prev]):
+                        prefetched += 1
+    assert prefetched >= (ITERS - 1) * 2 * (BLOCKS - 1), prefetched
+
+
+def test_the_json_and_chrome_export_name_every_collective(dlrm, tmp_path):
+    """The summary's JSON counts the collectives, and the Chrome trace names each on the
+    communication track."""
+    doc, got, _ = dlrm
+    out = tmp_path / "t.json"
+    r = run_cli("export", str(got.path), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    names = " ".join(e.get("name", "") for e in json.loads(out.read_text())["traceEvents"])
+    assert "all_to_all" in names and "all_reduce" in names
+    assert "all_to_all" in json.dumps(doc)
