@@ -214,10 +214,14 @@ def summarize(strategy: str, steps: list[StepFigures], batch: int, world: int,
     comm_ms, exposed = med("comm_ms"), med("exposed_ms")
     nbytes = med("bytes")
     bus_bw = bus_bandwidth_gbps(nbytes, comm_ms, ranks)
+    calls = med("calls")
+    colls = None
     if any(s.bus_bytes is not None for s in use):  # COLL spans: each collective's own bus factor
         bus = statistics.median(s.bus_bytes or 0.0 for s in use)
         bus_bw = bus / (comm_ms / 1e3) / 1e9 if comm_ms > 0 and bus > 0 else None
-    return {
+        colls = med("colls")
+        calls = statistics.median(s.calls - s.colls for s in use)
+    out = {
         "strategy": strategy,
         "ranks": ranks,
         "steps": len(steps),
@@ -228,11 +232,14 @@ def summarize(strategy: str, steps: list[StepFigures], batch: int, world: int,
         "comm_ms": comm_ms,
         "exposed_comm_ms": exposed,
         "overlap_pct": overlap_pct(comm_ms, exposed),
-        "allreduce_calls_per_step": med("calls"),
+        "allreduce_calls_per_step": calls,
         "bytes_per_step": nbytes,
         "samples_per_s": batch / (step_ms / 1e3) if step_ms > 0 and batch > 0 else None,
         "bus_bw_gbps": bus_bw,
     }
+    if colls is not None:  # (every other collective: said only by strategies that issued any)
+        out["collective_calls_per_step"] = colls
+    return out
 
 
 def speedups(rows: list[dict]) -> dict:

@@ -3,8 +3,6 @@ strategy (`strategy_summary`) and DDP's bucket assignment with parameter names (
 Read through the Store's queries."""
 from __future__ import annotations
 
-import statistics
-
 from . import collectives
 from . import figures
 from . import stragglers
@@ -21,10 +19,6 @@ def strategy_summary(store, strategy: str) -> dict:
         out["stragglers"] = stragglers.summarize(waits, list(store.meta.layers))
         colls = collective_rows(store, strategy)
         if colls:  # (a strategy with COLL spans: runs without them say nothing new)
-            use = steps[1:] if len(steps) > 1 else steps
-            colls_med = statistics.median(s.colls for s in use) if use else 0.0
-            out["collective_calls_per_step"] = colls_med
-            out["allreduce_calls_per_step"] = out.get("allreduce_calls_per_step", 0.0) - colls_med
             out["collectives"] = colls
         buckets = bucket_rows(store, strategy)
         if buckets is not None:

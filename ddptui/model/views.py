@@ -35,6 +35,15 @@ class StepView:
     n_buckets: int | None = None
     marks: list[str] = field(default_factory=list)
     waits: stragglers.StepWaits | None = None  # who waited for whom (two or more ranks communicating)
+    # rank -> its collectives table (what each COLL span was: Store.collective_tables); None: none
+    colls: dict[int, dict[int, tuple]] | None = None
+
+    def coll_table(self, rank: int) -> dict[int, tuple]:
+        """A rank's collectives table (a lane that is no rank's, a band: the first rank's)."""
+        if not self.colls:
+            return {}
+        got = self.colls.get(rank)
+        return got if got is not None else next(iter(self.colls.values()))
 
 
 
@@ -187,4 +196,5 @@ def step_view(store, strategy: str, step: int) -> StepView | None:
         marks = store.marks(strategy, step)
         cap = store.cap_at(step) if strategy == "ddp" else None
         return StepView(strategy, step, spans, figs, dur, cap,
-                        len(assignment) if assignment else None, marks, waits)
+                        len(assignment) if assignment else None, marks, waits,
+                        store.collective_tables(strategy) or None)

@@ -8,6 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from ddptui.model import collectives
 from ddptui.model import figures
 from ddptui.model import stragglers
 
@@ -33,9 +34,36 @@ def summary_table(rows: list[dict], title: str = "") -> Table:
             continue
         t.add_row(r["strategy"], str(r["ranks"]), str(r["steps"]), _f(r["step_ms_median"]),
                   _f(r["compute_ms"]), _f(r["comm_ms"]), _f(r["exposed_comm_ms"]),
-                  _f(r["overlap_pct"], "{:.0f}"), _f(r["allreduce_calls_per_step"], "{:.0f}"),
+                  _f(r["overlap_pct"], "{:.0f}"), _calls(r),
                   _f(r["bytes_per_step"] / 1e6 if r.get("bytes_per_step") is not None else None, "{:.1f}"),
                   _f(r["samples_per_s"], "{:,.0f}"), _f(r.get("bus_bw_gbps"), "{:.2f}"))
+    return t
+
+
+def _calls(r: dict) -> str:
+    """AllReduces a step; with other collectives, '3 + 12 coll'."""
+    if r.get("collective_calls_per_step") is None:
+        return _f(r["allreduce_calls_per_step"], "{:.0f}")
+    return f"{r['allreduce_calls_per_step']:.0f} + {r['collective_calls_per_step']:.0f} coll"
+
+
+def collectives_table(rows: list[dict]) -> Table | None:
+    """Every collective of the strategies that issued more than gradient AllReduces, per (op,
+    phase) (model/collectives.py): None when no strategy did."""
+    rows = [r for r in rows if r.get("collectives")]
+    if not rows:
+        return None
+    t = Table(title="collectives per step (medians over steps; exposed: not hidden behind compute; "
+                    "bus: bytes × ring factor / time)", header_style="bold")
+    for col in ("strategy", "collective", "calls/step", "MB/step", "median ms", "ms/step",
+                "exposed ms", "exposed %", "bus GB/s", "layers"):
+        t.add_column(col, justify="left" if col in ("strategy", "collective") else "right")
+    for r in rows:
+        for c in r["collectives"]:
+            t.add_row(r["strategy"], collectives.row_label(c), _f(c["calls_per_step"], "{:.0f}"),
+                      _f(c["bytes_per_step"] / 1e6, "{:.1f}"), _f(c["median_ms"], "{:.3f}"),
+                      _f(c["time_ms_per_step"]), _f(c["exposed_ms_per_step"]), _f(c["exposed_pct"], "{:.0f}"),
+                      _f(c["bus_bw_gbps"]), str(len(c["layers"])) if c.get("layers") else "—")
     return t
 
 
@@ -74,6 +102,9 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
     out = file or sys.stdout
     console = Console(file=file, width=None if out.isatty() else 160)
     console.print(summary_table(rows, title))
+    colls = collectives_table(rows)
+    if colls is not None:
+        console.print(colls)
     for line in speedup_lines(figures.speedups(rows)):
         console.print(line)
     waits = [x for x in (straggler_line(r) for r in rows) if x]

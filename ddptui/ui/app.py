@@ -21,6 +21,7 @@ from .jobs import JobQueue
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
 from ddptui.model import figures
+from ddptui.model.views import Lane
 from .viewmodel import (PanelSpec, ViewModel, latest_steps, next_bucket_cap, plan_screen, straggler_ask,
                         straggler_where)
 from .widgets import (
@@ -301,7 +302,7 @@ class DdpApp(App):
         note = "" if slow else waits.gathering(store, shown)  # (no verdict before a full window)
         self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow, note))
         self.title_line.show([statuslines.title(store, strategies, self.talk_title)])
-        self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width)])
+        self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width, _coll_ops(views))])
         self.status_line.show([self._status(store)])
         self._notify_caps(store)
         if getattr(self.source, "recording_error", None) and not self._rec_error_said:  # (once)
@@ -541,3 +542,18 @@ class DdpApp(App):
     def _busy(self) -> bool:
         return self.jobs.busy
 
+
+def _coll_ops(views: dict) -> frozenset:
+    """The ops of the collectives (COLL spans) of the steps shown, 'unknown' for one its rank's
+    table does not describe: the legend's entries for them (empty without any)."""
+    ops: set = set()
+    for v in views.values():
+        if v is None or not v.colls:
+            continue
+        for r in v.spans:
+            table = v.coll_table(r)
+            for i in Lane.of_spans(v.spans[r]).placement().coll_idx:
+                row = table.get(i)
+                ops.add(row[1] if row is not None else "unknown")
+            break  # (every rank issues the same collectives: the first rank's say which)
+    return frozenset(ops)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from itertools import compress
 
-from ranks.wire import BWD, COMM, FWD, OTHER
+from ranks.wire import BWD, COMM_KINDS, FWD, OTHER
 
 from ddptui.model.kept import Kept
 from ddptui.model.views import Lane, StepView
@@ -35,7 +35,7 @@ def columns(spans, r: int) -> tuple:
     if made is not None:
         return made(r)
     sp = spans[r]
-    comms = [s for s in sp if s.kind == COMM]
+    comms = [s for s in sp if s.kind in COMM_KINDS]
     us = (lambda ms: None if ms is None else ms * 1e3)  # noqa: E731
     return ([s.kind for s in sp], [s.idx for s in sp], [s.start_ms * 1e3 for s in sp], [s.end_ms * 1e3 for s in sp],
             [us(s.issued_ms) for s in comms], [us(s.others_ms) for s in comms])
@@ -78,12 +78,12 @@ def band_spans(cols_of: dict[int, tuple], ranks: list[int], qs: tuple[float, ...
     for kind, a_col, z_col in zip(kinds, starts, ends):
         a_q, z_q = _quantiles(a_col, qs), _quantiles(z_col, qs)
         r_q = o_q = (None,) * n
-        if kind == COMM:
+        if kind in COMM_KINDS:
             r_q, o_q = _quantiles(next(ready), qs), _quantiles(next(others), qs)
         for (st, en, rd, ot), a, z, r, o in zip(lanes, a_q, z_q, r_q, o_q):
             st.append(a)
             en.append(max(z, a))
-            if kind == COMM:
+            if kind in COMM_KINDS:
                 rd.append(r)
                 ot.append(o)
     return [Lane(kinds, idxs, st, en, rd, ot, [False] * len(rd)) for st, en, rd, ot in lanes]
@@ -145,7 +145,7 @@ def aggregate(view: StepView, lanes: int, hosts: dict[int, list[int]] | None = N
         labels[r] = (f"r{r:<3}comp "[:9] if r < 1000 else f"r{r}comp"[:9],
                      "culprit  " if r == culprit else "slowest  ")
     out = StepView(view.strategy, view.step, spans, view.figures, view.duration_ms, view.bucket_cap_mb,
-                   view.n_buckets, list(view.marks), view.waits)
+                   view.n_buckets, list(view.marks), view.waits, view.colls)
     return out, labels
 
 

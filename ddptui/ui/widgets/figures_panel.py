@@ -80,6 +80,8 @@ def compare_rows(store: Store, shown: dict[str, int | None]) -> list[dict]:
 
 
 def _cell(row: dict, key: str) -> str:
+    if key == "calls" and row.get("collective_calls_per_step") is not None:  # AllReduces + other collectives
+        return f"{row.get('allreduce_calls_per_step') or 0:.0f}+{row['collective_calls_per_step']:.0f}"
     v = {"strategy": row["strategy"], "this": row.get("this"), "median": row.get("step_ms_median"),
          "calls": row.get("allreduce_calls_per_step"), "exposed": row.get("exposed_comm_ms"),
          "samples": row.get("samples_per_s"), "overlap": row.get("overlap_pct")}.get(key, row.get(key))
@@ -106,6 +108,8 @@ def build(store: Store, shown: dict[str, int | None], width: int = 120, rows: li
     """Lines (as styled parts) of the comparison table for the steps shown."""
     rows = compare_rows(store, shown) if rows is None else rows
     cols = columns_for(width)
+    if any(r.get("collective_calls_per_step") is not None for r in rows):  # (AllReduces + other collectives)
+        cols = [("AR+coll", *c[1:]) if c[3] == "calls" else c for c in cols]
     used = sum(c[1] for c in cols)
     spark_w = min(HISTORY, width - used - 2)
     head = "".join(f"{name:{al}{w}}" for name, w, al, _ in cols)

@@ -12,7 +12,8 @@ from operator import itemgetter, lt
 
 from rich.segment import Segment
 
-from ranks.wire import BWD, FWD, OPT, OTHER
+from ranks import spec
+from ranks.wire import BWD, COMM, FWD, OPT, OTHER
 
 from ddptui.model.views import Lane
 from . import theme
@@ -53,11 +54,12 @@ def compute_bars(spans, layer_names: list[str]) -> list[Bar]:
     return list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), colours, labels))
 
 
-Comm = tuple[float, float, "float | None", "float | None", bool, int]  # start, end, issued, others, last, idx
+# start, end, issued, others, last, idx (a COLL span's: -1 - its idx)
+Comm = tuple[float, float, "float | None", "float | None", bool, int]
 
 
 def comm_rows(comms: list[Comm]) -> list[int]:
-    """A sub-row per AllReduce (given in start order): the first row free when it starts.
+    """A sub-row per collective (given in start order): the first row free when it starts.
     Backends run several at once (gloo: one per worker thread), so rows = the most in flight."""
     ends: list[float] = []
     rows = []
@@ -75,7 +77,7 @@ def comm_rows(comms: list[Comm]) -> list[int]:
 
 
 def overlaps(comms: list[Comm]) -> list[tuple[float, float]]:
-    """Stretches where two or more of the AllReduces run at once."""
+    """Stretches where two or more of the collectives run at once."""
     edges = sorted([(s[0], 1) for s in comms] + [(s[1], -1) for s in comms])
     out, depth, since = [], 0, 0.0
     for t, d in edges:
@@ -87,19 +89,41 @@ def overlaps(comms: list[Comm]) -> list[tuple[float, float]]:
     return out
 
 
-def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
-    """Each AllReduce (alternating shades, in time order), after its queued stretch; with
+def coll_look(row, layer_names: list[str]) -> tuple[int, str]:
+    """(first colour id, label) of a COLL span from its collectives table row (None: not
+    described: the unknown colour, '?'): 'AG h.0', 'RS h.3', 'A2A' (no issuing layer)."""
+    if row is None:
+        return theme.COLL_UNKNOWN, "?"
+    op, layer = row[1], row[5]
+    short = spec.COLL_SHORT.get(op, op)
+    label = f"{short} {layer_names[layer]}" if 0 <= layer < len(layer_names) else short
+    return theme.COLL_COLOURS.get(op, theme.COLL_OTHER), label
+
+
+def _unknown_coll(idx: int) -> tuple[int, str]:
+    return theme.COLL_UNKNOWN, "?"
+
+
+def comm_bars(spans, label_of, row: int = 0, rows: int = 1, coll_of=None) -> list[Bar]:
+    """Each collective (alternating shades, in time order), after its queued stretch; with
     several ranks, the stretch spent waiting for the last rank to be ready is drawn apart from
     the transfer, and the last arriver's AllReduces have their own colour. From a Lane (or a
-    list of Spans), column-wise.
+    list of Spans), column-wise. label_of(idx): a gradient AllReduce's (COMM) label;
+    coll_of(idx) -> (colour, label) of any other collective (COLL, `coll_look`), coloured by
+    its op whoever arrived last (the others' waiting shows who that was).
 
-    A lane `rows` tall gives concurrent AllReduces sub-rows (this is row `row`); what does
+    A lane `rows` tall gives concurrent collectives sub-rows (this is row `row`); what does
     not fit (and, in a one-row lane, every stretch where several run at once) is marked."""
     lane = Lane.of_spans(spans)
-    pos = lane.placement().comm
+    place = lane.placement()
+    pos = place.comm
     starts, ends = lane.starts, lane.ends
+    if place.colls:  # (COLL spans among them: the idx names a table row, told apart by -1 - idx)
+        cidx = [i if k == COMM else -1 - i for k, i in zip(place.comm_kind, place.comm_idx)]
+    else:
+        cidx = map(lane.idx.__getitem__, pos)
     comms = list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), lane.issued, lane.others,
-                     lane.last, map(lane.idx.__getitem__, pos)))
+                     lane.last, cidx))
     comms.sort(key=_FIRST)
     if rows == 1:  # one row: all that matters is whether any two overlap (comm_rows' second row)
         sub = None
@@ -126,6 +150,10 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1) -> list[Bar]:
             # ready here, but the last rank is not: waiting, then the transfer itself
             begin = others if others < end else end
             out.append((start, begin, WAIT, ""))
+        if idx < 0:  # a COLL span: its op's colour and label
+            c, text = (coll_of or _unknown_coll)(-1 - idx)
+            out.append((begin, end, c if c == theme.COLL_UNKNOWN else c + (i & 1), text))
+            continue
         out.append((begin, end, LAST if is_last else A + (i & 1), label_of(idx)))
     if row == last and need > rows:
         out += [(a, z, theme.COMM_MULTI, "") for a, z in overlaps([s for _, s in mine])]

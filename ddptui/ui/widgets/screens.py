@@ -144,6 +144,9 @@ HELP = """\
   [#ff9f1a]███[/] AllReduce (per parameter for naive, per bucket bN for DDP)   [#6b4a1e]███[/] queued behind another
   [#a3203c]███[/] ready, waiting for the other ranks   [#ff5fd7]███[/] the rank the others waited for (last to arrive)
   [#ffe14d]███[/] two or more AllReduces at once (one-row lanes; taller lanes give each a row)
+  every other collective on the comm lane, by op: [#00d1d1]███[/] AG all-gather  [#b48cff]███[/] RS reduce-scatter
+  [#ffc58f]███[/] AR the script's own all_reduce  [#dcdcff]███[/] A2A all_to_all  [#8d99ae]███[/] broadcast, barrier...
+  labelled with the layer that issued it ("AG h.0"); counted in comm, exposed and AR+coll
   [#c8c8c8]███[/] optimizer     ⚑ marks the step where a new bucket cap took effect
 
 [b]Figures[/b]  step ms: the step shown · the rest: medians of the last 100 steps (DDP: since the last

@@ -5,6 +5,8 @@ wrong: dropped spans, rejected frames, and the waits' gist when their panel has 
 The app hands each a PartsView."""
 from __future__ import annotations
 
+from ranks import spec
+
 from ddptui.model.store import Store
 from . import theme
 from .text import Parts
@@ -30,14 +32,33 @@ def title(store: Store, strategies: list[str], talk_title: str | None = None) ->
     return parts
 
 
-def legend(ms_per_cell: float, zoom: int, width: int = 1000) -> Parts:
+def coll_entries(ops) -> tuple:
+    """Legend entries of the collectives on screen (their ops), in spec.COLL_OPS order: 'AG
+    all-gather', 'RS reduce-scatter', ...; ops drawn in one colour share an entry."""
+    out, seen = [], set()
+    for op in spec.COLL_OPS:
+        if op in ops:
+            c = theme.COLL_COLOURS.get(op, theme.COLL_OTHER)
+            if c not in seen:
+                seen.add(c)
+                name = op.replace("_", "-") if c != theme.COLL_OTHER else "other collective"
+                out.append((f"{spec.COLL_SHORT[op]} {name}" if c != theme.COLL_OTHER else name, c))
+    if "unknown" in ops:
+        out.append(("unknown collective", theme.COLL_UNKNOWN))
+    return tuple(out)
+
+
+def legend(ms_per_cell: float, zoom: int, width: int = 1000, colls=()) -> Parts:
+    """colls: the ops of the collectives on screen besides gradient AllReduces (COLL spans):
+    their colours follow the AllReduce's entry."""
     text = f"│ 1 cell = {ms_per_cell:.3g} ms · zoom {zoom}×"
     if width >= 160:
         text += " · one scale for all panes"
     scale = (text, theme.style(theme.DIM))
     room = width - len(scale[0])
     parts: Parts = []
-    for name, c in LEGEND:
+    entries = LEGEND if not colls else LEGEND[:3] + coll_entries(colls) + LEGEND[3:]
+    for name, c in entries:
         entry = [(" ██", theme.style(theme.LANE_COLOURS[c])), (f" {name} ", theme.style(theme.TEXT))]
         n = sum(len(t) for t, _ in entry)
         if n > room:

@@ -26,10 +26,23 @@ LANE_COLOURS = (
     "#a3203c",  # AllReduce ready here, waiting for the other ranks to be ready
     "#ff5fd7",  # AllReduce of the rank that arrived last (the others waited for it)
     "#4b4b63",  # other time: a rank's own work that synchronises nothing (an evaluation)
+    # every other collective (COLL spans), coloured by op, two shades alternating per call:
+    "#00d1d1", "#00838f",  # all_gather (FSDP's parameters): cyan
+    "#b48cff", "#7c4dff",  # reduce_scatter (FSDP's gradients): violet
+    "#ffc58f", "#c8783a",  # all_reduce of the script's own (not a gradient bucket): tan
+    "#dcdcff", "#9a9ad8",  # all_to_all: lavender
+    "#8d99ae", "#5c677d",  # broadcast, barrier, reduce, gather, scatter, send, recv: slate
+    "#6e6e6e",  # a collective its rank's table does not describe (unknown)
 )
 # label text on each bar colour
 LABEL_ON = ("#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#ffffff", "#000000",
-            "#000000", "#ffffff", "#000000", "#b4b4c8")
+            "#000000", "#ffffff", "#000000", "#b4b4c8",
+            "#000000", "#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#000000", "#000000",
+            "#000000", "#ffffff", "#ffffff")
+(COLL_AG, _, COLL_RS, _, COLL_AR, _, COLL_A2A, _, COLL_OTHER, _, COLL_UNKNOWN) = range(13, 24)
+# a collective's op -> its first shade (the second: + 1); ops not listed: COLL_OTHER
+COLL_COLOURS = {"all_gather": COLL_AG, "reduce_scatter": COLL_RS, "all_reduce": COLL_AR,
+                "all_to_all": COLL_A2A}
 
 STRATEGY_COLOURS = {"naive": "#ff6b6b", "interleaved": "#c792ea", "ddp": "#4cd964", "single": "#8ab4f8", "fsdp": "#ffb454"}
 

@@ -16,7 +16,7 @@ from ddptui.model.views import StepView
 from . import theme
 from ddptui.ui import geometry
 from ddptui.ui.geometry import fit_ranks, nice_ceil
-from .lanes import comm_bars, compute_bars, lane_segments
+from .lanes import coll_look, comm_bars, compute_bars, lane_segments
 
 GUTTER = 9  # "r12 comp "
 CACHE_MAX = 2048  # lane strips kept per pane
@@ -166,6 +166,7 @@ class TimelinePane(Widget):
         figs = [f for f in v.figures.values() if f is not None]
         step_ms = max((f.step_ms for f in figs), default=v.duration_ms)
         calls = figs[0].calls if figs else 0
+        colls = figs[0].colls if figs and figs[0].bus_bytes is not None else 0
         exposed = sum(f.exposed_ms for f in figs) / len(figs) if figs else 0.0
         for m in v.marks:  # a bucket cap or a straggler took effect at this step
             tag = ("NEW CAP" if m.startswith("bucket") else "STRAGGLER OFF" if m == "straggler off"
@@ -177,7 +178,9 @@ class TimelinePane(Widget):
         out.append((text, theme.style(theme.TEXT, bold=True)))
         if st.cap_note:
             out.append((f" {st.cap_note}", theme.style(theme.WARN, bold=True)))
-        out.append((f" · {calls} AllReduce · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
+        said = (f"{calls - colls} AllReduce + {colls} coll" if calls > colls else f"{colls} collectives") \
+            if colls else f"{calls} AllReduce"
+        out.append((f" · {said} · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
         if st.labels:  # aggregated lanes (widgets/aggregate.py)
             out.append((f" · {len(v.figures)} ranks in bands", theme.style(theme.DIM)))
         return out
@@ -256,12 +259,19 @@ class TimelinePane(Widget):
             bars = compute_bars(spans, self.layer_names)
             labels = first
         else:  # concurrent AllReduces get the lane's rows (each row labels its own bars)
-            bars = comm_bars(spans, self._comm_labels.__getitem__, row, rows)
+            bars = comm_bars(spans, self._comm_labels.__getitem__, row, rows, self._coll_of(v, rank))
             labels = True
         lane_w = width - GUTTER
         if lane_w <= 0:
             return Strip([gutter]).crop(0, width)
         return Strip([gutter, *lane_segments(bars, lane_w, mpc, labels=labels)], width)
+
+    def _coll_of(self, v: StepView, rank: int):
+        """idx -> (colour, label) of a rank's COLL spans (lanes.coll_look), None without any."""
+        if not v.colls:
+            return None
+        table, names = v.coll_table(rank), self.layer_names
+        return lambda i: coll_look(table.get(i), names)
 
     def _comm_label(self, idx: int) -> str:
         if self.strategy == "ddp":
