@@ -105,6 +105,11 @@ class Hello(Frame, tag="hello", kw_only=True):
     lr: Num | UnsetType = UNSET
     threads: Annotated[int, Meta(ge=1, le=1 << 16)] | UnsetType = UNSET
     uuid: Annotated[str, Meta(max_length=64)] | UnsetType = UNSET  # the GPU's UUID
+    # this rank's training state in bytes after its first step: (parameters held, gradients
+    # held, optimizer state held, the whole model's parameters): held = a shard under FSDP2,
+    # everything under DDP; and the device allocator's peak so far (CUDA)
+    memory: tuple[Count, Count, Count, Count] | UnsetType = field(name="mem", default=UNSET)
+    mem_peak: Count | UnsetType = UNSET
 
 
 class Phase(Frame, tag="phase", kw_only=True):

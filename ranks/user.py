@@ -174,6 +174,7 @@ class RankSession:
         self.others: list = []  # (start, end) marks of evaluation forwards for the next step
         self.opt_seen = False  # an optimizer step has ended a step (then it ends every step)
         self._opts: set[int] = set()
+        self._opt_objs: list = []  # the optimizers seen stepping (their state: the memory figure)
         self._order: list[int] | None = None  # internal layer index -> forward-order index
         self.layers: list[str] | None = None  # shown names, in forward order (the hello's)
         self.shown_params: list[str] | None = None
@@ -301,6 +302,8 @@ class RankSession:
         self.rec.opt_begin()
 
     def after_opt(self, opt=None, args=None, kwargs=None) -> None:
+        if opt is not None and self._order is None and all(o is not opt for o in self._opt_objs):
+            self._opt_objs.append(opt)
         rec = self.rec
         c = rec.cur
         if c is None:
@@ -406,6 +409,8 @@ class RankSession:
                   for j in range(len(pshown))]
         dev = str(self.device) if self.device.type == "cuda" else "cpu"
         ddp0 = self.mods[0].ddp
+        memory, peak = self._memory()
+        self._opt_objs = []
         self.sink.send_now(frames.Hello(
             rank=self.rank, world=self.world,
             local_rank=int(os.environ.get("LOCAL_RANK", self.rank)), pid=os.getpid(),
@@ -414,9 +419,39 @@ class RankSession:
             params=params, strategies=[self.strategy],
             batch=int(self.batch) if self.batch else frames.UNSET,  # unknown: no samples/s
             steps=0, bucket_cap_mb=_cap_mb(ddp0), threads=torch.get_num_threads(),
+            memory=memory, mem_peak=peak,
         ))
         self.sink.phase = "training"
         self.sink.send_now(frames.Phase(rank=self.rank, phase="training"))
+
+    def _memory(self):
+        """((parameters, gradients, optimizer state this rank holds, the whole model's
+        parameters) in bytes, the CUDA allocator's peak or UNSET): after the first step, once
+        the optimizer has made its state. Held: a DTensor's local shard (FSDP2)."""
+        def local(t):
+            t = t.to_local() if hasattr(t, "to_local") else t
+            return t.numel() * t.element_size()
+        seen: set[int] = set()
+        held = grads = full = opt = 0
+        try:
+            for m in self.mods:
+                for p in m.module.parameters():
+                    if id(p) in seen:
+                        continue
+                    seen.add(id(p))
+                    held += local(p)
+                    full += p.numel() * p.element_size()
+                    if p.grad is not None:
+                        grads += local(p.grad)
+            for o in self._opt_objs:
+                for st in o.state.values():
+                    for v in st.values():
+                        if isinstance(v, torch.Tensor) and v.numel() > 1:  # (not the step count)
+                            opt += local(v)
+        except Exception:  # noqa: BLE001 - a figure: never fail the run for it
+            return frames.UNSET, frames.UNSET
+        peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else frames.UNSET
+        return (held, grads, opt, full), peak
 
     def _emit(self, items) -> None:
         order = self._order
@@ -555,6 +590,10 @@ class Handle:
         self._names = [n for n, _ in chosen]
         self.pindex = {id(p): self.pbase + i for i, (_, p) in enumerate(named)}
         param_ends = self._owners(chosen, named)
+        if fsdp:  # FSDP2 accumulates gradients on unsharded copies and sets the sharded
+            # parameter's after its reduce-scatter (the root's last): its hooks would end a
+            # layer's backward there. A layer's backward ends at its input's gradient.
+            param_ends = []
         self._hooks += attach_module_hooks(chosen, s.rec, self.base, param_ends)
         self.layout: list | None = None
         self.reported: list[int] | None = None

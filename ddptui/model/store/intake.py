@@ -77,6 +77,10 @@ class Intake:
         info.pid, info.device, info.backend = f.pid or None, f.device, f.backend
         info.note = f.note
         info.uuid = f.uuid or None
+        if f.memory is not frames.UNSET:
+            info.memory = tuple(f.memory)
+        if f.mem_peak is not frames.UNSET:
+            info.mem_peak = f.mem_peak
         info.connected = True
         info.phase = "connected"
         if not self.meta.params:
@@ -94,6 +98,8 @@ class Intake:
         info.dropped_spans = f.dropped
         if f.residual_ns is not frames.UNSET:
             info.clock_res_ns = f.residual_ns
+        if f.ts is not frames.UNSET:
+            info.hb_ts = f.ts
         info.waiting = None if f.waiting is frames.UNSET else tuple(f.waiting)
         if f.colls is not frames.UNSET:
             info.colls_entered = f.colls

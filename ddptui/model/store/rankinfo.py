@@ -24,8 +24,13 @@ class RankInfo:
     clock_res_ns: int | None = None  # CUDA: GPU-timer mapping residual at the last calibration
     # the oldest collective the rank is inside, as its last heartbeat said: (op, group
     # sequence number, bytes, layer, issued at host ns), or None; and how many it has entered
+    # (parameters, gradients, optimizer state held, whole model's parameters) in bytes, as
+    # the hello said (a user's model), and the CUDA allocator's peak then
+    memory: tuple | None = None
+    mem_peak: int | None = None
     waiting: tuple | None = None
     colls_entered: int | None = None
+    hb_ts: int | None = None  # the last heartbeat's time, the rank's host ns (how long it has waited)
 
     def copy(self) -> "RankInfo":
         """A shallow copy (copy.copy's reduce protocol costs ten times this: the status bar
