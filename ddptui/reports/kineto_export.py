@@ -23,6 +23,43 @@ def comm_kernel_name(label: str) -> str:
     return f"ncclDevKernel_AllReduce_Sum_f32(ddptui: {label})"
 
 
+# every other collective (COLL spans): op -> (NCCL's kernel for it, torch's "Collective name"
+# as record_param_comms writes it). HTA takes any kernel named ^nccl.*Kernel as communication
+# (hta.utils.utils.is_comm_kernel): its comm/comp overlap counts them. NCCL runs all_to_all,
+# gather, scatter, send and recv as SendRecv, and a barrier as a one-byte AllReduce.
+COLL_KERNELS = {
+    "all_reduce": ("ncclDevKernel_AllReduce_Sum_f32", "allreduce"),
+    "all_gather": ("ncclDevKernel_AllGather_RING_LL", "_allgather_base"),
+    "reduce_scatter": ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "_reduce_scatter_base"),
+    "all_to_all": ("ncclDevKernel_SendRecv", "all_to_all"),
+    "broadcast": ("ncclDevKernel_Broadcast_RING_LL", "broadcast"),
+    "barrier": ("ncclDevKernel_AllReduce_Sum_u8", "barrier"),
+    "reduce": ("ncclDevKernel_Reduce_Sum_f32_RING_LL", "reduce"),
+    "gather": ("ncclDevKernel_SendRecv", "gather"),
+    "scatter": ("ncclDevKernel_SendRecv", "scatter"),
+    "send": ("ncclDevKernel_SendRecv", "send"),
+    "recv": ("ncclDevKernel_SendRecv", "recv"),
+}
+
+
+def coll_kernel(row, label_of) -> tuple[str, dict]:
+    """A COLL span's kernel name and args from its collectives table row (None: unknown)."""
+    if row is None:
+        return "ncclDevKernel_Generic(ddptui: unknown collective)", {"Collective name": "unknown"}
+    _id, op, nbytes, group, gname, layer, phase, is_async = row
+    kernel, cname = COLL_KERNELS.get(op, ("ncclDevKernel_Generic", op))
+    label = f"{op} {label_of(layer)}" if layer >= 0 else op
+    full = nbytes // 4
+    shard = full // group if group > 0 else full
+    n_in, n_out = (shard, full) if op == "all_gather" else (full, shard) if op == "reduce_scatter" else (full, full)
+    args = {"Collective name": cname, "In msg nelems": n_in, "Out msg nelems": n_out, "Group size": group,
+            "dtype": "Float", "bytes": nbytes, "Process Group Name": gname, "op": op, "phase": phase,
+            "async": is_async}
+    if layer >= 0:
+        args["layer"] = label_of(layer)
+    return f"{kernel}(ddptui: {label})", args
+
+
 class _RankOut:
     """One rank's trace being written: events streamed to a temporary file in DIR."""
 
@@ -148,6 +185,7 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
     player = [int(p[2]) for p in params]
     origin = scan.origin_ns or 0
     skip = set(got.rejected)
+    tables = scan.store.collective_tables(strategy)  # (COLL spans: what each was)
     os.makedirs(out_dir, exist_ok=True)
     outs = {rk: _RankOut(os.path.join(out_dir, f"rank{rk}.json"), rk, devices.get(rk, ""))
             for rk in ranks}
@@ -203,6 +241,12 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
                                  "Process Group Ranks": str(list(range(world)))})
                     o.kernel(comm_kernel_name(label), "communication", a, z,
                              min(max(ready.get(i, a), s0), s1), base)
+                elif kind == wire.COLL:
+                    name, args = coll_kernel(tables.get(b.rank, {}).get(idx), lname)
+                    base.update(args)
+                    if base.get("Group size") == world:
+                        base["Process Group Ranks"] = str(list(range(world)))
+                    o.kernel(name, "communication", a, z, min(max(ready.get(i, a), s0), s1), base)
         for rk, o in outs.items():
             o.finish({"distributedInfo": {"backend": backend, "rank": rk, "world_size": world,
                                           "pg_count": 1, "pg_config": [{

@@ -7,14 +7,16 @@ Perfetto (ui.perfetto.dev, trace_processor), chrome://tracing and HTA-style tool
 - a process per rank: ``pid`` = rank + 1 (pid 0 is the idle process in some viewers), named
   by a ``process_name`` metadata event "rank N (device)", ordered by ``process_sort_index``;
 - a thread per lane: "step", "compute" (forward and backward per layer), "communication"
-  (one slice per AllReduce), "optimizer" (``thread_name``/``thread_sort_index`` metadata;
+  (one slice per collective: an AllReduce of a parameter or bucket, or any other collective,
+  named by its op and issuing layer, "all_gather h.3"), "optimizer" (``thread_name``/``thread_sort_index`` metadata;
   ``tid`` = pid * 100 + lane, unique across processes). A slice that would partly overlap
   the one before it on its lane goes on an extra lane ("communication 2"), so slices on a
   thread always nest properly;
 - complete events (``ph: "X"``) with ``ts``/``dur`` in µs on one time axis for all ranks
   (the host's CLOCK_MONOTONIC, 0 = the first span of the recording) and ``args``: rank,
   strategy, step, and layer (compute), parameter or bucket with its parameter names and
-  bytes (communication), queued_us (ready to start of an AllReduce), last_arriver (the rank
+  bytes (communication; any other collective: op, bytes, group, group_size, layer, phase,
+  async, from its rank's collectives table), queued_us (ready to start of an AllReduce), last_arriver (the rank
   ready last), wait_us (last arriver's ready - this rank's), transfer_us (end - last ready);
 - instant events (``ph: "i"``, thread scope, on a "ddp events" lane, at the start of the DDP
   step they apply to) for bucket-cap changes and for each new DDP bucket assignment.
@@ -30,7 +32,7 @@ import sys
 import tempfile
 
 from ranks import frames, spec, wire
-from ranks.wire import BWD, COMM, FWD, OPT, OTHER, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, STEP
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
@@ -45,7 +47,7 @@ LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "c
          "optimizer": (4, "optimizer"), "events": (5, "ddp events")}
 # (OTHER: a rank's own work that synchronises nothing, an evaluation: on its compute lane)
 LANE_OF_KIND = {STEP: "step", FWD: "compute", BWD: "compute", COMM: "communication", OPT: "optimizer",
-                OTHER: "compute"}
+                OTHER: "compute", COLL: "communication"}
 SUBLANE_STRIDE = 10  # extra lanes for partly overlapping slices: tid offset + 10 * j
 
 
@@ -148,6 +150,7 @@ class TraceWriter:
         self.named_tids: set[int] = set()
         self.last_instant: dict[int, int] = {}
         self.last_ts: dict[int, int] = {}
+        self._tables: dict[str, dict[int, dict]] = {}  # strategy -> rank -> collectives table
 
     # -- output --------------------------------------------------------------------------
     def emit(self, ev: dict) -> None:
@@ -232,6 +235,21 @@ class TraceWriter:
     def _lname(self, i: int) -> str:
         return self.layer_names[i] if 0 <= i < len(self.layer_names) else f"layer {i}"
 
+    def _coll(self, strategy: str, rank: int, idx: int, args: dict) -> str:
+        """A COLL span's name ('all_gather h.3') and args, from its rank's collectives table
+        (a span no row describes: 'collective (unknown)')."""
+        tables = self._tables.get(strategy)
+        if tables is None:
+            tables = self._tables[strategy] = self.scan.store.collective_tables(strategy)
+        row = tables.get(rank, {}).get(idx)
+        if row is None:
+            args.update(op="unknown", collective=idx)
+            return "collective (unknown)"
+        _id, op, nbytes, group_size, group, layer, phase, is_async = row
+        args.update(op=op, bytes=nbytes, group=group, group_size=group_size,
+                    layer=self._lname(layer) if layer >= 0 else None, phase=phase, **{"async": is_async})
+        return f"{op} {self._lname(layer)}" if layer >= 0 else op
+
     def _sublane(self, rank: int, lane: str, a: int, z: int) -> int:
         """Lane index where [a, z] nests or follows (slices on one thread must nest)."""
         stacks = self.stacks.setdefault((rank, lane), [])
@@ -286,6 +304,15 @@ class TraceWriter:
                 if iss is not None:
                     args["queued_us"] = max(0, a - iss) / 1000
                 if iss is not None and last is not None:  # who waits for whom (ddptui.model.stragglers)
+                    last_ready = last[0] - self.origin
+                    args["last_arriver"] = last[1]
+                    args["wait_us"] = max(0, last_ready - iss) / 1000
+                    args["transfer_us"] = max(0, z - max(a, last_ready)) / 1000
+            elif kind == COLL:
+                name = self._coll(s, r, idx, args)
+                if iss is not None:
+                    args["queued_us"] = max(0, a - iss) / 1000
+                if iss is not None and last is not None:
                     last_ready = last[0] - self.origin
                     args["last_arriver"] = last[1]
                     args["wait_us"] = max(0, last_ready - iss) / 1000
