@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import psutil
 
+from ddptui.model import hang
+
 
 class Watchdog:
     def __init__(self, store, hang_s: float, hb_timeout_s: float, on_rank_gone, now: float):
@@ -37,8 +39,19 @@ class Watchdog:
             if now - self._first_error > 3.0:
                 return "; ".join(f"rank {r}: {e}" for r, e in errors)
         training = any(i.phase == "training" for i in ranks.values())
+        stuck = None
+        if training and now - self.last_progress >= hang.STALL_S:
+            # which collective the ranks are inside, and who never entered it (their heartbeats)
+            stuck = hang.stall(ranks, list(st.meta.layers))
+            if stuck is not None:
+                key = ("stall", stuck.op, stuck.seq, tuple(sorted(stuck.never)))
+                if key not in self._warned:
+                    self._warned.add(key)
+                    st.add_log(f"no progress for {now - self.last_progress:.0f} s: {stuck.text()}", "warn")
         if training and now - self.last_progress > self.hang_s:
             r, info = sorted(ranks.items(), key=lambda kv: kv[1].step)[0]
+            if stuck is not None:
+                return f"no step finished for {self.hang_s:.0f} s: {stuck.text()}"
             return (f"no step finished for {self.hang_s:.0f} s: rank {r} stuck after step {info.step} "
                     f"(hung collective?)")
         for r, info in ranks.items():

@@ -20,7 +20,7 @@ from ranks import spec
 from .jobs import JobQueue
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
-from ddptui.model import figures
+from ddptui.model import figures, hang
 from ddptui.model.views import Lane
 from .viewmodel import (PanelSpec, ViewModel, latest_steps, next_bucket_cap, plan_screen, straggler_ask,
                         straggler_where)
@@ -392,7 +392,8 @@ class DdpApp(App):
                 why = rec_error.split(" stopped: ", 1)[-1].split(";", 1)[0]
                 state.append((f" · recording stopped: {why}", theme.style(theme.WARN, bold=True)))
         gist = "" if self.panels["waits"].display else waits.compact(store, self.shown_steps())
-        return statuslines.status(store, state, gist)
+        stuck = hang.stall(store.rank_snapshot(), list(store.meta.layers))  # (heartbeats: a hung collective)
+        return statuslines.status(store, state, gist, stuck.short() if stuck else "")
 
     def _draw_banner(self) -> None:
         src = self.source

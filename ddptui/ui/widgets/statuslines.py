@@ -108,10 +108,13 @@ def replay_state(src, busy: bool = False) -> Parts:
     return parts
 
 
-def status(store: Store, state: Parts, waits_gist: str = "") -> Parts:
-    """The state, then what went wrong: dropped spans per rank, rejected frames, and the
-    waits' gist ('' when the waits panel is on screen)."""
+def status(store: Store, state: Parts, waits_gist: str = "", stall: str = "") -> Parts:
+    """The state, then what went wrong: a collective the ranks are stuck in (model/hang.py:
+    which, and who never entered it), dropped spans per rank, rejected frames, and the waits'
+    gist ('' when the waits panel is on screen)."""
     parts = list(state)
+    if stall:
+        parts.append((f" ⚠ {stall} ", theme.style("#ffffff", theme.ERROR, bold=True)))
     dropped = store.dropped_spans()
     if dropped:
         text = ", ".join(f"r{r} {n}" for r, n in dropped)

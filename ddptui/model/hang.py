@@ -1,0 +1,98 @@
+"""A hang, named: the collective the ranks are stuck in, and who never entered it.
+
+Each rank's heartbeat (once a second) says the oldest collective it has entered and not left
+(RankInfo.waiting: op, the group's sequence number, bytes, issuing layer, when it was issued
+on the rank's host clock) and how many it has entered (colls_entered). `stall(ranks, ...)`
+reads them: when a rank has been inside one collective for STALL_S or more (its heartbeat's
+time less the issue time: the rank's own clock, no clock across hosts needed), the
+collective most of those ranks are inside is THE one; every rank inside it is listed with
+how long, and every rank that is not (inside no collective, or another, or behind in its
+count) is said to have never entered it. Pure: RankInfo copies in, a `Stall` out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ranks import spec
+
+STALL_S = 3.0  # inside one collective this long, as a heartbeat says: named (beats are 1 s apart)
+
+
+@dataclass
+class Stall:
+    op: str
+    seq: int
+    nbytes: int
+    layer: str | None
+    inside: dict[int, float]  # rank -> seconds inside it (as of its last heartbeat)
+    never: dict[int, str] = field(default_factory=dict)  # rank -> where it is instead
+
+    def collective(self) -> str:
+        """'all_gather #17 (12.6 MB, h.3)'."""
+        mb = f"{self.nbytes / 1e6:.1f} MB" if self.nbytes >= 1e5 else f"{self.nbytes:,} B"
+        return f"{self.op} #{self.seq} ({mb}{', ' + self.layer if self.layer else ''})"
+
+    def lines(self) -> list[str]:
+        """One line per rank: who is inside the collective, who never entered it."""
+        what = self.collective()
+        out = [f"rank {r} inside {what} for {s:.0f} s" for r, s in sorted(self.inside.items())]
+        out += [f"rank {r} never entered it ({why})" for r, why in sorted(self.never.items())]
+        return out
+
+    def text(self) -> str:
+        """The whole of it in one line (a log line, the headless output, the status line)."""
+        inside = ", ".join(str(r) for r in sorted(self.inside))
+        who = f"rank {inside}" if len(self.inside) == 1 else f"ranks {inside}"
+        text = f"{who} inside {self.collective()} for {max(self.inside.values()):.0f} s"
+        if self.never:
+            text += "; " + "; ".join(f"rank {r} never entered it ({why})" for r, why in sorted(self.never.items()))
+        return text
+
+    def short(self) -> str:
+        """For a status line: 'stuck in AG #17 h.3 12.6 MB: r0 r1 inside 4 s · r2 never entered'."""
+        layer = f" {self.layer}" if self.layer else ""
+        text = (f"stuck in {spec.COLL_SHORT.get(self.op, self.op)} #{self.seq}{layer}: "
+                f"{' '.join(f'r{r}' for r in sorted(self.inside))} inside {max(self.inside.values()):.0f} s")
+        if self.never:
+            text += f" · {' '.join(f'r{r}' for r in sorted(self.never))} never entered"
+        return text
+
+
+def stall(ranks: dict, layer_names: list[str], min_s: float = STALL_S) -> Stall | None:
+    """The collective ranks are stuck in (module docstring), or None: no rank has been inside
+    one for `min_s`. ranks: rank -> RankInfo (its `waiting`, `colls_entered`, `hb_ts`)."""
+    stuck = {}
+    for r, info in ranks.items():
+        w, ts = info.waiting, getattr(info, "hb_ts", None)
+        if w is None or ts is None or info.finished or info.exit is not None:
+            continue
+        secs = (ts - w[4]) / 1e9
+        if secs >= min_s:
+            stuck[r] = (w, secs)
+    if not stuck:
+        return None
+    # THE collective: the one most stuck ranks are inside (ties: the oldest sequence number)
+    votes: dict[tuple, list[int]] = {}
+    for r, (w, _) in stuck.items():
+        votes.setdefault((w[0], w[1]), []).append(r)
+    (op, seq), _ = max(votes.items(), key=lambda kv: (len(kv[1]), -kv[0][1]))
+    first = next(w for w, _ in stuck.values() if (w[0], w[1]) == (op, seq))
+    layer = first[3]
+    out = Stall(op, seq, first[2], layer_names[layer] if 0 <= layer < len(layer_names) else None, {})
+    entered = [i.colls_entered for r, i in ranks.items() if i.waiting is not None
+               and (i.waiting[0], i.waiting[1]) == (op, seq) and i.colls_entered is not None]
+    most = max(entered, default=None)
+    for r, info in sorted(ranks.items()):
+        w = info.waiting
+        if w is not None and (w[0], w[1]) == (op, seq):
+            out.inside[r] = (info.hb_ts - w[4]) / 1e9 if getattr(info, "hb_ts", None) else 0.0
+            continue
+        if info.finished or info.exit is not None:
+            continue
+        n = info.colls_entered
+        count = f"{n} entered" + (f", {most} by those inside" if most is not None and n is not None and n < most else "") \
+            if n is not None else "entered count unknown"
+        where = "inside no collective" if w is None else \
+            f"inside {w[0]} #{w[1]}" + (f" ({layer_names[w[3]]})" if 0 <= w[3] < len(layer_names) else "")
+        out.never[r] = f"{where}; {count}"
+    return out
