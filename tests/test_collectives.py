@@ -176,3 +176,23 @@ def test_the_json_and_chrome_export_name_every_collective(dlrm, tmp_path):
     names = " ".join(e.get("name", "") for e in json.loads(out.read_text())["traceEvents"])
     assert "all_to_all" in names and "all_reduce" in names
     assert "all_to_all" in json.dumps(doc)
+
+
+def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
+    """Rank 1 sleeps 8 s before the script's own all_reduce at iteration 6, rank 0 waits
+    inside it: within 5 s the headless output says which collective rank 0 is inside (op,
+    sequence number, bytes) and that rank 1 never entered it; then the run goes on to its end."""
+    import re
+    import time
+    t0 = time.monotonic()
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--no-record", "--",
+                os.path.join(SCRIPTS, "stall.py"), "--iters", "10", "--at", "6", "--sleep", "8",
+                timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "never entered" in ln]
+    assert lines, r.stderr[-3000:]
+    m = re.search(r"no progress for (\d+) s: rank 0 inside all_reduce #(\d+) \(4 B\).*rank 1 never entered it",
+                  lines[0])
+    assert m and int(m.group(1)) <= 5, lines
+    assert "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 200
