@@ -129,6 +129,8 @@ def _unit_wrapper(orig, kind: str):
             return orig(self, *args, **kwargs)
         prev = tap.unit
         tap.unit = (self.modules, kind)
+        if kind == "reduce" and tap.on_reduce is not None:
+            tap.on_reduce(self.modules)
         try:
             return orig(self, *args, **kwargs)
         finally:
@@ -159,8 +161,10 @@ class CollTap:
     """A rank's view of its collectives (one a process, made by RankSession): the table of
     signatures, the collectives in flight, a sequence number per group."""
 
-    def __init__(self, rec, layer_of=None, phase_of=None):
-        self.rec = rec  # a UserRecorder: comm_issue / comm_done, cur, at
+    def __init__(self, rec, layer_of=None, phase_of=None, on_reduce=None):
+        self.rec = rec  # a Recorder: comm_issue / comm_done, cur (and `at`: a UserRecorder's)
+        self.at = getattr(rec, "at", None) or (lambda: -1)
+        self.on_reduce = on_reduce  # (FSDP unit's modules) -> None: before its reduce-scatter
         self.layer_of = layer_of or (lambda modules: -1)  # FSDP unit modules -> internal layer
         self.phase_of = phase_of  # () -> the phase now (spec.COLL_PHASES)
         self.table: dict[tuple, int] = {}  # signature -> row id
@@ -210,7 +214,7 @@ class CollTap:
             # backward, for its backward; it reduce-scatters after a unit's backward
             phase = "backward" if unit[1] == "reduce" or _graph_task() != -1 else "forward"
         else:
-            layer = rec.at()
+            layer = self.at()
             phase = self.phase_of() if self.phase_of is not None else "step"
         key = self.entered
         t = now_ns()

@@ -1,10 +1,12 @@
-"""The four training modes of the seeds, each instrumented through the same Recorder.
+"""The five training modes of the seeds, each instrumented through the same Recorder.
 
 naive        full backward, then a blocking all_reduce per parameter (not from hooks)
 interleaved  async all_reduce per parameter from post-accumulate-grad hooks, all waited
              on before the optimizer step
 ddp          DistributedDataParallel, bucketed; a comm hook times each bucket
 single       one device, whole batch, no communication (runs on rank 0 only)
+fsdp         FSDP2 (fully_shard per block): all-gathers before each block's forward and
+             backward, reduce-scatters after its backward, timed by the collective tap
 """
 from __future__ import annotations
 
@@ -364,4 +366,99 @@ class DDPStrategy(Strategy):
         return seen, reported
 
 
-STRATEGY_CLASSES = {c.name: c for c in (Naive, Interleaved, DDPStrategy, Single)}
+class FSDPStrategy(Strategy):
+    """FSDP2: fully_shard on every block fcN, then on the model (sharded at the first fsdp
+    step, every rank together). Each block's parameters are all-gathered before its forward
+    and again before its backward, its gradients reduce-scattered after it (FSDP2's
+    defaults: reshard after forward, implicit prefetching); every collective is timed by the
+    collective tap (ranks.colltap: COLL spans, attributed to the block FSDP2 gathers or
+    scatters), on only while this strategy steps. Layers are timed by module hooks (FSDP2
+    replaces the parameters, so the other strategies' parameter hooks cannot be used): a
+    block's forward from its pre-hook (after FSDP2 waited for its all-gather) to its
+    post-hook; its backward from its output's gradient to its input's, and for every block
+    (the first's input needs no gradient) to FSDP2's post-backward of its unit, which comes
+    when the block's gradients are all there, just before their reduce-scatter."""
+    name = "fsdp"
+
+    def __init__(self, base: nn.Module, rec: Recorder, device, lr: float, world: int):
+        self.module = copy.deepcopy(base).to(device)
+        self.rec, self.world, self.device, self.lr = rec, world, device, lr
+        self.tap = None
+        self.params: list = []
+        self.opt = None
+
+    def prepare(self) -> None:
+        if self.tap is None:
+            self._shard()
+
+    def _shard(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        from .colltap import CollTap
+        blocks = list(self.module.children())
+        for b in blocks:
+            fully_shard(b)
+        fully_shard(self.module)
+        self.params = list(self.module.parameters())
+        self.opt = PlainSGD(self.params, lr=self.lr)
+        index = {id(b): i for i, b in enumerate(blocks)}
+        rec = self.rec
+
+        def layer_of(modules) -> int:
+            return next((index[id(m)] for m in modules if id(m) in index), -1)
+
+        def unit_done(modules) -> None:  # FSDP2's post-backward of a block: its backward's end
+            i = layer_of(modules)
+            if i >= 0 and rec.cur is not None:
+                rec.bwd_end(i)
+        self.tap = CollTap(rec, layer_of, on_reduce=unit_done)
+        for i, b in enumerate(blocks):
+            self._hook(i, b)
+
+    def _hook(self, i: int, block: nn.Module) -> None:
+        rec = self.rec
+
+        def begin(g):
+            rec.bwd_begin(i)
+            s = rec.straggle
+            if s is not None and s.layer == i:
+                s.delay()
+
+        def end(g):
+            rec.bwd_end(i)
+
+        def pre(m, args):
+            if rec.cur is None:
+                return
+            rec.fwd_begin(i)
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(end)
+
+        def post(m, args, out):
+            if rec.cur is None:
+                return
+            rec.fwd_end(i)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(begin)
+        block.register_forward_pre_hook(pre)
+        block.register_forward_hook(post)
+
+    def step(self, x, y) -> None:
+        self.tap.activate()  # (only while FSDP2 steps: the others' collectives are theirs)
+        try:
+            super().step(x, y)
+        finally:
+            self.tap.deactivate()
+
+    def take_colls(self) -> list | None:
+        """Rows of the collectives table not reported yet, as a colls frame's rows."""
+        rows = self.tap.new_rows() if self.tap is not None else []
+        if not rows:
+            return None
+        first = self.tap.sent - len(rows)
+        return [(first + j, op, nb, size, group, layer, phase, asy)
+                for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]
+
+
+STRATEGY_CLASSES = {c.name: c for c in (Naive, Interleaved, DDPStrategy, Single, FSDPStrategy)}

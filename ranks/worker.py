@@ -186,7 +186,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
 
     from .instrument import CpuClock, CudaClock, Recorder
     from .models import build_model, make_dataset
-    from .strategies import STRATEGY_CLASSES, DDPStrategy
+    from .strategies import STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
 
     names = spec.parse_strategies(args.strategies)
     if args.batch_size % world:
@@ -319,6 +319,9 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             rec.end()
             if probe is not None:
                 probe.after(strat.name, k)
+            colls = strat.take_colls() if isinstance(strat, FSDPStrategy) else None
+            if colls:  # the collectives its spans name, before them
+                em.send_now(frames.Colls(rank=rank, strategy=strat.name, rows=colls))
             emit(rec.poll(lazy=True))
             if isinstance(strat, DDPStrategy):
                 change = strat.take_layout_change()

@@ -45,7 +45,7 @@ def test_bench_table_json_csv_and_cost_model(tmp_path):
     assert doc["state"] == "finished"
     assert doc["settings"]["ranks"] == 2 and doc["settings"]["device"] == "cpu"
     rows = doc["rows"]
-    assert [r["strategy"] for r in rows] == ["single", "naive", "interleaved", "ddp"]
+    assert [r["strategy"] for r in rows] == ["single", "naive", "interleaved", "ddp", "fsdp"]
     params = spec.param_count("small")
     n = 2
     for r in rows:
@@ -59,10 +59,13 @@ def test_bench_table_json_csv_and_cost_model(tmp_path):
             assert r["ring_bytes_per_rank_per_step"] == 0
             continue
         assert r["ranks"] == n
-        # seed 001: bytes per rank per step = 2(N-1)/N x params x 4 (fp32 gradients)
-        assert r["ring_bytes_per_rank_per_step"] == pytest.approx(2 * (n - 1) / n * params * 4)
-        # every gradient byte went through an AllReduce
-        assert r["allreduce_bytes_per_step"] == pytest.approx(params * 4)
+        # seed 001: bytes per rank per step = 2(N-1)/N x params x 4 (fp32 gradients); FSDP:
+        # all-gathers before forward and backward and a reduce-scatter, each (N-1)/N: 3(N-1)/N
+        times = 3 if r["strategy"] == "fsdp" else 2
+        assert r["ring_bytes_per_rank_per_step"] == pytest.approx(times * (n - 1) / n * params * 4)
+        # every gradient byte went through an AllReduce (FSDP: every parameter byte gathered
+        # twice and every gradient byte scattered once)
+        assert r["allreduce_bytes_per_step"] == pytest.approx((3 if times == 3 else 1) * params * 4)
         # bus bandwidth: ring bytes over measured comm time; prediction: bytes / best bandwidth
         assert r["bus_bw_gbps"] == pytest.approx(r["ring_bytes_per_rank_per_step"] / (r["comm_ms"] / 1e3) / 1e9)
         assert r["predicted_comm_ms"] == pytest.approx(
@@ -79,7 +82,7 @@ def test_bench_table_json_csv_and_cost_model(tmp_path):
 
     with open(cs, newline="") as fh:
         got = list(csv.DictReader(fh))
-    assert [g["strategy"] for g in got] == ["single", "naive", "interleaved", "ddp"]
+    assert [g["strategy"] for g in got] == ["single", "naive", "interleaved", "ddp", "fsdp"]
     assert float(got[1]["ring_bytes_per_rank_per_step"]) == pytest.approx(params * 4)  # N = 2
     assert_no_leftovers(5)
 

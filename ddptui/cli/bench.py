@@ -7,7 +7,7 @@ the same time. Then, per model:
 - the table of seed 002: model, strategy, ranks, parameters, median step, communication
   time, samples/s, speedup vs single;
 - the cost model of seed 001: bytes per rank per step = 2(N-1)/N x parameters x 4 (fp32
-  gradients), the measured bus bandwidth (the best any strategy of that model reached), and
+  gradients; fsdp: 3(N-1)/N, all-gathers before forward and backward, reduce-scatter), the measured bus bandwidth (the best any strategy of that model reached), and
   the communication time that bandwidth predicts, next to the measured one;
 - the Amdahl ceiling of seed 002: f = T_single / (T_single + T_comm_naive) with T_single
   the single strategy's median step and T_comm_naive naive's (blocking) AllReduce time;
@@ -29,7 +29,7 @@ from .options import add_numeric, run_parent
 from ddptui.reports.report import print_bench_tables, write_csv, write_json
 
 DEFAULT_MODELS = ("small", "medium")
-DEFAULT_STRATEGIES = ("naive", "interleaved", "ddp")
+DEFAULT_STRATEGIES = ("naive", "interleaved", "ddp", "fsdp")
 
 CSV_FIELDS = (
     "model", "strategy", "ranks", "device", "params", "steps", "step_ms_median", "compute_ms",
@@ -48,7 +48,7 @@ def parser() -> Parser:
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="LIST",
                    help="comma-separated, from " + ", ".join(spec.MODELS) + " (default small,medium)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), metavar="LIST",
-                   help="comma-separated, from naive, interleaved, ddp (default all three); "
+                   help="comma-separated, from naive, interleaved, ddp, fsdp (default all four); "
                         "single always runs as the baseline")
     add_numeric(p, "--steps", lo=2, hi=1_000_000, default=10,
                 help="steps per strategy (default 10; the first is warm-up and not counted)")
@@ -75,7 +75,7 @@ def parse_bench_strategies(text: str) -> list[str]:
         raise CliError(str(e)) from None
     names = [n for n in names if n != "single"]  # always the baseline, run first
     if not names:
-        raise CliError("--strategies needs at least one of naive, interleaved, ddp (single always runs)")
+        raise CliError("--strategies needs at least one of naive, interleaved, ddp, fsdp (single always runs)")
     return names
 
 

@@ -2,7 +2,10 @@
 
 - seed 001: bytes per rank per step of a ring AllReduce = 2(N-1)/N x parameters x bytes per
   gradient; the measured bus bandwidth (the best any strategy of a model reached) and the
-  communication time it predicts;
+  communication time it predicts; FSDP (fully_shard per layer, resharded after forward): an
+  all-gather of each layer's parameters before its forward and again before its backward,
+  a reduce-scatter of its gradients after it, each (N-1)/N of the layer's bytes: 3(N-1)/N x
+  parameters x bytes, half as much again as DDP's;
 - seed 002: the Amdahl ceiling f = T_single / (T_single + T_comm_naive),
   ceiling = 1 / ((1 - f) + f / N), against the speedup each strategy achieved.
 """
@@ -18,6 +21,18 @@ def ring_bytes_per_rank(params: int, ranks: int, bytes_per_grad: int = spec.BYTE
     if ranks < 2:
         return 0.0
     return 2 * (ranks - 1) / ranks * params * bytes_per_grad
+
+
+def strategy_ring_bytes(strategy: str, params: int, ranks: int,
+                        bytes_per_grad: int = spec.BYTES_PER_GRAD) -> float:
+    """Bytes each rank sends per step under a strategy: none for single, 3(N-1)/N x the
+    parameters' bytes for fsdp (all-gather forward and backward, reduce-scatter), the ring
+    AllReduce's 2(N-1)/N for the others."""
+    if strategy == "single" or ranks < 2:
+        return 0.0
+    if strategy == "fsdp":
+        return 3 * (ranks - 1) / ranks * params * bytes_per_grad
+    return ring_bytes_per_rank(params, ranks, bytes_per_grad)
 
 
 def amdahl(t_single_ms: float | None, t_comm_naive_ms: float | None, ranks: int):
@@ -49,7 +64,7 @@ def model_figures(model: str, ranks: int, summaries: list[dict], device: str) ->
         n = s.get("ranks", 1)
         measured = bool(s.get("step_ms_median"))
         speed = 1.0 if name == "single" and measured else sp.get(f"{name}_vs_single")
-        rb = ring if name != "single" else 0.0
+        rb = strategy_ring_bytes(name, params, ranks)
         rows.append({
             "model": model, "strategy": name, "ranks": n, "device": device, "params": params,
             "steps": s.get("steps", 0),
