@@ -156,7 +156,7 @@ class RankSession:
         # every other collective of this rank (its own all_reduce, all_to_all, FSDP2's
         # all-gathers and reduce-scatters): COLL spans, attributed to the running layer
         self._mod_layer: dict[int, int] = {}  # id(module) -> internal layer holding it
-        self.tap = CollTap(self.rec, self._unit_layer, self.rec.phase)
+        self.tap = CollTap(self.rec, self._unit_layer, self.rec.phase, on_reduce=self._unit_done)
         self.tap.activate()
         self.mods: list[Handle] = []
         self.names: list[str] = []  # layer names by internal index (as chosen, unprefixed)
@@ -205,6 +205,23 @@ class RankSession:
             if got is not None:
                 return got
         return -1
+
+    def _unit_done(self, modules) -> None:
+        """FSDP2's post-backward of a unit (its gradients are all there, their reduce-scatter
+        comes next): the end of its layer's backward; of the root's unit, the end of each
+        layer whose backward began and has no end yet (a first layer whose input needs no
+        gradient, a token embedding: nothing else marks it)."""
+        rec = self.rec
+        c = rec.cur
+        if c is None:
+            return
+        i = self._unit_layer(modules)
+        if i >= 0:
+            rec.bwd_end(i)
+            return
+        for j in range(rec.n_layers):
+            if c.bwd_s[j] is not None and c.bwd_e[j] is None:
+                rec.bwd_end(j)
 
     def _collectives(self):
         """(the collective this rank is inside, layer in forward order; entered so far): the heartbeat's."""
