@@ -196,3 +196,19 @@ def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
     assert m and int(m.group(1)) <= 5, lines
     assert "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 200
+
+
+def test_memory_each_rank_holds_sharded_and_replicated(fsdp, dlrm):
+    """FSDP2 on 2 ranks: each rank holds half the parameters and gradients and AdamW's two
+    moments of its half; the summary says it and what a full replica would hold. DDP holds
+    everything (SGD: no state)."""
+    doc, got, out = fsdp
+    for r in ("0", "1"):
+        m = doc["memory"][r]
+        assert m["params_bytes"] * 2 == m["model_params_bytes"], m
+        assert m["grads_bytes"] == m["params_bytes"] and m["optimizer_bytes"] == 2 * m["params_bytes"], m
+        assert m["replicated_bytes"] == 4 * m["model_params_bytes"], m
+    assert "memory per rank" in out and "a full replica" in out
+    ddoc, _, dout = dlrm
+    m = ddoc["memory"]["0"]
+    assert m["params_bytes"] == m["model_params_bytes"] == m["grads_bytes"] and m["optimizer_bytes"] == 0, m

@@ -150,12 +150,52 @@ def report_run(store, json_path: str | None, extra, *, title: str | None = None,
         print_summary(rows, meta, file=out, title=title or run_title(meta))
     elif empty:
         print(f"ddptui: warning: {empty}", file=err, flush=True)
+    memory = memory_doc(ranks)
+    if memory and any(r.get("steps") for r in rows):
+        print(memory_line(memory), file=out, flush=True)
     dropped = sum(i.dropped_spans for i in ranks.values())
     if dropped:
         print(f"ddptui: warning: {dropped} spans were dropped{when} (the app could not keep up)",
               file=err, flush=True)
     if json_path:
-        write_json(json_path, json_doc(rows, meta, extra(dropped)))
+        doc = json_doc(rows, meta, extra(dropped))
+        if memory:
+            doc["memory"] = memory
+        write_json(json_path, doc)
+
+
+def memory_doc(ranks: dict) -> dict:
+    """Per rank (a user's model: its hello says it), the bytes of training state it holds
+    after its first step, and what a replica of everything (DDP) would hold."""
+    out = {}
+    for r, info in sorted(ranks.items()):
+        m = getattr(info, "memory", None)
+        if not m:
+            continue
+        held, grads, opt, full = m
+        scale = full / held if held else 1.0  # (a shard's optimizer state, as a whole replica's)
+        out[str(r)] = {"params_bytes": held, "grads_bytes": grads, "optimizer_bytes": opt,
+                       "model_params_bytes": full,
+                       "replicated_bytes": int(full + full + opt * scale),
+                       "peak_bytes": getattr(info, "mem_peak", None)}
+    return out
+
+
+def memory_line(memory: dict) -> str:
+    """One line of what each rank holds (the largest, when they differ)."""
+    r, m = max(memory.items(), key=lambda kv: kv[1]["params_bytes"] + kv[1]["optimizer_bytes"])
+    mb = 1024 * 1024
+    held = m["params_bytes"] + m["grads_bytes"] + m["optimizer_bytes"]
+    part = (f"parameters {m['params_bytes'] / mb:.1f} of {m['model_params_bytes'] / mb:.1f} MB held"
+            if m["params_bytes"] < m["model_params_bytes"] else f"parameters {m['params_bytes'] / mb:.1f} MB")
+    line = (f"memory per rank (rank {r}, after its first step): {part}, gradients "
+            f"{m['grads_bytes'] / mb:.1f} MB, optimizer state {m['optimizer_bytes'] / mb:.1f} MB: "
+            f"{held / mb:.1f} MB")
+    if m["params_bytes"] < m["model_params_bytes"]:
+        line += f" (a full replica, as DDP holds: {m['replicated_bytes'] / mb:.1f} MB)"
+    if m.get("peak_bytes"):
+        line += f"; allocator peak {m['peak_bytes'] / mb:.0f} MB"
+    return line
 
 
 def _params(n: int) -> str:
@@ -180,7 +220,7 @@ def print_bench_tables(rows: list[dict], infos: list[dict], header: str, file=No
                   _f(r["samples_per_s"], "{:,.0f}"), _f(r["speedup_vs_single"], "{:.2f}×"))
     con.print(t)
 
-    c = Table(title="cost model (seed 001): bytes/rank/step = 2(N−1)/N × params × 4 B; "
+    c = Table(title="cost model (seed 001): bytes/rank/step = 2(N−1)/N × params × 4 B (fsdp: 3(N−1)/N); "
                     "predicted comm = bytes / bus bandwidth", header_style="bold")
     for col in ("model", "strategy", "AllReduce/step", "MB/rank/step", "bus GB/s (this)",
                 "bus GB/s (best)", "predicted comm ms", "measured comm ms", "exposed comm ms"):
