@@ -212,3 +212,32 @@ def test_memory_each_rank_holds_sharded_and_replicated(fsdp, dlrm):
     ddoc, _, dout = dlrm
     m = ddoc["memory"]["0"]
     assert m["params_bytes"] == m["model_params_bytes"] == m["grads_bytes"] and m["optimizer_bytes"] == 0, m
+
+
+def test_every_public_entry_point_is_seen(tmp_path):
+    """all_reduce (sync and async), all_gather, all_gather_into_tensor, reduce_scatter_tensor,
+    all_to_all_single, broadcast, reduce, gather, scatter, barrier, send/recv, issued by a
+    script inside a step under plain torchrun (per-rank recordings): each is a COLL span of
+    every step, with its op and bytes; the DDP buckets are not among them."""
+    import subprocess
+    import sys
+
+    from ddptui.recording.loader import load
+    from tests.helpers import cli_env
+    rec = tmp_path / "rec"
+    env = cli_env({"DDPTUI_RECORD": str(rec)})
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        os.path.join(SCRIPTS, "every_api.py")], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = load(str(rec))
+    want = {("all_reduce", 32), ("all_gather", 64), ("reduce_scatter", 64), ("all_to_all", 32),
+            ("broadcast", 32), ("reduce", 32), ("barrier", 0)}
+    for rank in (0, 1):
+        for k in range(3):
+            seen = [(c[1], c[2]) for c, _, _ in _colls(got, "ddp", rank, k)]
+            assert want <= set(seen), (rank, k, seen)
+            assert seen.count(("all_reduce", 32)) == 2 and seen.count(("all_gather", 64)) == 2, seen
+            assert {op for op, _ in seen} >= {"gather", "scatter"}, seen
+            assert ("send" if rank == 0 else "recv") in {op for op, _ in seen}, seen
+            assert all(n == 32 for op, n in seen if op == "all_reduce"), seen  # (no bucket)
