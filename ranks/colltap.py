@@ -9,8 +9,9 @@ process: a wrapper costs one attribute read when no `CollTap` is active (`_tap i
 and otherwise marks the issue, calls the method, and asks the `Work` it returns for a
 completion callback (`get_future().then`, on the backend's thread, as DDP's buckets are
 timed). What is not seen: collectives C++ issues by itself (DDP's reducer without a comm
-hook, its buffer broadcasts; `torch._C._distributed_c10d`'s functional collectives used
-under torch.compile): their work never passes through Python.
+hook, its buffer broadcasts) and the functional collectives (`torch.distributed.
+_functional_collectives`: DTensor's redistribution, torch.compile's graphs), which go from
+their C++ ops to the backend: their work never passes through a process-group method.
 
 Each collective issued inside a step becomes a COLL span (ranks.wire) whose idx is a row of
 this rank's collectives table: (op, bytes, group, issuing layer, phase, async), one row per
