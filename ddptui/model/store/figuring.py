@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+from .. import columnwise
 from .. import figures
 from .. import stragglers
 from ..clocksync import KEEP_COLLECTIVES, coll_sample
@@ -96,10 +97,17 @@ class Figuring:
                     dirty.discard(k)
         done = []
         for strategy, k, ranks, comm, want in todo:
-            rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
-            step = figures.combine(k, list(rs.values()))
-            done.append((strategy, k, ranks, rs, step, stragglers.step_waits(ranks, step.step_ms),
-                         figures.step_interval(ranks.values())))
+            place = columnwise.usable(ranks)
+            if place is not None:  # every rank the same columns: all ranks at once (numpy)
+                st = columnwise.Stacked(ranks, place)
+                rs = columnwise.rank_steps(st, comm, want)
+                step = figures.combine(k, list(rs.values()))
+                waits = columnwise.step_waits(st, step.step_ms)
+            else:
+                rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
+                step = figures.combine(k, list(rs.values()))
+                waits = stragglers.step_waits(ranks, step.step_ms)
+            done.append((strategy, k, ranks, rs, step, waits, figures.step_interval(ranks.values())))
         with self.lock:
             for strategy, k, ranks, rs, step, waits, interval in done:
                 if self.raw.get(strategy, {}).get(k) is None:

@@ -1,0 +1,89 @@
+"""The figures of a step for every rank at once (ddptui/model/columnwise.py) against the
+rank-by-rank figures (figures.rank_step, stragglers.step_waits), value for value: synthetic
+runs of 2 to 64 ranks with late ranks, an injected straggler, other collectives (all_to_all,
+FSDP's all-gathers and reduce-scatters), and the recordings in demo/ and tests/data."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ddptui.model import columnwise, figures, stragglers
+from ddptui.model.store import Store
+from ddptui.recording.synthetic import SyntheticRun
+from tests.helpers import ROOT
+
+
+def _store(run: SyntheticRun, steps: int) -> Store:
+    store = Store()
+    for f in run.header_frames():
+        store.ingest(f)
+    for k in range(steps):
+        for f in run.step_frames(k):
+            store.ingest(f)
+    return store
+
+
+def _both(store: Store) -> int:
+    """Every complete step of every strategy both ways; returns how many went column-wise."""
+    stacked = 0
+    for strategy, steps in store.span_batches().items():
+        want = store.expected_ranks(strategy)
+        for k, ranks in steps.items():
+            if len(ranks) < want:
+                continue
+            ranks = dict(sorted(ranks.items()))
+            comm = {r: (store.comm_bytes_fn(strategy, r, k), store.coll_row_fn(strategy, r)) for r in ranks}
+            rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
+            step_ms = figures.combine(k, list(rs.values())).step_ms
+            sw = stragglers.step_waits(ranks, step_ms)
+            place = columnwise.usable(ranks)
+            if place is None:
+                continue
+            stacked += 1
+            st = columnwise.Stacked(ranks, place)
+            assert columnwise.rank_steps(st, comm, want) == rs, (strategy, k)
+            cw = columnwise.step_waits(st, step_ms)
+            if sw is None:
+                assert cw is None
+                continue
+            for field in ("wait_ms", "caused_ms", "transfer_ms", "last_arriver", "culprit",
+                          "layer_excess_ms", "step", "t_ns"):
+                assert getattr(cw, field) == getattr(sw, field), (strategy, k, field)
+            assert [(c.key, c.ready, c.end, c.last, c.last_ready) for c in cw.collectives] == \
+                   [(c.key, c.ready, c.end, c.last, c.last_ready) for c in sw.collectives], (strategy, k)
+            assert cw.batches == sw.batches
+    return stacked
+
+
+@pytest.mark.parametrize("world,strategies,kw", [
+    (2, ("naive", "interleaved", "ddp", "single"), {}),
+    (8, ("naive", "ddp"), {"late": (0.5, 10.0, 90.0)}),
+    (33, ("naive", "ddp"), {"slow": (5, 1, 40.0), "late": (0.3, 5.0, 60.0)}),
+    (4, ("ddp", "fsdp"), {"a2a_after": 1, "late": (0.5, 10.0, 90.0)}),
+    (64, ("fsdp",), {"slow": (7, 2, 30.0)}),
+])
+def test_column_wise_figures_equal_rank_by_rank(world, strategies, kw):
+    run = SyntheticRun("medium", world, strategies, seed=world, **kw)
+    store = _store(run, 12)
+    assert _both(store) >= 12 * len([s for s in strategies if s != "single"])
+
+
+@pytest.mark.parametrize("path", ["demo/cpu-medium-2ranks.ddptui", "demo/cpu-small-2ranks.ddptui",
+                                  "tests/data/user-transformer-2ranks.ddptui"])
+def test_column_wise_figures_equal_on_recordings(path):
+    from ddptui.recording.loader import load
+    got = load(os.path.join(ROOT, path))
+    assert _both(got.store) > 0
+
+
+def test_union_lengths_row_by_row():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(0, 9))
+        s = rng.integers(0, 1000, size=(5, n))
+        e = s + rng.integers(-50, 300, size=(5, n))  # (empty and reversed intervals too)
+        got = columnwise.union_lengths(s.astype(np.int64), e.astype(np.int64)).tolist()
+        want = [figures.union_length(list(zip(s[i].tolist(), e[i].tolist()))) if n else 0 for i in range(5)]
+        assert got == want
