@@ -111,6 +111,7 @@ class RankTimeline:
     colls: list[Coll]  # the gradient AllReduces (COMM): what a plan re-buckets
     # every other collective (COLL: the script's own, FSDP's...): kept where it ran, fixed
     fixed: list[tuple[float, float]] = field(default_factory=list)
+    tail_ms: float | None = None  # the tail, when the timeline was moved (`with_calls`)
 
     @property
     def last_compute(self) -> float:
@@ -119,6 +120,8 @@ class RankTimeline:
     @property
     def tail(self) -> float:
         """After the last collective (or backward): finalize and optimizer."""
+        if self.tail_ms is not None:
+            return self.tail_ms
         last = max([self.last_compute] + [c.end for c in self.colls] + [z for _, z in self.fixed])
         return max(0.0, self.end - last)
 
@@ -160,13 +163,20 @@ def ring_factor(n: int) -> float:
 
 @dataclass
 class CommFit:
-    """Collective time = alpha + beta x bytes, fitted at `world` ranks."""
+    """Collective time = alpha + beta x bytes, fitted at `world` ranks; plus, apart from it, a
+    per-call host cost `call_ms` (the Python call, c10d's bookkeeping, the launch) spent on the
+    thread that issues the collective: it delays the compute issued after it (an overlapped
+    collective's hook runs on the backward's thread) and the collective's start. It does not
+    grow with the world size. 0 unless given or fitted (`fit_calls`: from naive runs, whose
+    blocking calls show it): a recording's own collectives measure it inside alpha and their
+    backward already holds it."""
     alpha_ms: float
     beta_ms_per_mb: float
     n: int  # collectives fitted
     err_pct: float  # RMS relative error of the fit over them
     world: int
     sizes: int = 0  # distinct sizes seen (alpha is 0 with one)
+    call_ms: float = 0.0  # per-call host cost, on the issuing thread
 
     @property
     def hop_ms(self) -> float:
@@ -215,6 +225,56 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return alpha, beta, 100.0 * err
 
 
+def _solve(rows: list[list[float]], ys: list[float]) -> list[float] | None:
+    """Least squares of relative error (weights 1/y^2) by the normal equations; None if singular."""
+    k = len(rows[0])
+    a = [[sum(r[i] * r[j] / (y * y) for r, y in zip(rows, ys)) for j in range(k)] for i in range(k)]
+    b = [sum(r[i] * y / (y * y) for r, y in zip(rows, ys)) for i in range(k)]
+    for c in range(k):  # Gauss-Jordan, partial pivoting
+        piv = max(range(c, k), key=lambda i: abs(a[i][c]))
+        if abs(a[piv][c]) < 1e-18:
+            return None
+        a[c], a[piv], b[c], b[piv] = a[piv], a[c], b[piv], b[c]
+        for i in range(k):
+            if i != c:
+                f = a[i][c] / a[c][c]
+                a[i] = [x - f * y for x, y in zip(a[i], a[c])]
+                b[i] -= f * b[c]
+    return [b[i] / a[i][i] for i in range(k)]
+
+
+def fit_calls(runs: list[tuple[int, float, int, float]], world: int = 2) -> CommFit:
+    """The collective cost from blocking runs' totals (naive DP: one blocking AllReduce per
+    parameter tensor, after the backward): runs = [(calls per step, gradient bytes per step,
+    world size, measured communication ms per step)], fitted as
+    calls x (call + 2(N-1) x hop) + bytes x 2(N-1)/N x beta' (relative least squares, each
+    term >= 0). Returns a CommFit at `world` ranks: call_ms the per-call host cost, alpha the
+    ring's latency 2(W-1) x hop, beta = beta' x 2(W-1)/W."""
+    if not runs:
+        raise WhatIfError("no naive run to fit the per-call cost to")
+    cols = [lambda c, b, n: c, lambda c, b, n: c * 2 * (n - 1), lambda c, b, n: b / MIB * ring_factor(n)]
+    ys = [ms for *_, ms in runs]
+    if any(y <= 0 for y in ys):
+        raise WhatIfError("a naive run without communication time")
+    use = [0, 1, 2]
+    while True:  # drop a term fitted negative (no ring latency when every run has one world size)
+        rows = [[cols[i](c, b, n) for i in use] for c, b, n, _ in runs]
+        sol = _solve(rows, ys) if len(runs) >= len(use) else None
+        if sol is not None and min(sol) >= 0:
+            break
+        if len(use) == 1:
+            sol = [max(0.0, sol[0]) if sol else 0.0]
+            break
+        drop = use[sol.index(min(sol))] if sol is not None else use[1 if 1 in use else -1]
+        use = [i for i in use if i != drop]
+    coef = dict(zip(use, sol))
+    call, hop, bp = coef.get(0, 0.0), coef.get(1, 0.0), coef.get(2, 0.0)
+    pred = [call * c + hop * c * 2 * (n - 1) + bp * b / MIB * ring_factor(n) for c, b, n, _ in runs]
+    err = (sum(((p - y) / y) ** 2 for p, y in zip(pred, ys)) / len(ys)) ** 0.5
+    return CommFit(2 * (max(2, world) - 1) * hop, bp * ring_factor(max(2, world)), sum(c for c, *_ in runs),
+                   100.0 * err, world, len({round(b) for _, b, _, _ in runs}), call)
+
+
 # -- what predictions are made from ----------------------------------------------------------
 @dataclass
 class Basis:
@@ -235,6 +295,31 @@ class Basis:
     @property
     def order(self) -> list[int]:
         return ready_order(self.assignment, len(self.param_bytes))
+
+
+def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: float,
+                    strategy: str = "ddp", world: int = 2, overhead_ms: float = 0.0,
+                    cap_mb: float = spec.DEFAULT_BUCKET_CAP_MB, explicit: bool = False,
+                    lanes: int = 1, backend: str = "nccl") -> Basis:
+    """A step described rather than recorded: [(numel, layer)] per parameter tensor in
+    definition order, `compute_ms` of forward (1/3) and backward (2/3) spread over the layers
+    in proportion to their parameters, then `overhead_ms` of step overhead that overlaps
+    nothing (the launch-bound work a data-parallel step adds: batch slicing, gradient
+    scaling, the optimizer's launches), on one rank standing for all."""
+    layers = max(layer for _, layer in params) + 1
+    per_layer = [0] * layers
+    for n, layer in params:
+        per_layer[layer] += n
+    total = sum(per_layer) or 1
+    fwd, bwd = compute_ms / 3, 2 * compute_ms / 3
+    t, bwd_end = fwd, {}
+    for layer in reversed(range(layers)):
+        t += bwd * per_layer[layer] / total
+        bwd_end[layer] = t
+    tr = {0: RankTimeline(0, 0.0, t + max(0.0, overhead_ms), [(0.0, t)], bwd_end, [])}
+    return Basis(strategy, world, lanes, backend, [n * bytes_per for n, _ in params],
+                 [layer for _, layer in params], cap_mb if strategy == "ddp" else None, explicit,
+                 None, [0], [tr], [{}])
 
 
 def _explicit_at(store, step: int) -> bool:
@@ -381,11 +466,40 @@ class SimRank:
     comm_ms: float
 
 
+def _issue_times(t: RankTimeline, colls, delays: Delays, param_layer: list[int], r: int) -> list[float]:
+    """When each collective of a plan is issued on this rank's recorded axis (non-blocking)."""
+    out, prev = [], float("-inf")
+    for params, _ in colls:
+        ends = [t.bwd_end.get(param_layer[p], t.last_compute) for p in params or []]
+        prev = max(prev, (max(ends) if ends else t.last_compute) + delays.ready.get(r, 0.0))
+        out.append(prev)
+    return out
+
+
+def with_calls(t: RankTimeline, issued: list[float], call_ms: float) -> RankTimeline:
+    """The rank's step with a host cost of `call_ms` per collective issued at `issued`: every
+    point after an issue moves by call_ms, less the recorded collectives' own (already in it)."""
+    old = sorted(c.ready for c in t.colls)
+    new = sorted(issued)
+
+    def sh(x: float) -> float:
+        return x + call_ms * (sum(1 for v in new if v < x) - sum(1 for v in old if v < x))
+    return RankTimeline(t.rank, t.start, sh(t.end), [(sh(a), sh(z)) for a, z in t.compute],
+                        {k: sh(v) for k, v in t.bwd_end.items()}, t.colls,
+                        [(sh(a), sh(z)) for a, z in t.fixed], t.tail)
+
+
 def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, int]], cost, lanes: int,
-             delays: Delays, param_layer: list[int], blocking: bool = False) -> dict[int, SimRank]:
+             delays: Delays, param_layer: list[int], blocking: bool = False,
+             call_ms: float = 0.0) -> dict[int, SimRank]:
     """One step under a plan of collectives: [(params it carries (None: after the backward),
-    bytes)] in launch order; cost(bytes) -> ms."""
+    bytes)] in launch order; cost(bytes) -> ms on the lane; call_ms the per-call host cost
+    (blocking: before each call, on the same thread; else: on the thread that issues it, so
+    the compute after it is delayed, and the collective is ready after it)."""
+    if call_ms and not blocking:
+        tr = {r: with_calls(t, _issue_times(t, colls, delays, param_layer, r), call_ms) for r, t in tr.items()}
     free = {r: [0.0] * max(1, lanes) for r in tr}
+    host = {r: float("-inf") for r in tr}
     prev_ready = {r: float("-inf") for r in tr}
     prev_end = {r: None for r in tr}
     spans: dict[int, list[tuple[float, float]]] = {r: [] for r in tr}
@@ -395,11 +509,13 @@ def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, in
             if blocking:
                 pe = prev_end[r]
                 ready = (t.last_compute + delays.ready.get(r, 0.0) if pe is None
-                         else pe + delays.gap.get(r, 0.0))
+                         else pe + delays.gap.get(r, 0.0)) + call_ms
             else:
                 ends = [t.bwd_end.get(param_layer[p], t.last_compute) for p in params or []]
                 ready = max([prev_ready[r], (max(ends) if ends else t.last_compute) + delays.ready.get(r, 0.0)])
                 prev_ready[r] = ready
+                if call_ms:  # the issuing thread makes one call after another
+                    ready = host[r] = max(ready, host[r]) + call_ms
             lane = min(range(len(free[r])), key=lambda i: free[r][i])
             local[r] = (max(ready, free[r][lane]), lane)
         s = max(v[0] for v in local.values())
@@ -462,7 +578,7 @@ def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int 
     steps, comms, exps, bare = [], [], [], []
     for tr in basis.traces:
         sim = simulate(tr, colls, lambda nb: fit.ms(nb, n, bus_gbps, hop_ms), basis.lanes, delays,
-                       basis.param_layer, blocking)
+                       basis.param_layer, blocking, fit.call_ms)
         zero = simulate(tr, colls, lambda nb: 0.0, basis.lanes, delays, basis.param_layer, blocking)
         steps.append(max(s.step_ms for s in sim.values()))
         comms.append(statistics.mean(s.comm_ms for s in sim.values()))
