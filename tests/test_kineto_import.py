@@ -156,7 +156,10 @@ def test_a100_nccl_traces(tmp_path):
     doc = _summary(d, tmp_path)
     assert doc["steps_read"] == {"ddp": 3} and doc["backend"] == "nccl"
     (s,) = doc["strategies"]
-    assert s["allreduce_calls_per_step"] == 7
+    # 5 DDP buckets; DDP's 2 buffer broadcasts in its forward are other collectives (COLL)
+    assert s["allreduce_calls_per_step"] == 5 and s["collective_calls_per_step"] == 2
+    assert {(c["op"], c["phase"], c["calls_per_step"]) for c in s["collectives"]} == {
+        ("broadcast", "forward", 2), ("all_reduce", "backward", 5)}
     per_step = _nccl_per_step(a100_doc())
     expect = (per_step[1] + per_step[2]) / 2  # the median of the steps after the first
     assert s["comm_ms"] == pytest.approx(expect, rel=0.05)
@@ -167,12 +170,12 @@ def test_a100_nccl_traces(tmp_path):
     spans = _spans_by_step(d)
     for (r, k), sp in spans.items():
         kinds = {x[0] for x in sp}
-        assert {wire.FWD, wire.BWD, wire.COMM, wire.OPT, wire.STEP} <= kinds, (r, k)
+        assert {wire.FWD, wire.BWD, wire.COMM, wire.COLL, wire.OPT, wire.STEP} <= kinds, (r, k)
     r0 = {k: sp for (r, k), sp in spans.items() if r == 0}
     r1 = {k: sp for (r, k), sp in spans.items() if r == 1}
     for k in r0:  # same work, 250 µs later
-        a = sorted(x[2] for x in r0[k] if x[0] == wire.COMM)
-        b = sorted(x[2] for x in r1[k] if x[0] == wire.COMM)
+        a = sorted(x[2] for x in r0[k] if x[0] in wire.COMM_KINDS)
+        b = sorted(x[2] for x in r1[k] if x[0] in wire.COMM_KINDS)
         assert a == b  # relative to each frame's own base
 
 

@@ -3,7 +3,7 @@ per rank (``*.json`` or ``*.json.gz``, as ``tensorboard_trace_handler`` writes t
 
 `recording.rankset.open_reader(DIR)` is a KinetoReader when DIR holds such traces (and no
 ``rank<r>.ddptui``), so summary, replay and export read them through the same Feed into the
-same Store as a recording. What becomes what (strategy ``ddp``, times in the trace's own
+same Store as a recording. What becomes what (strategy ``ddp`` or ``fsdp``, times in the trace's own
 clock, ns):
 
 - step k: ``ProfilerStep#k`` (the training thread is the thread of those records). On GPU the
@@ -13,6 +13,13 @@ clock, ns):
   worker threads take the work in issue order). A step's collectives are numbered in issue
   order; the i-th collective of step k of every rank is one collective (matched by order).
   Its bytes: the kernel's ``In msg nelems`` and ``dtype``, or the record's input dims.
+  An all_reduce is a gradient AllReduce (a COMM span, one "bucket" each); any other op (the
+  kernel's or record_param_comms' ``Collective name``, else the kernel's, c10d op's or gloo
+  record's name) is a COLL span with a row of the rank's collectives table (a ``colls``
+  frame; one row per distinct row, in first-seen order): its op, its buffer's bytes (the
+  larger of in and out: an all-gather's gathered output), its group (the args', else the
+  run's one group), the layer whose forward range or backward node issued it (else -1), and
+  the pass (``_Where``). A trace with FSDP's ``FSDP::`` annotations is strategy ``fsdp``.
 - compute, per layer: the layers are module records (``nn.Module: X``, ``with_modules=True``
   with Python stacks) or ``record_function`` ranges on the training thread inside the
   forward (``DistributedDataParallel.forward`` when present), at the shallowest level with at
@@ -33,7 +40,7 @@ import json
 import os
 import re
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from typing import Any
 
 import msgspec
@@ -46,7 +53,15 @@ STRATEGY = spec.USER_STRATEGY
 NCCL_KERNELS = ("ncclKernel_", "ncclDevKernel_")
 EVAL = "autograd::engine::evaluate_function: "
 TORCH_RANGES = ("ProfilerStep#", "Optimizer.", "DistributedDataParallel.", "nccl:", "gloo:",
-                "c10d::", "record_param_comms", "## ")
+                "c10d::", "record_param_comms", "## ", "FSDP::")
+# the Python calls of a backward (with_stack=True): a collective issued inside one is in the backward
+_BACKWARD_CALL = re.compile(r".*torch/autograd/(__init__|graph)\.py\(\d+\): (backward|_engine_run_backward)$")
+# a collective's name (an NCCL kernel's, a c10d op's, a gloo record's, record_param_comms'
+# `Collective name`), lower case without '_', to its op (spec.COLL_OPS); the first match wins
+_OP_KEYS = (("reducescatter", "reduce_scatter"), ("allreduce", "all_reduce"),
+            ("allgather", "all_gather"), ("alltoall", "all_to_all"), ("sendrecv", "all_to_all"),
+            ("broadcast", "broadcast"), ("barrier", "barrier"), ("reduce", "reduce"),
+            ("gather", "gather"), ("scatter", "scatter"), ("send", "send"), ("recv", "recv"))
 DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8,
                "float64": 8, "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1,
                "bool": 1, "uint8": 1, "int8": 1, "short": 2, "int16": 2}
@@ -63,6 +78,11 @@ class _Args(msgspec.Struct):
     dtype: Any = None
     dims: Any = msgspec.field(name="Input Dims", default=None)
     types: Any = msgspec.field(name="Input type", default=None)
+    coll: Any = msgspec.field(name="Collective name", default=None)
+    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
+    group_size: Any = msgspec.field(name="Group size", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
 
 
 class _Ev(msgspec.Struct):
@@ -203,6 +223,40 @@ def _numel(dims) -> int:
     return n if d else 0
 
 
+def coll_op(name) -> str | None:
+    """The op (spec.COLL_OPS) a collective's name says (``ncclDevKernel_AllGather_...``,
+    ``c10d::_reduce_scatter_base_``, ``gloo:all_to_all``, ``allgather_into_tensor_coalesced``),
+    or None. A ``SendRecv`` kernel is an all_to_all (point-to-point calls name themselves)."""
+    if not isinstance(name, str):
+        return None
+    n = name.split("(", 1)[0].lower().replace("_", "")
+    for key, op in _OP_KEYS:
+        if key in n:
+            return op
+    return None
+
+
+def _input_bytes(a) -> int:
+    """Bytes of a c10d op's buffer: the larger of its first two inputs (the gathered output of
+    an all-gather, the input of a reduce-scatter; as ranks/colltap.py counts them)."""
+    dims = a.dims if a is not None else None
+    if not isinstance(dims, list):
+        return 0
+    types = a.types if isinstance(a.types, list) else []
+    best = 0
+    for i in range(min(2, len(dims))):
+        ty = types[i] if i < len(types) else ""
+        best = max(best, _numel(dims[i:i + 1]) * DTYPE_BYTES.get(str(ty).lower(), 4))
+    return best
+
+
+def _msg_group(a) -> tuple[int, str]:
+    """(group size, group name) a kernel's or record_param_comms' args say (0, "") if not."""
+    size = _int(a.group_size, 0)
+    name = a.pg_desc if isinstance(a.pg_desc, str) and a.pg_desc else a.pg_name
+    return size, (str(name) if name is not None else "")
+
+
 class KinetoRankEvents:
     """One rank's Kineto trace file reduced, as it is read, to the events ddptui uses (steps,
     ranges, autograd nodes, kernels, collectives); rank_steps turns them into per-step spans."""
@@ -214,9 +268,13 @@ class KinetoRankEvents:
         self.ranges: list = []      # (t0, t1, tid, name, module?)
         self.evals: list = []       # (t0, t1, tid, seq, accumulate?)
         self.fwd_seq: dict = {}     # sequence number -> forward op start
-        self.c10d: list = []        # (t0, name, bytes) of c10d:: ops (issue; bytes from their input dims)
+        self.c10d: list = []        # (t0, name, bytes, tid, buffer bytes, t1) of c10d:: ops (issue; bytes
+        #                             from their input dims; the buffer: see _input_bytes)
         self.gloo: list = []        # (t0, t1, name, bytes)
-        self.nccl: list = []        # (t0, t1, ext, bytes)
+        self.nccl: list = []        # (t0, t1, ext, bytes, (op, buffer bytes, group size, group name))
+        self.comms: list = []       # (t0, tid, op, group size, group name) of record_param_comms
+        self.bwd_calls: list = []   # (t0, t1) of the Python backward calls (with_stack)
+        self.fsdp = False           # FSDP:: ranges seen (FSDP's own annotations)
         self.k_t0, self.k_t1, self.k_ext = array("q"), array("q"), array("q")
         self.ext_t0, self.ext_tid = array("q"), array("q")  # launching op by External id
         self.tids: dict = {}
@@ -241,7 +299,11 @@ class KinetoRankEvents:
                 ext = _int(a.ext) if a is not None else -1
                 if name.startswith(NCCL_KERNELS):
                     size = DTYPE_BYTES.get(str(a.dtype).lower(), 4) if a is not None else 4
-                    self.nccl.append((t0, t1, ext, _int(a.nelems, 0) * size if a is not None else 0))
+                    nb = _int(a.nelems, 0) * size if a is not None else 0
+                    op = (coll_op(a.coll) if a is not None else None) or coll_op(name[len("nccl"):])
+                    g = _msg_group(a) if a is not None else (0, "")
+                    full = max(nb, _int(a.out_nelems, 0) * size if a is not None else 0)
+                    self.nccl.append((t0, t1, ext, nb, (op or "", full, g[0], g[1])))
                 else:
                     self.k_t0.append(t0)
                     self.k_t1.append(t1)
@@ -261,6 +323,8 @@ class KinetoRankEvents:
             if cat == "python_function":
                 if name.startswith("nn.Module: "):
                     self.ranges.append((t0, t1, tid, name[len("nn.Module: "):], True))
+                elif name.endswith("backward") and _BACKWARD_CALL.match(name):
+                    self.bwd_calls.append((t0, t1))
                 continue
             if name.startswith("ProfilerStep#"):
                 k = _int(name[len("ProfilerStep#"):])
@@ -272,12 +336,18 @@ class KinetoRankEvents:
                                   * DTYPE_BYTES.get(str(ty).lower(), 4)))
             elif name.startswith("c10d::"):
                 ty = a.types[0] if a is not None and isinstance(a.types, list) and a.types else ""
-                self.c10d.append((t0, name, _numel(a.dims if a else None) * DTYPE_BYTES.get(str(ty).lower(), 4)))
+                self.c10d.append((t0, name, _numel(a.dims if a else None) * DTYPE_BYTES.get(str(ty).lower(), 4),
+                                  tid, _input_bytes(a), t1))
+            elif name == "record_param_comms":
+                if a is not None:
+                    self.comms.append((t0, tid, coll_op(a.coll) or "", *_msg_group(a)))
             elif name.startswith(EVAL):
                 self.evals.append((t0, t1, tid, _int(a.seq) if a is not None else -1,
                                    "AccumulateGrad" in name))
             elif cat == "user_annotation" or name.startswith(("Optimizer.", "DistributedDataParallel.")):
                 self.ranges.append((t0, t1, tid, name, False))
+                if name.startswith("FSDP::"):
+                    self.fsdp = True
             elif a is not None and not a.fwd_tid:  # forward ops: no (or 0) "Fwd thread id"
                 seq = _int(a.seq)
                 if seq >= 0:
@@ -396,6 +466,7 @@ def rank_steps(tr: KinetoRankEvents, names: list[str], per_step) -> dict:
             layer = prev[-1][2] if prev else len(names) - 1
         by_tid.setdefault(tid, []).append((t0, t1, layer, k))
     gpu = len(tr.k_t0) > 0 or len(tr.nccl) > 0
+    node_lists = {tid: (ns, [n[0] for n in ns]) for tid, ns in by_tid.items()}
     if not gpu:
         for k, (lv, _) in fwd_lists.items():
             for t0, t1, j in lv:
@@ -410,7 +481,6 @@ def rank_steps(tr: KinetoRankEvents, names: list[str], per_step) -> dict:
         for k, s0, s1, _ in tr.steps:
             add(k, wire.STEP, 0, s0, s1)
     else:
-        node_lists = {tid: (ns, [n[0] for n in ns]) for tid, ns in by_tid.items()}
         ext_t0, ext_tid, n_ext = tr.ext_t0, tr.ext_tid, len(tr.ext_t0)
         for kt0, kt1, ext in zip(tr.k_t0, tr.k_t1, tr.k_ext):
             if not 0 < ext < n_ext or ext_t0[ext] < 0:
@@ -436,37 +506,117 @@ def rank_steps(tr: KinetoRankEvents, names: list[str], per_step) -> dict:
                     node = nl[0][i][2]
             if node is not None:
                 add(k, wire.BWD, node, kt0, kt1)
-    # collectives in issue order per step
+    where = _Where(tr, main, fwd_lists, node_lists, opt, opt_starts, len(names))
+    # collectives in issue order per step: (t0, t1, issued, bytes, what): what is None for an
+    # all_reduce (a gradient AllReduce, a COMM span) or a collective of no known op, else
+    # (op, bytes, group size, group, layer, phase) of a COLL span
     colls: dict = {}
     if tr.nccl:
         launched = []  # issue order: when the launching op started (then the kernel)
-        for t0, t1, ext, nb in tr.nccl:
-            lt = tr.ext_t0[ext] if 0 < ext < len(tr.ext_t0) else -1
-            launched.append((lt if lt >= 0 else t0, t0, t1, nb))
-        for lt, t0, t1, nb in sorted(launched):
+        for t0, t1, ext, nb, (op, full, gsize, gname) in tr.nccl:
+            ok = 0 < ext < len(tr.ext_t0) and tr.ext_t0[ext] >= 0
+            lt, ltid = (tr.ext_t0[ext], tr.ext_tid[ext]) if ok else (t0, -1)
+            launched.append((lt, t0, t1, nb, ltid, op, full, gsize, gname))
+        for lt, t0, t1, nb, ltid, op, full, gsize, gname in sorted(launched, key=lambda x: x[:4]):
             k = step_of(lt)
             if k is not None:
-                colls.setdefault(k, []).append((t0, t1, t0, nb))
+                what = None
+                if op and op != "all_reduce":
+                    what = (op, 0 if op == "barrier" else full, gsize, gname, *where(lt, ltid, k))
+                colls.setdefault(k, []).append((t0, t1, t0, nb, what))
                 add(k, wire.STEP, 0, t0, t1)
     else:
         issued = sorted(tr.c10d)
         work = sorted(tr.gloo)
         paired = len(issued) == len(work)
-        for i, (t0, t1, _name, nb) in enumerate(work):
+        comms = sorted(tr.comms)
+        c_starts = [c[0] for c in comms]
+        for i, (t0, t1, name, nb) in enumerate(work):
             iss = issued[i][0] if paired else t0
             if not nb and paired:  # a record still open when the profiler stopped (torch 2.11
                 nb = issued[i][2]  # writes it without its input dims): its c10d op's size
             k = step_of(iss) if paired else step_of(t0)
             if k is not None:
-                colls.setdefault(k, []).append((t0, t1, min(iss, t0), nb))
+                op = (coll_op(issued[i][1]) if paired else None) or coll_op(name)
+                what = None
+                if op and op != "all_reduce":
+                    full = issued[i][4] if paired else nb
+                    tid = issued[i][3] if paired else main
+                    gsize, gname = 0, ""
+                    j = bisect_left(c_starts, iss)  # its record_param_comms (inside it), if any
+                    if paired and j < len(comms) and comms[j][0] <= issued[i][5] and comms[j][1] == tid:
+                        gsize, gname = comms[j][3], comms[j][4]
+                    what = (op, 0 if op == "barrier" else full, gsize, gname, *where(iss, tid, k))
+                colls.setdefault(k, []).append((t0, t1, min(iss, t0), nb, what))
     for k, _s0, _s1, _ in tr.steps:
         spans = [(kind, idx, v[0], v[1]) for (kk, kind, idx), v in acc.items() if kk == k]
         if not any(s[0] == wire.STEP for s in spans):
             continue
         cs = colls.get(k, [])
-        spans += [(wire.COMM, i, c[0], c[1]) for i, c in enumerate(cs)]
-        out[k] = {"spans": spans, "iss": [c[2] for c in cs], "bytes": [c[3] for c in cs]}
+        ar = [c for c in cs if c[4] is None]
+        spans += [(wire.COMM, i, c[0], c[1]) for i, c in enumerate(ar)]
+        out[k] = {"spans": spans, "iss": [c[2] for c in ar], "bytes": [c[3] for c in ar],
+                  "colls": [(c[0], c[1], c[2], c[4]) for c in cs if c[4] is not None]}
     return out
+
+
+class _Where:
+    """(phase, layer) of a collective issued at t on thread tid in step k: inside an autograd
+    node, the backward and the node's layer; inside Optimizer.step, the optimizer; inside a
+    layer's forward range, the forward and that layer; inside a Python backward call (or
+    between a step's first and last autograd node), the backward; inside any module's forward
+    (the whole model's: FSDP's root), the forward; else the step. Layer -1 where no layer's
+    range holds it."""
+
+    def __init__(self, tr, main, fwd_lists, node_lists, opt, opt_starts, n_layers):
+        self.main, self.fwd_lists, self.node_lists = main, fwd_lists, node_lists
+        self.opt, self.opt_starts = opt, opt_starts
+        self.one = n_layers == 1 and not any(m for *_, m in tr.ranges)
+        wins = list(tr.bwd_calls)
+        for tid, (ns, _) in node_lists.items():  # a step's nodes, first to last
+            per: dict = {}
+            for t0, t1, _j, k in ns:
+                w = per.get(k)
+                per[k] = (t0, t1) if w is None else (min(w[0], t0), max(w[1], t1))
+            wins += per.values()
+        self.bwd = _union(wins)
+        self.fwd = _union([(t0, t1) for t0, t1, tid, n, m in tr.ranges if tid == main and
+                           (m or n.startswith("DistributedDataParallel.forward"))])
+
+    def __call__(self, t: int, tid: int, k: int) -> tuple[int, str]:
+        nl = self.node_lists.get(tid)
+        if nl is not None:
+            i = bisect_right(nl[1], t) - 1
+            if i >= 0 and nl[0][i][0] <= t <= nl[0][i][1]:
+                return nl[0][i][2], "backward"
+        if _assign(t, self.opt, self.opt_starts) is not None:
+            return -1, "optimizer"
+        if tid == self.main and k in self.fwd_lists and not self.one:
+            lv, starts = self.fwd_lists[k]
+            j = _assign(t, lv, starts)
+            if j is not None:
+                return j, "forward"
+        if _inside(t, self.bwd):
+            return -1, "backward"
+        if _inside(t, self.fwd):
+            return -1, "forward"
+        return -1, "step"
+
+
+def _union(spans: list) -> tuple[list, list]:
+    """Sorted, merged (t0, t1) intervals, and their starts."""
+    out: list = []
+    for t0, t1 in sorted(spans):
+        if out and t0 <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], t1))
+        else:
+            out.append((t0, t1))
+    return out, [o[0] for o in out]
+
+
+def _inside(t: int, merged: tuple[list, list]) -> bool:
+    i = bisect_right(merged[1], t) - 1
+    return i >= 0 and merged[0][i][0] <= t <= merged[0][i][1]
 
 
 class KinetoReader:
@@ -485,6 +635,7 @@ class KinetoReader:
         ranks: dict[int, tuple] = {}
         world = backend = None
         names = None
+        fsdp = False
         for f in files:
             tr = KinetoRankEvents(f)
             r, w, b = tr.dist()
@@ -502,6 +653,7 @@ class KinetoReader:
                 names = ln
             ranks[r] = (f, tr.info, rank_steps(tr, names, per_step if ln == names else None),
                         bool(len(tr.k_t0) or tr.nccl))
+            fsdp = fsdp or tr.fsdp
             del tr
         missing = sorted(set(range(world)) - set(ranks))
         if missing:
@@ -517,7 +669,9 @@ class KinetoReader:
                     sizes[i] = sizes[i] or nb
         self.params = [[f"collective {i}", nb // 4, len(self.layers) - 1] for i, nb in enumerate(sizes)]
         gpu = any(g for *_, g in ranks.values())
-        self.meta = {"ddptui": "0.1.0", "model": "trace", "strategies": [STRATEGY], "world": world,
+        # an FSDP run (its FSDP:: annotations) is drawn in the fsdp pane, any other as ddp
+        self.strategy = spec.USER_FSDP_STRATEGY if fsdp else STRATEGY
+        self.meta = {"ddptui": "0.1.0", "model": "trace", "strategies": [self.strategy], "world": world,
                      "layers": self.layers, "params": self.params, "steps": 0, "batch": 0,
                      "backend": backend, "user": True, "source": "torch.profiler",
                      "device": "cuda" if gpu else "cpu",
@@ -528,10 +682,12 @@ class KinetoReader:
         for r in sorted(self.ranks):
             yield frames.Hello(rank=r, world=world, device=self.meta["devices"][str(r)],
                                backend=self.meta["backend"][:16], model="trace", layers=self.layers,
-                               params=[tuple(p) for p in self.params], strategies=[STRATEGY], steps=0)
+                               params=[tuple(p) for p in self.params], strategies=[self.strategy], steps=0)
             yield frames.Phase(rank=r, phase="training")
         steps = sorted({k for _, _, st, _ in self.ranks.values() for k in st})
         last: dict = {}
+        tables: dict = {r: {} for r in self.ranks}  # rank -> its collectives table: row -> id
+        strategy = self.strategy
         for k in steps:
             for r in sorted(self.ranks):
                 s = self.ranks[r][2].get(k)
@@ -540,15 +696,42 @@ class KinetoReader:
                 assignment = [(i, [i], nb) for i, nb in enumerate(s["bytes"])]
                 if assignment and assignment != last.get(r):
                     last[r] = assignment
-                    yield frames.Buckets(rank=r, strategy=STRATEGY, step=k, buckets=assignment)
-                sp = sorted(s["spans"], key=lambda x: (x[2], x[0]))
+                    yield frames.Buckets(rank=r, strategy=strategy, step=k, buckets=assignment)
+                table, new = tables[r], []
+                sp = [(kind, idx, t0, t1, s["iss"][idx] if kind == wire.COMM else 0)
+                      for kind, idx, t0, t1 in s["spans"]]
+                for t0, t1, iss, what in s["colls"]:
+                    row = self._row(r, what)
+                    rid = table.get(row)
+                    if rid is None:
+                        rid = table[row] = len(table)
+                        new.append((rid, *row))
+                    sp.append((wire.COLL, rid, t0, t1, iss))
+                if new:  # the rows these spans name, before them
+                    yield frames.Colls(rank=r, strategy=strategy, rows=new)
+                sp.sort(key=lambda x: (x[2], x[0]))
                 base = min(x[2] for x in sp)
-                comm_iss = {x[1]: s["iss"][x[1]] for x in sp if x[0] == wire.COMM}
-                iss = [max(base, comm_iss[x[1]]) for x in sp if x[0] == wire.COMM]
-                yield frames.spans_frame(r, STRATEGY, k, base, [x[0] for x in sp], [x[1] for x in sp],
+                iss = [max(base, x[4]) for x in sp if x[0] in wire.COMM_KINDS]
+                yield frames.spans_frame(r, strategy, k, base, [x[0] for x in sp], [x[1] for x in sp],
                                          [x[2] for x in sp], [x[3] for x in sp], iss)
         for r in sorted(self.ranks):
             yield frames.Bye(rank=r, why="end of trace")
+
+    def _row(self, r: int, what: tuple) -> tuple:
+        """A collectives-table row (less its id) of rank r: (op, bytes, group size, group,
+        layer, phase, async); the group from the trace's args, else the run's one group."""
+        op, nb, size, name, layer, phase = what
+        world = self.meta["world"]
+        pgs = self.ranks[r][1].get("distributedInfo", {}).get("pg_config")
+        one = pgs[0] if isinstance(pgs, list) and len(pgs) == 1 and isinstance(pgs[0], dict) else None
+        if not size and one is not None:
+            size = _int(one.get("pg_size"), 0)
+        size = size if 1 <= size <= world else world
+        if not name and one is not None:
+            name = str(one.get("pg_desc") or one.get("pg_name") or "")
+        if name in ("default_pg", "undefined", "0") and size == world:
+            name = "world"
+        return (op, max(0, int(nb)), size, name[:64], layer, phase, True)
 
     def __iter__(self):
         for f in self._frames():  # checked as a recording's are: decoded from their bodies

@@ -1,0 +1,122 @@
+"""Records torch.profiler (Kineto) traces of a 2-rank CPU run (gloo) whose collectives are
+not only gradient AllReduces, one JSON per rank (`tensorboard_trace_handler`, module records
+and Python stacks, as users record theirs).
+
+    torchrun --nproc-per-node 2 tests/kineto_record_colls.py OUT_DIR [--steps N] [--fsdp]
+
+Default: a model whose `Exchange` layer all_to_alls its activations in the forward and their
+gradients in the backward; after the backward one flat all_reduce of the gradients, an
+all_gather_into_tensor and a reduce_scatter_tensor; after the optimizer a broadcast and a
+barrier. Every collective is synchronous (issue order is the order gloo runs them).
+--fsdp: a small FSDP2 transformer (fully_shard per block, then the root), AdamW.
+"""
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+D = 64
+
+
+class _A2A(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = torch.empty_like(g)
+        dist.all_to_all_single(out, g.contiguous())
+        return out
+
+
+class Exchange(nn.Module):
+    def forward(self, x):
+        return x + _A2A.apply(x)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        return x + self.mlp(self.ln(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab: int = 128, d: int = D, blocks: int = 2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Block(d) for _ in range(blocks))
+        self.out = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        for b in self.layers:
+            x = b(x)
+        return self.out(x)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--fsdp", action="store_true")
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    if a.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        model = Transformer()
+        for b in model.layers:
+            fully_shard(b)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(rank))
+
+        def step() -> None:
+            logits = model(x)
+            F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+    else:
+        model = nn.Sequential(nn.Linear(D, D), Exchange(), nn.Linear(D, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(8, D), torch.randint(0, 10, (8,))
+        n = sum(p.numel() for p in model.parameters())
+        shard = torch.zeros(256)
+
+        def step() -> None:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+            dist.all_reduce(flat)
+            gathered = torch.empty(world * shard.numel())
+            dist.all_gather_into_tensor(gathered, shard)
+            part = torch.empty(shard.numel())
+            dist.reduce_scatter_tensor(part, gathered)
+            opt.step()
+            dist.broadcast(model[0].weight.data, 0)
+            dist.barrier()
+        assert n > 0
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=a.steps),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(a.out, worker_name=f"rank{rank}"),
+        record_shapes=True, with_modules=True, with_stack=True)
+    with prof:
+        for _ in range(a.steps + 1):
+            step()
+            prof.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
