@@ -54,6 +54,11 @@ def _both(store: Store) -> int:
             assert [(c.key, c.ready, c.end, c.last, c.last_ready) for c in cw.collectives] == \
                    [(c.key, c.ready, c.end, c.last, c.last_ready) for c in sw.collectives], (strategy, k)
             assert cw.batches == sw.batches
+            from ddptui.model import evidence
+            secs = evidence.step_sections(ranks)
+            flat, excess, ref = columnwise.sections_excess(ranks)
+            assert flat == evidence.flatten(secs) and (excess, ref) == evidence.step_excess(secs), (strategy, k)
+            assert columnwise.bucket_step(list(ranks.values())) == figures.bucket_step(list(ranks.values()))
     return stacked
 
 
@@ -87,3 +92,16 @@ def test_union_lengths_row_by_row():
         got = columnwise.union_lengths(s.astype(np.int64), e.astype(np.int64)).tolist()
         want = [figures.union_length(list(zip(s[i].tolist(), e[i].tolist()))) if n else 0 for i in range(5)]
         assert got == want
+
+
+def test_wait_medians_of_many_ranks_equal_statistics_median():
+    from statistics import median
+
+    from ddptui.model import stragglers
+    run = SyntheticRun("small", 96, ("ddp",), seed=5, late=(0.5, 10.0, 90.0))
+    store = _store(run, 9)
+    store.update()
+    steps = [store.waits["ddp"][k] for k in sorted(store.waits["ddp"])]
+    ranks = sorted(steps[0].wait_ms)
+    got = stragglers._wait_medians(steps, ranks)
+    assert got == {str(r): round(median(s.wait_ms.get(r, 0.0) for s in steps), 3) for r in ranks}

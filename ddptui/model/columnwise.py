@@ -73,12 +73,12 @@ class Stacked:
         self.base = np.array([b.base_ns for b in bs], dtype=np.int64)
 
 
-def rank_steps(st: Stacked, comm: dict, world: int) -> dict:
+def rank_steps(sk: Stacked, comm: dict, world: int) -> dict:
     """rank -> figures.RankStep, as figures.rank_step gives it for each rank (comm: rank ->
     (comm_bytes, coll_row) functions)."""
-    place, t0, t1 = st.place, st.t0, st.t1
+    place, t0, t1 = sk.place, sk.t0, sk.t1
     if place.step is None:
-        step = np.zeros(len(st.ranks), dtype=np.int64)
+        step = np.zeros(len(sk.ranks), dtype=np.int64)
     else:
         step = t1[:, place.step] - t0[:, place.step]
     cp, mp = place.compute, place.comm
@@ -91,7 +91,7 @@ def rank_steps(st: Stacked, comm: dict, world: int) -> dict:
     step_l, cu_l, mu_l, ex_l = step.tolist(), cu.tolist(), mu.tolist(), (bu - cu).tolist()
     colls = len(place.colls)
     ar_factor = spec.bus_factor("all_reduce", world)
-    for i, r in enumerate(st.ranks):
+    for i, r in enumerate(sk.ranks):
         comm_bytes, coll_row = comm[r]
         if not colls:
             nbytes = sum(map(comm_bytes, place.comm_idx))
@@ -109,15 +109,15 @@ def rank_steps(st: Stacked, comm: dict, world: int) -> dict:
     return out
 
 
-def step_waits(st: Stacked, step_ms: float) -> stragglers.StepWaits | None:
+def step_waits(sk: Stacked, step_ms: float) -> stragglers.StepWaits | None:
     """stragglers.step_waits of the stacked step (one host: one clock)."""
-    place, ranks = st.place, st.ranks
+    place, ranks = sk.place, sk.ranks
     mp = place.comm
     if not mp:
         return None
-    base = st.base[:, None]
-    ready = base + st.iss * 1000
-    end = base + st.t1[:, mp] * 1000
+    base = sk.base[:, None]
+    ready = base + sk.iss * 1000
+    end = base + sk.t1[:, mp] * 1000
     last_ready = ready.max(axis=0)
     last_at = ready.argmax(axis=0)  # (the first: the lowest rank among those tied)
     first_ready = ready.min(axis=0)
@@ -138,18 +138,18 @@ def step_waits(st: Stacked, step_ms: float) -> stragglers.StepWaits | None:
     gaps = np.maximum(0, end - last_ready).T.tolist()
     transfer = median(int(median(g)) for g in gaps) / 1e6
     sw = stragglers.StepWaits(cols, wait, caused, transfer, last if caused[last] > 0 else None)
-    sw.step = st.batches[0].step
+    sw.step = sk.batches[0].step
     if place.step is None:
-        sw.t_ns = int(st.base.min())
+        sw.t_ns = int(sk.base.min())
     else:
-        sw.t_ns = int((st.base + st.t0[:, place.step] * 1000).min())
-    sw.batches = dict(zip(ranks, st.batches))
+        sw.t_ns = int((sk.base + sk.t0[:, place.step] * 1000).min())
+    sw.batches = dict(zip(ranks, sk.batches))
     waited = caused[last]
     if waited >= stragglers.MIN_CULPRIT_WAIT_MS and waited >= stragglers.MIN_CULPRIT_SHARE * step_ms:
-        kind, idx = st.batches[0].kind, st.batches[0].idx
+        kind, idx = sk.batches[0].kind, sk.batches[0].idx
         bpos = [i for i in range(len(kind)) if kind[i] == stragglers.BWD]
         layers = [idx[i] for i in bpos]
-        d = ((st.t1[:, bpos] - st.t0[:, bpos]) / 1000).T.tolist()  # layer -> per rank, ms
+        d = ((sk.t1[:, bpos] - sk.t0[:, bpos]) / 1000).T.tolist()  # layer -> per rank, ms
         li = ranks.index(last)
         excess = {}
         for layer, col in zip(layers, d):
@@ -161,3 +161,73 @@ def step_waits(st: Stacked, step_ms: float) -> stragglers.StepWaits | None:
             layer = max(excess, key=excess.get)
             sw.culprit = (last, layer, excess[layer])
     return sw
+
+
+def sections_excess(batches: dict):
+    """(flat, excess, ref) of a step, as evidence.flatten(step_sections), step_excess give them
+    (StepWaits' per-layer evidence), or None when the batches do not share one Placement."""
+    from . import evidence
+    place = usable(batches)
+    if place is None:
+        return None
+    sk = Stacked(batches, place)
+    secs = place.sections
+    cp = place.compute
+    d = (sk.t1[:, cp] - sk.t0[:, cp]) / 1000  # ranks x sections, ms
+    ranks = sk.ranks
+    n = len(ranks)
+    order = sorted(range(len(secs)), key=secs.__getitem__)
+    sorted_secs = tuple(secs[j] for j in order)
+    # flat: keys made as evidence.flatten makes them (the same object while the shape holds)
+    shape = (tuple(ranks), (sorted_secs,) * n)
+    last_shape, keys = evidence._last_keys[0]
+    if shape != last_shape:
+        keys = tuple((r, key) for r in ranks for key in sorted_secs)
+        evidence._last_keys[0] = (shape, keys)
+    flat = (keys, tuple(d[:, order].ravel().tolist()))
+    ref: dict = {}
+    ex = np.empty_like(d)
+    vals = np.sort(d, axis=0)
+    for j, key in enumerate(secs):
+        col, v = d[:, j], vals[:, j]
+        ref[key] = float(v[n // 2]) if n % 2 else (float(v[n // 2 - 1]) + float(v[n // 2])) / 2
+        if n == 2:
+            ex[0, j], ex[1, j] = col[0] - col[1], col[1] - col[0]
+            continue
+        j1, j2 = (n - 2) // 2, (n - 1) // 2
+        lo, hi = v[j1], v[j2]
+        if_above = (float(v[j1]) + float(v[j2])) / 2
+        if_below = (float(v[j1 + 1]) + float(v[j2 + 1])) / 2
+        if_mid = (float(v[j1]) + float(v[j2 + 1])) / 2
+        ex[:, j] = col - np.where(col > hi, if_above, np.where(col <= lo, if_below, if_mid))
+    excess = {r: dict(zip(secs, row)) for r, row in zip(ranks, ex.tolist())}
+    return flat, excess, ref
+
+
+def bucket_step(batches) -> dict | None:
+    """figures.bucket_step of a step's batches (a list), or None when they do not share one
+    Placement: per AllReduce idx, (mean time ms, mean % of it overlapped with compute). A
+    collective's overlap with the union U of compute is |U| + its length - |U with it|."""
+    bd = dict(enumerate(batches))
+    place = usable(bd)
+    if place is None:
+        return None
+    from math import fsum
+    sk = Stacked(bd, place)
+    cp = place.compute
+    cs, ce = sk.t0[:, cp], sk.t1[:, cp]
+    cu = union_lengths(cs, ce)
+    times: dict = {}
+    over: dict = {}
+    kind, idx = sk.batches[0].kind, sk.batches[0].idx
+    pos = [i for i in range(len(kind)) if kind[i] == 2]  # (figures.bucket_step: COMM spans)
+    for i in pos:
+        a, z = sk.t0[:, i], sk.t1[:, i]
+        d = z - a
+        both = union_lengths(np.concatenate([cs, a[:, None]], axis=1), np.concatenate([ce, z[:, None]], axis=1))
+        ov = cu + np.clip(d, 0, None) - both
+        times.setdefault(idx[i], []).extend((d / 1e3).tolist())
+        keep = d > 0
+        if keep.any():
+            over.setdefault(idx[i], []).extend((100.0 * ov[keep] / d[keep]).tolist())
+    return {i: (fsum(ts) / len(ts), fsum(over[i]) / len(over[i]) if i in over else None) for i, ts in times.items()}

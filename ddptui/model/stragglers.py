@@ -85,8 +85,12 @@ class StepWaits:
         rank and (pass, layer), own ms - the other ranks' median; per (pass, layer), the
         median over ranks."""
         if self._evidence is None:
-            secs = layer_evidence.step_sections(self.batches) if self.batches else {}
-            self._evidence = (layer_evidence.flatten(secs), *layer_evidence.step_excess(secs))
+            from .columnwise import sections_excess  # (it builds on this module)
+            got = sections_excess(self.batches) if self.batches else None
+            if got is None:  # (ranks with different columns, several hosts: rank by rank)
+                secs = layer_evidence.step_sections(self.batches) if self.batches else {}
+                got = (layer_evidence.flatten(secs), *layer_evidence.step_excess(secs))
+            self._evidence = got
         return self._evidence
 
     @property
@@ -260,7 +264,7 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
     ranks = sorted(steps[0].wait_ms)
     out = {
         "last_arriver_rank": None, "last_arriver_pct": 0.0,
-        "wait_ms_median": {str(r): round(median(s.wait_ms.get(r, 0.0) for s in steps), 3) for r in ranks},
+        "wait_ms_median": _wait_medians(steps, ranks),
         "transfer_ms_median": round(median(s.transfer_ms for s in steps), 3),
         "culprit_layer": None, "culprit": "", "culprit_rank": None, "culprit_from": None, "steps": len(steps),
         "named_pct": round(100.0 * sum(1 for s in steps if s.culprit) / len(steps), 1),
@@ -281,6 +285,16 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
         c = ev["culprit"]
         out.update(culprit=c["text"], culprit_layer=c["layer"], culprit_rank=c["rank"], culprit_from="layers")
     return out
+
+
+def _wait_medians(steps: list[StepWaits], ranks: list[int]) -> dict[str, float]:
+    """Per rank (as text), the median of its waits over the steps, rounded to µs: with many
+    ranks, column-wise (numpy's median of a column is statistics.median's, value for value)."""
+    if len(ranks) < 64:
+        return {str(r): round(median(s.wait_ms.get(r, 0.0) for s in steps), 3) for r in ranks}
+    import numpy as np
+    m = np.array([[s.wait_ms.get(r, 0.0) for r in ranks] for s in steps], dtype=np.float64)
+    return {str(r): round(v, 3) for r, v in zip(ranks, np.median(m, axis=0).tolist())}
 
 
 def gathering_text(got: dict | None) -> str:

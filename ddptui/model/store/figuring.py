@@ -67,7 +67,9 @@ class Figuring:
             if not ranks:
                 return None
             batches, complete = list(ranks.values()), len(ranks) >= self.expected_ranks(strategy)
-        got = figures.bucket_step(batches)
+        got = columnwise.bucket_step(batches)
+        if got is None:  # (ranks with different columns: rank by rank)
+            got = figures.bucket_step(batches)
         if complete:
             with self.lock:
                 if self.raw.get(strategy, {}).get(step) is not None:  # (not evicted meanwhile)
@@ -99,10 +101,10 @@ class Figuring:
         for strategy, k, ranks, comm, want in todo:
             place = columnwise.usable(ranks)
             if place is not None:  # every rank the same columns: all ranks at once (numpy)
-                st = columnwise.Stacked(ranks, place)
-                rs = columnwise.rank_steps(st, comm, want)
+                sk = columnwise.Stacked(ranks, place)
+                rs = columnwise.rank_steps(sk, comm, want)
                 step = figures.combine(k, list(rs.values()))
-                waits = columnwise.step_waits(st, step.step_ms)
+                waits = columnwise.step_waits(sk, step.step_ms)
             else:
                 rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
                 step = figures.combine(k, list(rs.values()))

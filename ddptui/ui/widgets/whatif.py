@@ -62,9 +62,13 @@ class WhatIfPanel(Panel):
         refresh False (live: the Updater's thread refreshes it) the last one, if any."""
         key = (upto, store.view_stamp("ddp"), len(store.cap_history()))
         now = time.monotonic()
-        if self._got is None or (refresh and key != self._key and now - self._at >= EVERY_S):
+        # its cost grows with ranks x steps replayed: with many ranks, fewer of the last steps
+        # (at least 2) and a slower refresh (1,024 ranks: 2 steps, every 8 s)
+        world = store.world or 2
+        every, last = max(EVERY_S, world / 128), max(2, min(20, 2048 // world))
+        if self._got is None or (refresh and key != self._key and now - self._at >= every):
             try:
-                self._got = whatif.ladder(store, upto=upto)
+                self._got = whatif.ladder(store, upto=upto, last=last)
             except (whatif.WhatIfError, ValueError, ZeroDivisionError) as e:
                 self._got = f"waiting for steady ddp steps ({e})" if isinstance(e, whatif.WhatIfError) else str(e)
             self._key, self._at = key, now
