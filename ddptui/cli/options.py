@@ -87,6 +87,7 @@ NUMERIC: dict[str, Whole | Real] = {
     "--world": Whole(1, 1 << 20),
     "--bus-gbps": Real(0, 1e6, lo_open=True, unit="GB/s"),
     "--hop-us": Real(0, 1e7, unit="µs"),
+    "--call-us": Real(0, 1e7, unit="µs"),
 }
 
 

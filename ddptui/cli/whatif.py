@@ -20,7 +20,13 @@ from .options import NUMERIC, add_numeric
 EPILOG = """\
 Predictions, not measurements: the simulator replays the recorded steps (each rank's
 backward, when each collective was ready) under DDP's bucketing at each cap, with collective
-time = alpha + beta x bytes fitted to the recording's own collectives (fit error printed).
+time = alpha + beta x bytes fitted to the recording's own collectives (fit error printed),
+and contention fitted from the recording too: how much a collective overlapping the backward
+slows it (each layer's backward with and without one) and how much compute slows a
+collective; a recorded backward is replayed without the slowdown its own overlap caused,
+plus the slowdown of the overlap the new plan gives it (--no-contention: as recorded).
+--call-us adds a per-call host cost on the thread that issues each collective (benchmark
+P9c fits one to seed 002's naive A100 runs: ~86 µs), taken out of alpha.
 --world scales collectives by the ring's 2(N-1)/N; --bus-gbps sets the bus bandwidth
 instead of the fitted beta. World-size and bandwidth predictions are unchecked until a GPU
 run checks them.
@@ -68,6 +74,12 @@ def parser() -> Parser:
     add_numeric(p, "--hop-us", metavar="US", default=None,
                 help="latency of one ring step in µs (a collective at N ranks pays 2(N-1) of them) "
                      "instead of the fitted alpha's share")
+    add_numeric(p, "--call-us", metavar="US", default=None,
+                help="per-call host cost in µs, spent on the thread that issues each collective "
+                     "(delays the backward after it), taken out of the fitted alpha")
+    p.add_argument("--no-contention", action="store_true",
+                   help="replay the recorded backward as is (no slowdown of compute and collectives "
+                        "where they overlap)")
     p.add_argument("--from-cap", metavar="MB", default=None,
                    type=NUMERIC["--bucket-cap"].converter("--from-cap"),
                    help="predict from the ddp steps run with this cap (default the cap in force last)")
@@ -91,7 +103,15 @@ def text(rep: whatif_model.Report) -> list[str]:
              f"collective time = alpha + beta x bytes, fitted to {f['collectives']} collectives "
              f"({f['sizes']} size{'s' if f['sizes'] != 1 else ''}): alpha {f['alpha_ms']:.3f} ms, "
              f"beta {f['beta_ms_per_mb']:.3f} ms/MB{bus}; fit error {f['err_pct']:.0f} % (RMS, relative)"
-             + (f"; ring step latency {f['hop_ms_used'] * 1e3:g} µs as given" if "hop_ms_used" in f else "")]
+             + (f"; ring step latency {f['hop_ms_used'] * 1e3:g} µs as given" if "hop_ms_used" in f else "")
+             + (f"; per-call host cost {f['call_ms'] * 1e3:g} µs as given (out of alpha)" if f.get("call_ms") else "")]
+    c = f.get("contention")
+    if c is not None:
+        lines.append("contention, fitted to the recording: "
+                     + (f"backward +{c['bwd_per_ms']:.2f} ms per ms a collective overlaps it "
+                        f"({c['layers']} layer{'s' if c['layers'] != 1 else ''} seen with and without: "
+                        f"{c['with_spans']} / {c['without_spans']} spans)" if c["layers"] else c["note"])
+                     + f"; collective +{c['coll_per_ms']:.2f} ms per ms of compute it overlaps")
     if rep.caps:
         lines += ["", "DDP bucket cap        predicted                              measured in the recording",
                   f"{'cap MB':>8} {'buckets':>7} {'step ms':>9} {'exposed ms':>10} {'overlap':>8}   "
@@ -129,7 +149,8 @@ def main(argv: list[str]) -> int:
     got = read(a.file)
     try:
         rep = whatif_model.whatif(got.store, caps=caps, worlds=a.world, bus_gbps=a.bus_gbps,
-                       strategy=a.strategy, from_cap=a.from_cap, hop_us=a.hop_us)
+                       strategy=a.strategy, from_cap=a.from_cap, hop_us=a.hop_us,
+                       call_us=a.call_us, contention=not a.no_contention)
     except whatif_model.WhatIfError as e:
         raise CliError(f"{a.file}: {e}") from None
     doc = rep.as_dict()

@@ -111,7 +111,11 @@ class RankTimeline:
     colls: list[Coll]  # the gradient AllReduces (COMM): what a plan re-buckets
     # every other collective (COLL: the script's own, FSDP's...): kept where it ran, fixed
     fixed: list[tuple[float, float]] = field(default_factory=list)
-    tail_ms: float | None = None  # the tail, when the timeline was moved (`with_calls`)
+    tail_ms: float | None = None  # the tail, when the timeline was moved (`with_calls`, `stretch`)
+    bwd_span: dict[int, tuple[float, float]] = field(default_factory=dict)  # layer -> its backward
+
+    def comm_union(self) -> list[tuple[float, float]]:
+        return figures.union([(c.start, c.end) for c in self.colls] + self.fixed)
 
     @property
     def last_compute(self) -> float:
@@ -132,7 +136,7 @@ def trace_step(batches: dict) -> dict[int, RankTimeline]:
     out = {}
     for r, b in sorted(batches.items()):
         off = (b.base_ns - origin) / 1e6
-        comp, bwd, colls, fixed = [], {}, [], []
+        comp, bwd, colls, fixed, spans = [], {}, [], [], {}
         start = end = None
         ci = 0  # (the issue column lists COMM and COLL spans alike)
         for i in range(len(b.kind)):
@@ -142,6 +146,7 @@ def trace_step(batches: dict) -> dict[int, RankTimeline]:
                 comp.append((a, z))
                 if k == BWD:
                     bwd[b.idx[i]] = z
+                    spans[b.idx[i]] = (a, z)
             elif k == COMM:
                 colls.append(Coll(b.idx[i], off + b.iss[ci] / 1e3, a, z))
                 ci += 1
@@ -152,7 +157,7 @@ def trace_step(batches: dict) -> dict[int, RankTimeline]:
                 start, end = a, z
         if start is None:
             continue
-        out[r] = RankTimeline(r, start, end, figures.union(comp), bwd, colls, fixed)
+        out[r] = RankTimeline(r, start, end, figures.union(comp), bwd, colls, fixed, bwd_span=spans)
     return out
 
 
@@ -177,6 +182,7 @@ class CommFit:
     world: int
     sizes: int = 0  # distinct sizes seen (alpha is 0 with one)
     call_ms: float = 0.0  # per-call host cost, on the issuing thread
+    coll_per_ms: float = 0.0  # contention: collective ms added per ms of compute overlapping it
 
     @property
     def hop_ms(self) -> float:
@@ -291,6 +297,10 @@ class Basis:
     steps: list[int]
     traces: list[dict[int, RankTimeline]]
     bytes_of: list[dict[int, int]]  # per step: collective idx -> bytes
+    # steps not replayed that show the same layers' backward without an overlapping collective
+    # (the same strategy and cap right after a re-wrap, naive's): the contention fit's reference
+    reference: list[dict[int, RankTimeline]] = field(default_factory=list)
+    ref_bytes_of: list[dict[int, int]] = field(default_factory=list)
 
     @property
     def order(self) -> list[int]:
@@ -312,11 +322,11 @@ def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: f
         per_layer[layer] += n
     total = sum(per_layer) or 1
     fwd, bwd = compute_ms / 3, 2 * compute_ms / 3
-    t, bwd_end = fwd, {}
+    t, bwd_end, spans = fwd, {}, {}
     for layer in reversed(range(layers)):
-        t += bwd * per_layer[layer] / total
-        bwd_end[layer] = t
-    tr = {0: RankTimeline(0, 0.0, t + max(0.0, overhead_ms), [(0.0, t)], bwd_end, [])}
+        spans[layer] = (t, t + bwd * per_layer[layer] / total)
+        t = bwd_end[layer] = spans[layer][1]
+    tr = {0: RankTimeline(0, 0.0, t + max(0.0, overhead_ms), [(0.0, t)], bwd_end, [], bwd_span=spans)}
     return Basis(strategy, world, lanes, backend, [n * bytes_per for n, _ in params],
                  [layer for _, layer in params], cap_mb if strategy == "ddp" else None, explicit,
                  None, [0], [tr], [{}])
@@ -378,8 +388,28 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
         traces.append(tr)
     if not traces:
         raise WhatIfError(f"no complete {strategy} step to predict from")
-    return Basis(strategy, store.world, lanes, backend, pbytes, player, cap, bool(explicit),
-                 assignment, ks, traces, bytes_of)
+    # the reference: steps after the first not replayed, of this strategy at this cap, and naive's
+    basis = Basis(strategy, store.world, lanes, backend, pbytes, player, cap, bool(explicit),
+                  assignment, ks, traces, bytes_of)
+    used = set(ks)
+    for s, bs in store.span_batches().items():
+        if s not in (strategy, "naive"):
+            continue
+        for k in sorted(bs):
+            rs = bs[k]
+            if k < 1 or (s == strategy and k in used) or len(rs) < want or (upto is not None and k > upto):
+                continue
+            if s == "ddp" and (store.cap_at(k) or spec.DEFAULT_BUCKET_CAP_MB) != cap_mb:
+                continue
+            tr = trace_step(rs)
+            if len(tr) < want:
+                continue
+            basis.reference.append(tr)
+            if s == "ddp":
+                basis.ref_bytes_of.append({int(b): int(nb) for b, _, nb in (store.bucket_assignment("ddp", k) or [])})
+            else:
+                basis.ref_bytes_of.append({})  # (naive's blocking calls: not in the collective fit)
+    return basis
 
 
 def caps_text(store) -> str:
@@ -408,10 +438,12 @@ def _matched(tr: dict[int, RankTimeline]):
     return [(key[0], per[key]) for key in order if len(per[key]) == len(tr)]
 
 
-def fit_comm(basis: Basis) -> CommFit:
-    """alpha + beta x bytes from the basis' collectives: end - the last rank's start."""
-    xs, ys = [], []
-    for tr, sizes in zip(basis.traces, basis.bytes_of):
+def _coll_points(basis: Basis, reference: bool = False):
+    """(MB, ms, ms of compute overlapping it) per matched collective: end - the last rank's
+    start, and the median over ranks of the compute inside that interval."""
+    out = []
+    pairs = zip(basis.reference, basis.ref_bytes_of) if reference else zip(basis.traces, basis.bytes_of)
+    for tr, sizes in pairs:
         if len(tr) < 2:
             continue
         for idx, cs in _matched(tr):
@@ -419,13 +451,153 @@ def fit_comm(basis: Basis) -> CommFit:
             if not nb:
                 continue
             s = max(c.start for c in cs.values())
-            xs.append(nb / MIB)
-            ys.append(statistics.median(c.end - s for c in cs.values()))
-    if not xs:
+            out.append((nb / MIB, statistics.median(c.end - s for c in cs.values()),
+                        statistics.median(figures.intersection_length(tr[r].compute, [(s, c.end)])
+                                          for r, c in cs.items())))
+    return out
+
+
+def fit_comm(basis: Basis, contention: bool = True) -> CommFit:
+    """alpha + beta x bytes from the basis' collectives: end - the last rank's start; with
+    `contention`, less the time compute overlapping them added (`fit_contention`'s
+    coll_per_ms, fitted with them)."""
+    pts = _coll_points(basis)
+    if not pts:
         raise WhatIfError(f"no collective between two or more ranks in the {basis.strategy} steps "
                           "to fit alpha and beta to")
-    a, b, err = fit_line(xs, ys)
-    return CommFit(a, b, len(xs), err, basis.world, len({round(x, 6) for x in xs}))
+    got = _coll_contention(basis, pts) if contention else None
+    if got is None:
+        xs, ys = [x for x, _, _ in pts], [y for _, y, _ in pts]
+        a, b, err = fit_line(xs, ys)
+        return CommFit(a, b, len(xs), err, basis.world, len({round(x, 6) for x in xs}))
+    a, b, k = got
+    err = (sum(((a + b * x + k * ov - y) / y) ** 2 for x, y, ov in pts if y > 0) / len(pts)) ** 0.5
+    fit = CommFit(a, b, len(pts), 100.0 * err, basis.world, len({round(x, 6) for x, _, _ in pts}))
+    fit.coll_per_ms = k
+    return fit
+
+
+# -- contention -------------------------------------------------------------------------------
+@dataclass
+class Contention:
+    """How much compute and communication slow each other where they overlap (the ranks'
+    cores, or a GPU's SMs, shared), fitted from the recording itself:
+
+    - bwd_per_ms: backward ms added per ms a collective overlaps it — each layer's backward
+      spans with an overlapping collective against the same layer's without one (in the steps
+      replayed, else in the reference steps: the same strategy and cap right after a re-wrap,
+      naive's), the latter scaled by the drift of the layers never overlapped;
+    - coll_per_ms: collective ms added per ms of compute overlapping it — fitted with alpha and
+      beta (alpha + beta x MB + k x overlapped ms, relative least squares).
+
+    The simulator first takes out of each recorded backward span the slowdown its recorded
+    overlap caused, then adds back the slowdown of the overlap the plan gives it."""
+    bwd_per_ms: float = 0.0
+    coll_per_ms: float = 0.0
+    layers: int = 0  # layers seen both with and without an overlapping collective
+    with_spans: int = 0
+    without_spans: int = 0
+    note: str = ""
+
+    @property
+    def on(self) -> bool:
+        return self.bwd_per_ms > 0 or self.coll_per_ms > 0
+
+
+K_MAX = 0.9  # a contention slope beyond this is taken as noise
+
+
+def _coll_contention(basis: Basis, pts) -> tuple[float, float, float] | None:
+    """(alpha, beta, coll_per_ms) from the collectives' (MB, ms, overlapped ms), the basis' and
+    the reference's: alpha and beta from those no compute overlapped (two sizes at least), the
+    slope from what the others took beyond them; None when they cannot tell."""
+    pts = [p for p in pts + _coll_points(basis, reference=True) if p[1] > 0]
+    off = [(x, y) for x, y, ov in pts if ov <= 0]
+    on = [(x, y, ov) for x, y, ov in pts if ov >= 0.25 * y]
+    if len({round(x, 6) for x, _ in off}) < 2 or len(on) < 3:
+        return None
+    a, b, _ = fit_line([x for x, _ in off], [y for _, y in off])
+    k = sum(y - (a + b * x) for x, y, _ in on) / sum(ov for *_, ov in on)
+    return a, b, min(max(0.0, k), K_MAX)
+
+
+def _layer_spans(traces) -> tuple[dict[int, list[tuple[float, float]]], dict[int, list[float]]]:
+    """layer -> [(duration, overlapped ms)] with an overlapping collective, and [duration] without."""
+    on: dict[int, list[tuple[float, float]]] = {}
+    off: dict[int, list[float]] = {}
+    for tr in traces:
+        for t in tr.values():
+            mu = t.comm_union()
+            for layer, (a, z) in t.bwd_span.items():
+                ov = figures.intersection_length([(a, z)], mu)
+                if ov > 0:
+                    on.setdefault(layer, []).append((z - a, ov))
+                else:
+                    off.setdefault(layer, []).append(z - a)
+    return on, off
+
+
+def fit_contention(basis: Basis, fit: CommFit | None = None) -> Contention:
+    """The backward's slowdown per ms a collective overlaps it (see Contention)."""
+    med = statistics.median
+    on, off = _layer_spans(basis.traces)
+    _, ref = _layer_spans(basis.reference)
+    # the drift between the reference steps and the replayed ones: layers overlapped in neither
+    ratios = [med(off[layer]) / med(ref[layer]) for layer in off
+              if layer not in on and len(off[layer]) >= 3 and ref.get(layer) and med(ref[layer]) > 0]
+    drift = med(ratios) if ratios else 1.0
+    num = den = 0.0
+    layers = n_on = n_off = 0
+    for layer, pairs in on.items():
+        pairs = [(d, ov) for d, ov in pairs if ov >= 0.25 * d]  # overlapped for a good part of it
+        if len(pairs) < 3:
+            continue
+        if len(off.get(layer, [])) >= 3:
+            base, n = med(off[layer]), len(off[layer])
+        elif ref.get(layer):
+            base, n = drift * med(ref[layer]), len(ref[layer])
+        else:
+            continue
+        num += med(d for d, _ in pairs) - base
+        den += med(ov for _, ov in pairs)
+        layers, n_on, n_off = layers + 1, n_on + len(pairs), n_off + n
+    k = min(max(0.0, num / den), K_MAX) if den > 0 else 0.0
+    note = ("" if layers else "no layer's backward seen both with and without an overlapping collective: "
+            "no slowdown of compute modelled")
+    return Contention(k, fit.coll_per_ms if fit else 0.0, layers, n_on, n_off, note)
+
+
+def _shift_fn(t: RankTimeline, durs: dict[int, float]):
+    """x -> x moved by the change of every layer's backward to `durs` before it (in proportion
+    inside a span)."""
+    moves = [(a, z, durs[layer] - (z - a)) for layer, (a, z) in t.bwd_span.items() if layer in durs]
+
+    def sh(x: float) -> float:
+        d = 0.0
+        for a, z, dv in moves:
+            if x >= z:
+                d += dv
+            elif x > a:
+                d += dv * (x - a) / (z - a)
+        return x + d
+    return sh
+
+
+def stretch(t: RankTimeline, durs: dict[int, float]) -> RankTimeline:
+    """The rank's step with each layer's backward lasting `durs[layer]` ms, what follows it moved."""
+    sh = _shift_fn(t, durs)
+    return RankTimeline(t.rank, t.start, sh(t.end), [(sh(a), sh(z)) for a, z in t.compute],
+                        {k: sh(v) for k, v in t.bwd_end.items()},
+                        [Coll(c.idx, sh(c.ready), sh(c.start), sh(c.end)) for c in t.colls],
+                        [(sh(a), sh(z)) for a, z in t.fixed], t.tail,
+                        {k: (sh(a), sh(z)) for k, (a, z) in t.bwd_span.items()})
+
+
+def bare_backward(t: RankTimeline, k: float) -> dict[int, float]:
+    """Each layer's backward less the slowdown its recorded overlap caused."""
+    mu = t.comm_union()
+    return {layer: max(0.0, (z - a) - k * figures.intersection_length([(a, z)], mu))
+            for layer, (a, z) in t.bwd_span.items()}
 
 
 # -- the simulator ---------------------------------------------------------------------------
@@ -486,12 +658,13 @@ def with_calls(t: RankTimeline, issued: list[float], call_ms: float) -> RankTime
         return x + call_ms * (sum(1 for v in new if v < x) - sum(1 for v in old if v < x))
     return RankTimeline(t.rank, t.start, sh(t.end), [(sh(a), sh(z)) for a, z in t.compute],
                         {k: sh(v) for k, v in t.bwd_end.items()}, t.colls,
-                        [(sh(a), sh(z)) for a, z in t.fixed], t.tail)
+                        [(sh(a), sh(z)) for a, z in t.fixed], t.tail,
+                        {k: (sh(a), sh(z)) for k, (a, z) in t.bwd_span.items()})
 
 
 def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, int]], cost, lanes: int,
              delays: Delays, param_layer: list[int], blocking: bool = False,
-             call_ms: float = 0.0) -> dict[int, SimRank]:
+             call_ms: float = 0.0, coll_per_ms: float = 0.0) -> dict[int, SimRank]:
     """One step under a plan of collectives: [(params it carries (None: after the backward),
     bytes)] in launch order; cost(bytes) -> ms on the lane; call_ms the per-call host cost
     (blocking: before each call, on the same thread; else: on the thread that issues it, so
@@ -520,6 +693,9 @@ def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, in
             local[r] = (max(ready, free[r][lane]), lane)
         s = max(v[0] for v in local.values())
         e = s + cost(nb)
+        for _ in range(2 if coll_per_ms else 0):  # slowed by the compute it overlaps
+            ov = statistics.median(figures.intersection_length(tr[r].compute, [(s, e)]) for r in local)
+            e = s + cost(nb) + coll_per_ms * ov
         for r, (ls, lane) in local.items():
             free[r][lane] = e
             prev_end[r] = e
@@ -565,10 +741,41 @@ class Prediction:
         return asdict(self)
 
 
+ROUNDS = 4  # the contended step: simulate, re-time the backward by its new overlap, again
+
+
+def contended(tr: dict[int, RankTimeline], colls, cost, basis: Basis, delays: Delays, blocking: bool,
+              call_ms: float, cont: Contention):
+    """(the simulated ranks, the bare timelines) of one step under contention: each layer's
+    backward without the slowdown its recorded overlap caused, plus bwd_per_ms x the overlap the
+    plan gives it (a fixed point, ROUNDS rounds); collectives slowed by coll_per_ms x the
+    compute they overlap."""
+    kb = cont.bwd_per_ms
+    bare = {r: bare_backward(t, kb) for r, t in tr.items()}
+    base = {r: stretch(t, bare[r]) for r, t in tr.items()}
+    cur = base
+    sim = None
+    for _ in range(ROUNDS):
+        sim = simulate(cur, colls, cost, basis.lanes, delays, basis.param_layer, blocking, call_ms,
+                       cont.coll_per_ms)
+        if kb <= 0:
+            break
+        nxt = {}
+        for r, t in cur.items():
+            mu = figures.union(sim[r].comm + t.fixed)
+            durs = {layer: bare[r][layer] + kb * figures.intersection_length([sp], mu)
+                    for layer, sp in t.bwd_span.items()}
+            nxt[r] = stretch(base[r], durs)
+        cur = nxt
+    return sim, base
+
+
 def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int | None = None,
             bus_gbps: float | None = None, explicit: bool | None = None,
-            delays: Delays | None = None, hop_ms: float | None = None) -> Prediction:
-    """Median over the basis' steps of the simulated step under these settings."""
+            delays: Delays | None = None, hop_ms: float | None = None,
+            contention: Contention | None = None) -> Prediction:
+    """Median over the basis' steps of the simulated step under these settings; with
+    `contention`, compute and collectives slowed where the plan overlaps them."""
     if explicit is None:  # the basis' own cap keeps its first-bucket rule; another is given
         explicit = basis.explicit if (cap_mb is None or cap_mb == basis.cap_mb) else True
     delays = delays or fit_delays(basis)
@@ -576,9 +783,12 @@ def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int 
     colls = plan(basis, cap_mb, explicit) if basis.strategy != "single" else []
     blocking = basis.strategy == "naive"
     steps, comms, exps, bare = [], [], [], []
+    cost = lambda nb: fit.ms(nb, n, bus_gbps, hop_ms)  # noqa: E731
     for tr in basis.traces:
-        sim = simulate(tr, colls, lambda nb: fit.ms(nb, n, bus_gbps, hop_ms), basis.lanes, delays,
-                       basis.param_layer, blocking, fit.call_ms)
+        if contention is not None and contention.on:
+            sim, tr = contended(tr, colls, cost, basis, delays, blocking, fit.call_ms, contention)
+        else:
+            sim = simulate(tr, colls, cost, basis.lanes, delays, basis.param_layer, blocking, fit.call_ms)
         zero = simulate(tr, colls, lambda nb: 0.0, basis.lanes, delays, basis.param_layer, blocking)
         steps.append(max(s.step_ms for s in sim.values()))
         comms.append(statistics.mean(s.comm_ms for s in sim.values()))
@@ -637,20 +847,33 @@ UNCHECKED = ("world-size and bandwidth predictions are unchecked against measure
              "GPU run checks them")
 
 
-def basis_info(b: Basis, fit: CommFit) -> tuple[dict, dict]:
+def basis_info(b: Basis, fit: CommFit, cont: Contention | None = None) -> tuple[dict, dict]:
     info = {"strategy": b.strategy, "world": b.world, "backend": b.backend, "lanes": b.lanes,
             "steps": len(b.steps), "first_step": b.steps[0], "last_step": b.steps[-1],
             "cap_mb": b.cap_mb, "cap_explicit": b.explicit if b.strategy == "ddp" else None,
             "buckets": len(b.assignment) if b.assignment else None}
     fitd = {"alpha_ms": fit.alpha_ms, "beta_ms_per_mb": fit.beta_ms_per_mb, "collectives": fit.n,
             "sizes": fit.sizes, "err_pct": fit.err_pct, "world": fit.world, "bus_gbps": fit.bus_gbps,
-            "hop_ms": fit.hop_ms}
+            "hop_ms": fit.hop_ms, "call_ms": fit.call_ms,
+            "contention": asdict(cont) if cont is not None else None}
     return info, fitd
+
+
+def with_call_cost(fit: CommFit, call_ms: float | None) -> CommFit:
+    """The fit with a per-call host cost given (e.g. P9c's, from naive runs): taken out of
+    alpha (the recorded collectives held it), up to all of it."""
+    if not call_ms:
+        return fit
+    out = CommFit(**asdict(fit))
+    out.call_ms = call_ms
+    out.alpha_ms = max(0.0, fit.alpha_ms - call_ms)
+    return out
 
 
 def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = None,
            bus_gbps: float | None = None, strategy: str | None = None,
-           from_cap: float | None = None, hop_us: float | None = None) -> Report:
+           from_cap: float | None = None, hop_us: float | None = None,
+           call_us: float | None = None, contention: bool = True) -> Report:
     """The predictions of `ddptui whatif`: DDP at each bucket cap (its basis: the steps run
     under `from_cap`, default the cap in force last), and every communicating strategy at each
     world size (at its recorded cap) — with the figures measured under the same settings."""
@@ -668,8 +891,10 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
     if not bases:
         raise WhatIfError("no strategy with collectives between ranks to predict from")
     first = bases.get("ddp") or next(iter(bases.values()))
-    fits = {s: fit_comm(b) for s, b in bases.items()}
-    info, fitd = basis_info(first, fits[first.strategy])
+    fits = {s: with_call_cost(fit_comm(b, contention), None if call_us is None else call_us / 1e3)
+            for s, b in bases.items()}
+    conts = {s: fit_contention(b, fits[s]) if contention else None for s, b in bases.items()}
+    info, fitd = basis_info(first, fits[first.strategy], conts[first.strategy])
     rep = Report(info, fitd)
     hop_ms = None if hop_us is None else hop_us / 1e3
     if hop_ms is not None:
@@ -680,13 +905,13 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
         b, fit = bases["ddp"], fits["ddp"]
         d = fit_delays(b)
         for c in caps:
-            p = predict(b, fit, cap_mb=c, bus_gbps=bus_gbps, delays=d, hop_ms=hop_ms)
+            p = predict(b, fit, cap_mb=c, bus_gbps=bus_gbps, delays=d, hop_ms=hop_ms, contention=conts["ddp"])
             if not bus_gbps and hop_ms is None:
                 p.measured = measured(store, "ddp", c)
             rep.caps.append(p)
     for s, b in bases.items():
         for n in worlds or []:
-            p = predict(b, fits[s], world=n, bus_gbps=bus_gbps, hop_ms=hop_ms)
+            p = predict(b, fits[s], world=n, bus_gbps=bus_gbps, hop_ms=hop_ms, contention=conts[s])
             if n == b.world and not bus_gbps and hop_ms is None:
                 p.measured = measured(store, s, b.cap_mb)
             rep.worlds.append(p)
@@ -701,8 +926,9 @@ def ladder(store, caps=spec.BUCKET_LADDER_MB, upto: int | None = None, last: int
     b = collect(store, "ddp", upto=upto, last=last)
     fit = fit_comm(b)
     d = fit_delays(b)
+    cont = fit_contention(b, fit)
     rows = []
     for c in caps:
-        p = predict(b, fit, cap_mb=float(c), delays=d)
+        p = predict(b, fit, cap_mb=float(c), delays=d, contention=cont)
         rows.append((float(c), p, measured(store, "ddp", float(c))))
     return fit, b, rows
