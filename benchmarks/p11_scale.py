@@ -138,17 +138,41 @@ async def ui_one(n: int, seconds: float, rate: float) -> dict:
             await asyncio.sleep(0.05)
         first, ticks0 = src.store.latest_complete("ddp") or 0, app._ticks
         c0, t0, w0 = time.process_time(), time.thread_time(), time.monotonic()
-        await asyncio.sleep(seconds)
+        # freshness: when each ddp step was complete in the store (every rank's spans in), and
+        # when the screen first showed it or a newer one (polled every 10 ms)
+        done_at: dict[int, float] = {}
+        shown_at: dict[int, float] = {}
+        last_done, last_shown = first, first
+        while time.monotonic() - w0 < seconds:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            d = src.store.latest_complete("ddp") or 0
+            for k in range(last_done + 1, d + 1):
+                done_at[k] = now
+            last_done = max(last_done, d)
+            sh = app.shown_steps().get("ddp") or 0
+            for k in range(last_shown + 1, sh + 1):
+                shown_at[k] = now
+            last_shown = max(last_shown, sh)
         cpu, ui, wall = time.process_time() - c0, time.thread_time() - t0, time.monotonic() - w0
         shown = (app.shown_steps().get("ddp") or 0) - first
+        lags = sorted(shown_at[k] - done_at[k] for k in done_at if k in shown_at)
+        unshown = [k for k in done_at if k not in shown_at]
         ticks = app._ticks - ticks0
         culprit = any("culprit" in pane.render_line(y).text for pane in app.panes.values()
                       for y in range(pane.size.height))
         await pilot.press("q")
         await pilot.pause(0.5)
     src.stop()
+    sent = int(seconds * rate)
     return {"n": n, "ui_pct": 100 * ui / wall, "proc_pct": 100 * cpu / wall, "ticks": ticks,
-            "fps": ticks / wall, "shown": shown, "wall": wall, "rejected": src.store.rejected, "culprit": culprit}
+            "fps": ticks / wall, "shown": shown, "wall": wall, "rejected": src.store.rejected, "culprit": culprit,
+            "sent": sent, "lag_max": lags[-1] if lags else None, "lag_p50": lags[len(lags) // 2] if lags else None,
+            "complete": len(done_at), "unshown": len(unshown)}
+
+
+def _s(x) -> str:
+    return "—" if x is None else f"{x:.2f} s"
 
 
 def main(argv=None) -> int:
@@ -165,10 +189,16 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"P11ui {r['n']} ranks x 10 steps/s, the app at 30 fps over {r['wall']:.1f} s: drawing thread "
                   f"{r['ui_pct']:.1f} % of a core, the whole process {r['proc_pct']:.0f} %; {r['ticks']} frames "
-                  f"({r['fps']:.1f}/s), {r['shown']} newer steps shown, {r['rejected']} frames rejected, "
+                  f"({r['fps']:.1f}/s), {r['shown']} newer steps shown of {r['sent']} sent ({r['complete']} complete "
+                  f"in the store, {r['unshown']} of them not yet on screen at the end), from a step complete to "
+                  f"on screen median {_s(r['lag_p50'])} max {_s(r['lag_max'])}, {r['rejected']} frames rejected, "
                   f"the slow rank's lane labelled culprit: {'yes' if r['culprit'] else 'no'}")
         for r in rows:
             print(result_line("P11ui", f"draw_{r['n']}", "cpu_pct", r["ui_pct"], "<=", 20.0, "{:.1f}"))
+            print(result_line("P11ui", f"shown_{r['n']}", "steps", r["shown"], ">=", int(0.94 * r["sent"]), "{:d}"))
+            print(result_line("P11ui", f"fresh_{r['n']}", "lag_max_s", r["lag_max"] if r["lag_max"] is not None
+                              else 99.0, "<=", 1.0, "{:.2f}"))
+            print(result_line("P11ui", f"cpu_{r['n']}", "process_pct", r["proc_pct"], "<=", 150.0, "{:.0f}"))
         return 0
     print(f"P11 load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     rows = [one(n, secs, 10.0) for n in ns]
