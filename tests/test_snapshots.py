@@ -47,3 +47,31 @@ async def test_200x50_two_strategies_use_the_room(world):
     text = "\n".join(screen)
     for needle in ("busy %", "step time", "DDP buckets", "GPU0", "r0  comp", f"r{world - 1}  comp"):
         assert needle in text
+
+
+def test_fsdp_beside_ddp_160x45(snap_compare):
+    """`ddptui --strategies ddp,fsdp` at 160x45 (synthetic, seed 7): the fsdp pane's lanes with
+    its all-gathers and reduce-scatters labelled by op where 'AG fc2' does not fit ('AG'), the
+    legend naming them, the figures row 'AR+coll' 0+15, the waits panel speaking of collectives."""
+    src = SyntheticSource(8, 2, "medium", ("ddp", "fsdp"), gpu=True, seed=7)
+    assert snap_compare(DdpApp(src), terminal_size=(160, 45), run_before=_settle)
+
+
+@pytest.mark.asyncio
+async def test_fsdp_screen_speaks_of_collectives():
+    """The fsdp pane as a user reads it: AG/RS labels on its comm lane at zoom 1x, the waits
+    panel's title speaks of collectives, and fsdp alone has no AllReduce in its legend."""
+    async def screen(strategies, size):
+        app = DdpApp(SyntheticSource(8, 2, "medium", strategies, gpu=True, seed=7))
+        async with app.run_test(size=size) as pilot:
+            await _settle(pilot)
+            return [strip.text for strip in app.screen._compositor.render_strips()]
+    both = await screen(("ddp", "fsdp"), (160, 45))
+    comm = [line[80:] for line in both if line[80:].lstrip().startswith("comm")]
+    assert comm and all(" AG" in line.replace("█", " ") and "RS" in line for line in comm), "\n".join(both)
+    text = "\n".join(both)
+    assert "wait: own collective ready" in text and "own AllReduce ready" not in text
+    assert "AllReduce" in next(line for line in both if "forward" in line and "backward" in line)
+    alone = await screen(("fsdp",), (120, 40))
+    legend = next(line for line in alone if "██ forward" in line)
+    assert "AG all-gather" in legend and "AllReduce" not in legend and "last to arrive" not in legend

@@ -302,7 +302,8 @@ class DdpApp(App):
         note = "" if slow else waits.gathering(store, shown)  # (no verdict before a full window)
         self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow, note))
         self.title_line.show([statuslines.title(store, strategies, self.talk_title)])
-        self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width, _coll_ops(views))])
+        ops, grads = _coll_ops(views)
+        self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width, ops, allreduce=grads)])
         self.status_line.show([self._status(store)])
         self._notify_caps(store)
         if getattr(self.source, "recording_error", None) and not self._rec_error_said:  # (once)
@@ -544,17 +545,22 @@ class DdpApp(App):
         return self.jobs.busy
 
 
-def _coll_ops(views: dict) -> frozenset:
+def _coll_ops(views: dict) -> tuple[frozenset, bool]:
     """The ops of the collectives (COLL spans) of the steps shown, 'unknown' for one its rank's
-    table does not describe: the legend's entries for them (empty without any)."""
+    table does not describe: the legend's entries for them (empty without any); and whether
+    any step shown has gradient AllReduces (COMM spans)."""
     ops: set = set()
+    grads = False
     for v in views.values():
-        if v is None or not v.colls:
+        if v is None:
             continue
         for r in v.spans:
-            table = v.coll_table(r)
-            for i in Lane.of_spans(v.spans[r]).placement().coll_idx:
-                row = table.get(i)
-                ops.add(row[1] if row is not None else "unknown")
+            place = Lane.of_spans(v.spans[r]).placement()
+            grads = grads or bool(place.allreduce)
+            if v.colls:
+                table = v.coll_table(r)
+                for i in place.coll_idx:
+                    row = table.get(i)
+                    ops.add(row[1] if row is not None else "unknown")
             break  # (every rank issues the same collectives: the first rank's say which)
-    return frozenset(ops)
+    return frozenset(ops), grads

@@ -169,6 +169,9 @@ _BLOCK = [("█" if c else " ") for c in range(len(theme.LANE_COLOURS))]
 _FULL = [theme.full_style(c) for c in range(len(theme.LANE_COLOURS))]
 
 
+_COLL_FIRST = theme.COLL_AG  # colour ids from here on are collectives' (theme: COLL_AG .. COLL_UNKNOWN)
+
+
 def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, set[int], list]:
     """Paint bars (later ones on top) into eighths; every bar gets at least one eighth.
     Returns the eighths, the boundaries and [(first full cell, colour, label)] of the labelled
@@ -197,8 +200,14 @@ def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, 
         sub[a:z] = fill[c] * (z - a)
         add(a)
         add(z)
-        if label and (z >> 3) - ((a + 7) >> 3) >= len(label) + 2:
-            spans.append(((a + 7) >> 3, c, label))
+        if label:
+            room = (z >> 3) - ((a + 7) >> 3) - 2
+            if room >= len(label):
+                spans.append(((a + 7) >> 3, c, label))
+            elif c >= _COLL_FIRST and " " in label:  # a collective's 'AG fc2': its op, 'AG', if that fits
+                short = label.split(" ", 1)[0]
+                if room >= len(short):
+                    spans.append(((a + 7) >> 3, c, short))
     return sub, bounds, spans
 
 

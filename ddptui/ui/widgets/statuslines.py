@@ -48,16 +48,23 @@ def coll_entries(ops) -> tuple:
     return tuple(out)
 
 
-def legend(ms_per_cell: float, zoom: int, width: int = 1000, colls=()) -> Parts:
+def legend(ms_per_cell: float, zoom: int, width: int = 1000, colls=(), allreduce: bool = True) -> Parts:
     """colls: the ops of the collectives on screen besides gradient AllReduces (COLL spans):
-    their colours follow the AllReduce's entry."""
+    their colours follow the AllReduce's entry. allreduce: whether any gradient AllReduce is
+    on screen (with colls and none, as FSDP alone, 'AllReduce' and 'last to arrive', the
+    AllReduce's colour for the last rank, are left out)."""
     text = f"│ 1 cell = {ms_per_cell:.3g} ms · zoom {zoom}×"
     if width >= 160:
         text += " · one scale for all panes"
     scale = (text, theme.style(theme.DIM))
     room = width - len(scale[0])
     parts: Parts = []
-    entries = LEGEND if not colls else LEGEND[:3] + coll_entries(colls) + LEGEND[3:]
+    if not colls:
+        entries = LEGEND
+    elif allreduce:
+        entries = LEGEND[:3] + coll_entries(colls) + LEGEND[3:]
+    else:
+        entries = LEGEND[:2] + coll_entries(colls) + tuple(e for e in LEGEND[3:] if e[1] != theme.COMM_LAST)
     for name, c in entries:
         entry = [(" ██", theme.style(theme.LANE_COLOURS[c])), (f" {name} ", theme.style(theme.TEXT))]
         n = sum(len(t) for t, _ in entry)

@@ -98,7 +98,9 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
         return [summary_line(store, shown)]
     title = "Who waits for whom"
     notes, room = "", width - len(title)
-    for clause in (f" · medians of the last {RECENT} steps", " · wait: own AllReduce ready, the others not yet",
+    # what a wait is measured at: each AllReduce, or each collective where any strategy has others
+    what = "collective" if any(store.collective_tables(s) for s in strategies) else "AllReduce"
+    for clause in (f" · medians of the last {RECENT} steps", f" · wait: own {what} ready, the others not yet",
                    " · transfer: once all are ready"):  # (as many whole clauses as fit)
         if len(notes) + len(clause) > room:
             break
