@@ -296,6 +296,32 @@ def test_stall_names_the_collective_and_who_never_entered():
     assert hang.stall(st.rank_snapshot(), list(st.meta.layers)) is None
 
 
+def test_a_rank_past_the_stuck_collective_went_past_it():
+    """A rank whose group sequence number is beyond the stuck collective (inside a later one),
+    or that is inside none having entered as many as those inside, went past it: not 'never
+    entered'. A rank inside an earlier one, or behind in its count, never entered it."""
+    run, fr = fsdp_frames(steps=2, world=5)
+    st = store_of(fr)
+    issued = int(100e9)
+    ag = ("all_gather", 17, 12_600_000, 2, issued)
+    later = ("reduce_scatter", 18, 12_600_000, 2, int(103e9))
+    earlier = ("all_gather", 16, 12_600_000, 1, int(103.5e9))
+    for f in (hb(0, 104.0, ag, 40), hb(1, 104.0, ag, 40), hb(2, 104.0, later, 41),
+              hb(3, 104.0, None, 40), hb(4, 104.0, earlier, 39)):
+        st.ingest(f)
+    s = hang.stall(st.rank_snapshot(), list(st.meta.layers))
+    assert (s.op, s.seq) == ("all_gather", 17) and sorted(s.inside) == [0, 1]
+    assert sorted(s.past) == [2, 3] and sorted(s.never) == [4]
+    text = s.text()
+    assert f"rank 2 went past it (inside reduce_scatter #18 ({LAYERS[2]}); 41 entered)" in text
+    assert "rank 3 went past it (inside no collective; 40 entered)" in text
+    assert f"rank 4 never entered it (inside all_gather #16 ({LAYERS[1]}); 39 entered, 40 by those inside)" in text
+    assert "rank 2 never" not in text and "rank 3 never" not in text
+    assert [ln.split(" (")[0] for ln in s.lines()[2:]] == [
+        "rank 2 went past it", "rank 3 went past it", "rank 4 never entered it"]
+    assert s.short().endswith("· r4 never entered · r2 r3 went past")
+
+
 def test_watchdog_logs_the_stall_within_seconds():
     from ddptui.live.watchdog import Watchdog
     run, fr = fsdp_frames(steps=2)

@@ -44,7 +44,7 @@ class Watchdog:
             # which collective the ranks are inside, and who never entered it (their heartbeats)
             stuck = hang.stall(ranks, list(st.meta.layers))
             if stuck is not None:
-                key = ("stall", stuck.op, stuck.seq, tuple(sorted(stuck.never)))
+                key = ("stall", stuck.op, stuck.seq, tuple(sorted(stuck.never)), tuple(sorted(stuck.past)))
                 if key not in self._warned:
                     self._warned.add(key)
                     st.add_log(f"no progress for {now - self.last_progress:.0f} s: {stuck.text()}", "warn")

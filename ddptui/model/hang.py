@@ -6,8 +6,10 @@ on the rank's host clock) and how many it has entered (colls_entered). `stall(ra
 reads them: when a rank has been inside one collective for STALL_S or more (its heartbeat's
 time less the issue time: the rank's own clock, no clock across hosts needed), the
 collective most of those ranks are inside is THE one; every rank inside it is listed with
-how long, and every rank that is not (inside no collective, or another, or behind in its
-count) is said to have never entered it. Pure: RankInfo copies in, a `Stall` out.
+how long; a rank that is not is said to have gone past it when its group's sequence number
+is (inside a later collective) or, inside none, when it has entered as many as those inside;
+any other (inside no collective, or an earlier one, or behind in its count) never entered it.
+Pure: RankInfo copies in, a `Stall` out.
 """
 from __future__ import annotations
 
@@ -26,6 +28,13 @@ class Stall:
     layer: str | None
     inside: dict[int, float]  # rank -> seconds inside it (as of its last heartbeat)
     never: dict[int, str] = field(default_factory=dict)  # rank -> where it is instead
+    past: dict[int, str] = field(default_factory=dict)  # rank -> where it went, past it
+
+    def _others(self) -> list[str]:
+        """'rank 2 never entered it (...)', 'rank 3 went past it (...)', by rank."""
+        said = [(r, f"rank {r} never entered it ({why})") for r, why in self.never.items()]
+        said += [(r, f"rank {r} went past it ({why})") for r, why in self.past.items()]
+        return [t for _, t in sorted(said)]
 
     def collective(self) -> str:
         """'all_gather #17 (12.6 MB, h.3)'."""
@@ -36,16 +45,15 @@ class Stall:
         """One line per rank: who is inside the collective, who never entered it."""
         what = self.collective()
         out = [f"rank {r} inside {what} for {s:.0f} s" for r, s in sorted(self.inside.items())]
-        out += [f"rank {r} never entered it ({why})" for r, why in sorted(self.never.items())]
-        return out
+        return out + self._others()
 
     def text(self) -> str:
         """The whole of it in one line (a log line, the headless output, the status line)."""
         inside = ", ".join(str(r) for r in sorted(self.inside))
         who = f"rank {inside}" if len(self.inside) == 1 else f"ranks {inside}"
         text = f"{who} inside {self.collective()} for {max(self.inside.values()):.0f} s"
-        if self.never:
-            text += "; " + "; ".join(f"rank {r} never entered it ({why})" for r, why in sorted(self.never.items()))
+        if self.never or self.past:
+            text += "; " + "; ".join(self._others())
         return text
 
     def short(self) -> str:
@@ -55,6 +63,8 @@ class Stall:
                 f"{' '.join(f'r{r}' for r in sorted(self.inside))} inside {max(self.inside.values()):.0f} s")
         if self.never:
             text += f" · {' '.join(f'r{r}' for r in sorted(self.never))} never entered"
+        if self.past:
+            text += f" · {' '.join(f'r{r}' for r in sorted(self.past))} went past"
         return text
 
 
@@ -94,5 +104,8 @@ def stall(ranks: dict, layer_names: list[str], min_s: float = STALL_S) -> Stall 
             if n is not None else "entered count unknown"
         where = "inside no collective" if w is None else \
             f"inside {w[0]} #{w[1]}" + (f" ({layer_names[w[3]]})" if 0 <= w[3] < len(layer_names) else "")
-        out.never[r] = f"{where}; {count}"
+        # past it: inside a later one of the group's (its sequence number beyond), or inside
+        # none having entered as many as those inside
+        past = w[1] > seq if w is not None else (n is not None and most is not None and n >= most)
+        (out.past if past else out.never)[r] = f"{where}; {count}"
     return out
