@@ -16,8 +16,7 @@ exposed communication and prints them next to what those caps measured. The 25 M
 replayed are printed too (not counted: a gap there is the model's own). Contention is fitted
 from the recording too (whatif.fit_contention: each layer's backward with an overlapping
 collective in the 25 MB steps against the same layer's without one, in the 25 MB steps right
-after a re-wrap, whose one bucket runs after the backward; collectives with and without
-compute under them): the replayed backward loses the slowdown its recorded overlap caused
+after a re-wrap, whose one bucket runs after the backward): the replayed backward loses the slowdown its recorded overlap caused
 and gains the one each cap's overlap gives it.
 
 Figures: median over the caps and models of |predicted - measured| / measured for the step
@@ -106,8 +105,7 @@ def check(model: str, store, phases) -> list[dict]:
           f"error {fit.err_pct:.0f} % over {fit.n} collectives ({fit.sizes} sizes)")
     print(f"  contention: backward +{cont.bwd_per_ms:.2f} ms per ms overlapped ({cont.layers} layers seen "
           f"with and without: {cont.with_spans} / {cont.without_spans} spans, {len(basis.reference)} reference "
-          f"steps){' — ' + cont.note if cont.note else ''}; collective +{cont.coll_per_ms:.2f} ms per ms of "
-          f"compute under it")
+          f"steps){' — ' + cont.note if cont.note else ''}")
     print(f"  {'cap MB':>6} {'buckets':>7} {'pred step':>10} {'meas step':>10} {'err':>6}   "
           f"{'pred exp':>9} {'meas exp':>9} {'err':>6} {'meas steps':>10}")
     # the source steps themselves, replayed: what the simulator makes of what it was given

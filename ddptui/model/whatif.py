@@ -182,7 +182,6 @@ class CommFit:
     world: int
     sizes: int = 0  # distinct sizes seen (alpha is 0 with one)
     call_ms: float = 0.0  # per-call host cost, on the issuing thread
-    coll_per_ms: float = 0.0  # contention: collective ms added per ms of compute overlapping it
 
     @property
     def hop_ms(self) -> float:
@@ -457,43 +456,33 @@ def _coll_points(basis: Basis, reference: bool = False):
     return out
 
 
-def fit_comm(basis: Basis, contention: bool = True) -> CommFit:
-    """alpha + beta x bytes from the basis' collectives: end - the last rank's start; with
-    `contention`, less the time compute overlapping them added (`fit_contention`'s
-    coll_per_ms, fitted with them)."""
+def fit_comm(basis: Basis) -> CommFit:
+    """alpha + beta x bytes from the basis' collectives: end - the last rank's start."""
     pts = _coll_points(basis)
     if not pts:
         raise WhatIfError(f"no collective between two or more ranks in the {basis.strategy} steps "
                           "to fit alpha and beta to")
-    got = _coll_contention(basis, pts) if contention else None
-    if got is None:
-        xs, ys = [x for x, _, _ in pts], [y for _, y, _ in pts]
-        a, b, err = fit_line(xs, ys)
-        return CommFit(a, b, len(xs), err, basis.world, len({round(x, 6) for x in xs}))
-    a, b, k = got
-    err = (sum(((a + b * x + k * ov - y) / y) ** 2 for x, y, ov in pts if y > 0) / len(pts)) ** 0.5
-    fit = CommFit(a, b, len(pts), 100.0 * err, basis.world, len({round(x, 6) for x, _, _ in pts}))
-    fit.coll_per_ms = k
-    return fit
+    xs, ys = [x for x, _, _ in pts], [y for _, y, _ in pts]
+    a, b, err = fit_line(xs, ys)
+    return CommFit(a, b, len(xs), err, basis.world, len({round(x, 6) for x in xs}))
 
 
 # -- contention -------------------------------------------------------------------------------
 @dataclass
 class Contention:
-    """How much compute and communication slow each other where they overlap (the ranks'
-    cores, or a GPU's SMs, shared), fitted from the recording itself:
-
-    - bwd_per_ms: backward ms added per ms a collective overlaps it — each layer's backward
-      spans with an overlapping collective against the same layer's without one (in the steps
-      replayed, else in the reference steps: the same strategy and cap right after a re-wrap,
-      naive's), the latter scaled by the drift of the layers never overlapped;
-    - coll_per_ms: collective ms added per ms of compute overlapping it — fitted with alpha and
-      beta (alpha + beta x MB + k x overlapped ms, relative least squares).
+    """How much a collective slows the backward it overlaps (the ranks' cores, or a GPU's SMs,
+    shared), fitted from the recording itself: bwd_per_ms, backward ms added per ms a
+    collective overlaps it — each layer's backward spans with an overlapping collective against
+    the same layer's without one (in the steps replayed, else in the reference steps: the same
+    strategy and cap right after a re-wrap, naive's), the latter scaled by the drift of the
+    layers overlapped in neither.
 
     The simulator first takes out of each recorded backward span the slowdown its recorded
-    overlap caused, then adds back the slowdown of the overlap the plan gives it."""
+    overlap caused, then adds back the slowdown of the overlap the plan gives it. (The other
+    way, compute slowing a collective, is not modelled: fitted from collectives with and
+    without compute under them it read 0.17 ms per ms on a synthetic run that has none, and
+    0.8-0.9 on loaded real runs — the overlap a collective sees grows with its own length.)"""
     bwd_per_ms: float = 0.0
-    coll_per_ms: float = 0.0
     layers: int = 0  # layers seen both with and without an overlapping collective
     with_spans: int = 0
     without_spans: int = 0
@@ -501,24 +490,10 @@ class Contention:
 
     @property
     def on(self) -> bool:
-        return self.bwd_per_ms > 0 or self.coll_per_ms > 0
+        return self.bwd_per_ms > 0
 
 
 K_MAX = 0.9  # a contention slope beyond this is taken as noise
-
-
-def _coll_contention(basis: Basis, pts) -> tuple[float, float, float] | None:
-    """(alpha, beta, coll_per_ms) from the collectives' (MB, ms, overlapped ms), the basis' and
-    the reference's: alpha and beta from those no compute overlapped (two sizes at least), the
-    slope from what the others took beyond them; None when they cannot tell."""
-    pts = [p for p in pts + _coll_points(basis, reference=True) if p[1] > 0]
-    off = [(x, y) for x, y, ov in pts if ov <= 0]
-    on = [(x, y, ov) for x, y, ov in pts if ov >= 0.25 * y]
-    if len({round(x, 6) for x, _ in off}) < 2 or len(on) < 3:
-        return None
-    a, b, _ = fit_line([x for x, _ in off], [y for _, y in off])
-    k = sum(y - (a + b * x) for x, y, _ in on) / sum(ov for *_, ov in on)
-    return a, b, min(max(0.0, k), K_MAX)
 
 
 def _layer_spans(traces) -> tuple[dict[int, list[tuple[float, float]]], dict[int, list[float]]]:
@@ -537,7 +512,7 @@ def _layer_spans(traces) -> tuple[dict[int, list[tuple[float, float]]], dict[int
     return on, off
 
 
-def fit_contention(basis: Basis, fit: CommFit | None = None) -> Contention:
+def fit_contention(basis: Basis, fit: CommFit | None = None) -> Contention:  # (fit: unused, kept for callers)
     """The backward's slowdown per ms a collective overlaps it (see Contention)."""
     med = statistics.median
     on, off = _layer_spans(basis.traces)
@@ -564,7 +539,7 @@ def fit_contention(basis: Basis, fit: CommFit | None = None) -> Contention:
     k = min(max(0.0, num / den), K_MAX) if den > 0 else 0.0
     note = ("" if layers else "no layer's backward seen both with and without an overlapping collective: "
             "no slowdown of compute modelled")
-    return Contention(k, fit.coll_per_ms if fit else 0.0, layers, n_on, n_off, note)
+    return Contention(k, layers, n_on, n_off, note)
 
 
 def _shift_fn(t: RankTimeline, durs: dict[int, float]):
@@ -664,7 +639,7 @@ def with_calls(t: RankTimeline, issued: list[float], call_ms: float) -> RankTime
 
 def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, int]], cost, lanes: int,
              delays: Delays, param_layer: list[int], blocking: bool = False,
-             call_ms: float = 0.0, coll_per_ms: float = 0.0) -> dict[int, SimRank]:
+             call_ms: float = 0.0) -> dict[int, SimRank]:
     """One step under a plan of collectives: [(params it carries (None: after the backward),
     bytes)] in launch order; cost(bytes) -> ms on the lane; call_ms the per-call host cost
     (blocking: before each call, on the same thread; else: on the thread that issues it, so
@@ -693,9 +668,6 @@ def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, in
             local[r] = (max(ready, free[r][lane]), lane)
         s = max(v[0] for v in local.values())
         e = s + cost(nb)
-        for _ in range(2 if coll_per_ms else 0):  # slowed by the compute it overlaps
-            ov = statistics.median(figures.intersection_length(tr[r].compute, [(s, e)]) for r in local)
-            e = s + cost(nb) + coll_per_ms * ov
         for r, (ls, lane) in local.items():
             free[r][lane] = e
             prev_end[r] = e
@@ -748,18 +720,14 @@ def contended(tr: dict[int, RankTimeline], colls, cost, basis: Basis, delays: De
               call_ms: float, cont: Contention):
     """(the simulated ranks, the bare timelines) of one step under contention: each layer's
     backward without the slowdown its recorded overlap caused, plus bwd_per_ms x the overlap the
-    plan gives it (a fixed point, ROUNDS rounds); collectives slowed by coll_per_ms x the
-    compute they overlap."""
+    plan gives it (a fixed point, ROUNDS rounds)."""
     kb = cont.bwd_per_ms
     bare = {r: bare_backward(t, kb) for r, t in tr.items()}
     base = {r: stretch(t, bare[r]) for r, t in tr.items()}
     cur = base
     sim = None
     for _ in range(ROUNDS):
-        sim = simulate(cur, colls, cost, basis.lanes, delays, basis.param_layer, blocking, call_ms,
-                       cont.coll_per_ms)
-        if kb <= 0:
-            break
+        sim = simulate(cur, colls, cost, basis.lanes, delays, basis.param_layer, blocking, call_ms)
         nxt = {}
         for r, t in cur.items():
             mu = figures.union(sim[r].comm + t.fixed)
@@ -891,7 +859,7 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
     if not bases:
         raise WhatIfError("no strategy with collectives between ranks to predict from")
     first = bases.get("ddp") or next(iter(bases.values()))
-    fits = {s: with_call_cost(fit_comm(b, contention), None if call_us is None else call_us / 1e3)
+    fits = {s: with_call_cost(fit_comm(b), None if call_us is None else call_us / 1e3)
             for s, b in bases.items()}
     conts = {s: fit_contention(b, fits[s]) if contention else None for s, b in bases.items()}
     info, fitd = basis_info(first, fits[first.strategy], conts[first.strategy])
