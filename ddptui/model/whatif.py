@@ -23,13 +23,19 @@ The step simulator replays one recorded step per rank:
 4. the step ends after the last collective (or backward, if later) plus the recorded tail
    (DDP's finalize, the optimizer).
 
-Forward and backward are kept as recorded (no contention model: overlap that slowed the
-backward in the recording is kept as it was). naive: one blocking collective per parameter
-after the backward, with the recorded gap between them; interleaved: one collective per
-parameter as its gradient is ready.
+Contention (`Contention`, `fit_contention`): a collective overlapping the backward slows it;
+the slowdown per ms overlapped is fitted from each layer's backward with and without an
+overlapping collective in the recording, taken out of every recorded backward span and put
+back where the plan overlaps it (`contended`). Forward is kept as recorded. A per-call host
+cost (`CommFit.call_ms`, 0 unless given or fitted by `fit_calls` from naive runs) is spent on
+the issuing thread: it delays the backward after an overlapped call. naive: one blocking
+collective per parameter after the backward, with the recorded gap between them;
+interleaved: one collective per parameter as its gradient is ready. `synthetic_basis`
+describes a step instead of recording it (benchmarks P9c and whatif_scaling).
 
 Collective time alpha + beta x bytes is fitted to the run's own collectives: per collective,
-end - the last rank's start (waiting for a late rank is not transfer). For another world
+end - the last rank's start (waiting for a late rank is not transfer), through each size's
+median. For another world
 size N (recorded W), bytes move 2(N-1)/N per rank in a ring: beta scales by
 [2(N-1)/N] / [2(W-1)/W] and alpha, the latency of the ring's 2(N-1) steps, by (N-1)/(W-1);
 --bus-gbps replaces beta by 2(N-1)/N / bus bandwidth, --hop-us the latency of one ring step. Other ranks are taken to be like the recorded ones (per-rank
