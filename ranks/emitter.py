@@ -103,12 +103,35 @@ class Emitter(FrameQueue):
                                                 t0, t1, iss))
         return wire.pack(item)  # a ranks.frames Struct
 
+    resolve_errors = 0  # frames that could not be resolved or encoded (dropped, counted)
+
+    def _encode_or_drop(self, item) -> bytes:
+        """`_encode`, but a frame whose resolution or encoding raises is dropped and counted
+        (its spans too), and the first such error is printed with its traceback (the rank's
+        output): the sender thread goes on, the run keeps its later steps and heartbeats."""
+        try:
+            return self._encode(item)
+        except Exception:  # noqa: BLE001 - one bad step must not end the sender thread
+            self.resolve_errors += 1
+            self.dropped_frames += 1
+            try:
+                self.dropped_spans += int(getattr(item, "n_spans", 0) or 0)
+            except Exception:  # noqa: BLE001
+                pass
+            if self.resolve_errors == 1:
+                import traceback
+                sys.stderr.write(f"ddptui rank {self.rank}: a step could not be resolved or "
+                                 f"encoded; dropped (counted), sending goes on\n"
+                                 f"{traceback.format_exc(limit=8)}")
+                sys.stderr.flush()
+            return b""
+
     def _send_loop(self) -> None:
         while True:
             item = self.q.get()
             if item is None:
                 return
-            chunks = [self._encode(item)]
+            chunks = [self._encode_or_drop(item)]
             while len(chunks) < 64:  # batch whatever else is waiting into one send
                 try:
                     nxt = self.q.get_nowait()
@@ -117,7 +140,7 @@ class Emitter(FrameQueue):
                 if nxt is None:
                     self._sendall(chunks)
                     return
-                chunks.append(self._encode(nxt))
+                chunks.append(self._encode_or_drop(nxt))
             if not self._sendall(chunks):
                 return
 

@@ -47,6 +47,12 @@ class CpuClock:
     def comm_host_end(self):
         return None  # the drawn end is a host reading already
 
+    def issue_stream(self):
+        return None
+
+    def issuing(self, stream):
+        return _NULL
+
     def done(self, tok) -> bool:
         return True
 
@@ -67,6 +73,21 @@ class CpuClock:
 
 def _identity(tok):
     return tok
+
+
+class _Null:
+    """A reusable do-nothing context (the issue of a collective with no stream of its own)."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _Null()
 
 
 class GpuTimeMap:
@@ -138,13 +159,23 @@ class CudaClock:
     on a stream made to wait for the NCCL work, and an event recorded on *that* stream (of our
     device) marks the end.
 
+    gloo with CUDA tensors completes its future (a CPU future: no CUDA events) on its worker
+    thread, whose current stream is the device's default stream, after making the stream that
+    was current at the issue wait for the copy back (ProcessGroupGlooCuda.cpp,
+    AsyncAllreduceCUDAHostWork::synchronize). An event recorded on the default stream there
+    waits for every kernel queued on it by then: a bias's AllReduce ending mid-backward would be
+    drawn after the backward queued behind it. So each such collective is issued with a stream
+    of its own current (`issue_stream`, `issuing`: it waits for the training stream, then gloo
+    makes it wait for the copy back and nothing else); its end is an event on that stream, and
+    the training stream is made to wait for that event (what gloo would have done to it).
+
     `torch_cuda` / `host_ns` are seams: tests pass a fake GPU timer (drift, float32 rounding).
     """
 
     cuda = True
 
     def __init__(self, device, comm_on_host: bool = False, torch_cuda=None,
-                 host_ns=now_ns, calib_period_s: float = 1.0):
+                 host_ns=now_ns, calib_period_s: float = 1.0, hook_lag_ns: int | None = None):
         if torch_cuda is None:
             import torch
             torch_cuda = torch.cuda
@@ -170,6 +201,11 @@ class CudaClock:
         # largest part of a mark's host cost. The autograd engine runs backward on the stream
         # of the forward ops, so the same stream serves forward, backward and the optimizer.
         self.stream = torch_cuda.current_stream(device)
+        # the host's time from a gradient's accumulation to the post-accumulate hook's mark
+        # (measured here on CPU tensors: PyTorch's hook dispatch on this machine); see idle_end
+        self.hook_lag_ns = measure_hook_lag() if hook_lag_ns is None else int(hook_lag_ns)
+        self._issue: list = []  # gloo with CUDA tensors: streams a collective is issued on
+        self._issue_i = 0
         ev_cls = torch_cuda.Event
         # Event.record(stream) is a Python wrapper over the C method: call the C one directly
         base = getattr(ev_cls, "__mro__", (ev_cls,))
@@ -197,17 +233,44 @@ class CudaClock:
         self._record(ev, self.stream)
         return ev
 
-    def mark_comm_end(self):
-        """The end of a collective, from its completion callback (or, naive, after the
-        blocking call): an event on the *current* stream of our device, whatever thread this
-        is. NCCL: the callback's stream waits on the NCCL work. gloo with CUDA tensors: gloo
-        reduces on the host and copies the result back to the GPU asynchronously; the future
-        completes (and callbacks run) before that copy lands, on a stream made to wait for it:
-        an event there is stamped once the copy has landed. (gloo completes its future on the
-        device's default stream, so the event also waits for the work queued there before it:
-        never early, late by at most the compute queued ahead of the completion.)"""
+    ISSUE_STREAMS = 8  # collectives in flight at once before two share an issue stream
+
+    def issue_stream(self):
+        """gloo with CUDA tensors: the stream the next collective is issued on (see the class
+        docstring); None otherwise (NCCL's future carries CUDA events: its callbacks run on a
+        stream that waits for the NCCL work alone)."""
+        if not self.comm_on_host:
+            return None
+        if len(self._issue) < self.ISSUE_STREAMS:
+            self._issue.append(self.tc.Stream(self.device))
+            return self._issue[-1]
+        self._issue_i = i = (self._issue_i + 1) % self.ISSUE_STREAMS
+        return self._issue[i]
+
+    def issuing(self, stream):
+        """A context around the backend call that issues a collective: with `stream` current,
+        made to wait for the training stream first (the copy to the host reads the gradient)."""
+        if stream is None:
+            return _NULL
+        stream.wait_stream(self.stream)
+        return self.tc.stream(stream)
+
+    def mark_comm_end(self, stream=None):
+        """The end of a collective, from its completion callback: an event on `stream` (the
+        collective's issue stream, gloo with CUDA tensors) or else on the *current* stream of
+        our device, whatever thread this is. NCCL: the callback's stream waits on the NCCL
+        work. gloo with CUDA tensors: gloo reduces on the host and copies the result back to
+        the GPU asynchronously, and makes the issue stream wait for that copy before its
+        future completes: an event there is stamped once the copy has landed, whatever
+        compute is queued on the training stream. The training stream then waits for it, as
+        gloo would have made it wait. (Without an issue stream, the current stream on gloo's
+        thread is the default one: late by the compute queued there.)"""
         ev = self._event()
-        self._record(ev, self.tc.current_stream(self.device))
+        if stream is None:
+            self._record(ev, self.tc.current_stream(self.device))
+        else:
+            self._record(ev, stream)
+            self.stream.wait_event(ev)
         return ev
 
     def comm_host_end(self):
@@ -266,6 +329,24 @@ class CudaClock:
         n = len(self.map.points)
         self.next_cal = h1 + min(self.period_ns, 50_000_000 << min(n, 10))
 
+    def idle_end(self, t_ns: int, host_ns: int) -> int:
+        """A backward layer's end, drawn from its mark (`t_ns`, the event mapped to host time)
+        and the host's reading just before the mark (`host_ns`). An event recorded on an idle
+        stream is stamped when the host records it, not when the work before it ended: the
+        mark comes after the hook's dispatch (a host-bound step: a starved GPU). Stamped within
+        `idle_window_ns` of the host's reading, the stream was idle: the work ended before the
+        host got there, drawn `hook_lag_ns` earlier. On a busy stream the event waited for the
+        work: its stamp is the end."""
+        if t_ns - host_ns <= self.idle_window_ns():
+            return t_ns - self.hook_lag_ns
+        return t_ns
+
+    def idle_window_ns(self) -> int:
+        """How far after the host's reading an event on an idle stream is stamped, as mapped:
+        the calibration's half-bracket (its error) and 2 µs for the record call itself."""
+        pts = self.map.points
+        return 2_000 + (min(p[2] for p in pts) // 2 if pts else 0)
+
     # -- off the hot path -----------------------------------------------------------
     def resolver(self, start_tok, ref: CalPoint):
         """tok -> host ns for the events of one step: each against the step's start event."""
@@ -283,12 +364,36 @@ class CudaClock:
         return ns
 
 
+def measure_hook_lag(samples: int = 48) -> int:
+    """The host's time, in ns, from a gradient's accumulation to a post-accumulate hook's first
+    line (median): on CPU tensors, from a tensor hook just before the accumulation to the
+    post-accumulate hook after it. What an end mark on an idle stream comes late by."""
+    import torch
+    w = torch.zeros(4, requires_grad=True)
+    w.grad = torch.zeros(4)
+    t = [0, 0]
+
+    def pre(g):
+        t[0] = now_ns()
+
+    def post(p):
+        t[1] = now_ns()
+    w.register_hook(pre)
+    w.register_post_accumulate_grad_hook(post)
+    got = []
+    for _ in range(samples):
+        (w * 1.0).sum().backward()
+        got.append(t[1] - t[0])
+    got.sort()
+    return max(0, min(got[len(got) // 2], 50_000))
+
+
 class StepRecord:
     """Slots for one (strategy, step) on one rank."""
 
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
-                 "bwd_s", "bwd_e", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
-                 "comm_hend", "comm_thr", "opt_s", "opt_e", "ref", "synced")
+                 "bwd_s", "bwd_e", "bwd_h", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
+                 "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced")
 
     def __init__(self, strategy: str, step: int, n_layers: int):
         self.strategy, self.step, self.n_layers = strategy, step, n_layers
@@ -297,6 +402,7 @@ class StepRecord:
         self.fwd_e = [None] * n_layers
         self.bwd_s = [None] * n_layers
         self.bwd_e = [None] * n_layers
+        self.bwd_h = [None] * n_layers  # host reading just before each end mark (CUDA: idle_end)
         self.bwd_n = [0] * n_layers  # bwd_end calls so far this step
         self.comm_idx: list[int] = []
         self.comm_kind: list[int] = []  # COMM (a gradient AllReduce) or COLL (any other collective)
@@ -305,6 +411,7 @@ class StepRecord:
         self.comm_end: list = []
         self.comm_hend: list = []  # gloo with CUDA tensors: host ends, to chain starts
         self.comm_thr: list = []
+        self.comm_strm: list = []  # gloo with CUDA tensors: each collective's issue stream
 
 
 def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool,
@@ -364,6 +471,9 @@ class Recorder:
         # CUDA: a layer's backward end is re-marked for each parameter; hand the superseded
         # event back to the pool at once (the pool would otherwise grow every step)
         self._recycle = clock.release if clock.cuda else None
+        # the host clock of the end marks' readings (CUDA: CudaClock.idle_end); the clock's own
+        # where it has one (a seam in tests)
+        self.host_ns = getattr(clock, "host_ns", now_ns) if clock.cuda else now_ns
         self._bwd_calls: list = [None] * n_layers  # bwd_end calls per layer in the last step
 
     # -- hot path -------------------------------------------------------------------
@@ -401,10 +511,12 @@ class Recorder:
         `layer`'s starts. One moment, one mark."""
         c = self.cur
         if c is not None:
+            h = self.host_ns()
             t = self.clock.mark()
             c.bwd_s[layer] = t
             if layer + 1 < self.n_layers:
                 c.bwd_e[layer + 1] = t
+                c.bwd_h[layer + 1] = h
 
     def bwd_end(self, layer: int) -> None:
         # called when the layer's input gradient is ready and again as each of its
@@ -416,6 +528,7 @@ class Recorder:
             n = c.bwd_n[layer] = c.bwd_n[layer] + 1
             want = self._bwd_calls[layer]
             if want is None or n >= want:
+                c.bwd_h[layer] = self.host_ns()
                 self._mark_again(c.bwd_e, layer)
 
     def _mark_again(self, slots: list, i: int) -> None:
@@ -438,12 +551,20 @@ class Recorder:
         c.comm_end.append(None)
         c.comm_hend.append(None)
         c.comm_thr.append(None)
+        c.comm_strm.append(self.clock.issue_stream())
         return len(c.comm_idx) - 1
+
+    def issuing(self, slot: int):
+        """A context around the backend call that issues the collective in `slot` (on the
+        thread that issues it): its own stream current where the clock needs one."""
+        return self.clock.issuing(self.cur.comm_strm[slot])
 
     def comm_done(self, rec: StepRecord, slot: int) -> None:
         """The AllReduce in `slot` has finished (called on the thread that completed it)."""
         rec.comm_hend[slot] = self.clock.comm_host_end()
-        rec.comm_end[slot] = self.clock.mark_comm_end()
+        strm = rec.comm_strm[slot]
+        rec.comm_end[slot] = (self.clock.mark_comm_end(strm) if strm is not None
+                              else self.clock.mark_comm_end())
         rec.comm_thr[slot] = _get_ident()
 
     def opt_begin(self) -> None:
@@ -495,9 +616,13 @@ class Recorder:
         for i in range(r.n_layers):
             if r.fwd_s[i] is not None and r.fwd_e[i] is not None:
                 kinds.append(FWD); idxs.append(i); t0s.append(ns(r.fwd_s[i])); t1s.append(ns(r.fwd_e[i]))
+        idle_end = clock.idle_end if clock.cuda else None
         for i in reversed(range(r.n_layers)):
             if r.bwd_s[i] is not None and r.bwd_e[i] is not None:
-                kinds.append(BWD); idxs.append(i); t0s.append(ns(r.bwd_s[i])); t1s.append(ns(r.bwd_e[i]))
+                t0, t1 = ns(r.bwd_s[i]), ns(r.bwd_e[i])
+                if idle_end is not None and r.bwd_h[i] is not None:
+                    t1 = max(t0, idle_end(t1, r.bwd_h[i]))
+                kinds.append(BWD); idxs.append(i); t0s.append(t0); t1s.append(t1)
         ready: list[int] = []
         if r.comm_idx:
             ready = [ns(t) for t in r.comm_ready]

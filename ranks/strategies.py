@@ -23,7 +23,7 @@ from . import spec
 from .instrument import Recorder
 
 
-def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
+def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> list:
     """Forward/backward start and end for every block fcN of the model, one mark per moment
     and, but for one, hooks registered once rather than every step.
 
@@ -39,7 +39,12 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
     A post-accumulate-grad hook on each weight, registered once, marks it. The last block's
     start (the loss's gradient) is a pre-hook on its output's node, the one hook registered
     each step. An injected delay of block i (`--slow-rank`) runs right after the mark that
-    starts block i: inside it."""
+    starts block i: inside it.
+    A strategy's own work on a gradient once it is accumulated (interleaved's division and
+    AllReduce issue, DDP's copy into its bucket) belongs to the block: such hooks are
+    registered before these (Strategy.own_hooks), and DDP's, a post hook of the accumulation's
+    node that runs after every post-accumulate hook, moves the mark after it (`mark_after`).
+    Returns the weights' marks: [(weight, mark, handle)]."""
     blocks = list(model.children())
     last = len(blocks) - 1
 
@@ -73,12 +78,15 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
         return x
 
     model.forward = forward
+    host = rec.host_ns
+    marks = []
     for i, block in enumerate(blocks):
         weight = next(block.parameters())
         if i > 0:
             def done(p, i=i):  # Recorder.bwd_between(i - 1), inlined
                 c = rec.cur
                 if c is not None:
+                    c.bwd_h[i] = host()  # (CUDA: is the stream idle at the mark? idle_end)
                     c.bwd_s[i - 1] = c.bwd_e[i] = rec.clock.mark()
                     s = rec.straggle
                     if s is not None and s.layer == i - 1:
@@ -86,7 +94,24 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> None:
         else:
             def done(p):
                 rec.bwd_end(0)
-        weight.register_post_accumulate_grad_hook(done)
+        marks.append((weight, done, weight.register_post_accumulate_grad_hook(done)))
+    return marks
+
+
+def mark_after(marks: list, old: list) -> list:
+    """Move each weight's mark to a post hook of its AccumulateGrad node registered now: it runs
+    after the node's post hooks registered before it (DDP's reducer copies the gradient into
+    its bucket there, and may issue the bucket's AllReduce), where a post-accumulate hook runs
+    inside the node, before them. `old`: what the last move returned (a re-wrapped DDP has a
+    new reducer, whose hooks come after those). Returns [(handle, node)]."""
+    for h, _ in old:
+        h.remove()
+    out = []
+    for weight, done, handle in marks:
+        handle.remove()
+        node = weight.view_as(weight).grad_fn.next_functions[0][0]  # as DDP's reducer finds it
+        out.append((node.register_hook(lambda gi, go, done=done, w=weight: done(w)), node))
+    return out
 
 
 def sleep_cycles_per_ms(tc, device, trials: int = 5, cycles: int = 2_000_000) -> int:
@@ -171,9 +196,13 @@ class Strategy:
         self.rec = rec
         self.world = world
         self.device = device
-        attach_layer_hooks(self.module, rec)
         self.params = list(self.module.parameters())
+        self.own_hooks()  # before the layer marks: their work on a gradient is the layer's
+        self.marks = attach_layer_hooks(self.module, rec)
         self.opt = PlainSGD(self.params, lr=lr)
+
+    def own_hooks(self) -> None:
+        """The strategy's own post-accumulate hooks (registered before the layer marks)."""
 
     def prepare(self) -> None:
         """Called on every rank before each of this strategy's steps, outside measurement."""
@@ -213,8 +242,14 @@ class Naive(Strategy):
         for i, p in enumerate(self.params):
             p.grad.div_(self.world)
             slot = rec.comm_issue(i)
-            dist.all_reduce(p.grad)
-            rec.comm_done(cur, slot)
+            with rec.issuing(slot):
+                work = dist.all_reduce(p.grad, async_op=True)
+            # the end is marked by the completion callback, on the thread that completes it
+            # (gloo's worker, as soon as it is done; NCCL's at issue, on a stream that waits
+            # for the kernel), not after this thread wakes from the wait (10-50 µs later)
+            fut = work.get_future().then(lambda f, s=slot: _done(rec, cur, s, f))
+            work.wait()
+            fut.wait()
 
 
 def _done(rec: Recorder, cur, slot: int, f):
@@ -229,8 +264,7 @@ def _done(rec: Recorder, cur, slot: int, f):
 class Interleaved(Strategy):
     name = "interleaved"
 
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
+    def own_hooks(self) -> None:
         self.futs: list = []
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._reduce(i, p))
@@ -240,7 +274,8 @@ class Interleaved(Strategy):
         cur = rec.cur
         p.grad.div_(self.world)
         slot = rec.comm_issue(i)
-        fut = dist.all_reduce(p.grad, async_op=True).get_future()
+        with rec.issuing(slot):
+            fut = dist.all_reduce(p.grad, async_op=True).get_future()
         self.futs.append(fut.then(lambda f: _done(rec, cur, slot, f)))
 
     def after_backward(self) -> None:
@@ -262,7 +297,9 @@ def _ddp_hook(state: "DDPStrategy", bucket):  # DDP requires the name `bucket`
         rec.comm_done(cur, slot)
         return f.value()[0]
 
-    return dist.all_reduce(buf, async_op=True).get_future().then(done)
+    with rec.issuing(slot):
+        fut = dist.all_reduce(buf, async_op=True).get_future()
+    return fut.then(done)
 
 
 class _NoRuntimeStats:
@@ -321,6 +358,8 @@ class DDPStrategy(Strategy):
         if self.device.type == "cuda":
             kw["device_ids"] = [self.device.index]
         self.ddp = DDP(self.module, **kw)
+        # the layer marks after the reducer's hooks (its copy into the bucket is the layer's)
+        self._moved = mark_after(self.marks, getattr(self, "_moved", []))
         quiet_runtime_stats(self.ddp)
         self.ddp.register_comm_hook(self, _ddp_hook)
         self.cap_mb = cap_mb

@@ -111,6 +111,31 @@ class SyncProbe:
                        "events_pooled": len(getattr(clock, "pool", []))}, f, indent=1)
 
 
+class LineUp:
+    """GPUs lined up before a step's control word only where one may still be running a step
+    the others did not take: after a strategy that runs on some ranks only (`single`, rank 0),
+    whose work would otherwise make the others' next AllReduce wait, drawn as communication.
+    After the others every rank's GPU ran the same step, ended by the same collectives: a
+    synchronize there would only idle the GPU, so that every step started on an idle GPU
+    (its STEP and first forward taking the launch ramp) and P1 would not measure the loop
+    that runs. Outside every span. `sync`: torch.cuda.synchronize, or None on CPU."""
+
+    def __init__(self, sync, device, world: int):
+        self.sync, self.device, self.world = sync, device, world
+        self.pending = False
+        self.count = 0
+
+    def before_control(self) -> None:
+        if self.pending and self.sync is not None:
+            self.sync(self.device)
+            self.count += 1
+        self.pending = False
+
+    def after(self, strategy: str) -> None:
+        """Called on every rank for every strategy step, taken here or not."""
+        self.pending = spec.strategy_ranks(strategy, self.world) < self.world
+
+
 def slow_from_word(word: int) -> tuple[int, int, int]:
     """straggler word -> (rank, layer, ms)."""
     rest, ms = divmod(word, SEQ_SHIFT)
@@ -259,7 +284,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     sync_dir = seams.sync_debug()
     probe = SyncProbe(sync_dir) if device.type == "cuda" and sync_dir else None
     ctl = torch.zeros(3, dtype=torch.int64)
-    sync_device = torch.cuda.synchronize if device.type == "cuda" else None
+    line_up = LineUp(torch.cuda.synchronize if device.type == "cuda" else None, device, world)
     applied_slow = 0
     applied_word = 0
     em.phase = "training"
@@ -270,11 +295,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         if pw is not None:
             pw.iteration_start(k)
         for strat in strategies:
-            if sync_device is not None:
-                # line up the GPUs, not only the hosts: without this, a rank whose GPU is
-                # still running its last step (single runs on rank 0 only) would make the
-                # others' next AllReduce wait, drawn as communication. Outside every span.
-                sync_device(device)
+            line_up.before_control()
             with control.lock:
                 ctl[0] = 1 if control.stop else 0
                 ctl[1] = control.word
@@ -302,6 +323,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                     rec.straggle.set(0, -1)
                 em.send_now(frames.Event(rank=rank, step=k, what="slow_ms", value=s_ms,
                                          slow_rank=s_rank, layer=s_layer))
+            line_up.after(strat.name)
             if not strat.runs_on(rank):
                 continue
             s0 = (k % n_batches) * args.batch_size

@@ -3,9 +3,14 @@ without a GPU (CudaClock, Recorder, Straggle take it through their `torch_cuda` 
 
 - time: one clock for host and GPU (ns), advanced by host reads (`read_ns` each) and by the
   host waiting on the GPU (`synchronize`);
+- submission latency (`launch_ns`): what the host enqueues reaches the GPU that much later;
 - streams run their work in order: work enqueued on a stream starts when the stream is free
-  and the host has enqueued it; an event recorded on a stream is stamped when the stream
-  reaches it (at once on an idle stream, later behind work in flight);
+  and the submission has reached the GPU; an event recorded on a stream is stamped when the
+  stream reaches it (`launch_ns` after the host recorded it on an idle stream, later behind
+  work in flight: an idle stream stamps the HOST's moment, not the end of the work before);
+- `compute(ns)`: a kernel on the current stream (the default stream queues the training's
+  compute, as torch's default stream does); `wait_stream`, `wait_event` and `stream(s)` (a
+  context: the current stream, per thread) as torch.cuda's;
 - `Stream(device, priority)` hands out pool streams in turn, as c10's CUDA stream pools do:
   32 of the default (low) priority, the pool a CUDA future's `then` callbacks and the
   backends' internal streams draw from, and 32 of high priority, which nothing else here
@@ -33,21 +38,27 @@ class SimStream:
 
     def enqueue(self, dur_ns: int) -> int:
         """Work of dur_ns on this stream, enqueued now; returns when it ends."""
-        start = max(self.tail, self.sim.now)
+        start = max(self.tail, self.sim.now + self.sim.launch_ns)
         self.tail = start + dur_ns
         return self.tail
 
     def wait_event(self, ev) -> None:  # (an event of SimCuda.Event)
         self.tail = max(self.tail, ev.t)
 
+    def wait_stream(self, other: "SimStream") -> None:
+        """What torch.cuda.Stream.wait_stream does: an event recorded on `other` now, waited on."""
+        self.tail = max(self.tail, other.tail, self.sim.now + self.sim.launch_ns)
+
     def __repr__(self) -> str:
         return f"<SimStream {self.name}>"
 
 
 class SimCuda:
-    def __init__(self, read_ns: int = 200, sm_khz: int = 1_200_000, clock_rate_khz: int = 1_980_000):
+    def __init__(self, read_ns: int = 200, sm_khz: int = 1_200_000, clock_rate_khz: int = 1_980_000,
+                 launch_ns: int = 0):
         self.now = 1_000_000_000
         self.read_ns = read_ns
+        self.launch_ns = launch_ns
         self.sm_khz = sm_khz
         self.clock_rate_khz = clock_rate_khz
         self.default = SimStream(self, "default")
@@ -68,7 +79,8 @@ class SimCuda:
             def record(self, stream=None):
                 sim.records += 1
                 stream = stream if stream is not None else sim.current_stream(None)
-                self.t = max(stream.tail, sim.now)  # stamped when the stream reaches it
+                # stamped when the stream reaches it, the submission latency after the host
+                self.t = max(stream.tail, sim.now + sim.launch_ns)
 
             def query(self):
                 return self.t is not None and sim.now >= self.t
@@ -99,6 +111,24 @@ class SimCuda:
 
     def set_stream(self, stream) -> None:
         self._tls.stream = stream
+
+    def stream(self, stream):
+        """torch.cuda.stream(s): `stream` current on this thread inside the context."""
+        sim = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.prev = getattr(sim._tls, "stream", None)
+                sim._tls.stream = stream
+
+            def __exit__(self, *exc):
+                sim._tls.stream = self.prev
+                return False
+        return _Ctx()
+
+    def compute(self, ns: int) -> int:
+        """A kernel of `ns` on the current stream, launched now; returns when it ends."""
+        return self.current_stream(None).enqueue(ns)
 
     def _sleep(self, cycles: int) -> None:
         self.current_stream(None).enqueue(int(cycles / self.sm_khz * 1e6))

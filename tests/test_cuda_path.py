@@ -4,6 +4,9 @@ copy back lands): the calibration stream, gloo-CUDA AllReduce ends, one mark per
 resolution off the training thread, and the `--slow-rank` delay sized by timing."""
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from ranks.instrument import CudaClock, Recorder
@@ -44,27 +47,39 @@ def test_calibration_gives_up_rather_than_blocks_on_a_busy_gpu():
     assert clock.next_cal > sim.now  # tried again later
 
 
-def _gloo_cuda_allreduce(sim, rec, cur, slot, host_free_at: int, copy_ns: int):
-    """What ProcessGroupGloo does with CUDA tensors, as it touches streams: the host reduction
-    ends at host_free_at; the copy back is queued on a pool stream; the default stream is made
-    to wait for it (Work::synchronize); the future completes on the gloo thread, recording its
-    event on that thread's current (default) stream; a `then` callback runs at once on the next
-    pool stream, made to wait for that event."""
-    sim.now = max(sim.now, host_free_at)
-    copy = sim.pool_stream()
+def _gloo_issue(sim, rec, slot, d2h_ns: int = 0):
+    """What ProcessGroupGloo does with CUDA tensors as it touches streams
+    (ProcessGroupGlooCuda.cpp, AsyncAllreduceCUDAHostWork), at the issue, on the issuing
+    thread inside ddptui's `issuing` context: the stream current there is kept
+    (originalStreams); a pool stream waits for it and queues the copy to the host."""
+    with rec.issuing(slot):
+        orig = sim.current_stream()
+        copy = sim.pool_stream()
+        copy.wait_stream(orig)
+        d2h = copy.enqueue(d2h_ns)
+    return orig, copy, d2h
+
+
+def _gloo_complete(sim, work, host_free_at: int, copy_ns: int, callback, gloo=None):
+    """Then on gloo's worker thread: run() waits on the host for the copy to the host, reduces
+    (done at host_free_at), queues the copy back and an event after it on the pool stream;
+    synchronize() makes the kept stream wait for that event; the future (a CPU future: no CUDA
+    events) completes and runs its callbacks on this thread, whose current stream is the
+    device's default stream. Returns when the copy back lands."""
+    orig, copy, d2h = work
+    sim.now = max(sim.now, d2h, host_free_at)
     copy_end = copy.enqueue(copy_ns)
     done = sim.Event()
     done.record(copy)
-    sim.default.wait_event(done)
-    fut_ev = sim.Event()
-    fut_ev.record(sim.default)
-    cb = sim.pool_stream()
-    cb.wait_event(fut_ev)
-    sim.set_stream(cb)
-    try:
-        rec.comm_done(cur, slot)
-    finally:
-        sim.set_stream(None)
+    orig.wait_event(done)
+    # gloo's worker thread (one thread, `gloo`, for collectives one thread runs in turn): the
+    # default stream is current there
+    if gloo is None:
+        t = threading.Thread(target=callback)
+        t.start()
+        t.join()
+    else:
+        gloo.submit(callback).result()
     return copy_end
 
 
@@ -75,12 +90,17 @@ def test_gloo_cuda_allreduce_ends_when_the_copy_back_lands_and_chains_on_the_hos
     rec.begin("interleaved", 0)
     cur = rec.cur
     s0 = rec.comm_issue(0)
+    w0 = _gloo_issue(sim, rec, s0)
     s1 = rec.comm_issue(1)
+    w1 = _gloo_issue(sim, rec, s1)
     t_ready = sim.now
     # the same gloo thread runs both: the first is done on the host 1 ms later, its copy back
     # takes 2 ms; the second is done on the host 1 ms after the first
-    end0 = _gloo_cuda_allreduce(sim, rec, cur, s0, t_ready + 1_000_000, 2_000_000)
-    end1 = _gloo_cuda_allreduce(sim, rec, cur, s1, t_ready + 2_000_000, 2_000_000)
+    with ThreadPoolExecutor(1) as gloo:
+        end0 = _gloo_complete(sim, w0, t_ready + 1_000_000, 2_000_000,
+                              lambda: rec.comm_done(cur, s0), gloo)
+        end1 = _gloo_complete(sim, w1, t_ready + 2_000_000, 2_000_000,
+                              lambda: rec.comm_done(cur, s1), gloo)
     rec.end()
     sim.now += 10_000_000
     (item,) = rec.poll()
@@ -94,7 +114,7 @@ def test_gloo_cuda_allreduce_ends_when_the_copy_back_lands_and_chains_on_the_hos
 
 def test_each_moment_is_marked_once_and_the_last_call_still_wins():
     sim = SimCuda()
-    clock = _clock(sim)
+    clock = _clock(sim, hook_lag_ns=0)  # (the marks' count here; idle ends: below)
     rec = Recorder(clock, 3)
     counts = []
     for _ in range(3):
@@ -126,7 +146,7 @@ def test_each_moment_is_marked_once_and_the_last_call_still_wins():
 
 def test_a_layer_called_more_often_than_last_step_still_ends_at_its_last_call():
     sim = SimCuda()
-    rec = Recorder(_clock(sim), 1)
+    rec = Recorder(_clock(sim, hook_lag_ns=0), 1)
     for calls in (2, 4):
         rec.begin("ddp", 0)
         rec.bwd_begin(0)
@@ -188,3 +208,145 @@ def test_pool_streams_are_handed_out_in_turn():
         sim.Stream(None)
     assert sim.Stream(None) is first
     assert sim.Stream(None, priority=-1) not in sim.low
+
+
+def test_gloo_cuda_allreduce_mid_backward_is_not_drawn_behind_the_compute_queued_after_it():
+    """gloo with CUDA tensors: a bias's AllReduce is issued mid-backward; by the time gloo's
+    thread completes it, 3 ms more backward is queued on the default (training) stream. gloo's
+    future is a CPU future and its callbacks run where the default stream is current: an end
+    event recorded there waits for that compute. The end must be when the copy back landed,
+    and the training stream must still wait for the copy back (the optimizer reads it)."""
+    sim = SimCuda(launch_ns=4_000)
+    clock = _clock(sim, comm_on_host=True)
+    rec = Recorder(clock, 2)
+    rec.begin("interleaved", 0)
+    cur = rec.cur
+    sim.compute(1_000_000)  # the top layer's backward
+    slot = rec.comm_issue(0)
+    work = _gloo_issue(sim, rec, slot, d2h_ns=20_000)
+    for _ in range(30):  # the rest of backward, queued by the host meanwhile
+        sim.compute(100_000)
+        sim.host_work(5_000)
+    landed = _gloo_complete(sim, work, sim.now + 200_000, 20_000, lambda: rec.comm_done(cur, slot))
+    assert sim.default.tail > landed + 1_000_000  # compute is queued behind the completion
+    rec.opt_begin(); rec.opt_end()
+    rec.end()
+    assert sim.default.tail >= landed  # the training stream waits for the copy back
+    sim.now = sim.default.tail + 1_000_000
+    (item,) = rec.poll()
+    _, _, _, kinds, idxs, t0s, t1s, _ = item
+    (end,) = [t1 for k, t1 in zip(kinds, t1s) if k == COMM]
+    assert abs(end - landed) < 5_000, f"drawn {(end - landed) / 1e3:.0f} µs after the copy back landed"
+
+
+def _backward(sim, rec, n: int, kernel_ns: int, launch_host_ns: int, hook_ns: int) -> dict:
+    """A backward of n layers as the hooks see it: each layer's kernels launched by the host
+    (`launch_host_ns` of host time each), its weight's accumulation last, then the hook's
+    dispatch (`hook_ns`) before its mark. Returns when each layer's last kernel really ended."""
+    ends = {}
+    rec.bwd_begin(n - 1)
+    for i in reversed(range(n)):
+        for _ in range(3):  # grad input, grad weight, accumulate
+            sim.host_work(launch_host_ns)
+            ends[i] = sim.compute(kernel_ns)
+        sim.host_work(hook_ns)
+        if i > 0:
+            rec.bwd_between(i - 1)
+        else:
+            rec.bwd_end(0)
+    return ends
+
+
+@pytest.mark.parametrize("kernel_ns, bound", [(2_000, "host"), (300_000, "GPU")])
+def test_a_backward_end_on_a_starved_gpu_is_not_the_hooks_moment(kernel_ns, bound):
+    """An event on an idle stream is stamped when the host records it. Host-bound (kernels of
+    2 µs, launched 5 µs apart, the hook's dispatch 12 µs after the accumulation): the GPU was
+    done before the hook's mark, and each end must still be drawn within 5 µs of the layer's
+    last kernel. GPU-bound (300 µs kernels): the mark waits for the kernel, drawn as it is."""
+    sim = SimCuda(launch_ns=4_000)
+    clock = _clock(sim, hook_lag_ns=12_000)
+    rec = Recorder(clock, 4)
+    for step in range(2):
+        rec.begin("ddp", step)
+        ends = _backward(sim, rec, 4, kernel_ns, 5_000, 12_000)
+        rec.end()
+        sim.now = max(sim.now, sim.default.tail) + 100_000
+        (item,) = rec.poll()
+        _, _, _, kinds, idxs, t0s, t1s, _ = item
+        drawn = {i: t1 for k, i, t1 in zip(kinds, idxs, t1s) if k == BWD}
+        for i in range(4):
+            err = drawn[i] - ends[i]
+            assert abs(err) < 5_000, f"{bound}-bound: layer {i} drawn {err / 1e3:+.1f} µs from its end"
+
+
+def test_gpus_are_lined_up_only_after_a_strategy_some_ranks_did_not_take():
+    """worker.LineUp: a synchronize before the control word only after `single` (rank 0 alone):
+    after the others every GPU ran the same step, and a synchronize would start every step on
+    an idle GPU (its STEP and first forward taking the launch ramp; P1 timing another loop)."""
+    from ranks.worker import LineUp
+    for world, want in ((2, 2), (1, 0)):
+        calls = []
+        lu = LineUp(lambda dev: calls.append(dev), "cuda:0", world)
+        for k in range(3):  # the worker's loop: every rank, every strategy, in turn
+            for name in ("naive", "interleaved", "ddp", "single"):
+                lu.before_control()
+                lu.after(name)
+        assert len(calls) == want == lu.count  # before the first strategy of steps 1 and 2
+    cpu = LineUp(None, "cpu", 2)  # CPU: nothing to line up
+    cpu.after("single"); cpu.before_control()
+    assert cpu.count == 0
+
+
+def test_a_step_that_cannot_be_resolved_is_dropped_and_counted_and_sending_goes_on(tmp_path, capfd):
+    """A lazy step whose resolution raises (on CUDA: an event query or elapsed_time the driver
+    refuses) used to end the sender thread silently: every later frame, heartbeats aside, lost.
+    Now that one frame is dropped, counted with its spans, its traceback printed once."""
+    import os
+    import socket
+    import time
+
+    from ranks import frames, wire
+    from ranks.emitter import Emitter
+
+    path = os.path.join(str(tmp_path), "s.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    em = Emitter(path, "tok", 0, exit_grace_s=60)
+    conn, _ = srv.accept()
+    try:
+        sim = SimCuda()
+        rec = Recorder(_clock(sim), 2)
+        rec.begin("naive", 0)
+        rec.fwd_begin(0); rec.fwd_end(0)
+        rec.end()
+        (bad,) = rec.poll(lazy=True)
+        bad.r.fwd_e[0].t = None  # an event the driver never stamped
+
+        def refuse(self, other):
+            if self.t is None or other.t is None:
+                raise RuntimeError("CUDA error: device not ready")
+            return (other.t - self.t) / 1e6
+        sim.Event.elapsed_time = refuse
+        n = bad.n_spans
+        em.put(bad, n_spans=n)
+        em.put(frames.Phase(rank=0, phase="after the bad step"))
+        reader = wire.FrameReader()
+        got = []
+        deadline = time.monotonic() + 10
+        conn.settimeout(0.5)
+        while time.monotonic() < deadline and not any(isinstance(f, frames.Phase) for f in got):
+            try:
+                data = conn.recv(65536)
+            except socket.timeout:
+                continue
+            got += [frames.decode(b) for b in reader.feed(data)]
+        assert any(isinstance(f, frames.Phase) for f in got), "nothing sent after the bad step"
+        assert em._tx.is_alive(), "the sender thread ended"
+        assert em.dropped_frames == 1 and em.dropped_spans == n == 2 and em.resolve_errors == 1
+        assert "could not be resolved" in capfd.readouterr().err
+    finally:
+        em.closed.set()
+        conn.close()
+        em.close(timeout=1)
+        srv.close()

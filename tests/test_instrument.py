@@ -241,3 +241,44 @@ def test_layer_marks_fill_every_span_once_per_moment():
             assert fwd[i][1] == fwd[i + 1][0]  # one moment, one mark
             assert bwd[i][0] == bwd[i + 1][1]
         assert all(a <= b for a, b in [*fwd.values(), *bwd.values()])
+
+
+@pytest.mark.slow  # (a real DDP)
+@pytest.mark.parametrize("name", ["interleaved", "ddp"])
+def test_a_strategys_work_on_a_gradient_is_in_its_layer(tmp_path, name):
+    """The weight's mark ends its block's backward. Interleaved's division and AllReduce issue,
+    and DDP's reducer (its copy into the bucket, then the bucket's AllReduce issue through the
+    comm hook), run on the gradient after it is accumulated: that work is the block's, so the
+    block ends after it, the block below starts after it. Seen here: every weight's AllReduce
+    was ready (issued) before its block's backward ended."""
+    import torch.distributed as dist
+
+    from ranks.instrument import CpuClock
+    from ranks.models import build_model
+    from ranks.strategies import STRATEGY_CLASSES
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
+    try:
+        rec = Recorder(CpuClock(), 4)
+        kw = {"bucket_cap_mb": 1e-6} if name == "ddp" else {}  # a bucket per parameter
+        s = STRATEGY_CLASSES[name](build_model("small"), rec, torch.device("cpu"), 0.01, 1, **kw)
+        x, y = torch.randn(16, 784), torch.randint(0, 10, (16,))
+        for k in range(3):  # DDP rebuilds its buckets after the first step
+            s.prepare(); rec.begin(name, k)
+            r = rec.cur
+            s.step(x, y); rec.end()
+        # the parameters each AllReduce carries (interleaved: one; ddp: its bucket's)
+        if name == "ddp":
+            carries = {b: set(ps) for b, ps, _ in s.seen}
+        else:
+            carries = {i: {i} for i in range(len(s.params))}
+        pidx = {id(p): i for i, p in enumerate(s.params)}
+        block_of = {pidx[id(p)]: j for j, b in enumerate(s.module.children()) for p in b.parameters()}
+        for i in range(4):
+            # every AllReduce of gradients from blocks i and above only was ready by block i's end
+            for slot, idx in enumerate(r.comm_idx):
+                if min(block_of[p] for p in carries[idx]) >= i:
+                    assert r.comm_ready[slot] <= r.bwd_e[i], \
+                        f"block {i} ended before the AllReduce of {sorted(carries[idx])} was issued"
+    finally:
+        dist.destroy_process_group()

@@ -20,8 +20,9 @@ range ddptui opened itself (ddptui adds none to the profile):
   whose sequence number is that of one of layer j's forward ops (the profiler links a
   backward node to the forward op that created it by that number); ``AccumulateGrad`` nodes,
   which have none, belong to the layer of the linked node before them. A layer ends with its
-  last AccumulateGrad's accumulating op (before the node's hooks: DDP's, interleaved's), and
-  the layer below starts at that moment (ddptui marks the two with one timestamp).
+  last AccumulateGrad node, hooks included: a strategy's work on the gradient (DDP's copy
+  into its bucket, interleaved's division, an AllReduce's issue) is the layer's, and ddptui
+  marks after it; the layer below starts at that moment (one timestamp for the two).
 - allreduce: the ``gloo:all_reduce`` records (gloo worker threads, two of them) that start
   inside the step, in start order (= the order the worker threads took them off gloo's
   queue = issue order), paired with ddptui's COMM spans in issue order; the tensor size the
@@ -38,8 +39,7 @@ training thread: backward nodes, and the ``c10d::allreduce_`` that DDP's and int
 hooks issue from them, are looked up on every thread. Layer j's kernels are those launched by
 layer j's ops above, less those launched under ``c10d::``/``nccl:``/``gloo:``/
 ``record_param_comms`` (a hook's AllReduce inside an AccumulateGrad node is not the layer's
-compute), and of an AccumulateGrad node only its accumulating op (the node's first aten op)
-counts. An NCCL AllReduce is the kernel (``ncclKernel_*`` or ``ncclDevKernel_*``) launched
+compute; the hooks' other kernels, DDP's copy into its bucket, are). An NCCL AllReduce is the kernel (``ncclKernel_*`` or ``ncclDevKernel_*``) launched
 inside its ``c10d::allreduce_``; with one rank NCCL launches no kernel for an in-place sum, so
 communication is not checked at world size 1 (said in the notes). gloo with CUDA tensors: the
 end is that of the copy back to the GPU made inside the ``gloo:all_reduce`` record.
@@ -303,22 +303,13 @@ def profile_steps(prof: Profile, n_layers: int) -> list[ProfiledStep]:
                 continue
             bwd_nodes.setdefault(layer, []).append(e)
             kids = _nested(by_tid, e)
-            if acc:  # the accumulating op only: what follows in the node is its hooks
-                first = next((k for k in kids if k.name.startswith("aten::")), None)
-                ops = [first, *_nested(by_tid, first)] if first is not None else []
-            else:
-                ops = _compute_ops(by_tid, [e, *kids])
-            bwd_ops.setdefault(layer, []).extend(ops)
+            # an AccumulateGrad node's hooks too (DDP's copy into its bucket, interleaved's
+            # division): the layer's work on its gradient, less the collectives they issue
+            bwd_ops.setdefault(layer, []).extend(_compute_ops(by_tid, [e, *kids]))
         for j, layer_nodes in bwd_nodes.items():
+            # a block's backward ends with its (last) parameter's AccumulateGrad node, hooks
+            # included: ddptui marks after them (ranks/strategies.attach_layer_hooks)
             end = max(e.t1 for e in layer_nodes)
-            if "AccumulateGrad" in layer_nodes[-1].name:
-                # a block's backward ends when its (last) parameter gradient is accumulated,
-                # i.e. at the end of the accumulating op inside the node, before the node's
-                # hooks (DDP's reducer, an interleaved all_reduce issue) run inside the same
-                # engine record (ranks/strategies.attach_layer_hooks)
-                acc = [e for e in _nested(by_tid, layer_nodes[-1]) if e.name.startswith("aten::")]
-                if acc:
-                    end = acc[0].t1
             step.bwd[j] = (min(e.t0 for e in layer_nodes), end)
         for j in sorted(step.bwd):
             if j + 1 in step.bwd:  # the block below starts when this one has ended: one moment
