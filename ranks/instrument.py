@@ -22,6 +22,7 @@ Collectives. Backends differ in how collectives overlap:
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 from .clock import now_ns
@@ -437,6 +438,14 @@ def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool,
     return out
 
 
+# The sender thread resolves a step while the training thread runs the next. Each CUDA mark
+# releases the GIL (Event.record); a thread that wants it back waits until the holder lets go,
+# which a pure-Python loop does only at the switch interval (5 ms): a hook would wait for the
+# sender's whole stretch. Resolving, the sender lets go every YIELD_EVERY events (time.sleep(0)
+# releases the GIL), so a hook waits for at most that many resolutions (~20 µs).
+YIELD_EVERY = 16
+
+
 class Pending:
     """A finished step not yet turned into spans (Recorder.poll(lazy=True)): calling it
     resolves it; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
@@ -447,7 +456,7 @@ class Pending:
         self.rec, self.r = rec, r
 
     def __call__(self) -> tuple:
-        return self.rec._resolve(self.r)
+        return self.rec._resolve(self.r, yield_every=YIELD_EVERY)
 
     @property
     def n_spans(self) -> int:
@@ -609,9 +618,17 @@ class Recorder:
             out.append(Pending(self, rec) if lazy else self._resolve(rec))
         return out
 
-    def _resolve(self, r: StepRecord) -> tuple:
+    def _resolve(self, r: StepRecord, yield_every: int = 0) -> tuple:
         clock = self.clock
         ns = clock.resolver(r.step_start, r.ref)
+        if yield_every:  # (off the training thread: let a waiting hook have the GIL)
+            resolve, count, sleep = ns, [0], time.sleep
+
+            def ns(tok):
+                count[0] += 1
+                if count[0] % yield_every == 0:
+                    sleep(0)
+                return resolve(tok)
         kinds, idxs, t0s, t1s = [STEP], [0], [ns(r.step_start)], [ns(r.step_end)]
         for i in range(r.n_layers):
             if r.fwd_s[i] is not None and r.fwd_e[i] is not None:

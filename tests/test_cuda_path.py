@@ -350,3 +350,50 @@ def test_a_step_that_cannot_be_resolved_is_dropped_and_counted_and_sending_goes_
         conn.close()
         em.close(timeout=1)
         srv.close()
+
+
+def test_resolving_on_the_sender_thread_lets_a_hook_have_the_gil_back():
+    """A CUDA mark releases the GIL (Event.record); taking it back waits until the holder lets
+    go, which a Python loop does only at the switch interval. The sender thread resolving a
+    large step must let go often, or a hook waits for its whole stretch. Here the interval is
+    50 ms (a loop that never lets go holds a hook that long); time.sleep(0) stands in for the
+    mark's release of the GIL."""
+    import sys
+    import time
+
+    sim = SimCuda()
+    n = 4000
+    rec = Recorder(_clock(sim), n)
+    items = []
+    for k in range(3):
+        rec.begin("ddp", k)
+        for i in range(n):
+            rec.fwd_begin(i); rec.fwd_end(i)
+        rec.end()
+        sim.now += 1_000_000
+        items += rec.poll(lazy=True)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    waits = []
+    try:
+        started = threading.Event()
+
+        def sender():
+            started.set()
+            for item in items:
+                item()
+        t = threading.Thread(target=sender)
+        t.start()
+        started.wait()
+        while t.is_alive():
+            t0 = time.perf_counter()
+            time.sleep(0)  # the hook's mark: the GIL let go, then taken back
+            waits.append(time.perf_counter() - t0)
+        t.join()
+    finally:
+        sys.setswitchinterval(old)
+    waits.sort()
+    p90 = waits[int(len(waits) * 0.9)]
+    assert len(waits) >= 20 and p90 < 0.01, (
+        f"while the sender resolved, {len(waits)} marks got the GIL back: p90 {p90 * 1e3:.1f} ms, "
+        f"longest {waits[-1] * 1e3:.1f} ms")
