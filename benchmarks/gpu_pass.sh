@@ -67,7 +67,7 @@ limit() {
   if [ "$l" -lt 15 ]; then note "  SKIPPED $1: the phase's ${BUDGET}s budget is spent" >&2; echo 0; return; fi
   if [ "$2" -lt "$l" ]; then echo "$2"; else echo "$l"; fi
 }
-HAS_CUDA=0 DEV=cpu
+HAS_CUDA=0 DEV=cpu CPUQ=
 on_cpu_note() {  # without CUDA, the steps that can run on CPU do: the plumbing, not the figures
   [ "$HAS_CUDA" = 1 ] || note "  no CUDA here: $1 on CPU (rehearsing the plumbing, not the GPU's figures)"
 }
@@ -115,6 +115,9 @@ EOF
   } > "$work/env.txt" 2>&1
   grep -E "^(python|torch)|MISSING" "$work/env.txt" | tee -a "$work/summary.txt" "$summary"
   $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && { HAS_CUDA=1; DEV=cuda; }
+  if [ "$HAS_CUDA" = 0 ] && [ -z "$QUICK" ]; then  # CPU: the plumbing on the small model, short
+    BIG=small; CPUQ=--quick
+  fi
 }
 
 # the pass is worth nothing if the project cannot start or its tests cannot be collected: check
@@ -181,8 +184,8 @@ phase_a() {
   headless gloo-small --gpus 1 --ranks 2 --model small --strategies $s --steps "$(n 30)"
   headless nccl-$BIG --gpus 1 --model $BIG --strategies $s --steps "$(n 20)"
   headless gloo-$BIG --gpus 1 --ranks 2 --model $BIG --strategies naive,interleaved,ddp --steps "$(n 10)"
-  [ -n "$QUICK" ] || headless nccl-deep40 --gpus 1 --model deep40 --strategies $s --steps "$(n 10)"
-  [ -n "$QUICK" ] || headless gloo-deep40 --gpus 1 --ranks 2 --model deep40 --strategies naive,ddp --steps "$(n 5)"
+  [ -n "$QUICK$CPUQ" ] || headless nccl-deep40 --gpus 1 --model deep40 --strategies $s --steps "$(n 10)"
+  [ -n "$QUICK$CPUQ" ] || headless gloo-deep40 --gpus 1 --ranks 2 --model deep40 --strategies naive,ddp --steps "$(n 5)"
 }
 
 phase_b() {
@@ -193,11 +196,11 @@ phase_b() {
   # gloo with CUDA tensors: AllReduce ends are compared with the end of the copy back
   verify gloo --gpus 1 --ranks 2 --model small --strategies naive,interleaved,ddp --steps 6
   timed "P1 on $BIG (1 rank, NCCL)" 120 p1.txt \
-    $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 ${QUICK:+--quick}
+    $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 ${QUICK:+--quick} $CPUQ
   timed "P1 host-bound (global batch 16: steps as short as the host's work)" 90 p1-host.txt \
-    $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 --host-bound ${QUICK:+--quick}
+    $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 --host-bound ${QUICK:+--quick} $CPUQ
   timed "P7 hook cost and host share with real CUDA events" 60 p7.txt \
-    $PY benchmarks/p7_hook_cost.py --device $DEV ${QUICK:+--quick}
+    $PY benchmarks/p7_hook_cost.py --device $DEV ${QUICK:+--quick} $CPUQ
 }
 
 phase_c() {

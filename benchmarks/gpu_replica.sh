@@ -21,7 +21,9 @@
 #
 # Environment: PYTHON, GPU_REPLICA_DIR (default ${TMPDIR:-/tmp}/ddptui-gpu-replica: ~5 GB with
 # torch's CUDA wheels), GPU_REPLICA_WHEELS (default ../shared/gpu-wheels, else shared/gpu-wheels),
-# GPU_REPLICA_TORCH (default "torch==2.11.*"), GPU_PASS_QUICK=1 (gpu_pass.sh's short rehearsal).
+# GPU_REPLICA_TORCH (default "torch==2.11.*"), GPU_PASS_QUICK=1 (gpu_pass.sh's short rehearsal),
+# GPU_REPLICA_NO_WHEELS=1 (carry none: what the image alone runs), GPU_REPLICA_PASS_REV=REV (run
+# gpu_pass.sh as it was at git revision REV: to see what the replica would have caught).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 phases=${1:-a,b}
@@ -38,7 +40,7 @@ if [ -z "$wheels" ]; then
     if ls "$d"/*.whl >/dev/null 2>&1; then wheels=$d; break; fi
   done
 fi
-[ -n "$wheels" ] || { echo "gpu_replica: no wheels (GPU_REPLICA_WHEELS, ../shared/gpu-wheels)" >&2; exit 2; }
+[ -n "$wheels" ] || [ -n "${GPU_REPLICA_NO_WHEELS:-}" ] || { echo "gpu_replica: no wheels (GPU_REPLICA_WHEELS, ../shared/gpu-wheels)" >&2; exit 2; }
 say() { echo "[replica $(date +%T)] $*"; }
 
 # 1. the image
@@ -60,7 +62,11 @@ say "image: $("$py" -c 'import platform, torch; print("Python", platform.python_
 rm -rf "$dir/checkout" "$dir/work" "$dir/site"
 mkdir -p "$dir/checkout/.whl"
 (cd "$root" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$dir/checkout"
-cp "$wheels"/*.whl "$dir/checkout/.whl/"
+[ -n "${GPU_REPLICA_NO_WHEELS:-}" ] || cp "$wheels"/*.whl "$dir/checkout/.whl/"
+if [ -n "${GPU_REPLICA_PASS_REV:-}" ]; then
+  git -C "$root" show "$GPU_REPLICA_PASS_REV:benchmarks/gpu_pass.sh" > "$dir/checkout/benchmarks/gpu_pass.sh"
+  say "gpu_pass.sh as at $GPU_REPLICA_PASS_REV"
+fi
 say "checkout: $(cd "$dir/checkout" && find . -type f | wc -l) files; $(ls "$dir/checkout/.whl" | wc -l) wheels in .whl/"
 
 # 3. the phases, the package index off
