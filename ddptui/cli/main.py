@@ -15,7 +15,7 @@ from .common import CliError, Parser, check_environment, check_writable_path, re
 from .common import open_live_ui, require_terminal
 from .options import add_numeric, run_parent
 
-SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join", "whatif")
+SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join", "whatif", "demo")
 
 EPILOG = """\
 commands:
@@ -30,6 +30,7 @@ commands:
   ddptui run [opts] -- SCRIPT ...  your own DDP script under torchrun, live (ddptui.instrument)
   ddptui join ADDR:PORT --token-file F   another node of a multi-node run (see --nnodes)
   ddptui whatif FILE [--bucket-cap 1,5,25,100] [--world 2,4,8]   predicted step under other settings
+  ddptui demo [--profile a100-pcie|h100-nvlink] [--gpus N] [--model M]   a SIMULATED run, replayed
 
 examples:
   ddptui --gpus 2 --model xlarge

@@ -2,7 +2,8 @@
 
 Built from what is known before any rank speaks (the CLI's settings, a recording's header)
 and completed by the ranks' hello frames (rank 0's describes the model; every rank its
-device). Readers take attributes (``store.meta.layers``); ``as_dict()`` gives the header's
+device). A run simulated rather than measured (`ddptui demo`) says so in `simulated`, and every
+report of it carries `simulated_label`. Readers take attributes (``store.meta.layers``); ``as_dict()`` gives the header's
 and the JSON report's map (keys as written in recordings, so files made before stay read
 the same). Header keys this class does not name are kept as read, in ``extra``.
 """
@@ -41,6 +42,7 @@ class RunInfo:
     gpus: int | None = None
     devices: dict[str, str] = field(default_factory=dict)  # rank (as text) -> its device
     settings: dict[str, Any] = field(default_factory=dict)  # the CLI's options of a live run
+    simulated: dict[str, Any] | None = None  # a simulated run (`ddptui demo`): its profile, basis
     extra: dict[str, Any] = field(default_factory=dict)  # header keys not named above
 
     # -- building ------------------------------------------------------------------------
@@ -90,6 +92,21 @@ class RunInfo:
 
     def layer_name(self, i: int) -> str:
         return self.layers[i] if 0 <= i < len(self.layers) else f"layer {i}"
+
+
+def simulated_label(meta) -> str | None:
+    """'SIMULATED · 4x A100 80GB PCIe · 4 GPUs' for a simulated run's header (a map, or a
+    RunInfo), None for a measured run. Any value under `simulated` makes a run simulated."""
+    sim = meta.simulated if isinstance(meta, RunInfo) else (meta or {}).get("simulated")
+    if sim is None or sim is False:
+        return None
+    bits = ["SIMULATED"]
+    if isinstance(sim, dict):
+        if sim.get("name"):
+            bits.append(str(sim["name"]))
+        if sim.get("gpus"):
+            bits.append(f"{sim['gpus']} GPUs")
+    return " · ".join(bits)
 
 
 _NAMES = tuple(f.name for f in fields(RunInfo) if f.name != "extra")

@@ -9,6 +9,7 @@ import os
 from ranks import frames, spec, wire
 
 from ddptui.model.clocksync import HostClocks
+from ddptui.model.runinfo import simulated_label
 from ranks.recfile import RecordingError
 
 
@@ -247,8 +248,11 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
                     if base.get("Group size") == world:
                         base["Process Group Ranks"] = str(list(range(world)))
                     o.kernel(name, "communication", a, z, min(max(ready.get(i, a), s0), s1), base)
+        label = simulated_label(meta)
+        sim = {} if label is None else {
+            "SIMULATED": f"{label}: made by ddptui demo's step simulator, not measured"}
         for rk, o in outs.items():
-            o.finish({"distributedInfo": {"backend": backend, "rank": rk, "world_size": world,
+            o.finish({**sim, "distributedInfo": {"backend": backend, "rank": rk, "world_size": world,
                                           "pg_count": 1, "pg_config": [{
                                               "pg_name": "0", "pg_desc": "default_pg",
                                               "backend_config": backend, "pg_size": world,
@@ -258,6 +262,7 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
                       "ddptui": {"version": __version__, "recording": os.path.basename(path),
                                  "strategy": strategy, "model": meta.get("model"),
                                  "device": devices.get(rk, ""),
+                                 **({"simulated": meta.get("simulated")} if label else {}),
                                  "events": "each kernel is one ddptui span: a layer's forward or "
                                            "backward, the optimizer, or one collective; not one "
                                            "GPU kernel"}})

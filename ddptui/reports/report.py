@@ -11,6 +11,7 @@ from rich.table import Table
 from ddptui.model import collectives
 from ddptui.model import figures
 from ddptui.model import stragglers
+from ddptui.model.runinfo import simulated_label
 
 
 def _f(v, fmt="{:.2f}", na="—"):
@@ -20,7 +21,8 @@ def _f(v, fmt="{:.2f}", na="—"):
 def run_title(meta: dict) -> str:
     """The title of a run's figures table (live headless, summary, replay --headless)."""
     batch = f" · global batch {meta['batch']}" if meta.get("batch") else " · global batch unknown"
-    return f"{meta.get('model')} · {meta.get('world')} rank(s) · {meta.get('backend') or ''}{batch}"
+    label = simulated_label(meta)
+    return ("" if label is None else f"{label} (not measured) · ") + f"{meta.get('model')} · {meta.get('world')} rank(s) · {meta.get('backend') or ''}{batch}"
 
 
 def summary_table(rows: list[dict], title: str = "") -> Table:
@@ -123,6 +125,10 @@ def json_doc(rows: list[dict], meta: dict, extra: dict | None = None) -> dict:
     }
     if extra:
         doc.update(extra)
+    label = simulated_label(meta)
+    if label is not None:  # (after extra: nothing replaces it)
+        sim = meta.get("simulated")
+        doc["simulated"] = dict(sim, label=label) if isinstance(sim, dict) else {"label": label}
     return doc
 
 
@@ -147,7 +153,11 @@ def report_run(store, json_path: str | None, extra, *, title: str | None = None,
     for note in notes:
         print(f"ddptui: warning: {note}", file=err, flush=True)
     if any(r.get("steps") for r in rows):
-        print_summary(rows, meta, file=out, title=title or run_title(meta))
+        head = title or run_title(meta)
+        label = simulated_label(meta)
+        if label is not None and label not in head:  # (a title given: the label still leads)
+            head = f"{label} (not measured) · {head}"
+        print_summary(rows, meta, file=out, title=head)
     elif empty:
         print(f"ddptui: warning: {empty}", file=err, flush=True)
     memory = memory_doc(ranks)

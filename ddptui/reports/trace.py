@@ -36,6 +36,7 @@ from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, STEP
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
+from ddptui.model.runinfo import simulated_label
 from ddptui.recording.loader import load
 from ddptui.recording.rankset import open_reader
 from ranks.recfile import FORMAT_VERSION, RecordingError
@@ -169,8 +170,10 @@ class TraceWriter:
         for r in sorted(set(sc.lanes) | sc.events):
             dev = devices.get(r)
             pid = pid_of(r)
+            name = f"rank {r} ({dev})" if dev else f"rank {r}"
+            label = simulated_label(self.meta)
             self.emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-                       "args": {"name": f"rank {r} ({dev})" if dev else f"rank {r}"}})
+                       "args": {"name": name if label is None else f"{name} {label}"}})
             self.emit({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"sort_index": r}})
             for lane in LANES:
@@ -191,10 +194,13 @@ class TraceWriter:
     def finish(self, extra: dict) -> None:
         other = {"ddptui": __version__, "recording_format": FORMAT_VERSION}
         for k in ("model", "layers", "world", "batch", "strategies", "backend", "device",
-                  "devices", "torch", "host", "bucket_cap_mb", "steps", "seed", "lr", "settings"):
+                  "devices", "torch", "host", "bucket_cap_mb", "steps", "seed", "lr", "settings", "simulated"):
             if self.meta.get(k) is not None:
                 other[k] = self.meta[k]
         other.update(extra)
+        label = simulated_label(self.meta)
+        if label is not None:
+            other["SIMULATED"] = f"{label}: made by ddptui demo's step simulator, not measured"
         self.out.write('\n],\n"displayTimeUnit":"ms",\n"otherData":'
                        + json.dumps(other, separators=(",", ":"), default=str) + "}\n")
 

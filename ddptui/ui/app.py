@@ -21,6 +21,7 @@ from .jobs import JobQueue
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
 from ddptui.model import figures, hang
+from ddptui.model.runinfo import simulated_label
 from ddptui.model.views import Lane
 from .viewmodel import (PanelSpec, ViewModel, latest_steps, next_bucket_cap, plan_screen, straggler_ask,
                         straggler_where)
@@ -300,7 +301,8 @@ class DdpApp(App):
                 panel.draw(frame)
         slow = waits.culprit_gist(store, shown)
         note = "" if slow else waits.gathering(store, shown)  # (no verdict before a full window)
-        self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow, note))
+        self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow, note,
+                                          simulated_label(store.meta)))
         self.title_line.show([statuslines.title(store, strategies, self.talk_title)])
         ops, grads = _coll_ops(views)
         self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width, ops, allreduce=grads)])

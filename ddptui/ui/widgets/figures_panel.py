@@ -13,6 +13,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from ddptui.model import figures
+from ddptui.model.runinfo import simulated_label
 from ddptui.model.store import Store
 from . import theme
 from .panel import Frame, Panel
@@ -126,11 +127,16 @@ def build(store: Store, shown: dict[str, int | None], width: int = 120, rows: li
             line.append(("  " + theme.spark(row.get("history") or [], 0.0, top or 1.0, width=spark_w),
                          theme.style(theme.strategy_colour(s))))
         lines.append(line)
-    lines.append(_notes_line(figures.speedups(rows), width))
+    lines.append(_notes_line(figures.speedups(rows), width, simulated_label(store.meta)))
     return lines
 
 
-def _notes_line(sp: dict, width: int) -> Parts:
+def _notes_line(sp: dict, width: int, label: str | None = None) -> Parts:
+    if label is not None:  # a simulated run: that first, whatever else fits
+        tag = f"{label}: figures of a simulation, not measured"
+        tag = tag if len(tag) + 20 <= width else "SIMULATED, not measured"
+        rest = _notes_line(sp, width - len(tag) - 3)
+        return [(tag, theme.style(theme.WARN, bold=True)), (" · ", theme.style(theme.DIM))] + rest
     vs = "  ".join(f"{k[:-10]} {v:.2f}× vs single" for k, v in sp.items() if k.endswith("_vs_single"))
     notes = [f"ms, medians of the last {WINDOW} steps · busy %: device computing, share of the step "
              "(per strategy: NVML cannot split alternating steps) · GPU %: NVML within this strategy's steps",

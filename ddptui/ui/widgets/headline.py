@@ -1,7 +1,8 @@
 """The headline: one line that says what the audience should see, and never overflows.
 
 Candidates go from the fullest sentence to the shortest; the first that fits the width is
-shown. The sentence is honest either way: DDP slower than naive says "slower".
+shown. The sentence is honest either way: DDP slower than naive says "slower"; a simulated
+run's says SIMULATED first.
 """
 from __future__ import annotations
 
@@ -78,11 +79,19 @@ def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "", note: str
 COLOUR = {"good": theme.GOOD, "bad": theme.ERROR, "same": theme.WARN, "none": theme.DIM}
 
 
-def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = "") -> list[Parts]:
+def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = "",
+          label: str | None = None) -> list[Parts]:
+    """`label`: a simulated run's ('SIMULATED · 4x A100 80GB PCIe · 4 GPUs'), said first, whole
+    where the sentence keeps 40 cells, else 'SIMULATED' alone."""
     overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
+    head: Parts = []
+    if label is not None:
+        tag = f" {label} " if width - cell_len(label) - 2 >= 40 else " SIMULATED "
+        head = [(tag, theme.style("#000000", theme.WARN, bold=True))]
+        width -= cell_len(tag)
     text, verdict = headline(sp, overlap, max(0, width - 2), slow, note)
-    return [[(" " + text + " ", theme.style("#000000" if verdict != "none" else theme.TEXT,
-                                        COLOUR[verdict] if verdict != "none" else theme.BG, bold=True))]]
+    return [head + [(" " + text + " ", theme.style("#000000" if verdict != "none" else theme.TEXT,
+                                               COLOUR[verdict] if verdict != "none" else theme.BG, bold=True))]]
 
 
 class Headline(PartsView):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ranks import spec
 
+from ddptui.model.runinfo import simulated_label
 from ddptui.model.store import Store
 from . import theme
 from .text import Parts
@@ -18,6 +19,7 @@ LEGEND = (("forward", theme.FWD_A), ("backward", theme.BWD_A), ("AllReduce", the
 
 
 def title(store: Store, strategies: list[str], talk_title: str | None = None) -> Parts:
+    """The run in a line; a simulated run's label (SIMULATED, the profile) right after the name."""
     m = store.meta
     first = store.first_rank()
     device = m.device or (first.device if first else "")
@@ -26,6 +28,9 @@ def title(store: Store, strategies: list[str], talk_title: str | None = None) ->
     bits = [str(m.model or "?"), ranks, device, backend,
             f"global batch {m.batch}" if m.batch else "", " vs ".join(strategies)]
     parts: Parts = [(" ddptui ", theme.style("#000000", theme.TEXT, bold=True))]
+    label = simulated_label(m)
+    if label is not None:  # (first after the name: a narrow title line keeps it)
+        parts.append((f" {label} · not measured ", theme.style("#000000", theme.WARN, bold=True)))
     if talk_title:
         parts.append((f" {talk_title} ", theme.style(theme.WARN, bold=True)))
     parts.append((" " + " · ".join(b for b in bits if b), theme.style(theme.TEXT)))
