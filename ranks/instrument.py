@@ -21,8 +21,8 @@ Collectives. Backends differ in how collectives overlap:
 """
 from __future__ import annotations
 
+import select
 import threading
-import time
 from collections import deque
 
 from .clock import now_ns
@@ -441,9 +441,14 @@ def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool,
 # The sender thread resolves a step while the training thread runs the next. Each CUDA mark
 # releases the GIL (Event.record); a thread that wants it back waits until the holder lets go,
 # which a pure-Python loop does only at the switch interval (5 ms): a hook would wait for the
-# sender's whole stretch. Resolving, the sender lets go every YIELD_EVERY events (time.sleep(0)
-# releases the GIL), so a hook waits for at most that many resolutions (~20 µs).
+# sender's whole stretch. Resolving, the sender lets go every YIELD_EVERY events, so a hook
+# waits for at most that many resolutions (~20 µs): `_let_go` releases the GIL for a system
+# call that returns at once (time.sleep(0) would give the core away: ~150 µs on a busy host).
 YIELD_EVERY = 16
+
+
+def _let_go() -> None:
+    select.select((), (), (), 0)
 
 
 class Pending:
@@ -622,12 +627,12 @@ class Recorder:
         clock = self.clock
         ns = clock.resolver(r.step_start, r.ref)
         if yield_every:  # (off the training thread: let a waiting hook have the GIL)
-            resolve, count, sleep = ns, [0], time.sleep
+            resolve, count = ns, [0]
 
             def ns(tok):
                 count[0] += 1
                 if count[0] % yield_every == 0:
-                    sleep(0)
+                    _let_go()
                 return resolve(tok)
         kinds, idxs, t0s, t1s = [STEP], [0], [ns(r.step_start)], [ns(r.step_end)]
         for i in range(r.n_layers):
