@@ -565,13 +565,19 @@ class Recorder:
         c.comm_end.append(None)
         c.comm_hend.append(None)
         c.comm_thr.append(None)
-        c.comm_strm.append(self.clock.issue_stream())
+        c.comm_strm.append(None)
         return len(c.comm_idx) - 1
 
     def issuing(self, slot: int):
         """A context around the backend call that issues the collective in `slot` (on the
-        thread that issues it): its own stream current where the clock needs one."""
-        return self.clock.issuing(self.cur.comm_strm[slot])
+        thread that issues it): its own stream current where the clock needs one (gloo with
+        CUDA tensors), whose end `comm_done` then marks there. A collective issued without it
+        (the collective tap's, a user's comm hook) keeps the current stream's end."""
+        strm = self.clock.issue_stream()
+        if strm is None:
+            return _NULL
+        self.cur.comm_strm[slot] = strm
+        return self.clock.issuing(strm)
 
     def comm_done(self, rec: StepRecord, slot: int) -> None:
         """The AllReduce in `slot` has finished (called on the thread that completed it)."""
