@@ -5,10 +5,22 @@
 #   demo/talk.sh [RECORDING] [TITLE]
 #   DDPTUI_TALK_SPEED=2 demo/talk.sh runs/20250101-120000-xlarge-8r.ddptui "8x H100: naive vs DDP"
 #
-# Defaults: the CPU recording shipped in demo/, at normal speed (0.25..8).
+# Without RECORDING: a GPU recording in demo/ when there is one (any demo/*.ddptui not named
+# cpu-* or simulated-*), else the SIMULATED A100 run (demo/simulated-a100-pcie-xlarge-4gpus.ddptui:
+# its title bar says SIMULATED), else the CPU one; at normal speed (0.25..8).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-rec="${1:-$here/cpu-small-2ranks.ddptui}"
+pick() {
+  local f
+  for f in "$here"/*.ddptui; do
+    case "$(basename "$f")" in cpu-*|simulated-*) ;; *) [ -f "$f" ] && { echo "$f"; return; } ;; esac
+  done
+  for f in "$here/simulated-a100-pcie-xlarge-4gpus.ddptui" "$here/cpu-small-2ranks.ddptui"; do
+    [ -f "$f" ] && { echo "$f"; return; }
+  done
+  echo "$here/cpu-small-2ranks.ddptui"
+}
+rec="${1:-$(pick)}"
 title="${2:-Naive data parallelism vs PyTorch DDP}"
 speed="${DDPTUI_TALK_SPEED:-1}"
 
@@ -20,4 +32,8 @@ else
   ddptui="$here/../bin/ddptui"  # sets the checkout up on first use
 fi
 
+if [ "${DDPTUI_TALK_DRY_RUN:-}" = 1 ]; then  # (tests: what would play)
+  echo "$rec"
+  exit 0
+fi
 exec "$ddptui" replay "$rec" --loop --speed "$speed" --title "$title"

@@ -64,6 +64,9 @@ def parser() -> Parser:
                         + " (default " + ",".join(DEFAULT_STRATEGIES) + ")")
     add_numeric(p, "--steps", default=30, help="steps per strategy (default 30)")
     add_numeric(p, "--seed", default=0, help="the jitter's seed (default 0)")
+    p.add_argument("--pace", metavar="S", type=_pace, default=0.5,
+                   help="seconds of the recording's clock per step of every strategy (default 0.5: a "
+                        "replay at 1x shows each step; the time between steps is idle, in no figure)")
     p.add_argument("-o", "--record", metavar="PATH",
                    help="where the recording goes (default --runs-dir/simulated-PROFILE-MODEL-NgpuS.ddptui)")
     p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
@@ -77,6 +80,16 @@ def parser() -> Parser:
     p.add_argument("--loop", action="store_true", help="(UI) start over at the end (for talks)")
     p.add_argument("--title", metavar="TEXT", help="(UI) a title to show beside SIMULATED")
     return p
+
+
+def _pace(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pace must be a number of seconds (got {text!r})") from None
+    if not 0 <= v <= 60:
+        raise argparse.ArgumentTypeError(f"--pace must be 0..60 s (got {text})")
+    return v
 
 
 def strategies_of(text: str) -> list[str]:
@@ -109,7 +122,7 @@ def check(a) -> tuple[prof.Profile, int, list[str]]:
 
 
 def simulate(p: prof.Profile, model: str, gpus: int, strategies: list[str], steps: int, seed: int,
-             path: str, quiet: bool = False):
+             path: str, quiet: bool = False, pace: float = 0.5):
     """Write the simulated recording at `path` and read it back (as `summary` does)."""
     from ddptui.recording.loader import load
     from ddptui.recording.simulated import SimulatedRun, write
@@ -118,7 +131,7 @@ def simulate(p: prof.Profile, model: str, gpus: int, strategies: list[str], step
         if not quiet and (k == n or k % 10 == 0):
             print(f"ddptui demo: SIMULATED {model} on {p.name}, {gpus} GPUs: step {k}/{n}", file=sys.stderr, flush=True)
 
-    write(path, SimulatedRun(p, model, gpus, strategies, seed=seed), steps, progress)
+    write(path, SimulatedRun(p, model, gpus, strategies, seed=seed, pace_s=pace), steps, progress)
     return load(path)
 
 
@@ -203,7 +216,7 @@ def main(argv: list[str]) -> int:
                                    "--runs-dir")
     if not a.headless:
         require_terminal("the replay UI", "use --headless to print the figures")
-    got = simulate(p, a.model, gpus, strategies, a.steps, a.seed, path)
+    got = simulate(p, a.model, gpus, strategies, a.steps, a.seed, path, pace=a.pace)
     print(f"ddptui demo: wrote {path} (SIMULATED: {p.name}, {gpus} GPUs; "
           f"replay it with `ddptui replay {path}`)", file=sys.stderr, flush=True)
     if a.headless:

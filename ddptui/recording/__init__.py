@@ -1,1 +1,4 @@
-"""Recordings read back: Reader/load, a directory of per-rank files, torch.profiler traces (kineto), ReplaySource, FollowSource, and deterministic synthetic runs."""
+"""Recordings read back: Reader/load, a directory of per-rank files, torch.profiler traces (kineto), ReplaySource, FollowSource, deterministic synthetic runs and simulated ones (`ddptui demo`)."""
+from .reader import Reader
+
+__all__ = ["Reader"]

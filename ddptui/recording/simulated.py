@@ -13,6 +13,10 @@ GPU, the whole batch. fsdp (as SyntheticRun's, timed by the profile): per layer 
 before its forward (the next prefetched), again before its backward, a reduce-scatter after
 it, each (N-1) ring steps + bytes x (N-1)/N at the bus bandwidth; optimizer on 1/N. No
 contention: nothing in seed 002 measures how much overlap slows either side.
+
+Steps of milliseconds would flash by in a replay at 1x: the steps are spaced `pace_s` apart
+(one step of every strategy) on the recording's clock; the time between them is idle, outside
+every step and every figure.
 """
 from __future__ import annotations
 
@@ -35,12 +39,13 @@ class SimulatedRun:
     """Frames of a simulated run, step by step (deterministic for a seed)."""
 
     def __init__(self, profile: Profile, model: str, gpus: int, strategies, seed: int = 0,
-                 jitter: float = 0.03):
+                 jitter: float = 0.03, pace_s: float = 0.5):
         self.p, self.model, self.world = profile, model, gpus
         self.strategies = list(strategies)
         self.rng = random.Random(seed)
         self.seed = seed
         self.jitter = jitter
+        self.gap_ns = max(GAP_NS, int(pace_s * 1e9 / max(1, len(self.strategies))))
         self.table = spec.param_table(model)
         self.layers = spec.layer_names(model)
         self.nbytes = [n * spec.BYTES_PER_GRAD for _, n, _ in self.table]
@@ -122,7 +127,7 @@ class SimulatedRun:
                 out.append(frames.spans_frame(r, s, step, base, kinds, idxs, [ns(v) for v in t0],
                                               [ns(v) for v in t1], [ns(v) for v in iss]))
                 longest = max(longest, int(t1[0] * 1e6))
-            self.t = base + longest + GAP_NS
+            self.t = base + max(longest + GAP_NS, self.gap_ns)
         return out
 
     def _timeline(self, r: int, gpus: int, tail: float):
