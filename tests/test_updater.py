@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ddptui.model import stragglers
+from ddptui.model import columnwise, stragglers
 from ddptui.model.store import Store
 from ddptui.model.updater import Updater
 from ddptui.recording.synthetic import SyntheticRun, SyntheticSource
@@ -32,13 +32,16 @@ def test_figures_come_from_the_updaters_thread_while_frames_arrive_on_another():
         st.ingest(f)
     up = Updater(st, period=0.01).start()
     made_on: set[str] = set()
-    real = stragglers.step_waits
+    # who waited for whom: rank by rank, or for all ranks at once (ddptui/model/columnwise.py)
+    real, real_cw = stragglers.step_waits, columnwise.step_waits
 
-    def spy(*a, **kw):  # the real function, noting which thread ran it
-        made_on.add(threading.current_thread().name)
-        return real(*a, **kw)
+    def spy(real):
+        def run(*a, **kw):  # the real function, noting which thread ran it
+            made_on.add(threading.current_thread().name)
+            return real(*a, **kw)
+        return run
 
-    stragglers.step_waits = spy
+    stragglers.step_waits, columnwise.step_waits = spy(real), spy(real_cw)
     try:
         def feed():
             for k in range(30):
@@ -51,7 +54,7 @@ def test_figures_come_from_the_updaters_thread_while_frames_arrive_on_another():
         t.join()
         assert wait_until(lambda: st.latest_complete("ddp") == 29 and st.latest_complete("naive") == 29)
     finally:
-        stragglers.step_waits = real
+        stragglers.step_waits, columnwise.step_waits = real, real_cw
         up.stop()
     assert made_on == {"ddptui-updater"}  # not the thread that fed, not this (the reader's)
     assert st.complete_steps("naive") == list(range(30))
