@@ -282,3 +282,49 @@ def test_a_strategys_work_on_a_gradient_is_in_its_layer(tmp_path, name):
                         f"block {i} ended before the AllReduce of {sorted(carries[idx])} was issued"
     finally:
         dist.destroy_process_group()
+
+
+def _late_rank(store_path: str, delay_s: float) -> None:
+    """Rank 1 of test_naive_allreduce_ends_where_it_completes: reaches the AllReduce late."""
+    import time
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=1, world_size=2)
+    time.sleep(delay_s)
+    dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # (a second process)
+def test_naive_allreduce_ends_where_it_completes_not_where_the_training_thread_wakes(tmp_path):
+    """Naive's blocking AllReduce: its end is marked by the completion callback, on gloo's
+    thread as soon as the collective is done, not after the training thread wakes from the
+    wait (10-50 µs later on a busy host, and on CUDA an event stamped that late)."""
+    import multiprocessing as mp
+    import threading
+
+    import torch.distributed as dist
+
+    from ranks.instrument import CpuClock
+    from ranks.strategies import Naive
+
+    store = str(tmp_path / "store")
+    other = mp.get_context("spawn").Process(target=_late_rank, args=(store, 0.3))
+    other.start()
+    try:
+        dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=0, world_size=2)
+        rec = Recorder(CpuClock(), 1)
+        s = Naive(torch.nn.Sequential(torch.nn.Linear(4, 1, bias=False)), rec, torch.device("cpu"), 0.01, 2)
+        s.params[0].grad = torch.ones(1, 4)
+        rec.begin("naive", 0)
+        cur = rec.cur
+        s.after_backward()  # waits ~0.3 s for rank 1
+        rec.end()
+        assert cur.comm_end[0] is not None
+        assert cur.comm_thr[0] != threading.get_ident(), "the end was marked after the wait, on the training thread"
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        other.join(30)
