@@ -1,13 +1,15 @@
 """Real training scripts under `ddptui run --auto` (2 CPU ranks on gloo): what a step is.
 
 Each script in tests/scripts/ is plain DDP that knows nothing of ddptui and does what real
-training scripts do: rank 0 alone evaluates through the DDP module; gradient accumulation by
-`require_backward_grad_sync` and by `no_sync()`; two DDP modules in one model (DLRM's bottom
-and top MLPs) with a collective of its own between them; a tied embedding/output weight; a
-layer used every other step. A step is one gradient synchronisation, numbered the same on
-every rank (ranks.user.RankSession): the step count is the optimizer iterations on every
-rank, nobody waits half a step for nobody, no culprit is named, every DDP module's buckets are
-drawn under its name, and every layer that runs in a step has its backward span there.
+training scripts do: a tied embedding/output weight, with rank 0 alone evaluating through the
+DDP module (tied.py); gradient accumulation by `require_backward_grad_sync` and by
+`no_sync()`, with a layer used every other step (accumulate.py); two DDP modules in one model
+(DLRM's bottom and top MLPs) with a collective of its own between them (two_ddp.py). A step is
+one gradient synchronisation, numbered the same on every rank (ranks.user.RankSession): the
+step count is the optimizer iterations on every rank, nobody waits half a step for nobody, no
+culprit is named, every DDP module's buckets are drawn under its name, and every layer that
+runs in a step has its backward span there. The two tests of a script that does two things
+read one run of it (a module fixture: each run costs ~15 s, most of it starting torch).
 """
 from __future__ import annotations
 
@@ -103,12 +105,24 @@ def _layer(doc, name: str) -> int:
     return doc["layers"].index(name)
 
 
-def test_rank0_only_evaluation_takes_no_step(tmp_path):
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """tied.py, rank 0 evaluating before every third iteration: (the JSON, the recording)."""
+    return _sound(tmp_path_factory.mktemp("lm"), "tied.py", ("--every", "3", "--how", "both"))
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory):
+    """accumulate.py, 3 micro-steps per optimizer step: (the JSON, the recording)."""
+    return _sound(tmp_path_factory.mktemp("mlp"), "accumulate.py", ("--micro", "3", "--how", "both"))
+
+
+def test_rank0_only_evaluation_takes_no_step(lm_run):
     """Rank 0 alone evaluates (model.eval(), a forward through the DDP module) before every
     third iteration, in turn under no_grad and with autograd on and no backward. Those
     forwards synchronise nothing: no step of their own, none of their forwards in the steps;
     each is one OTHER span of rank 0 in the step it came before, ending by its start."""
-    doc, got = _sound(tmp_path, "eval_rank0.py", ("--every", "3", "--how", "both"))
+    doc, got = lm_run
     with_other = {0: [], 1: []}
     for k, ranks in sorted(_steps(got).items()):
         for r, b in ranks.items():  # one forward of each layer a step: the training one
@@ -123,14 +137,14 @@ def test_rank0_only_evaluation_takes_no_step(tmp_path):
     assert with_other == {0: list(range(0, ITERS, 3)), 1: []}, with_other
 
 
-def test_accumulation_is_one_step_per_optimizer_step(tmp_path):
+def test_accumulation_is_one_step_per_optimizer_step(mlp_run):
     """3 micro-steps per optimizer step, the gradient synchronised on the last, in turn by
     require_backward_grad_sync and by no_sync(): a step is the optimizer step, its
     micro-steps' forwards and backwards drawn inside it; AllReduce/step is the buckets."""
-    doc, got = _sound(tmp_path, "accumulate.py", ("--micro", "3", "--how", "both"))
+    doc, got = mlp_run
     row = doc["strategies"][0]
     assert row["allreduce_calls_per_step"] == len(row["buckets"]) >= 1
-    first = _layer(doc, "0")
+    first = _layer(doc, "l1")  # (the first layer every micro-step runs)
     for k, ranks in _steps(got).items():
         for r, b in ranks.items():
             fwd0 = [(t0, t1) for i, t0, t1 in _spans(b, FWD) if i == first]
@@ -165,11 +179,11 @@ def test_two_ddp_modules_in_one_picture(tmp_path):
             assert idx == {x["index"] for x in row["buckets"]}, (k, r, idx)
 
 
-def test_tied_embedding_backward_goes_to_the_embedding(tmp_path):
+def test_tied_embedding_backward_goes_to_the_embedding(lm_run):
     """lm_head.weight is wte.weight: its gradient is complete when the embedding's backward
     (the last to run) is, not lm_head's (the first): wte has its backward span in every step,
     lm_head's ends before the blocks' backward."""
-    doc, got = _sound(tmp_path, "tied.py", ())
+    doc, got = lm_run
     wte, head, h0 = _layer(doc, "wte"), _layer(doc, "lm_head"), _layer(doc, "h.0")
     params = {p[0]: p[2] for p in got.store.meta.params}
     assert params["wte.weight"] == wte and "lm_head.weight" not in params
@@ -187,10 +201,10 @@ def test_tied_embedding_backward_goes_to_the_embedding(tmp_path):
     assert len(early) <= 2, early
 
 
-def test_layer_used_every_other_step_keeps_its_spans(tmp_path):
+def test_layer_used_every_other_step_keeps_its_spans(mlp_run):
     """`extra` runs twice, once or not at all (and l1's input needs a gradient only when it
     ran): every layer that runs forward in a step has its backward span in that step."""
-    doc, got = _sound(tmp_path, "every_other.py", ())
+    doc, got = mlp_run
     extra = _layer(doc, "extra")
     for k, ranks in _steps(got).items():
         for r, b in ranks.items():

@@ -1,7 +1,12 @@
 """(tests) A tiny language model whose output layer shares the token embedding's weight (GPT-2's
-weight tying: lm_head.weight is wte.weight). Plain DDP, nothing of ddptui.
+weight tying: lm_head.weight is wte.weight), and whose rank 0 alone evaluates every few
+iterations, the usual way: model.eval(), a forward through the DDP module, model.train().
+Plain DDP, nothing of ddptui (run it under `ddptui run --auto`).
 
     --iters N   optimizer steps (default 24)
+    --every K   rank 0 evaluates before iterations 0, K, 2K... (default 0: never)
+    --how H     no_grad: under torch.no_grad(); grad: with autograd on and no backward (the
+                same module called again before any backward); both (default): in turn
 """
 import argparse
 
@@ -39,6 +44,8 @@ class TinyLM(nn.Module):
 
 p = argparse.ArgumentParser()
 p.add_argument("--iters", type=int, default=24)
+p.add_argument("--every", type=int, default=0)
+p.add_argument("--how", choices=("no_grad", "grad", "both"), default="both")
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -47,7 +54,16 @@ model = DDP(TinyLM())
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(rank)
 idx = torch.randint(0, 1024, (8, 65), generator=g)
+held_out = torch.randint(0, 1024, (2, 64), generator=g)
 for it in range(a.iters):
+    if a.every and rank == 0 and it % a.every == 0:
+        model.eval()
+        if a.how == "grad" or (a.how == "both" and it // a.every % 2):
+            model(held_out).sum().item()
+        else:
+            with torch.no_grad():
+                model(held_out).sum().item()
+        model.train()
     opt.zero_grad()
     logits = model(idx[:, :-1])
     F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1)).backward()
