@@ -26,7 +26,7 @@ def cuda_available() -> bool:
 # fixtures that start real ranks, by scope: the tests sharing one run go to one pytest-xdist
 # worker (`--dist loadgroup`), so the run is made once
 SHARED_RUNS = {"run": "module", "kineto_runs": "module", "cli_run": "session", "lm_run": "module",
-               "mlp_run": "module"}
+               "mlp_run": "module", "auto_run": "session"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -105,3 +105,23 @@ def cli_run(tmp_path_factory):
     assert_no_leftovers(5)
     return {"dir": d, "rec": rec, "json": json.loads(js.read_text()), "stdout": res.stdout,
             "stderr": res.stderr, "tmp_left": sorted(os.listdir(tmp))}
+
+
+@pytest.fixture(scope="session")
+def auto_run(tmp_path_factory):
+    """One real recorded `ddptui run --headless --auto --output all` (2 CPU ranks) of a plain
+    DDP script that knows nothing of ddptui (helpers.AUTO_RUN_SCRIPT), shared by the tests of
+    --auto's instrumentation and of the script's output passed through: {"rec", "json",
+    "stdout", "stderr"}. Its processes are gone when it returns."""
+    import json
+
+    from .helpers import AUTO_RUN_SCRIPT, assert_no_leftovers, run_cli
+
+    d = tmp_path_factory.mktemp("auto-run")
+    script, rec, js = d / "plain_ddp.py", d / "run.ddptui", d / "run.json"
+    script.write_text(AUTO_RUN_SCRIPT)
+    r = run_cli("run", "--headless", "--auto", "--nproc-per-node", "2", "--output", "all",
+                "--record", str(rec), "--json", str(js), "--", str(script), timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_no_leftovers()
+    return {"rec": rec, "json": json.loads(js.read_text()), "stdout": r.stdout, "stderr": r.stderr}

@@ -69,6 +69,27 @@ def assert_no_leftovers(timeout: float = 10.0) -> None:
 
 CLI_RUN_STEPS = 5  # the steps of the shared real headless run (conftest.cli_run)
 
+# the plain DDP script of the shared `ddptui run --auto` (conftest.auto_run): it knows nothing
+# of ddptui, and prints a line a step on stdout and one at its end on stderr
+AUTO_RUN_ITERS = 6
+AUTO_RUN_SCRIPT = f"""\
+import sys, torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range({AUTO_RUN_ITERS}):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 10, (32,)))
+    loss.backward()
+    opt.step()
+    print(f"iter {{i}}: loss {{loss.item():.4f}} on rank {{rank}}")
+print(f"rank {{rank}} says goodbye", file=sys.stderr)
+dist.destroy_process_group()
+"""
+
 
 def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch=256,
              bucket_cap_mb=None, record=None, extra=(), timeout=120.0, **kw):

@@ -4,7 +4,6 @@ recording (bounded: what it leaves out is counted) and shown in the UI (key o)."
 from __future__ import annotations
 
 import io
-import json
 import os
 
 import pytest
@@ -15,7 +14,7 @@ from ddptui.recording.loader import load
 from ddptui.recording.synthetic import SyntheticSource
 from ranks import frames
 
-from .helpers import assert_no_leftovers, run_cli, synthetic_frames, synthetic_meta, write_recording
+from .helpers import AUTO_RUN_ITERS, synthetic_frames, synthetic_meta, write_recording
 
 
 def _files(root, rank: int) -> tuple[str, str]:
@@ -133,41 +132,19 @@ async def test_o_shows_the_output_over_the_timelines():
         assert not isinstance(app.screen, OutputScreen)
 
 
-SCRIPT = """\
-import sys, torch, torch.distributed as dist, torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for i in range(4):
-    opt.zero_grad()
-    loss = model(torch.randn(8, 16)).pow(2).mean()
-    loss.backward()
-    opt.step()
-    print(f"iter {i}: loss {loss.item():.4f} on rank {rank}")
-print(f"rank {rank} says goodbye", file=sys.stderr)
-dist.destroy_process_group()
-"""
-
-
 @pytest.mark.slow
-def test_run_headless_passes_the_scripts_output_through_and_records_it(tmp_path):
-    """A real `ddptui run --headless --output all`: every rank's prints on stdout, its stderr
-    on stderr, `[rankN]:` first, as torchrun shows them; the recording has every line."""
-    script, rec, js = tmp_path / "prints.py", tmp_path / "p.ddptui", tmp_path / "p.json"
-    script.write_text(SCRIPT)
-    r = run_cli("run", "--headless", "--auto", "--nproc-per-node", "2", "--output", "all", "--record", str(rec),
-                "--json", str(js), "--", str(script), timeout=180)
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_run_headless_passes_the_scripts_output_through_and_records_it(auto_run):
+    """A real `ddptui run --headless --output all` (conftest.auto_run: a script printing a line
+    an iteration on stdout, one on stderr at its end): every rank's prints on stdout, its
+    stderr on stderr, `[rankN]:` first, as torchrun shows them; the recording has every line."""
+    out, err = auto_run["stdout"], auto_run["stderr"]
     for rank in (0, 1):
-        mine = [ln for ln in r.stdout.splitlines() if ln.startswith(f"[rank{rank}]:iter ")]
-        assert [ln.split(":")[1] for ln in mine] == [f"iter {i}" for i in range(4)], r.stdout
-        assert f"[rank{rank}]:rank {rank} says goodbye" in r.stderr.splitlines()
-    assert json.loads(js.read_text())["strategies"][0]["steps"] >= 3  # (the figures as before)
-    seq, lines, _, dropped = load(str(rec)).store.output_since(0)
+        mine = [ln for ln in out.splitlines() if ln.startswith(f"[rank{rank}]:iter ")]
+        assert [ln.split(":")[1] for ln in mine] == [f"iter {i}" for i in range(AUTO_RUN_ITERS)], out
+        assert f"[rank{rank}]:rank {rank} says goodbye" in err.splitlines()
+    assert auto_run["json"]["strategies"][0]["steps"] >= 3  # (the figures as before)
+    seq, lines, _, dropped = load(str(auto_run["rec"])).store.output_since(0)
     recorded = {(x[1], x[2], x[3]) for x in lines}
     assert {(1, "err", "rank 1 says goodbye"), (0, "err", "rank 0 says goodbye")} <= recorded
-    assert sum(1 for x in recorded if x[1] == "out" and x[2].startswith("iter ")) == 8 and dropped == 0
-    assert_no_leftovers()
+    assert sum(1 for x in recorded if x[1] == "out" and x[2].startswith("iter ")) == 2 * AUTO_RUN_ITERS
+    assert dropped == 0

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, assert_no_leftovers, run_cli, run_main
+from tests.helpers import ROOT, assert_no_leftovers, run_main
 
 PY = sys.executable
 CNN = os.path.join(ROOT, "examples", "train_cnn.py")
@@ -259,33 +259,17 @@ def test_run_bad_command_lines(args, says):
 
 
 @pytest.mark.slow
-def test_run_auto_instruments_a_script_that_knows_nothing_of_ddptui(tmp_path):
-    """--auto: a plain DDP script, no code change: its DDP is timed, layers and buckets named;
-    its global batch is unknown, so no samples/s is made up."""
-    script = tmp_path / "plain_ddp.py"
-    script.write_text(
-        "import torch, torch.distributed as dist, torch.nn as nn\n"
-        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        "dist.init_process_group('gloo')\n"
-        "torch.manual_seed(0)\n"
-        "model = DDP(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)))\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
-        "for _ in range(6):\n"
-        "    opt.zero_grad()\n"
-        "    nn.functional.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 10, (32,))).backward()\n"
-        "    opt.step()\n"
-        "dist.destroy_process_group()\n")
-    out = tmp_path / "auto.json"
-    r = run_cli("run", "--headless", "--auto", "--nproc-per-node", "2", "--no-record", "--json", str(out),
-                "--", str(script), timeout=180)
-    assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads(out.read_text())
+def test_run_auto_instruments_a_script_that_knows_nothing_of_ddptui(auto_run):
+    """--auto: a plain DDP script, no code change (helpers.AUTO_RUN_SCRIPT: 6 iterations of a
+    Sequential): its DDP is timed, layers and buckets named; its global batch is unknown, so
+    no samples/s is made up."""
+    doc = auto_run["json"]
     assert doc["layers"] == ["0", "1", "2"]
     s = doc["strategies"][0]
     assert s["steps"] >= 5 and s["allreduce_calls_per_step"] >= 1 and s["samples_per_s"] is None
     names = sorted(p for b in s["buckets"] for p in b["params"])
     assert names == ["0.bias", "0.weight", "2.bias", "2.weight"]
-    assert "global batch unknown" in r.stdout
+    assert "global batch unknown" in auto_run["stdout"]
 
 
 def test_auto_layers_open_wrappers_to_blocks():
