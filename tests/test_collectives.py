@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("collectives")]
 
@@ -27,15 +27,7 @@ ITERS = 8
 BLOCKS = 3
 
 
-def _run(tmp, script: str, *args: str):
-    """`ddptui run --auto --headless` of a script on 2 ranks: (JSON, loaded recording, stdout)."""
-    from ddptui.recording.loader import load
-    tmp.mkdir(parents=True, exist_ok=True)
-    rec, js = tmp / "run.ddptui", tmp / "run.json"
-    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec),
-                "--json", str(js), "--", os.path.join(SCRIPTS, script), *args, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(js.read_text()), load(str(rec)), r.stdout
+_run = run_script  # (JSON, loaded recording, stdout) of a script under run --auto
 
 
 def _colls(got, strategy: str, rank: int, step: int):

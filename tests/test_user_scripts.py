@@ -13,30 +13,21 @@ read one run of it (a module fixture: each run costs ~15 s, most of it starting 
 """
 from __future__ import annotations
 
-import json
-import os
 from statistics import median
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import run_script
 
 pytestmark = pytest.mark.slow  # (real torchrun runs: ~15 s each, most of it starting torch)
 
-SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 ITERS = 24  # optimizer iterations of every script: more than the 20-step evidence window
 FWD, BWD, COMM, STEP, OTHER = 0, 1, 2, 4, 5  # (ranks.wire's span kinds)
 
 
 def _run(tmp_path, script: str, *args: str):
     """Run a script under `ddptui run --auto --headless`: (the JSON, the recording loaded)."""
-    from ddptui.recording.loader import load
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    rec, js = tmp_path / "run.ddptui", tmp_path / "run.json"
-    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec),
-                "--json", str(js), "--", os.path.join(SCRIPTS, script), *args, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(js.read_text()), load(str(rec))
+    return run_script(tmp_path, script, *args)[:2]
 
 
 def _steps(got) -> dict[int, dict[int, object]]:
