@@ -182,8 +182,8 @@ phase_a() {
   on_cpu_note "the headless runs"
   headless nccl-small --gpus 1 --model small --strategies $s --steps "$(n 30)"
   headless gloo-small --gpus 1 --ranks 2 --model small --strategies $s --steps "$(n 30)"
-  headless nccl-$BIG --gpus 1 --model $BIG --strategies $s --steps "$(n 20)"
-  headless gloo-$BIG --gpus 1 --ranks 2 --model $BIG --strategies naive,interleaved,ddp --steps "$(n 10)"
+  headless nccl-$BIG${CPUQ:+-2} --gpus 1 --model $BIG --strategies $s --steps "$(n 20)"
+  headless gloo-$BIG${CPUQ:+-2} --gpus 1 --ranks 2 --model $BIG --strategies naive,interleaved,ddp --steps "$(n 10)"
   [ -n "$QUICK$CPUQ" ] || headless nccl-deep40 --gpus 1 --model deep40 --strategies $s --steps "$(n 10)"
   [ -n "$QUICK$CPUQ" ] || headless gloo-deep40 --gpus 1 --ranks 2 --model deep40 --strategies naive,ddp --steps "$(n 5)"
 }
