@@ -90,6 +90,13 @@ def test_summary_json_and_replay_headless_say_simulated(simulated, tmp_path):
     assert "SIMULATED" in p.stdout.split("my talk")[0]
 
 
+def test_whatif_says_its_input_was_simulated(simulated, tmp_path):
+    out = tmp_path / "w.json"
+    p = cli("whatif", simulated, "--json", str(out))
+    assert p.stdout.startswith(f"{LABEL}: the recording is a simulated run"), p.stdout[:300]
+    assert json.loads(out.read_text())["simulated"] == LABEL
+
+
 def test_exports_say_simulated(simulated, tmp_path):
     trace = tmp_path / "t.json"
     cli("export", simulated, "-o", str(trace))

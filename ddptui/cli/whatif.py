@@ -143,6 +143,8 @@ def main(argv: list[str]) -> int:
     caps = a.bucket_cap
     if caps is None and not a.world:
         caps = list(spec.BUCKET_LADDER_MB)
+    from ddptui.model.runinfo import simulated_label
+
     from .summary import read
     got = read(a.file)
     try:
@@ -153,10 +155,15 @@ def main(argv: list[str]) -> int:
         raise CliError(f"{a.file}: {e}") from None
     doc = rep.as_dict()
     doc["recording"] = a.file
+    sim = simulated_label(got.store.meta)
+    if sim:  # (predictions from a simulated run: a model of a model, and said so)
+        doc["simulated"] = sim
     if a.json == "-":
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
+    if sim:
+        print(f"{sim}: the recording is a simulated run, not a measurement; these predictions replay the simulation")
     print("\n".join(text(rep)))
     if a.json:
         with open(a.json, "w") as f:
