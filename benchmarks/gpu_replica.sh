@@ -6,7 +6,7 @@
 #
 # What the GPU machine is (see the device tool's notes): Python 3.12 with an image of packages
 # (torch 2.11 and, of those the project uses, numpy, msgpack, psutil, nvidia-ml-py, pytest,
-# pytest-xdist, pytest-timeout, hypothesis, aiohttp, jinja2), no package index, and the
+# pytest-xdist, pytest-timeout, hypothesis, aiohttp, jinja2, rich), no package index, and the
 # checkout as the device tool sends it (tracked and untracked-not-ignored files, plus what the
 # caller carries: the wheels of ../shared/gpu-wheels in .whl/). The replica builds the same:
 #
@@ -33,7 +33,7 @@ dir=$(cd "$dir" && pwd)
 out=${2:-$dir/out}
 PYTHON=${PYTHON:-python3.12}
 TORCH=${GPU_REPLICA_TORCH:-torch==2.11.*}
-IMAGE=(numpy msgpack psutil nvidia-ml-py pytest pytest-xdist pytest-timeout hypothesis aiohttp jinja2)
+IMAGE=(numpy msgpack psutil nvidia-ml-py pytest pytest-xdist pytest-timeout hypothesis aiohttp jinja2 rich)
 wheels=${GPU_REPLICA_WHEELS:-}
 if [ -z "$wheels" ]; then
   for d in "$root/../shared/gpu-wheels" "$root/shared/gpu-wheels"; do
@@ -54,6 +54,18 @@ if ! "$py" -c "import sys, torch; sys.exit(0 if torch.__version__.startswith('$w
   rm -rf "$dir/venv"
   "$PYTHON" -m venv "$dir/venv"
   "$py" -m pip install -q "$TORCH" "${IMAGE[@]}"
+else
+  missing=$("$py" -c 'import sys, importlib.metadata as m
+def has(n):
+    try:
+        return bool(m.version(n))
+    except m.PackageNotFoundError:
+        return False
+print(" ".join(n for n in sys.argv[1:] if not has(n)))' "${IMAGE[@]}")
+  if [ -n "$missing" ]; then
+    say "completing the image: $missing"
+    "$py" -m pip install -q $missing
+  fi
 fi
 "$py" -m pip list --format=freeze > "$dir/image.txt" 2>/dev/null
 say "image: $("$py" -c 'import platform, torch; print("Python", platform.python_version(), "torch", torch.__version__)'), $(wc -l < "$dir/image.txt") packages"
