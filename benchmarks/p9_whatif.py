@@ -25,6 +25,7 @@ World-size and bandwidth predictions are not checked here: no GPU here.
 
     python benchmarks/p9_whatif.py            # 3 rounds, 6 kept steps per phase (~8 min here)
     python benchmarks/p9_whatif.py --quick    # a smoke test: 1 round, 4 kept steps, medium only
+    python benchmarks/p9_whatif.py --from DIR # no run: check the recordings of --keep DIR again
 
 --quick checks that the run, the caps' turns and the predictions work end to end (~2 minutes);
 its figures are not P9's: one phase per cap cannot tell the model's error from the drift of
@@ -94,9 +95,20 @@ def run_model(model: str, batch: int, keep: int, rounds: int, out_dir: str, time
     return run.store, phases
 
 
+def from_recording(path: str):
+    """(store, phases) of a kept recording: the phases from its cap changes."""
+    from ddptui.recording.loader import load
+    store = load(path).store
+    changes = store.cap_history()
+    last = max(store.span_batches().get("ddp", {0: None}))
+    starts = [(0, SOURCE)] + [(k, c) for k, c in changes]
+    phases = [[c, k, (starts[i + 1][0] - 1 if i + 1 < len(starts) else last)] for i, (k, c) in enumerate(starts)]
+    return store, phases
+
+
 def check(model: str, store, phases) -> list[dict]:
     basis = whatif.collect(store, "ddp", cap_mb=SOURCE)
-    fit = whatif.fit_comm(basis)
+    fit = whatif.fit_comm(basis, contention=True)
     delays = whatif.fit_delays(basis)
     cont = whatif.fit_contention(basis, fit)
     print(f"{model}: predicted from {len(basis.steps)} steps at {SOURCE:g} MB "
@@ -105,7 +117,8 @@ def check(model: str, store, phases) -> list[dict]:
           f"error {fit.err_pct:.0f} % over {fit.n} collectives ({fit.sizes} sizes)")
     print(f"  contention: backward +{cont.bwd_per_ms:.2f} ms per ms overlapped ({cont.layers} layers seen "
           f"with and without: {cont.with_spans} / {cont.without_spans} spans, {len(basis.reference)} reference "
-          f"steps){' — ' + cont.note if cont.note else ''}")
+          f"steps){' — ' + cont.note if cont.note else ''}; collective +{fit.coll_per_ms:.2f} ms per ms of "
+          f"compute under it (alpha and beta from collectives with none)")
     print(f"  {'cap MB':>6} {'buckets':>7} {'pred step':>10} {'meas step':>10} {'err':>6}   "
           f"{'pred exp':>9} {'meas exp':>9} {'err':>6} {'meas steps':>10}")
     # the source steps themselves, replayed: what the simulator makes of what it was given
@@ -145,6 +158,8 @@ def main(argv=None) -> int:
                     help="a smoke test: 1 round, 4 kept steps per phase, medium only (not P9's figures)")
     ap.add_argument("--rounds", type=int, default=None, help=f"turns of the caps (default {ROUNDS}; --quick 1)")
     ap.add_argument("--keep", metavar="DIR", help="keep the recordings in DIR (ddptui whatif FILE reads them)")
+    ap.add_argument("--from", dest="from_dir", metavar="DIR",
+                    help="no run: check the recordings an earlier run kept in DIR (--keep) again")
     a = ap.parse_args(argv)
     keep = 4 if a.quick else 6
     rounds = a.rounds or (1 if a.quick else ROUNDS)
@@ -156,7 +171,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="ddptui-p9-") as tmp:
         d = a.keep or tmp
         for model, batch in models:
-            store, phases = run_model(model, batch, keep, rounds, d)
+            if a.from_dir:
+                store, phases = from_recording(os.path.join(a.from_dir, f"p9-{model}.ddptui"))
+            else:
+                store, phases = run_model(model, batch, keep, rounds, d)
             print(f"{model}: phases (cap, first step, last step) {phases}")
             rows += check(model, store, phases)
     if not rows:
@@ -170,7 +188,8 @@ def main(argv=None) -> int:
           f"{sum(exp_ok)}/{len(rows)} caps within 20 % or 2 ms")
     print("world-size and bandwidth predictions: unchecked (no GPU here)")
     load = os.getloadavg()
-    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
+    print(f"load average {'now (a re-check; the run was earlier)' if a.from_dir else 'at the end'}: "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
     smoke = (lambda line: line.rsplit(" ", 1)[0] + " SMOKE") if a.quick else (lambda line: line)  # noqa: E731
     print(smoke(result_line("P9", "whatif", "step_median_abs_err_pct", step_med, "<=", STEP_GOAL_PCT, "{:.1f}")))
     # the exposed goal: 20 % or 2 ms, whichever is looser, on the median cap

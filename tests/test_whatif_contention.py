@@ -107,3 +107,22 @@ def test_the_verb_prints_the_contention_fit(tmp_path):
     got = run_main("whatif", DEMO, "--bucket-cap", "25", "--no-contention", "--call-us", "50")
     assert got.returncode == 0, got.stderr
     assert "contention" not in got.stdout and "per-call host cost 50 µs" in got.stdout
+
+
+def test_a_collective_slowed_by_the_compute_under_it():
+    """alpha and beta from the collectives nothing overlapped (1 MB: 2 ms, 2 MB: 3 ms), the
+    slowdown from the 2 MB one that ran 8-16 over 8 ms of backward: (8 - 3) / 8 ms per ms."""
+    steps = [_step(10.0, [W.Coll(1, 8.0, 8.0, 16.0), W.Coll(0, 18.0, 18.0, 20.0)]) for _ in range(3)]
+    ref = _step(5.0, [W.Coll(1, 8.0, 13.0, 16.0), W.Coll(0, 13.0, 16.0, 18.0)])
+    b = W.Basis("interleaved", 2, 1, "gloo", [MB, 2 * MB], [0, 1], None, False, None, [2, 3, 4], steps,
+                [{0: MB, 1: 2 * MB}] * 3, reference=[ref], ref_bytes_of=[{0: MB, 1: 2 * MB}])
+    fit = W.fit_comm(b, contention=True)
+    assert fit.alpha_ms == pytest.approx(1.0) and fit.beta_ms_per_mb == pytest.approx(1.0)
+    assert fit.coll_per_ms == pytest.approx(5 / 8)
+    assert W.fit_comm(b).coll_per_ms == 0.0  # asked for only
+    # replayed with no backward contention (none fitted here: the 2 MB bucket's slowdown alone),
+    # the 2 MB collective takes 3 + 5/8 x the compute under it again
+    c = W.Contention()
+    p = W.predict(b, fit, delays=W.Delays({}, {}), contention=c)
+    q = W.predict(b, fit, delays=W.Delays({}, {}))
+    assert p.comm_ms > q.comm_ms

@@ -22,7 +22,8 @@ Predictions, not measurements: the simulator replays the recorded steps (each ra
 backward, when each collective was ready) under DDP's bucketing at each cap, with collective
 time = alpha + beta x bytes fitted to the recording's own collectives (fit error printed),
 and contention fitted from the recording too: how much a collective overlapping the backward
-slows it (each layer's backward with and without one); a recorded backward is replayed without the slowdown its own overlap caused,
+slows it (each layer's backward with and without one), and how much compute slows a
+collective (alpha and beta from collectives with no compute under them); a recorded backward is replayed without the slowdown its own overlap caused,
 plus the slowdown of the overlap the new plan gives it (--no-contention: as recorded).
 --call-us adds a per-call host cost on the thread that issues each collective (benchmark
 P9c fits one to seed 002's naive A100 runs: ~86 µs), taken out of alpha.
@@ -109,7 +110,9 @@ def text(rep: whatif_model.Report) -> list[str]:
         lines.append("contention, fitted to the recording: "
                      + (f"backward +{c['bwd_per_ms']:.2f} ms per ms a collective overlaps it "
                         f"({c['layers']} layer{'s' if c['layers'] != 1 else ''} seen with and without: "
-                        f"{c['with_spans']} / {c['without_spans']} spans)" if c["layers"] else c["note"]))
+                        f"{c['with_spans']} / {c['without_spans']} spans)" if c["layers"] else c["note"])
+                     + f"; collective +{f.get('coll_per_ms') or 0:.2f} ms per ms of compute under it "
+                       "(alpha and beta from those with none)")
     if rep.caps:
         lines += ["", "DDP bucket cap        predicted                              measured in the recording",
                   f"{'cap MB':>8} {'buckets':>7} {'step ms':>9} {'exposed ms':>10} {'overlap':>8}   "

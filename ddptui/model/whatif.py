@@ -188,6 +188,7 @@ class CommFit:
     world: int
     sizes: int = 0  # distinct sizes seen (alpha is 0 with one)
     call_ms: float = 0.0  # per-call host cost, on the issuing thread
+    coll_per_ms: float = 0.0  # contention: collective ms added per ms of compute under it
 
     @property
     def hop_ms(self) -> float:
@@ -462,21 +463,41 @@ def _coll_points(basis: Basis, reference: bool = False):
     return out
 
 
-def fit_comm(basis: Basis) -> CommFit:
+def _median_line(pts: list[tuple[float, float]]) -> tuple[float, float]:
+    """(alpha, beta): the line through each size's median."""
+    by: dict[float, list[float]] = {}
+    for x, y in pts:
+        by.setdefault(round(x, 6), []).append(y)
+    a, b, _ = fit_line(list(by), [statistics.median(v) for v in by.values()])
+    return a, b
+
+
+def fit_comm(basis: Basis, contention: bool = False) -> CommFit:
     """alpha + beta x bytes from the basis' collectives: end - the last rank's start; fitted
     through each size's median (the relative-error weights would otherwise pull a noisy
     size's line down to its fastest calls: a 26 MB bucket timed 20 to 120 ms on two loaded
-    cores fitted at 25 ms); the error printed is over every collective."""
+    cores fitted at 25 ms); the error printed is over every collective. With `contention`:
+    alpha and beta from the collectives no compute overlapped (the basis' and its reference
+    steps', two sizes at least), and coll_per_ms — the median over the others (compute under
+    a quarter of them at least) of the ms beyond that line per ms of compute under them."""
     pts = _coll_points(basis)
     if not pts:
         raise WhatIfError(f"no collective between two or more ranks in the {basis.strategy} steps "
                           "to fit alpha and beta to")
-    by: dict[float, list[float]] = {}
-    for x, y, _ in pts:
-        by.setdefault(round(x, 6), []).append(y)
-    a, b, _ = fit_line(list(by), [statistics.median(v) for v in by.values()])
-    err = (sum(((a + b * x - y) / y) ** 2 for x, y, _ in pts if y > 0) / len(pts)) ** 0.5
-    return CommFit(a, b, len(pts), 100.0 * err, basis.world, len(by))
+    k = 0.0
+    if contention:
+        allp = [p for p in pts + _coll_points(basis, reference=True) if p[1] > 0]
+        off = [(x, y) for x, y, ov in allp if ov <= 0]
+        on = [(x, y, ov) for x, y, ov in allp if ov >= 0.25 * y]
+        if len({round(x, 6) for x, _ in off}) >= 2 and len(on) >= 3:
+            a, b = _median_line(off)
+            k = min(max(0.0, statistics.median((y - (a + b * x)) / ov for x, y, ov in on)), K_MAX)
+    if not k:
+        a, b = _median_line([(x, y) for x, y, _ in pts])
+    err = (sum(((a + b * x + k * ov - y) / y) ** 2 for x, y, ov in pts if y > 0) / len(pts)) ** 0.5
+    fit = CommFit(a, b, len(pts), 100.0 * err, basis.world, len({round(x, 6) for x, _, _ in pts}))
+    fit.coll_per_ms = k
+    return fit
 
 
 # -- contention -------------------------------------------------------------------------------
@@ -490,10 +511,8 @@ class Contention:
     layers overlapped in neither.
 
     The simulator first takes out of each recorded backward span the slowdown its recorded
-    overlap caused, then adds back the slowdown of the overlap the plan gives it. (The other
-    way, compute slowing a collective, is not modelled: fitted from collectives with and
-    without compute under them it read 0.17 ms per ms on a synthetic run that has none, and
-    0.8-0.9 on loaded real runs — the overlap a collective sees grows with its own length.)"""
+    overlap caused, then adds back the slowdown of the overlap the plan gives it. The other
+    way, compute slowing a collective, is the CommFit's coll_per_ms (`fit_comm(contention=True)`)."""
     bwd_per_ms: float = 0.0
     layers: int = 0  # layers seen both with and without an overlapping collective
     with_spans: int = 0
@@ -651,7 +670,7 @@ def with_calls(t: RankTimeline, issued: list[float], call_ms: float) -> RankTime
 
 def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, int]], cost, lanes: int,
              delays: Delays, param_layer: list[int], blocking: bool = False,
-             call_ms: float = 0.0) -> dict[int, SimRank]:
+             call_ms: float = 0.0, coll_per_ms: float = 0.0) -> dict[int, SimRank]:
     """One step under a plan of collectives: [(params it carries (None: after the backward),
     bytes)] in launch order; cost(bytes) -> ms on the lane; call_ms the per-call host cost
     (blocking: before each call, on the same thread; else: on the thread that issues it, so
@@ -680,6 +699,9 @@ def simulate(tr: dict[int, RankTimeline], colls: list[tuple[list[int] | None, in
             local[r] = (max(ready, free[r][lane]), lane)
         s = max(v[0] for v in local.values())
         e = s + cost(nb)
+        for _ in range(2 if coll_per_ms else 0):  # slowed by the compute under it
+            ov = statistics.median(figures.intersection_length(tr[r].compute, [(s, e)]) for r in local)
+            e = s + cost(nb) + coll_per_ms * ov
         for r, (ls, lane) in local.items():
             free[r][lane] = e
             prev_end[r] = e
@@ -729,7 +751,7 @@ ROUNDS = 4  # the contended step: simulate, re-time the backward by its new over
 
 
 def contended(tr: dict[int, RankTimeline], colls, cost, basis: Basis, delays: Delays, blocking: bool,
-              call_ms: float, cont: Contention):
+              call_ms: float, cont: Contention, coll_per_ms: float = 0.0):
     """(the simulated ranks, the bare timelines) of one step under contention: each layer's
     backward without the slowdown its recorded overlap caused, plus bwd_per_ms x the overlap the
     plan gives it (a fixed point, ROUNDS rounds)."""
@@ -739,7 +761,8 @@ def contended(tr: dict[int, RankTimeline], colls, cost, basis: Basis, delays: De
     cur = base
     sim = None
     for _ in range(ROUNDS):
-        sim = simulate(cur, colls, cost, basis.lanes, delays, basis.param_layer, blocking, call_ms)
+        sim = simulate(cur, colls, cost, basis.lanes, delays, basis.param_layer, blocking, call_ms,
+                       coll_per_ms)
         nxt = {}
         for r, t in cur.items():
             mu = figures.union(sim[r].comm + t.fixed)
@@ -765,8 +788,9 @@ def predict(basis: Basis, fit: CommFit, cap_mb: float | None = None, world: int 
     steps, comms, exps, bare = [], [], [], []
     cost = lambda nb: fit.ms(nb, n, bus_gbps, hop_ms)  # noqa: E731
     for tr in basis.traces:
-        if contention is not None and contention.on:
-            sim, tr = contended(tr, colls, cost, basis, delays, blocking, fit.call_ms, contention)
+        if contention is not None and (contention.on or fit.coll_per_ms):
+            sim, tr = contended(tr, colls, cost, basis, delays, blocking, fit.call_ms, contention,
+                                fit.coll_per_ms)
         else:
             sim = simulate(tr, colls, cost, basis.lanes, delays, basis.param_layer, blocking, fit.call_ms)
         zero = simulate(tr, colls, lambda nb: 0.0, basis.lanes, delays, basis.param_layer, blocking)
@@ -834,7 +858,7 @@ def basis_info(b: Basis, fit: CommFit, cont: Contention | None = None) -> tuple[
             "buckets": len(b.assignment) if b.assignment else None}
     fitd = {"alpha_ms": fit.alpha_ms, "beta_ms_per_mb": fit.beta_ms_per_mb, "collectives": fit.n,
             "sizes": fit.sizes, "err_pct": fit.err_pct, "world": fit.world, "bus_gbps": fit.bus_gbps,
-            "hop_ms": fit.hop_ms, "call_ms": fit.call_ms,
+            "hop_ms": fit.hop_ms, "call_ms": fit.call_ms, "coll_per_ms": fit.coll_per_ms,
             "contention": asdict(cont) if cont is not None else None}
     return info, fitd
 
@@ -871,7 +895,7 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
     if not bases:
         raise WhatIfError("no strategy with collectives between ranks to predict from")
     first = bases.get("ddp") or next(iter(bases.values()))
-    fits = {s: with_call_cost(fit_comm(b), None if call_us is None else call_us / 1e3)
+    fits = {s: with_call_cost(fit_comm(b, contention), None if call_us is None else call_us / 1e3)
             for s, b in bases.items()}
     conts = {s: fit_contention(b, fits[s]) if contention else None for s, b in bases.items()}
     info, fitd = basis_info(first, fits[first.strategy], conts[first.strategy])
@@ -904,7 +928,7 @@ def ladder(store, caps=spec.BUCKET_LADDER_MB, upto: int | None = None, last: int
     """The what-if panel's rows: (fit, basis, [(cap, prediction, measured or None)]), from the
     last `last` kept ddp steps at the cap in force at `upto`."""
     b = collect(store, "ddp", upto=upto, last=last)
-    fit = fit_comm(b)
+    fit = fit_comm(b, contention=True)
     d = fit_delays(b)
     cont = fit_contention(b, fit)
     rows = []
