@@ -356,7 +356,7 @@ def test_resolving_on_the_sender_thread_lets_a_hook_have_the_gil_back():
     """A CUDA mark releases the GIL (Event.record); taking it back waits until the holder lets
     go, which a Python loop does only at the switch interval. The sender thread resolving a
     large step must let go often, or a hook waits for its whole stretch. Here the interval is
-    50 ms (a loop that never lets go holds a hook that long); time.sleep(0) stands in for the
+    200 ms (a loop that never lets go holds a hook that long); time.sleep(0) stands in for the
     mark's release of the GIL."""
     import sys
     import time
@@ -373,7 +373,7 @@ def test_resolving_on_the_sender_thread_lets_a_hook_have_the_gil_back():
         sim.now += 1_000_000
         items += rec.poll(lazy=True)
     old = sys.getswitchinterval()
-    sys.setswitchinterval(0.05)
+    sys.setswitchinterval(0.2)
     waits = []
     try:
         started = threading.Event()
@@ -393,7 +393,8 @@ def test_resolving_on_the_sender_thread_lets_a_hook_have_the_gil_back():
     finally:
         sys.setswitchinterval(old)
     waits.sort()
+    waits = waits or [float("inf")]  # (none: the sender held the GIL to its end)
     p90 = waits[int(len(waits) * 0.9)]
-    assert len(waits) >= 20 and p90 < 0.01, (
+    assert len(waits) >= 20 and p90 < 0.02, (
         f"while the sender resolved, {len(waits)} marks got the GIL back: p90 {p90 * 1e3:.1f} ms, "
         f"longest {waits[-1] * 1e3:.1f} ms")
