@@ -19,7 +19,9 @@ import pytest
 
 from tests.helpers import ROOT, run_cli, run_script
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("collectives")]
+pytestmark = pytest.mark.slow
+# the tests of one run on one worker (each run once, ~20 s); the runs on several workers
+DLRM, FSDP = pytest.mark.xdist_group("collectives-dlrm"), pytest.mark.xdist_group("collectives-fsdp")
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 FWD, BWD, COMM, STEP, COLL = 0, 1, 2, 4, 6  # (ranks.wire's span kinds)
@@ -57,6 +59,7 @@ def fsdp_prefetch_mixed(tmp_path_factory):
                 str(BLOCKS), "--prefetch", "--mixed", "--accum", "2")
 
 
+@DLRM
 def test_all_to_all_between_two_ddp_modules_is_drawn(dlrm):
     """The all_to_all of the forward (between bot_l and top_l) and of the backward, and the
     async all_reduce of the loss, are COLL spans of every step on both ranks, with their
@@ -85,6 +88,7 @@ def test_all_to_all_between_two_ddp_modules_is_drawn(dlrm):
     assert fwd[layers.index("bot_l.3")][1] <= a2a[0] and a2a[1] <= fwd[layers.index("top_l.0")][0]
 
 
+@FSDP
 def test_fsdp2_steps_are_optimizer_steps_with_per_unit_gathers_and_scatters(fsdp):
     """fully_shard per block and the root: drawn as strategy fsdp, a step per optimizer step
     on both ranks; in each step every block is all-gathered for its forward and again for
@@ -120,6 +124,7 @@ def test_fsdp2_steps_are_optimizer_steps_with_per_unit_gathers_and_scatters(fsdp
                     assert t0 <= fwd[c[5]][0], (k, r, c, fwd[c[5]])
 
 
+@FSDP
 def test_fsdp2_prefetch_mixed_precision_and_accumulation(fsdp, fsdp_prefetch_mixed):
     """Explicit prefetching: block i+1 is all-gathered while block i computes (issued before
     block i's forward ends), attributed to block i+1; bf16 parameters halve the all-gather
@@ -158,6 +163,7 @@ def test_fsdp2_prefetch_mixed_precision_and_accumulation(fsdp, fsdp_prefetch_mix
     assert prefetched >= (ITERS - 1) * 2 * (BLOCKS - 1), prefetched
 
 
+@DLRM
 def test_the_json_and_chrome_export_name_every_collective(dlrm, tmp_path):
     """The summary's JSON counts the collectives, and the Chrome trace names each on the
     communication track."""
@@ -190,10 +196,10 @@ def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
     assert time.monotonic() - t0 < 200
 
 
-def test_memory_each_rank_holds_sharded_and_replicated(fsdp, dlrm):
+@FSDP
+def test_memory_each_rank_holds_sharded_and_replicated(fsdp):
     """FSDP2 on 2 ranks: each rank holds half the parameters and gradients and AdamW's two
-    moments of its half; the summary says it and what a full replica would hold. DDP holds
-    everything (SGD: no state)."""
+    moments of its half; the summary says it and what a full replica would hold."""
     doc, got, out = fsdp
     for r in ("0", "1"):
         m = doc["memory"][r]
@@ -201,6 +207,11 @@ def test_memory_each_rank_holds_sharded_and_replicated(fsdp, dlrm):
         assert m["grads_bytes"] == m["params_bytes"] and m["optimizer_bytes"] == 2 * m["params_bytes"], m
         assert m["replicated_bytes"] == 4 * m["model_params_bytes"], m
     assert "memory per rank" in out and "a full replica" in out
+
+
+@DLRM
+def test_memory_of_ddp_is_every_parameter(dlrm):
+    """DDP holds everything (SGD: no state); no replica to compare with."""
     ddoc, _, dout = dlrm
     m = ddoc["memory"]["0"]
     assert m["params_bytes"] == m["model_params_bytes"] == m["grads_bytes"] and m["optimizer_bytes"] == 0, m
