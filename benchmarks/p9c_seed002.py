@@ -38,24 +38,12 @@ from _common import result_line
 from ddptui.model import whatif
 from ranks import spec
 
-SAMPLES, BATCH = 32768, 1024
-STEPS = SAMPLES // BATCH  # steps per "Avg Epoch"
-GOAL_PCT = 15.0
-MODELS = ("small", "medium", "large", "xlarge")
-PREDICTED = ("interleaved", "ddp")
+from ddptui.model.profiles import SEED002 as TABLE  # noqa: E402  (the table, written once)
+from ddptui.model.profiles import SEED_BATCH as BATCH, SEED_MODELS as MODELS, SEED_SAMPLES as SAMPLES  # noqa: E402
+from ddptui.model.profiles import SEED_STEPS as STEPS, TOLERANCE_PCT as GOAL_PCT  # noqa: E402
 
-# seed 002's "Benchmark Results" (seconds per epoch of 32 steps): single; then per GPU count
-# naive (epoch, comm time), interleaved, ddp
-TABLE: dict[str, dict] = {
-    "small": {"single": 0.0361, 2: {"naive": (0.0602, 0.0284), "interleaved": 0.0620, "ddp": 0.0436},
-              4: {"naive": (0.0653, 0.0307), "interleaved": 0.0643, "ddp": 0.0482}},
-    "medium": {"single": 0.1180, 2: {"naive": (0.1071, 0.0328), "interleaved": 0.0898, "ddp": 0.0871},
-               4: {"naive": (0.0863, 0.0370), "interleaved": 0.0871, "ddp": 0.0674}},
-    "large": {"single": 0.4112, 2: {"naive": (0.2850, 0.0501), "interleaved": 0.2644, "ddp": 0.2597},
-              4: {"naive": (0.2143, 0.0744), "interleaved": 0.1837, "ddp": 0.1784}},
-    "xlarge": {"single": 0.5956, 2: {"naive": (0.4045, 0.0700), "interleaved": 0.3669, "ddp": 0.3620},
-               4: {"naive": (0.2898, 0.0940), "interleaved": 0.2485, "ddp": 0.2496}},
-}
+PREDICTED = ("interleaved", "ddp")
+# seed 002's "Benchmark Results" (seconds per epoch of 32 steps): ddptui.model.profiles.SEED002
 
 
 def step_ms(epoch_s: float) -> float:

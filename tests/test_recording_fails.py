@@ -148,7 +148,9 @@ def test_a_scripts_own_files_under_plain_torchrun_stop_alone(tmp_path, small_fs)
     from .helpers import ROOT
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, DDPTUI_RECORD=str(small_fs / "rec"))
     env.pop("DDPTUI_SOCKET", None)
-    steps = 30
+    # (80 steps: ~10 KB a rank. 30 made ~4 KB a rank, under a 4 KiB page or just over it as
+    # the timestamps' sizes fell: two ranks' files then filled the 8 KiB or did not)
+    steps = 80
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         os.path.join(ROOT, "examples", "train_cnn.py"), "--steps", str(steps)],
                        capture_output=True, text=True, env=env, timeout=180, cwd=str(tmp_path))
