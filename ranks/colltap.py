@@ -70,9 +70,18 @@ def _wrap(name: str, op: str, orig):
         # the collective's buffer: the larger of its first two arguments (the gathered
         # output of an all-gather, the input of a reduce-scatter, the tensor of an all_reduce)
         n = max(_nbytes(args[0]) if args else 0, _nbytes(args[1]) if len(args) > 1 else 0)
-        token = tap.enter(op, n, self, bool(getattr(args[-1], "asyncOp", True)) if args else True)
+        is_async = bool(getattr(args[-1], "asyncOp", True)) if args else True
+        token = tap.enter(op, n, self, is_async)
         try:
             work = orig(self, *args, **kwargs)
+            if work is not None and not is_async:
+                # a blocking call (async_op=False: FSDP2 on gloo, dist.all_reduce(t)): the API
+                # waits for it next; waiting here marks its end on this thread, with no
+                # callback on the backend's thread contending for the GIL (a second wait() is
+                # a no-op). On CUDA the end is an event on this stream, which waited for it.
+                work.wait()
+                tap.left(token)
+                return work
         except BaseException:
             tap.left(token)
             raise
