@@ -38,7 +38,7 @@ from _common import result_line
 from ddptui.model import whatif
 from ranks import spec
 
-from ddptui.model.profiles import SEED002 as TABLE  # noqa: E402  (the table, written once)
+from ddptui.model.profiles import SEED002 as TABLE, comm_fit  # noqa: E402  (the table, written once)
 from ddptui.model.profiles import SEED_BATCH as BATCH, SEED_MODELS as MODELS, SEED_SAMPLES as SAMPLES  # noqa: E402
 from ddptui.model.profiles import SEED_STEPS as STEPS, TOLERANCE_PCT as GOAL_PCT  # noqa: E402
 
@@ -56,13 +56,7 @@ def params(model: str) -> list[tuple[int, int]]:
 
 def calibrate(table: dict = TABLE) -> whatif.CommFit:
     """The collective cost fitted to the naive rows' comm time (every model, 2 and 4 GPUs)."""
-    runs = []
-    for model in table:
-        ps = spec.param_table(model)
-        for n in (2, 4):
-            runs.append((len(ps), sum(x for _, x, _ in ps) * spec.BYTES_PER_GRAD, n,
-                         step_ms(table[model][n]["naive"][1])))
-    return whatif.fit_calls(runs, world=2)
+    return comm_fit(table)
 
 
 def overhead_ms(model: str, n: int, table: dict = TABLE) -> float:

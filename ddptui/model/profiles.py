@@ -73,14 +73,15 @@ def n_params(model: str) -> int:
     return sum(n for _, n, _ in spec.param_table(model))
 
 
-def comm_fit() -> whatif.CommFit:
-    """P9c's collective model: fit_calls over seed 002's naive rows (every model, 2 and 4 GPUs)."""
+def comm_fit(table: dict = SEED002) -> whatif.CommFit:
+    """P9c's collective model: fit_calls over the table's naive rows (every model, 2 and 4
+    GPUs; default seed 002's)."""
     runs = []
-    for model in SEED_MODELS:
+    for model in table:
         ps = spec.param_table(model)
         for n in (2, 4):
             runs.append((len(ps), sum(x for _, x, _ in ps) * spec.BYTES_PER_GRAD, n,
-                         seed_ms(SEED002[model][n]["naive"][1])))
+                         seed_ms(table[model][n]["naive"][1])))
     return whatif.fit_calls(runs, world=2)
 
 
