@@ -113,7 +113,15 @@ class FileSink(FrameQueue):
     def _stopped(self, why: str) -> None:
         """The file could not be written (a full disk): it ends where it got to, and training
         goes on unrecorded (the writer drops what follows); said once, on this rank's stderr."""
-        print(f"ddptui: rank {self.rank}: {why}; training goes on without it", file=sys.stderr, flush=True)
+        # one write(2) of the whole line (this runs on the sink's thread, beside the script's
+        # own output, and every rank shares torchrun's stderr: two ranks' lines were seen run
+        # together on one line); under PIPE_BUF, so it is never cut by another's
+        line = f"ddptui: rank {self.rank}: {why}; training goes on without it\n".encode(errors="replace")
+        try:
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), line)
+        except (OSError, ValueError, AttributeError):  # (no real stderr: a file-like object or none)
+            print(line.decode().rstrip("\n"), file=sys.stderr, flush=True)
 
 
 def _default_record_dir() -> str:

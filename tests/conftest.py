@@ -26,7 +26,7 @@ def cuda_available() -> bool:
 # fixtures that start real ranks, by scope: the tests sharing one run go to one pytest-xdist
 # worker (`--dist loadgroup`), so the run is made once
 SHARED_RUNS = {"run": "module", "kineto_runs": "module", "cli_run": "session", "lm_run": "module",
-               "mlp_run": "module", "auto_run": "session"}
+               "mlp_run": "module", "auto_run": "session", "kineto_colls": "module"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

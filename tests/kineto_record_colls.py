@@ -2,13 +2,14 @@
 not only gradient AllReduces, one JSON per rank (`tensorboard_trace_handler`, module records
 and Python stacks, as users record theirs).
 
-    torchrun --nproc-per-node 2 tests/kineto_record_colls.py OUT_DIR [--steps N] [--fsdp]
+    torchrun --nproc-per-node 2 tests/kineto_record_colls.py OUT_DIR [--steps N] [--fsdp] [--fsdp-out DIR]
 
 Default: a model whose `Exchange` layer all_to_alls its activations in the forward and their
 gradients in the backward; after the backward one flat all_reduce of the gradients, an
 all_gather_into_tensor and a reduce_scatter_tensor; after the optimizer a broadcast and a
 barrier. Every collective is synchronous (issue order is the order gloo runs them).
 --fsdp: a small FSDP2 transformer (fully_shard per block, then the root), AdamW.
+--fsdp-out DIR: the default into OUT_DIR, then the FSDP2 transformer into DIR (one run, both).
 """
 import argparse
 
@@ -63,16 +64,10 @@ class Transformer(nn.Module):
         return self.out(x)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--fsdp", action="store_true")
-    a = ap.parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def make_step(fsdp: bool, rank: int, world: int):
+    """One training step of the FSDP2 transformer or of the model with explicit collectives."""
     torch.manual_seed(0)
-    if a.fsdp:
+    if fsdp:
         from torch.distributed.fsdp import fully_shard
         model = Transformer()
         for b in model.layers:
@@ -86,35 +81,52 @@ def main() -> None:
             F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
             opt.step()
             opt.zero_grad()
-    else:
-        model = nn.Sequential(nn.Linear(D, D), Exchange(), nn.Linear(D, 10))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x, y = torch.randn(8, D), torch.randint(0, 10, (8,))
-        n = sum(p.numel() for p in model.parameters())
-        shard = torch.zeros(256)
+        return step
+    model = nn.Sequential(nn.Linear(D, D), Exchange(), nn.Linear(D, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, D), torch.randint(0, 10, (8,))
+    shard = torch.zeros(256)
 
-        def step() -> None:
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            flat = torch.cat([p.grad.flatten() for p in model.parameters()])
-            dist.all_reduce(flat)
-            gathered = torch.empty(world * shard.numel())
-            dist.all_gather_into_tensor(gathered, shard)
-            part = torch.empty(shard.numel())
-            dist.reduce_scatter_tensor(part, gathered)
-            opt.step()
-            dist.broadcast(model[0].weight.data, 0)
-            dist.barrier()
-        assert n > 0
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+        dist.all_reduce(flat)
+        gathered = torch.empty(world * shard.numel())
+        dist.all_gather_into_tensor(gathered, shard)
+        part = torch.empty(shard.numel())
+        dist.reduce_scatter_tensor(part, gathered)
+        opt.step()
+        dist.broadcast(model[0].weight.data, 0)
+        dist.barrier()
+    return step
+
+
+def profiled(out: str, step, steps: int, rank: int) -> None:
     prof = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
-        schedule=torch.profiler.schedule(wait=0, warmup=1, active=a.steps),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(a.out, worker_name=f"rank{rank}"),
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(out, worker_name=f"rank{rank}"),
         record_shapes=True, with_modules=True, with_stack=True)
     with prof:
-        for _ in range(a.steps + 1):
+        for _ in range(steps + 1):
             step()
             prof.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--fsdp", action="store_true")
+    ap.add_argument("--fsdp-out", default=None)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    profiled(a.out, make_step(a.fsdp, rank, world), a.steps, rank)
+    if a.fsdp_out:
+        dist.barrier()
+        profiled(a.fsdp_out, make_step(True, rank, world), a.steps, rank)
     dist.destroy_process_group()
 
 

@@ -33,13 +33,20 @@ def _record(out: str, *extra: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def explicit(tmp_path_factory):
-    return _record(str(tmp_path_factory.mktemp("kcoll") / "t"))
+def kineto_colls(tmp_path_factory):
+    """One run, two traces: (the explicit collectives' folder, FSDP2's)."""
+    d = tmp_path_factory.mktemp("kcoll")
+    return _record(str(d / "t"), "--fsdp-out", str(d / "f")), str(d / "f")
 
 
-@pytest.fixture(scope="module")
-def fsdp(tmp_path_factory):
-    return _record(str(tmp_path_factory.mktemp("kfsdp") / "t"), "--fsdp")
+@pytest.fixture
+def explicit(kineto_colls):
+    return kineto_colls[0]
+
+
+@pytest.fixture
+def fsdp(kineto_colls):
+    return kineto_colls[1]
 
 
 def _read(d: str):

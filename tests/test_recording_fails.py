@@ -123,8 +123,9 @@ def test_a_full_disk_leaves_the_run_and_its_json_untouched(tmp_path, small_fs):
     the file reads back, undamaged, up to the steps the warning names."""
     rec, out = small_fs / "x.ddptui", tmp_path / "x.json"
     steps = 30
-    r = run_cli("--headless", "--gpus", "2", "--model", "small", "--steps", str(steps), "--record", str(rec),
-                "--json", str(out), timeout=240)
+    # (batch 64: the bytes a step records do not depend on it; 1024 took 8 s more CPU)
+    r = run_cli("--headless", "--gpus", "2", "--model", "small", "--batch-size", "64", "--steps", str(steps),
+                "--record", str(rec), "--json", str(out), timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     warnings = [ln for ln in r.stderr.splitlines() if "warning" in ln or "error" in ln]
     assert len(warnings) == 1 and "No space left on device" in warnings[0], r.stderr[-3000:]
@@ -148,11 +149,12 @@ def test_a_scripts_own_files_under_plain_torchrun_stop_alone(tmp_path, small_fs)
     from .helpers import ROOT
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, DDPTUI_RECORD=str(small_fs / "rec"))
     env.pop("DDPTUI_SOCKET", None)
-    # (80 steps: ~10 KB a rank. 30 made ~4 KB a rank, under a 4 KiB page or just over it as
-    # the timestamps' sizes fell: two ranks' files then filled the 8 KiB or did not)
+    # (80 steps: ~8 KB a rank. 30 made ~4 KB a rank, under a 4 KiB page or just over it as
+    # the timestamps' sizes fell: two ranks' files then filled the 8 KiB or did not. Batch 4:
+    # what a step records does not depend on it, and 80 steps of 64 took 8 s more CPU)
     steps = 80
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        os.path.join(ROOT, "examples", "train_cnn.py"), "--steps", str(steps)],
+                        os.path.join(ROOT, "examples", "train_cnn.py"), "--steps", str(steps), "--batch-size", "4"],
                        capture_output=True, text=True, env=env, timeout=180, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     said = [ln for ln in r.stderr.splitlines() if "No space left on device" in ln]

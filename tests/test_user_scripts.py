@@ -4,7 +4,8 @@ Each script in tests/scripts/ is plain DDP that knows nothing of ddptui and does
 training scripts do: a tied embedding/output weight, with rank 0 alone evaluating through the
 DDP module (tied.py); gradient accumulation by `require_backward_grad_sync` and by
 `no_sync()`, with a layer used every other step (accumulate.py); two DDP modules in one model
-(DLRM's bottom and top MLPs) with a collective of its own between them (two_ddp.py). A step is
+(DLRM's bottom and top MLPs) with all_to_all between them (a2a_ddp.py: tests/test_collectives.py,
+which shares its run with the collectives' tests). A step is
 one gradient synchronisation, numbered the same on every rank (ranks.user.RankSession): the
 step count is the optimizer iterations on every rank, nobody waits half a step for nobody, no
 culprit is named, every DDP module's buckets are drawn under its name, and every layer that
@@ -13,83 +14,21 @@ read one run of it (a module fixture: each run costs ~15 s, most of it starting 
 """
 from __future__ import annotations
 
-from statistics import median
-
 import pytest
 
-from tests.helpers import run_script
+from tests.helpers import (SCRIPT_ITERS, SPAN_BWD, SPAN_COMM, SPAN_FWD, SPAN_OTHER, SPAN_STEP,
+                           sound_script_run, spans_of, step_batches)
 
 pytestmark = pytest.mark.slow  # (real torchrun runs: ~15 s each, most of it starting torch)
 
-ITERS = 24  # optimizer iterations of every script: more than the 20-step evidence window
-FWD, BWD, COMM, STEP, OTHER = 0, 1, 2, 4, 5  # (ranks.wire's span kinds)
+ITERS = SCRIPT_ITERS
+FWD, BWD, COMM, STEP, OTHER = SPAN_FWD, SPAN_BWD, SPAN_COMM, SPAN_STEP, SPAN_OTHER
+_steps, _spans = step_batches, spans_of
 
 
-def _run(tmp_path, script: str, *args: str):
-    """Run a script under `ddptui run --auto --headless`: (the JSON, the recording loaded)."""
-    return run_script(tmp_path, script, *args)[:2]
-
-
-def _steps(got) -> dict[int, dict[int, object]]:
-    """step -> rank -> its span batch."""
-    return got.store.span_batches()["ddp"]
-
-
-def _spans(b, kind: int) -> list[tuple[int, int, int]]:
-    """(idx, t0, t1) of a batch's spans of one kind, in order."""
-    return [(b.idx[i], b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == kind]
-
-
-def _sound(tmp_path, script: str, args: tuple, iters: int = ITERS, tries: int = 3):
-    """Run the script; its steps are the optimizer iterations on every rank; the typical
-    step has no wait over half the median step and no culprit is named. The timing is
-    judged again on another run when a run fails it (other work on the two shared cores can
-    make one rank late for a whole run: measured, with no evaluation at all, one rank last
-    in 74 % of the steps; a step matched with the wrong step fails every run); the step
-    counts are checked on every run."""
-    doc, got = _run(tmp_path / "0", script, *args)
-    _steps_are_iterations(doc, got, iters)
-    why = [_timing_problem(doc, got, iters)]
-    while why[-1] and len(why) < tries:
-        again = _run(tmp_path / str(len(why)), script, *args)
-        _steps_are_iterations(*again, iters)
-        why.append(_timing_problem(*again, iters))
-    assert not why[-1], "; ".join(f"run {i + 1}: {w}" for i, w in enumerate(why))
-    return doc, got
-
-
-def _steps_are_iterations(doc, got, iters: int) -> None:
-    row = doc["strategies"][0]
-    assert row["steps"] == iters, row["steps"]
-    steps = _steps(got)
-    for r in (0, 1):
-        mine = sorted(k for k, ranks in steps.items() if r in ranks)
-        assert mine == list(range(iters)), (r, mine)
-
-
-def _timing_problem(doc, got, iters: int) -> str | None:
-    from ddptui.model import stragglers
-    row = doc["strategies"][0]
-    steps = _steps(got)
-    half = row["step_ms_median"] / 2
-    waited = []
-    for k in range(1, iters):  # (step 0: warm-up)
-        b = steps[k]
-        step_ms = max((s[2] - s[1]) / 1e3 for x in b.values() for s in _spans(x, STEP))
-        sw = stragglers.step_waits(b, step_ms)
-        waited.append(max(sw.wait_ms.values()) if sw else 0.0)
-    # a step matched with another step of the other rank makes one rank wait in nearly every
-    # step, longer and longer; two ranks on two cores shared with other work hold each other
-    # up by 20-40 ms now and then (measured), so the waits are judged on the typical step
-    if median(waited) > half:
-        return f"median wait over half the median step ({half:.1f} ms): {[round(w, 1) for w in waited]}"
-    med = row["stragglers"]["wait_ms_median"]
-    if any(w > half for w in med.values()):
-        return f"a rank's median wait over {half:.1f} ms: {med}"
-    st = row["stragglers"]
-    if st.get("culprit") or st.get("culprit_rank") is not None:
-        return f"a culprit named: {st.get('culprit')} (last in {st.get('last_arriver_pct')} % of steps)"
-    return None
+def _sound(tmp_path, script: str, args: tuple):
+    """(the JSON, the recording) of a sound run of the script (helpers.sound_script_run)."""
+    return sound_script_run(tmp_path, script, args)[:2]
 
 
 def _layer(doc, name: str) -> int:
@@ -144,30 +83,6 @@ def test_accumulation_is_one_step_per_optimizer_step(mlp_run):
             assert fwd0[0][1] <= bwd0[0][0] <= bwd0[0][1] <= fwd0[1][0]  # micro-step 1, then 2
             comm = _spans(b, COMM)
             assert comm and min(t0 for _, t0, _ in comm) >= fwd0[2][0]  # synchronised by the last
-
-
-def test_two_ddp_modules_in_one_picture(tmp_path):
-    """net.bot_l and net.top_l, each a DDP, and an all_reduce of the script's own between
-    them: both modules' layers and buckets, labelled by their attribute paths; one step
-    spans both modules' AllReduces."""
-    doc, got = _sound(tmp_path, "two_ddp.py", ())
-    assert doc["layers"] == [f"bot_l.{i}" for i in range(4)] + [f"top_l.{i}" for i in range(5)]
-    row = doc["strategies"][0]
-    names = sorted(p for b in row["buckets"] for p in b["params"])
-    assert names == sorted([f"bot_l.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")]
-                           + [f"top_l.{i}.{w}" for i in (0, 2, 4) for w in ("weight", "bias")])
-    by_module = {}
-    for b in row["buckets"]:
-        mods = {p.split(".")[0] for p in b["params"]}
-        assert len(mods) == 1, b  # a bucket holds one module's parameters
-        by_module.setdefault(mods.pop(), []).append(b["index"])
-    assert set(by_module) == {"bot_l", "top_l"}
-    assert row["allreduce_calls_per_step"] == len(row["buckets"])
-    assert [b["bytes"] for b in row["buckets"]] == row["ddp_reported"]
-    for k in range(1, ITERS):
-        for r, b in _steps(got)[k].items():
-            idx = {i for i, _, _ in _spans(b, COMM)}
-            assert idx == {x["index"] for x in row["buckets"]}, (k, r, idx)
 
 
 def test_tied_embedding_backward_goes_to_the_embedding(lm_run):

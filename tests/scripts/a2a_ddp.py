@@ -4,7 +4,8 @@ lookups are exchanged with all_to_all between them, forward and backward (an aut
 Function); a loss statistic all_reduced with async_op=True and waited on after the backward.
 Plain DDP, nothing of ddptui.
 
-    --iters N   optimizer steps (default 24)
+    --iters N          optimizer steps (default 24)
+    --bucket-cap-mb X  DDP's bucket size (default PyTorch's)
 """
 import argparse
 
@@ -52,13 +53,15 @@ class DLRM(nn.Module):
 
 p = argparse.ArgumentParser()
 p.add_argument("--iters", type=int, default=24)
+p.add_argument("--bucket-cap-mb", type=float, default=None)
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 net = DLRM(world)
-net.bot_l = DDP(net.bot_l)
-net.top_l = DDP(net.top_l)
+cap = {} if a.bucket_cap_mb is None else {"bucket_cap_mb": a.bucket_cap_mb}
+net.bot_l = DDP(net.bot_l, **cap)
+net.top_l = DDP(net.top_l, **cap)
 opt = torch.optim.SGD(net.parameters(), lr=0.01)
 g = torch.Generator().manual_seed(rank)
 dense = torch.randn(BATCH, 16, generator=g)
