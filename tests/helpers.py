@@ -227,6 +227,35 @@ def _timing_problem(run, iters: int) -> str | None:
     return None
 
 
+_HTA_SCRIPT = """
+import json, logging, sys
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+a = TraceAnalysis(trace_dir=sys.argv[1])
+ov = a.get_comm_comp_overlap(visualize=False)
+tb = a.get_temporal_breakdown(visualize=False)
+print(json.dumps({"ranks": [int(r) for r in a.t.get_ranks()],
+                  "iterations": sorted(int(i) for i in a.t.get_iterations()),
+                  "overlap": {int(r): float(v) for r, v in zip(ov["rank"], ov["comp_comm_overlap_pctg"])},
+                  "breakdown": [{k: (int(v) if k == "rank" else float(v)) for k, v in row.items()}
+                                for row in tb.to_dict("records")]}))
+"""
+
+
+def hta_analysis(trace_dir) -> dict:
+    """HTA's TraceAnalysis of a folder of Kineto traces, run as a user runs it: in a process
+    of its own (HTA parses ranks in a fork()ed pool, which deadlocks when forked from a
+    process with other threads, as a pytest-xdist worker has: seen hanging CI for 5 minutes).
+    {"ranks", "iterations", "overlap": {rank: %}, "breakdown": [rows of the temporal breakdown]}."""
+    import json
+    p = subprocess.run([sys.executable, "-c", _HTA_SCRIPT, str(trace_dir)], capture_output=True, text=True,
+                       timeout=120, env=cli_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    doc["overlap"] = {int(r): v for r, v in doc["overlap"].items()}
+    return doc
+
+
 def run_main(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
     """Run the CLI's `main` in this process, as `run_cli` would in a child: its exit status
     and what it printed (for error paths that never start ranks; `env` is set while it

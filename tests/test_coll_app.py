@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import os
 
 import pytest
@@ -22,7 +21,7 @@ from ranks import frames, spec, wire
 from ranks.frames import spans_frame
 from ranks.wire import BWD, COLL, COMM, FWD, OPT, STEP
 
-from .helpers import ROOT, run_cli, synthetic_meta, write_recording
+from .helpers import ROOT, hta_analysis, run_cli, synthetic_meta, write_recording
 
 SMALL = os.path.join(ROOT, "demo", "cpu-small-2ranks.ddptui")
 LAYERS = spec.layer_names("small")
@@ -243,14 +242,9 @@ def test_kineto_export_hta_counts_collectives(tmp_path, hta):
     rs = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "ReduceScatter" in e["name"])
     assert rs["args"]["Collective name"] == "_reduce_scatter_base"
     assert rs["args"]["Out msg nelems"] * 2 == rs["args"]["In msg nelems"]
-    logging.disable(logging.WARNING)
-    try:
-        a = hta.TraceAnalysis(trace_dir=str(out))
-        its = {int(i) for i in a.t.get_iterations()}
-        ov = a.get_comm_comp_overlap(visualize=False)
-    finally:
-        logging.disable(logging.NOTSET)
-    got = dict(zip(ov["rank"].astype(int), ov["comp_comm_overlap_pctg"]))
+    a = hta_analysis(out)
+    its = set(a["iterations"])
+    got = a["overlap"]
     st = store_of(fr)
     for r in (0, 1):
         c = sum(st.rank_figures("fsdp", k, r).comm_ms for k in its)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import os
 from collections import Counter
 
@@ -17,7 +16,7 @@ from ddptui.recording.rankset import open_reader
 from ranks import wire
 from ranks.frames import Spans
 
-from .helpers import ROOT, run_cli
+from .helpers import ROOT, hta_analysis, run_cli
 
 SMALL = os.path.join(ROOT, "demo", "cpu-small-2ranks.ddptui")
 MEDIUM = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
@@ -131,25 +130,20 @@ def hta():
 def test_hta_reads_every_rank_and_agrees_on_overlap(tmp_path, hta, rec, strategy):
     out = tmp_path / "k"
     export(rec, out, "--strategy", strategy)
-    logging.disable(logging.WARNING)
-    try:
-        a = hta.TraceAnalysis(trace_dir=str(out))
-        assert a.t.get_ranks() == [0, 1]
-        # HTA leaves the last ProfilerStep out: compare over the steps it analysed
-        its = {int(i) for i in a.t.get_iterations()}
-        n = steps_of(rec, strategy)[0]
-        assert len(its) == n - 1
-        ov = a.get_comm_comp_overlap(visualize=False)
-        ours = ddptui_overlap(rec, strategy, its)
-        got = dict(zip(ov["rank"].astype(int), ov["comp_comm_overlap_pctg"]))
-        assert set(got) == {0, 1}
-        for r in (0, 1):
-            assert ours[r] > 5  # a real overlap, not 0 against 0
-            assert abs(got[r] - ours[r]) <= 2, (r, got[r], ours[r])
-        tb = a.get_temporal_breakdown(visualize=False)
-        assert sorted(tb["rank"].astype(int)) == [0, 1]
-        assert (tb["compute_time(us)"] > 0).all() and (tb["non_compute_time(us)"] > 0).all()
-        assert ((tb["idle_time_pctg"] + tb["compute_time_pctg"] + tb["non_compute_time_pctg"])
-                .between(99, 101)).all()
-    finally:
-        logging.disable(logging.NOTSET)
+    a = hta_analysis(out)
+    assert a["ranks"] == [0, 1]
+    # HTA leaves the last ProfilerStep out: compare over the steps it analysed
+    its = set(a["iterations"])
+    n = steps_of(rec, strategy)[0]
+    assert len(its) == n - 1
+    ours = ddptui_overlap(rec, strategy, its)
+    got = a["overlap"]
+    assert set(got) == {0, 1}
+    for r in (0, 1):
+        assert ours[r] > 5  # a real overlap, not 0 against 0
+        assert abs(got[r] - ours[r]) <= 2, (r, got[r], ours[r])
+    tb = a["breakdown"]
+    assert sorted(row["rank"] for row in tb) == [0, 1]
+    for row in tb:
+        assert row["compute_time(us)"] > 0 and row["non_compute_time(us)"] > 0, row
+        assert 99 <= row["idle_time_pctg"] + row["compute_time_pctg"] + row["non_compute_time_pctg"] <= 101, row
