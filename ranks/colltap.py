@@ -8,10 +8,14 @@ a list of `torch.distributed` functions misses it. `install()` wraps those metho
 process: a wrapper costs one attribute read when no `CollTap` is active (`_tap is None`),
 and otherwise marks the issue, calls the method, and asks the `Work` it returns for a
 completion callback (`get_future().then`, on the backend's thread, as DDP's buckets are
-timed). What is not seen: collectives C++ issues by itself (DDP's reducer without a comm
-hook, its buffer broadcasts) and the functional collectives (`torch.distributed.
-_functional_collectives`: DTensor's redistribution, torch.compile's graphs), which go from
-their C++ ops to the backend: their work never passes through a process-group method.
+timed). The functional collectives (`torch.distributed._functional_collectives`: DTensor's
+redistribution, `clip_grad_norm_` on FSDP2's sharded gradients, a script's own `funcol.*`) go
+from their C++ ops to the backend without a process-group method: their Python functions are
+wrapped instead, the span running from the call to the `wait_tensor` that first needs the
+result (their asynchronous result is waited on where it is used; on CPU that is when its end
+is known to the host). What is not seen: collectives C++ issues by itself (DDP's reducer without
+a comm hook, its buffer broadcasts), the functional collectives' own backward passes, and
+those inside a compiled graph (torch.compile traces the wrappers through, untimed).
 
 Each collective issued inside a step becomes a COLL span (ranks.wire) whose idx is a row of
 this rank's collectives table: (op, bytes, group, issuing layer, phase, async), one row per
@@ -112,6 +116,7 @@ def install() -> None:
                 continue
             setattr(pg, name, _wrap(name, op, orig))
         _install_fsdp()
+        _install_funcol()
         _installed = True
 
 
@@ -148,6 +153,105 @@ def _unit_wrapper(orig, kind: str):
     wrapper.__wrapped__ = wrapper._ddptui_orig = orig
     wrapper.__name__ = orig.__name__
     return wrapper
+
+
+# -- the functional collectives --------------------------------------------------------------
+FUNCOL_OPS = {  # torch.distributed._functional_collectives function -> the collective it is
+    "broadcast": "broadcast", "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
+    "all_gather_single": "all_gather", "all_gather_tensor": "all_gather",
+    "all_gather_single_autograd": "all_gather", "all_gather_tensor_autograd": "all_gather",
+    "all_gather_single_coalesced": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_inplace": "all_gather",
+    "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_single_autograd": "reduce_scatter", "reduce_scatter_tensor_autograd": "reduce_scatter",
+    "reduce_scatter_single_coalesced": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all_single": "all_to_all", "all_to_all_single_autograd": "all_to_all",
+}
+_fc_state = threading.local()  # .depth: inside a wrapped functional collective (one calls another)
+_fc_waits: dict = {}  # id(the op's output tensor) -> (Entered, the tensor): ended by wait_tensor
+_FC_WAITS_MAX = 256  # (results never waited on are dropped past this; their spans end at issue)
+
+
+def _install_funcol() -> None:
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except Exception:  # noqa: BLE001 (a torch without them)
+        return
+    for name, op in FUNCOL_OPS.items():
+        orig = getattr(funcol, name, None)
+        if orig is None or hasattr(orig, "_ddptui_orig"):
+            continue
+        setattr(funcol, name, _funcol_wrapper(funcol, name, op, orig))
+    orig = getattr(funcol, "wait_tensor", None)
+    if orig is not None and not hasattr(orig, "_ddptui_orig"):
+        setattr(funcol, "wait_tensor", _wait_wrapper(orig))
+
+
+def _group_arg(args, kwargs, name: str):
+    """(the functional collective's group argument, its tag): after the tensor and the
+    arguments before `group` in its signature."""
+    before = {"broadcast": 1, "all_reduce": 1, "all_reduce_coalesced": 1, "all_to_all_single": 2,
+              "all_to_all_single_autograd": 2, "all_gather_inplace": 1}.get(name)
+    if before is None:
+        before = 2 if name.startswith("reduce_scatter") else 1
+    group = kwargs.get("group", args[1 + before] if len(args) > 1 + before else None)
+    tag = kwargs.get("tag", args[2 + before] if len(args) > 2 + before else "")
+    return group, tag
+
+
+def _funcol_wrapper(funcol, name: str, op: str, orig):
+    def wrapper(*args, **kwargs):
+        tap = _tap
+        if tap is None or tap.suspended or getattr(_fc_state, "depth", 0) or funcol._are_we_tracing():
+            return orig(*args, **kwargs)
+        try:
+            group, tag = _group_arg(args, kwargs, name)
+            pg = dist.distributed_c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
+        except Exception:  # noqa: BLE001 (a group form not known here): not timed
+            return orig(*args, **kwargs)
+        # the collective's buffer, as for the process group's methods: the gathered output of
+        # an all-gather, the input of a reduce-scatter, the tensor of the others
+        n = (_nbytes(args[0]) if args else 0) * (pg.size() if op == "all_gather" else 1)
+        token = tap.enter(op, n, pg, True)
+        _fc_state.depth = 1
+        try:
+            out = orig(*args, **kwargs)
+        except BaseException:
+            tap.left(token)
+            raise
+        finally:
+            _fc_state.depth = 0
+        elems = [getattr(t, "elem", None) for t in (out if isinstance(out, (list, tuple)) else (out,))]
+        elems = [e for e in elems if isinstance(e, torch.Tensor)]
+        if not elems:  # (already waited for: traced, or a result that is not asynchronous)
+            tap.left(token)
+            return out
+        if len(_fc_waits) >= _FC_WAITS_MAX:
+            _fc_waits.clear()
+        for e in elems:
+            _fc_waits[id(e)] = (token, e)
+        return out
+    wrapper.__name__ = name
+    wrapper.__qualname__ = f"_functional_collectives.{name}"
+    wrapper.__wrapped__ = wrapper._ddptui_orig = orig
+    wrapper.__doc__ = orig.__doc__
+    return wrapper
+
+
+def _wait_wrapper(orig):
+    def wait_tensor(tensor):
+        out = orig(tensor)
+        if _fc_waits:
+            got = _fc_waits.pop(id(tensor), None)
+            if got is not None and got[1] is tensor:
+                token = got[0]
+                for k in [k for k, v in _fc_waits.items() if v[0] is token]:  # (a coalesced call's others)
+                    del _fc_waits[k]
+                token.tap.left(token)
+        return out
+    wait_tensor.__wrapped__ = wait_tensor._ddptui_orig = orig
+    wait_tensor.__doc__ = orig.__doc__
+    return wait_tensor
 
 
 class Entered:

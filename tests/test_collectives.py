@@ -60,7 +60,7 @@ def fsdp(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fsdp_prefetch_mixed(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("fsdp-pm"), "fsdp2.py", "--iters", str(ITERS), "--blocks",
-                str(BLOCKS), "--prefetch", "--mixed", "--accum", "2")
+                str(BLOCKS), "--prefetch", "--mixed", "--accum", "2", "--clip", "1.0")
 
 
 @DLRM
@@ -194,6 +194,26 @@ def test_fsdp2_prefetch_mixed_precision_and_accumulation(fsdp, fsdp_prefetch_mix
     assert prefetched >= (ITERS - 1) * 2 * (BLOCKS - 1), prefetched
 
 
+@FSDP
+def test_clip_grad_norm_on_fsdp2_is_a_functional_all_reduce(fsdp_prefetch_mixed):
+    """clip_grad_norm_ on FSDP2's sharded (DTensor) gradients all_reduces the norms through a
+    functional collective, not a process-group call: one asynchronous all_reduce in every
+    step, after the step's last reduce-scatter was issued, ending by the step's end."""
+    doc, got, _ = fsdp_prefetch_mixed
+    for k in range(ITERS):
+        for r in (0, 1):
+            cs = _colls(got, "fsdp", r, k)
+            ar = [(c, t0, t1) for c, t0, t1 in cs if c[1] == "all_reduce"]
+            assert len(ar) == 1, (k, r, ar)
+            (c, t0, t1), = ar
+            assert c[6] == "step" and c[7] is True and c[2] > 0, c
+            last_rs = max(u0 for d, u0, _ in cs if d[1] == "reduce_scatter")
+            b = got.store.span_batches()["fsdp"][k][r]
+            (_, s0, s1), = _spans(b, STEP)
+            assert last_rs <= t0 <= t1 <= s1, (k, r, last_rs, t0, t1, s1)
+    assert "all_reduce" in {c["op"] for c in doc["strategies"][0]["collectives"]}
+
+
 @DLRM
 def test_the_json_and_chrome_export_name_every_collective(dlrm, tmp_path):
     """The summary's JSON counts the collectives, and the Chrome trace names each on the
@@ -271,7 +291,11 @@ def test_every_public_entry_point_is_seen(tmp_path):
         for k in range(3):
             seen = [(c[1], c[2]) for c, _, _ in _colls(got, "ddp", rank, k)]
             assert want <= set(seen), (rank, k, seen)
-            assert seen.count(("all_reduce", 32)) == 2 and seen.count(("all_gather", 64)) == 2, seen
+            # (the functional collectives too: an all_reduce, an all_gather, an all_to_all and
+            # a broadcast like the others, and a reduce_scatter of 128 B over a list of ranks)
+            assert seen.count(("all_reduce", 32)) == 3 and seen.count(("all_gather", 64)) == 3, seen
+            assert seen.count(("all_to_all", 32)) == 2 and seen.count(("broadcast", 32)) == 2, seen
+            assert seen.count(("reduce_scatter", 128)) == 1, seen
             assert {op for op, _ in seen} >= {"gather", "scatter"}, seen
             assert ("send" if rank == 0 else "recv") in {op for op, _ in seen}, seen
             assert all(n == 32 for op, n in seen if op == "all_reduce"), seen  # (no bucket)

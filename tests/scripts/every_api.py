@@ -1,6 +1,8 @@
-"""(tests) Every public torch.distributed collective, sync and async, issued inside a step of a
-DDP model timed by ddptui.instrument (the script's own collectives, as real scripts issue
-metrics, checks and exchanges between the forward and the backward).
+"""(tests) Every public torch.distributed collective, sync and async, and the functional
+collectives (torch.distributed._functional_collectives: asynchronous results waited on where
+they are used), issued inside a step of a DDP model timed by ddptui.instrument (the script's
+own collectives, as real scripts issue metrics, checks and exchanges between the forward and
+the backward).
 
     --iters N   optimizer steps (default 3)
 """
@@ -8,6 +10,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -43,6 +46,13 @@ for it in range(a.iters):
         dist.send(t, dst=1)
     else:
         dist.recv(torch.empty(8), src=0)
+    world_pg = dist.group.WORLD
+    s = funcol.all_reduce(t * 2, "sum", world_pg)  # waited on where it is used
+    s = s + 1
+    funcol.all_gather_single(t, 0, world_pg).wait()
+    funcol.reduce_scatter_single(torch.ones(16 * world), "sum", 0, list(range(world))).wait()
+    funcol.all_to_all_single(t, None, None, world_pg).wait()
+    funcol.broadcast(t, 0, world_pg).wait()
     loss.backward()
     opt.step()
 h.close()

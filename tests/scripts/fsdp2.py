@@ -7,6 +7,8 @@ layer; AdamW. Plain FSDP2, nothing of ddptui.
     --mixed         mixed precision (bf16 parameters, fp32 reduce)
     --accum K       gradient accumulation: K micro-steps, set_requires_gradient_sync on the last
     --blocks N      transformer blocks (default 4)
+    --clip X        clip_grad_norm_ to X before the optimizer (as torchtitan does: on FSDP2's
+                    sharded DTensor gradients, the norm is all_reduced by a functional collective)
 """
 import argparse
 
@@ -51,6 +53,7 @@ p.add_argument("--prefetch", action="store_true")
 p.add_argument("--mixed", action="store_true")
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--blocks", type=int, default=4)
+p.add_argument("--clip", type=float, default=None)
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -77,6 +80,8 @@ for it in range(a.iters):
             model.set_requires_gradient_sync(m == a.accum - 1)
         logits = model(x)
         F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+    if a.clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
     opt.step()
     opt.zero_grad()
     if rank == 0 and it % 8 == 0:
