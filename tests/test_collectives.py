@@ -27,6 +27,7 @@ SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 FWD, BWD, COMM, STEP, COLL = 0, 1, 2, 4, 6  # (ranks.wire's span kinds)
 ITERS = 8
 DLRM_ITERS = SCRIPT_ITERS  # (more than the evidence window: no culprit may be named)
+DLRM_BATCH = 2048
 BLOCKS = 3
 
 
@@ -48,8 +49,10 @@ def _spans(b, kind: int):
 def dlrm(tmp_path_factory):
     """a2a_ddp.py with small buckets (several a module), a sound run (helpers.sound_script_run:
     its steps the iterations on both ranks, no wait over half a step, no culprit)."""
-    return sound_script_run(tmp_path_factory.mktemp("dlrm"), "a2a_ddp.py", ("--bucket-cap-mb", "0.05"),
-                            iters=DLRM_ITERS)
+    # (batch 2048: a ~50 ms step; with 512 (15 ms) two ranks on two shared cores often waited
+    # over half a step for each other's turn on a core, and the run was judged again)
+    return sound_script_run(tmp_path_factory.mktemp("dlrm"), "a2a_ddp.py",
+                            ("--bucket-cap-mb", "0.05", "--batch", str(DLRM_BATCH)), iters=DLRM_ITERS)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def test_all_to_all_between_two_ddp_modules_is_drawn(dlrm):
     doc, got, _ = dlrm
     row = doc["strategies"][0]
     assert row["steps"] == DLRM_ITERS
-    a2a_bytes = 2 * 512 * 64 * 4  # (world, batch, D) float32: the whole buffer exchanged
+    a2a_bytes = 2 * DLRM_BATCH * 64 * 4  # (world, batch, D) float32: the whole buffer exchanged
     for k in range(DLRM_ITERS):
         for r in (0, 1):
             seen = [(c[1], c[2], c[5], c[6]) for c, _, _ in _colls(got, "ddp", r, k)]

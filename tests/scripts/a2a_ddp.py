@@ -6,6 +6,7 @@ Plain DDP, nothing of ddptui.
 
     --iters N          optimizer steps (default 24)
     --bucket-cap-mb X  DDP's bucket size (default PyTorch's)
+    --batch N          samples a rank (default 512)
 """
 import argparse
 
@@ -15,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-D, BATCH = 64, 512
+D = 64
 
 
 class AllToAll(torch.autograd.Function):
@@ -54,7 +55,9 @@ class DLRM(nn.Module):
 p = argparse.ArgumentParser()
 p.add_argument("--iters", type=int, default=24)
 p.add_argument("--bucket-cap-mb", type=float, default=None)
+p.add_argument("--batch", type=int, default=512)
 a = p.parse_args()
+BATCH = a.batch
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
