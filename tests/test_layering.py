@@ -26,6 +26,8 @@ import ast
 import os
 from dataclasses import dataclass
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("ranks", "ddptui")
 STAGES = ("ranks", "ddptui.ingest", "ddptui.model", "ddptui.recording", "ddptui.reports",
@@ -196,32 +198,41 @@ def _fail(rule: str, found: list[str], what: str = "offending import(s)") -> str
 
 
 # -- the tests ----------------------------------------------------------------------------------
-MODULES, IMPORTS = all_imports()
+@pytest.fixture(scope="module")
+def tree() -> tuple[dict[str, str], list[Import]]:
+    """(the modules, their imports): read once, when a test first needs them (read at import,
+    they cost every pytest process that collects this module 1.5 s)."""
+    return all_imports()
 
 
-def test_the_packages_are_read():
+def test_the_packages_are_read(tree):
+    MODULES, IMPORTS = tree
     assert {"ranks", "ranks.seams", "ddptui", "ddptui.cli.main", "ddptui.ui.app"} <= set(MODULES)
     assert any(i.target == "ranks.seams" for i in IMPORTS)
 
 
-def test_ranks_never_import_ddptui_textual_or_rich():
+def test_ranks_never_import_ddptui_textual_or_rich(tree):
+    MODULES, IMPORTS = tree
     found = ranks_violations(IMPORTS)
     assert not found, _fail("ranks must not import ddptui, textual or rich", found)
 
 
-def test_stages_import_only_downward():
+def test_stages_import_only_downward(tree):
+    MODULES, IMPORTS = tree
     found = stage_violations(IMPORTS, MODULES)
     assert not found, _fail(f"a stage imports only its own and those below it ({' < '.join(STAGES)})",
                             found)
 
 
-def test_only_the_ui_imports_textual():
+def test_only_the_ui_imports_textual(tree):
+    MODULES, IMPORTS = tree
     found = textual_violations(IMPORTS)
     assert not found, _fail("only ddptui.ui imports textual (and ddptui.cli.serve textual_serve, "
                             "and textual inside functions for its TabDriver)", found)
 
 
-def test_no_import_cycles():
+def test_no_import_cycles(tree):
+    MODULES, IMPORTS = tree
     found = cycles(IMPORTS, MODULES)
     assert not found, _fail("no import cycles (module-level imports)", found, "cycle(s)")
 
