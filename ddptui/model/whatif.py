@@ -346,9 +346,12 @@ def _explicit_at(store, step: int) -> bool:
 
 
 def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int | None = None,
-            last: int | None = None) -> Basis:
+            last: int | None = None, reference_last: int | None = None) -> Basis:
     """The kept, complete steps of `strategy` (DDP: those run under `cap_mb`, default the
-    cap in force at `upto`), less warm-up and the steps right after a re-wrap."""
+    cap in force at `upto`), less warm-up and the steps right after a re-wrap; the last
+    `last` of them replayed, and as the contention fit's reference every other kept step of
+    it and of naive (the last `reference_last` of each, where given: with many ranks each
+    step is a timeline per rank to build)."""
     if strategy == "fsdp":
         raise WhatIfError("fsdp: no gradient AllReduce to re-bucket or re-size (its all-gathers and "
                           "reduce-scatters are kept as recorded); predict from ddp or naive steps")
@@ -401,12 +404,14 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
     for s, bs in store.span_batches().items():
         if s not in (strategy, "naive"):
             continue
-        for k in sorted(bs):
+        cand = [k for k in sorted(bs) if not (k < 1 or (s == strategy and k in used) or len(bs[k]) < want
+                                              or (upto is not None and k > upto))]
+        if s == "ddp":
+            cand = [k for k in cand if (store.cap_at(k) or spec.DEFAULT_BUCKET_CAP_MB) == cap_mb]
+        if reference_last is not None:
+            cand = cand[-reference_last:]
+        for k in cand:
             rs = bs[k]
-            if k < 1 or (s == strategy and k in used) or len(rs) < want or (upto is not None and k > upto):
-                continue
-            if s == "ddp" and (store.cap_at(k) or spec.DEFAULT_BUCKET_CAP_MB) != cap_mb:
-                continue
             tr = trace_step(rs)
             if len(tr) < want:
                 continue
@@ -924,10 +929,12 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
     return rep
 
 
-def ladder(store, caps=spec.BUCKET_LADDER_MB, upto: int | None = None, last: int = 20):
+def ladder(store, caps=spec.BUCKET_LADDER_MB, upto: int | None = None, last: int = 20,
+           reference_last: int | None = None):
     """The what-if panel's rows: (fit, basis, [(cap, prediction, measured or None)]), from the
-    last `last` kept ddp steps at the cap in force at `upto`."""
-    b = collect(store, "ddp", upto=upto, last=last)
+    last `last` kept ddp steps at the cap in force at `upto` (and the last `reference_last`
+    other steps of ddp and naive as the contention fit's reference, where given)."""
+    b = collect(store, "ddp", upto=upto, last=last, reference_last=reference_last)
     fit = fit_comm(b, contention=True)
     d = fit_delays(b)
     cont = fit_contention(b, fit)

@@ -63,12 +63,15 @@ class WhatIfPanel(Panel):
         key = (upto, store.view_stamp("ddp"), len(store.cap_history()))
         now = time.monotonic()
         # its cost grows with ranks x steps replayed: with many ranks, fewer of the last steps
-        # (at least 2) and a slower refresh (1,024 ranks: 2 steps, every 8 s)
+        # (at least 2), as many reference steps of ddp and of naive (every kept one up to 64
+        # ranks) and a slower refresh (1,024 ranks: 2 and 2 steps, every 8 s; every kept
+        # step as reference took half the updater's time there)
         world = store.world or 2
         every, last = max(EVERY_S, world / 128), max(2, min(20, 2048 // world))
+        ref_last = None if world <= 64 else last
         if self._got is None or (refresh and key != self._key and now - self._at >= every):
             try:
-                self._got = whatif.ladder(store, upto=upto, last=last)
+                self._got = whatif.ladder(store, upto=upto, last=last, reference_last=ref_last)
             except (whatif.WhatIfError, ValueError, ZeroDivisionError) as e:
                 self._got = f"waiting for steady ddp steps ({e})" if isinstance(e, whatif.WhatIfError) else str(e)
             self._key, self._at = key, now
