@@ -172,8 +172,8 @@ def spans_of(b, kind: int) -> list[tuple[int, int, int]]:
 
 def sound_script_run(tmp, script: str, args: tuple = (), iters: int = SCRIPT_ITERS, tries: int = 3):
     """A script of tests/scripts/ under `ddptui run --auto` whose steps are its optimizer
-    iterations on every rank, where the typical step has no wait over half the median step
-    and no culprit is named: (its JSON, the recording loaded, its stdout). The timing is
+    iterations on every rank, where no rank's median wait is over half the median step and
+    no culprit is named: (its JSON, the recording loaded, its stdout). The timing is
     judged again on another run when a run fails it (other work on the two shared cores can
     make one rank late for a whole run: measured, with no evaluation at all, one rank last
     in 74 % of the steps; a step matched with the wrong step fails every run); the step
@@ -200,24 +200,15 @@ def _steps_are_iterations(run, iters: int) -> None:
 
 
 def _timing_problem(run, iters: int) -> str | None:
-    from statistics import median
-
-    from ddptui.model import stragglers
-    doc, got = run[:2]
+    doc = run[0]
     row = doc["strategies"][0]
-    steps = step_batches(got)
     half = row["step_ms_median"] / 2
-    waited = []
-    for k in range(1, iters):  # (step 0: warm-up)
-        b = steps[k]
-        step_ms = max((s[2] - s[1]) / 1e3 for x in b.values() for s in spans_of(x, SPAN_STEP))
-        sw = stragglers.step_waits(b, step_ms)
-        waited.append(max(sw.wait_ms.values()) if sw else 0.0)
-    # a step matched with another step of the other rank makes one rank wait in nearly every
-    # step, longer and longer; two ranks on two cores shared with other work hold each other
-    # up by 20-40 ms now and then (measured), so the waits are judged on the typical step
-    if median(waited) > half:
-        return f"median wait over half the median step ({half:.1f} ms): {[round(w, 1) for w in waited]}"
+    # a step matched with another step of the other rank makes that rank wait about a whole
+    # step in nearly every step: its median wait is over half a step. Two ranks on two cores
+    # shared with other work hold each other up by 20-40 ms now and then (measured), both
+    # ways: the longest wait of a step over half the step, in half the steps, was seen under
+    # a loaded suite without any mismatch (and made the run be judged again), so each rank's
+    # median wait is what is judged
     med = row["stragglers"]["wait_ms_median"]
     if any(w > half for w in med.values()):
         return f"a rank's median wait over {half:.1f} ms: {med}"
