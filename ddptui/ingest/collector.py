@@ -64,6 +64,11 @@ class Collector:
         self.srv.listen(256)
         self.srv.setblocking(False)
         self.sel = selectors.DefaultSelector()
+        # one receive buffer for every connection (this thread's): recv(1 MiB) made and freed
+        # a 1 MiB object per call (an mmap each, ~14 µs: a quarter of the collector's time at
+        # 1,024 ranks); the reader copies what it is given
+        self._rbuf = bytearray(1 << 20)
+        self._rview = memoryview(self._rbuf)
         self.sel.register(self.srv, selectors.EVENT_READ, None)
         self.conns: dict[socket.socket, _Conn] = {}
         self._adopted: list[tuple[socket.socket, int, int]] = []  # multi-node (ddptui/live/netlisten.py)
@@ -204,12 +209,13 @@ class Collector:
 
     def _read(self, c: _Conn) -> None:
         try:
-            data = c.sock.recv(1 << 20)
+            n = c.sock.recv_into(self._rbuf)
         except BlockingIOError:
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        data = self._rview[:n]
+        if not n:
             self._drop(c, "closed")
             return
         try:
