@@ -125,6 +125,7 @@ class DdpApp(App):
         self._t0 = time.monotonic()
         self._prepared = 0  # frames the Updater's thread has prepared (each one: a frame to draw)
         self._prepared_shown: dict | None = None  # ... and the steps it made it for
+        self._prepared_at = 0.0  # (monotonic) when the last was made
         self._prepared_rows: tuple = (None, None)  # ((steps, prepared frame), the figures' rows)
 
     # -- composition -----------------------------------------------------------------------
@@ -238,8 +239,15 @@ class DdpApp(App):
         into the caches the drawing reads; then the frame may be drawn. Nothing here touches
         what Textual draws: only pure functions of the store and their caches."""
         store = self.source.store
-        gen = self._prepared + 1  # (a frame per prepare: the store may not have changed)
         shown = self.vm.shown_steps(store)
+        now = time.monotonic()
+        if shown == self._prepared_shown and now - self._prepared_at < MINOR_EVERY_S:
+            # no newer step: such a frame is drawn at most every MINOR_EVERY_S (_due), so one
+            # made sooner is never drawn (at 1,024 ranks frames come all the time, and half
+            # the updates made one for nothing)
+            return
+        gen = self._prepared + 1  # (a frame per prepare: the store may not have changed)
+        self._prepared_at = now
         if self.is_running and self.panes:
             hosts = store.hosts()
             waits.culprit_gist(store, shown)  # (every strategy's summary)

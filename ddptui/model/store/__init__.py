@@ -80,6 +80,10 @@ class Store(Intake, Figuring, Queries):
         self.spans = 0  # span events ever stored
         self.rejected = 0  # frames or connections refused (reject frames)
         self._param_bytes: list[int] = []  # each parameter's gradient bytes (non-DDP AllReduce sizes)
+        # (strategy, rank) -> the figures' lookups of its bytes and collectives rows, with what
+        # they were made from (Figuring: made again only when that changed)
+        self._bytes_fns: dict[tuple[str, int], tuple] = {}
+        self._row_fns: dict[tuple[str, int], tuple] = {}
         self._limits = frames.Limits()  # what frames are checked against (from meta)
         self._dirty: dict[str, set[int]] = {}  # strategy -> steps with new spans since update()
         # multi-node: rank -> node, node -> clock frame (its offset onto node 0's axis)
