@@ -200,9 +200,11 @@ def _group_arg(args, kwargs, name: str):
 
 
 def _funcol_wrapper(funcol, name: str, op: str, orig):
+    tracing = getattr(funcol, "_are_we_tracing", None) or (lambda: False)
+
     def wrapper(*args, **kwargs):
         tap = _tap
-        if tap is None or tap.suspended or getattr(_fc_state, "depth", 0) or funcol._are_we_tracing():
+        if tap is None or tap.suspended or getattr(_fc_state, "depth", 0) or tracing():
             return orig(*args, **kwargs)
         try:
             group, tag = _group_arg(args, kwargs, name)
