@@ -370,3 +370,29 @@ def test_whatif_keeps_collectives_fixed():
     t = b.traces[0][0]
     assert len(t.fixed) == 2 and len(t.colls) == 1  # (the issue column read past the COLL spans)
     assert t.colls[0].ready >= max(t.bwd_end.values()) - 1e-6
+
+
+@pytest.mark.asyncio
+async def test_a_scripts_fsdp2_alone_gets_its_pane_and_headline():
+    """`ddptui run` names ddp until a rank's hello says the script's model is FSDP2: the
+    pane drawn meanwhile goes (it once waited forever beside the fsdp pane's empty slot), the
+    fsdp pane takes the screen, and the headline says what FSDP hides (not "waiting for
+    complete steps of two strategies")."""
+    from ddptui.ui.app import DdpApp
+    src = SyntheticSource(0, 2, "medium", ("fsdp",), seed=7)
+    src.store.meta.strategies = ["ddp"]  # (as `ddptui run --auto` starts)
+    app = DdpApp(src)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        app.redraw()
+        await pilot.pause()
+        assert set(app.panes) == {"ddp"}
+        src.add_steps(8)
+        assert src.store.strategies() == ["fsdp"]
+        for _ in range(3):
+            app.redraw()
+            await pilot.pause()
+        assert set(app.panes) == {"fsdp"}
+        text = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+    assert "FSDP hides" in app.headline.render_line(0).text
+    assert "waiting for the first complete step" not in text and "FSDP  step" in text

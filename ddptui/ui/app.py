@@ -333,15 +333,21 @@ class DdpApp(App):
         return got
 
     def _sync_panes(self, store: Store, strategies: list[str]) -> bool:
-        """A pane for each strategy; True when one was mounted."""
+        """A pane for each strategy, and none for a strategy no longer named (`ddptui run`
+        names ddp until a rank's hello says the script's is FSDP2); True when one was mounted
+        or removed."""
         src = (store.meta.layers, store.meta.params)
         same = self._names_of is not None and all(a is b for a, b in zip(src, self._names_of))
-        if same and all(s in self.panes for s in strategies):
+        if same and len(self.panes) == len(strategies) and all(s in self.panes for s in strategies):
             return False
         self._names_of = src
         layers = list(src[0] or [])
         params = [str(p[0]) for p in src[1] or []]
         mounted = False
+        for s in [s for s in self.panes if s not in strategies]:
+            self.panes.pop(s).remove()
+            self._plan_key = None
+            mounted = True
         for s in strategies:
             if s not in self.panes:
                 self.panes[s] = TimelinePane(s, layers, params, id=f"pane-{s}")
