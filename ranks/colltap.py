@@ -30,6 +30,7 @@ group's sequence number as this rank counts it; the heartbeat names the oldest.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -168,7 +169,7 @@ FUNCOL_OPS = {  # torch.distributed._functional_collectives function -> the coll
     "all_to_all_single": "all_to_all", "all_to_all_single_autograd": "all_to_all",
 }
 _fc_state = threading.local()  # .depth: inside a wrapped functional collective (one calls another)
-_fc_waits: dict = {}  # id(the op's output tensor) -> (Entered, the tensor): ended by wait_tensor
+_fc_waits: dict = {}  # id(the op's output tensor) -> (Entered, a weak reference to it): ended by wait_tensor
 _FC_WAITS_MAX = 256  # (results never waited on are dropped past this; their spans end at issue)
 
 
@@ -228,10 +229,16 @@ def _funcol_wrapper(funcol, name: str, op: str, orig):
         if not elems:  # (already waited for: traced, or a result that is not asynchronous)
             tap.left(token)
             return out
-        if len(_fc_waits) >= _FC_WAITS_MAX:
-            _fc_waits.clear()
-        for e in elems:
-            _fc_waits[id(e)] = (token, e)
+        if len(_fc_waits) >= _FC_WAITS_MAX:  # (results dropped unwaited: their tensors are gone)
+            for k in [k for k, v in _fc_waits.items() if v[1]() is None]:
+                del _fc_waits[k]
+            if len(_fc_waits) >= _FC_WAITS_MAX:
+                _fc_waits.clear()
+        # the rank is not inside it while the script goes on (a hang names the collective a
+        # rank is blocked in): in flight again only while a wait_tensor blocks on it
+        entry = tap.inflight.pop(token.key, None)
+        for e in elems:  # (weakly: a result never waited on is not kept alive by ddptui)
+            _fc_waits[id(e)] = (token, weakref.ref(e), entry)
         return out
     wrapper.__name__ = name
     wrapper.__qualname__ = f"_functional_collectives.{name}"
@@ -242,15 +249,18 @@ def _funcol_wrapper(funcol, name: str, op: str, orig):
 
 def _wait_wrapper(orig):
     def wait_tensor(tensor):
-        out = orig(tensor)
-        if _fc_waits:
-            got = _fc_waits.pop(id(tensor), None)
-            if got is not None and got[1] is tensor:
-                token = got[0]
-                for k in [k for k, v in _fc_waits.items() if v[0] is token]:  # (a coalesced call's others)
-                    del _fc_waits[k]
-                token.tap.left(token)
-        return out
+        got = _fc_waits.pop(id(tensor), None) if _fc_waits else None
+        if got is None or got[1]() is not tensor:
+            return orig(tensor)
+        token = got[0]
+        for k in [k for k, v in _fc_waits.items() if v[0] is token]:  # (a coalesced call's others)
+            del _fc_waits[k]
+        if got[2] is not None:  # blocked in it now: in flight for a hang's report
+            token.tap.inflight[token.key] = got[2]
+        try:
+            return orig(tensor)
+        finally:
+            token.tap.left(token)  # (its span's end, and out of flight)
     wait_tensor.__wrapped__ = wait_tensor._ddptui_orig = orig
     wait_tensor.__doc__ = orig.__doc__
     return wait_tensor

@@ -302,3 +302,47 @@ def test_every_public_entry_point_is_seen(tmp_path):
             assert {op for op, _ in seen} >= {"gather", "scatter"}, seen
             assert ("send" if rank == 0 else "recv") in {op for op, _ in seen}, seen
             assert all(n == 32 for op, n in seen if op == "all_reduce"), seen  # (no bucket)
+
+
+def test_a_functional_collective_ends_where_its_result_is_waited_on(tmp_path):
+    """The tap ends a functional collective's span at the wait_tensor that first needs its
+    result: one the script drops unwaited stays open (torch's own work registry holds it; its
+    step resolves it at its issue) without the rank counting as inside it (no false hang), one
+    used ends there; compiled (traced) calls pass through untimed."""
+    import subprocess
+    import sys
+    script = tmp_path / "fc.py"
+    script.write_text('''
+import gc, os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+from ranks import colltap
+import torch.distributed._functional_collectives as funcol
+class Rec:
+    cur = None
+    def comm_issue(self, *a): return 0
+tap = colltap.CollTap(Rec()); tap.activate()
+pg = dist.group.WORLD
+from ranks.colltap import _fc_waits
+r = funcol.all_reduce(torch.ones(1 << 20), "sum", pg)   # dropped unwaited: no hang to report
+del r; gc.collect()
+assert not tap.inflight and len(_fc_waits) == 1, (tap.inflight, _fc_waits)
+s = funcol.all_reduce(torch.ones(4), "sum", pg)
+assert len(_fc_waits) == 2 and not tap.inflight
+(s + 1).sum()                                          # waited where it is used: its span ends
+assert len(_fc_waits) == 1 and not tap.inflight
+f = torch.compile(lambda x: funcol.all_reduce(x, "sum", pg) * 2, backend="eager", fullgraph=True)
+before = tap.entered
+assert f(torch.ones(2)).tolist() == [2.0, 2.0] and tap.entered == before
+dist.destroy_process_group()
+print("ok")
+''')
+    import socket
+
+    from tests.helpers import cli_env
+    with socket.socket() as sk:  # (a free port for the one-rank group)
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    env = cli_env({"PORT": str(port)})
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
