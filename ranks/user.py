@@ -884,8 +884,16 @@ def is_fsdp(model) -> bool:
 
 
 def _cap_mb(ddp) -> float | None:
+    """DDP's bucket_cap_mb, as the script gave it: DDP keeps int(MB * 2**20) bytes (0.05
+    comes back 0.0499992): the shortest decimal DDP would have kept as those bytes."""
     b = getattr(ddp, "bucket_bytes_cap", None)
-    return b / (1024 * 1024) if b else None
+    if not b:
+        return None
+    for digits in range(1, 12):
+        m = float(f"{(b + 0.5) / (1 << 20):.{digits}g}")
+        if int(m * (1 << 20)) == b:
+            return m
+    return b / (1 << 20)
 
 
 def _device_of(model: nn.Module) -> torch.device:

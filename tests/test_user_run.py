@@ -464,3 +464,15 @@ def test_user_recorder_on_the_cuda_path_micro_steps_and_fewer_calls():
         rec.discard()
         pools.append(clock.allocated)
     assert pools[-1] == pools[1], pools  # no event lost: the pool stays flat
+
+
+def test_a_scripts_bucket_cap_reads_as_it_gave_it():
+    """DDP keeps bucket_cap_mb as int(MB * 2**20) bytes: 0.05 came back as 0.0499992 on the
+    pane's header and the what-if's; the shortest decimal that DDP would keep as the same
+    bytes is the script's number."""
+    from types import SimpleNamespace
+
+    from ranks.user import _cap_mb
+    for mb in (0.05, 25, 1.5, 0.001, 3.7, 100, 0.25):
+        assert _cap_mb(SimpleNamespace(bucket_bytes_cap=int(mb * 1024 * 1024))) == mb
+    assert _cap_mb(SimpleNamespace(bucket_bytes_cap=0)) is None and _cap_mb(object()) is None

@@ -341,6 +341,9 @@ def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: f
 def _explicit_at(store, step: int) -> bool:
     if any(k <= step for k, _ in store.cap_history()):
         return True
+    cap = store.cap_at(step)  # (a script's own DDP(bucket_cap_mb=...): no setting says so)
+    if cap is not None and cap != spec.DEFAULT_BUCKET_CAP_MB:
+        return True
     settings = store.meta.settings
     return settings.get("bucket_cap_mb") is not None
 
