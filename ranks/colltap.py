@@ -162,7 +162,6 @@ FUNCOL_OPS = {  # torch.distributed._functional_collectives function -> the coll
     "all_gather_single": "all_gather", "all_gather_tensor": "all_gather",
     "all_gather_single_autograd": "all_gather", "all_gather_tensor_autograd": "all_gather",
     "all_gather_single_coalesced": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
-    "all_gather_inplace": "all_gather",
     "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
     "reduce_scatter_single_autograd": "reduce_scatter", "reduce_scatter_tensor_autograd": "reduce_scatter",
     "reduce_scatter_single_coalesced": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
@@ -189,14 +188,18 @@ def _install_funcol() -> None:
 
 
 def _group_arg(args, kwargs, name: str):
-    """(the functional collective's group argument, its tag): after the tensor and the
-    arguments before `group` in its signature."""
-    before = {"broadcast": 1, "all_reduce": 1, "all_reduce_coalesced": 1, "all_to_all_single": 2,
-              "all_to_all_single_autograd": 2, "all_gather_inplace": 1}.get(name)
-    if before is None:
-        before = 2 if name.startswith("reduce_scatter") else 1
-    group = kwargs.get("group", args[1 + before] if len(args) > 1 + before else None)
-    tag = kwargs.get("tag", args[2 + before] if len(args) > 2 + before else "")
+    """(the functional collective's group argument, its tag): the arguments before `group` in
+    its signature (the tensor or tensors, then reduceOp / src / gather_dim / scatter_dim /
+    split sizes), then group and tag. (all_gather_inplace is not wrapped: it calls
+    all_gather_single, which is.)"""
+    if name.endswith("_coalesced") and name.startswith("all_gather"):
+        before = 1  # (self, group, tag)
+    elif name.startswith("reduce_scatter") or name.startswith("all_to_all"):
+        before = 3  # (self, reduceOp, scatter_dim, group) / (self, out splits, in splits, group)
+    else:
+        before = 2  # (self, reduceOp | src | gather_dim, group)
+    group = kwargs["group"] if "group" in kwargs else (args[before] if len(args) > before else None)
+    tag = kwargs["tag"] if "tag" in kwargs else (args[before + 1] if len(args) > before + 1 else "")
     return group, tag
 
 
