@@ -122,6 +122,18 @@ def test_two_ddp_modules_in_one_picture(dlrm):
             assert idx == {x["index"] for x in row["buckets"]}, (k, r, idx)
 
 
+@DLRM
+def test_whatif_says_it_predicts_one_ddp_module(dlrm):
+    """Two DDP modules (buckets 0-1 and 4-5): what-if re-buckets one module's gradients, so it
+    says it predicts none here (it read one bucket at every cap, across both modules), in one
+    line, exit 2."""
+    from tests.helpers import run_main
+    _, got, _ = dlrm
+    p = run_main("whatif", str(got.path))
+    assert p.returncode == 2 and "wraps 2 modules in DDP" in p.stderr, (p.returncode, p.stderr)
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
 @FSDP
 def test_fsdp2_steps_are_optimizer_steps_with_per_unit_gathers_and_scatters(fsdp):
     """fully_shard per block and the root: drawn as strategy fsdp, a step per optimizer step

@@ -61,6 +61,10 @@ class WhatIfError(ValueError):
     """Nothing to predict from (one line, for the user)."""
 
 
+class NotPredicted(WhatIfError):
+    """What the recording is cannot be predicted (not: not yet): said as it is."""
+
+
 # -- DDP's bucketing -----------------------------------------------------------------------
 def first_bucket_bytes(cap_mb: float, explicit: bool = True) -> int:
     """The first bucket's limit: 1 MiB with DDP's default cap, the cap itself when given."""
@@ -338,6 +342,21 @@ def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: f
                  None, [0], [tr], [{}])
 
 
+def ddp_modules(assignment) -> list[tuple[int, int]]:
+    """The DDP modules a bucket assignment holds, as (first, last) bucket index: a rank's
+    second DDP module numbers its buckets from its first parameter's index (ranks.commhook
+    CommState.offset), so a gap in the indices starts a module (one bucket a parameter in
+    every module but the last would hide it: then one)."""
+    idx = sorted({int(b[0]) for b in assignment})
+    out: list[tuple[int, int]] = []
+    for i in idx:
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
 def _explicit_at(store, step: int) -> bool:
     if any(k <= step for k, _ in store.cap_history()):
         return True
@@ -382,6 +401,11 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
             raise WhatIfError(f"no kept ddp step ran with bucket_cap_mb {cap_mb:g} "
                               f"(caps in the recording: {caps_text(store)})")
         cap, explicit = cap_mb, _explicit_at(store, ks[-1])
+        modules = ddp_modules(store.bucket_assignment("ddp", ks[-1]) or [])
+        if len(modules) > 1:
+            raise NotPredicted(f"the script wraps {len(modules)} modules in DDP (buckets "
+                              + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in modules)
+                              + "); what-if re-buckets one DDP module's gradients, so it predicts none here")
     if last:
         ks = ks[-last:]
     backend = str(store.meta.backend or next((i.backend for i in store.rank_snapshot().values()), "") or "")

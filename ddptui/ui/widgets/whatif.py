@@ -73,7 +73,8 @@ class WhatIfPanel(Panel):
             try:
                 self._got = whatif.ladder(store, upto=upto, last=last, reference_last=ref_last)
             except (whatif.WhatIfError, ValueError, ZeroDivisionError) as e:
-                self._got = f"waiting for steady ddp steps ({e})" if isinstance(e, whatif.WhatIfError) else str(e)
+                waiting = isinstance(e, whatif.WhatIfError) and not isinstance(e, whatif.NotPredicted)
+                self._got = f"waiting for steady ddp steps ({e})" if waiting else str(e)
             self._key, self._at = key, now
         return self._got
 
