@@ -396,3 +396,13 @@ async def test_a_scripts_fsdp2_alone_gets_its_pane_and_headline():
         text = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
     assert "FSDP hides" in app.headline.render_line(0).text
     assert "waiting for the first complete step" not in text and "FSDP  step" in text
+
+
+def test_whatif_on_fsdp_alone_says_why_it_predicts_none(tmp_path):
+    """An FSDP2 run alone: nothing to re-bucket; `whatif` says so in one line (it said the
+    recording had no strategy that communicates)."""
+    from .helpers import run_main
+    p, _, _ = recording(tmp_path, steps=4)
+    r = run_main("whatif", str(p))
+    assert r.returncode == 2 and "fsdp: no gradient AllReduce to re-bucket" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

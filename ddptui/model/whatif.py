@@ -916,6 +916,10 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
     # (fsdp: no gradient AllReduce to re-bucket; its collectives are fixed communication)
     strategies = [strategy] if strategy else [s for s in store.strategies() if s not in ("single", "fsdp")]
     if not strategies:
+        if "fsdp" in store.strategies():
+            raise NotPredicted("fsdp: no gradient AllReduce to re-bucket or re-size (its all-gathers and "
+                               "reduce-scatters are kept as recorded); what-if predicts from ddp, "
+                               "naive or interleaved steps")
         raise WhatIfError("the recording has no strategy that communicates")
     bases = {}
     for s in strategies:
