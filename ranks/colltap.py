@@ -233,8 +233,9 @@ def _funcol_wrapper(funcol, name: str, op: str, orig):
             tap.left(token)
             return out
         if len(_fc_waits) >= _FC_WAITS_MAX:  # (results dropped unwaited: their tensors are gone)
-            for k in [k for k, v in _fc_waits.items() if v[1]() is None]:
-                del _fc_waits[k]
+            for k, v in list(_fc_waits.items()):  # (a copy: another thread may issue meanwhile)
+                if v[1]() is None:
+                    _fc_waits.pop(k, None)
             if len(_fc_waits) >= _FC_WAITS_MAX:
                 _fc_waits.clear()
         # the rank is not inside it while the script goes on (a hang names the collective a
@@ -256,8 +257,9 @@ def _wait_wrapper(orig):
         if got is None or got[1]() is not tensor:
             return orig(tensor)
         token = got[0]
-        for k in [k for k, v in _fc_waits.items() if v[0] is token]:  # (a coalesced call's others)
-            del _fc_waits[k]
+        for k, v in list(_fc_waits.items()):  # a coalesced call's others (a copy: threads)
+            if v[0] is token:
+                _fc_waits.pop(k, None)
         if got[2] is not None:  # blocked in it now: in flight for a hang's report
             token.tap.inflight[token.key] = got[2]
         try:

@@ -210,10 +210,13 @@ async def test_live_frames_with_no_newer_step_are_drawn_at_most_every_minor_inte
         assert app._prepares() and app.shown_steps() == {"naive": 2, "ddp": 2}
         stop = threading.Event()
 
+        last_in = [0.0]
+
         def samples():  # as the GPU sampler's frames come in
             while not stop.wait(0.025):
                 src.run.t += 25_000_000
                 src.store.ingest(src.run.gpu_frame(2))
+                last_in[0] = time.monotonic()
 
         feeder = threading.Thread(target=samples, daemon=True)
         feeder.start()
@@ -225,6 +228,12 @@ async def test_live_frames_with_no_newer_step_are_drawn_at_most_every_minor_inte
         finally:
             stop.set()
             feeder.join(2)
+        # nothing comes after the last sample ...
+        await pilot.pause(2 * MINOR_EVERY_S + 0.2)
+        # ... and it is prepared all the same (a change inside MINOR_EVERY_S of the last
+        # prepared frame is asked for again at the Updater's next beat), then drawn
+        assert app._prepared_at >= last_in[0] and drawn[-1] >= app._prepared_at, \
+            (app._prepared_at - last_in[0], drawn[-1] - last_in[0])
         await pilot.press("q")
     # the store changed and the Updater prepared frames (without a newer step, at most one
     # every MINOR_EVERY_S: one made sooner would not be drawn) ...

@@ -244,7 +244,9 @@ class DdpApp(App):
         if shown == self._prepared_shown and now - self._prepared_at < MINOR_EVERY_S:
             # no newer step: such a frame is drawn at most every MINOR_EVERY_S (_due), so one
             # made sooner is never drawn (at 1,024 ranks frames come all the time, and half
-            # the updates made one for nothing)
+            # the updates made one for nothing). Asked again at the Updater's next beat, so
+            # the last change is prepared even when no frame comes after it
+            self.source.updater.request()
             return
         gen = self._prepared + 1  # (a frame per prepare: the store may not have changed)
         self._prepared_at = now
