@@ -15,6 +15,7 @@ from hypothesis import given, settings
 
 from ddptui.model import figures, stragglers
 from ddptui.model.store import RankInfo, Store, in_force
+from ddptui.model.store.history import in_force_span
 from ddptui.model.store.figuring import Figuring
 from ddptui.model.store.intake import Intake
 from ddptui.model.store.queries import Queries
@@ -391,7 +392,8 @@ def test_ddp_allreduce_bytes_follow_the_bucket_assignment_in_force():
     st = store_of(steps=6, cap_change_at=3)
     first, second = (st.bucket_assignment("ddp", k) for k in (2, 3))
     assert first != second and len(second) > len(first)
-    for k, want in ((2, first), (4, second)):
+    # (each rank's lookup is kept while its assignment is in force: asked in and out of turn)
+    for k, want in ((2, first), (4, second), (5, second), (2, first), (0, first)):
         f = st.comm_bytes_fn("ddp", 0, k)
         assert [f(b) for b, _, _ in want] == [nb for _, _, nb in want]
         assert st.rank_figures("ddp", k, 0).bytes == sum(nb for _, _, nb in want)
@@ -404,6 +406,10 @@ def test_ddp_allreduce_bytes_follow_the_bucket_assignment_in_force():
 def test_store_queries():
     assert in_force([(0, "a"), (3, "b"), (7, "c")], 5) == "b"
     assert in_force([(2, "a")], 1, "dflt") == "dflt" and in_force([(2, "a")], 1, first=True) == "a"
+    for h in ([(0, "a"), (3, "b"), (7, "c")], [(2, "a")], [(2, "a"), (2, "b")]):
+        for k in range(0, 10):
+            i, lo, hi = in_force_span(h, k)
+            assert h[i][1] == in_force(h, k, first=True) and lo <= k < hi, (h, k)
     run = SyntheticRun("small", 2, ("naive", "ddp"))
     st = Store(keep_steps=10)
     fill_store(st, run, 30)

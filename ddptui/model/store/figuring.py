@@ -15,7 +15,7 @@ from .. import columnwise
 from .. import figures
 from .. import stragglers
 from ..clocksync import KEEP_COLLECTIVES, coll_sample
-from .history import in_force
+from .history import in_force, in_force_span
 
 
 class Figuring:
@@ -32,13 +32,7 @@ class Figuring:
             got = self._bytes_fns.get((strategy, rank))
             if got is not None and got[0] == len(history) and got[1] <= step < got[2]:
                 return got[3]
-            i = 0
-            for j, e in enumerate(history):
-                if e[0] > step:
-                    break
-                i = j
-            lo = history[i][0] if i else -1
-            hi = history[i + 1][0] if i + 1 < len(history) else 1 << 62
+            i, lo, hi = in_force_span(history, step)
             sizes = history[i][1]
             fn = (lambda x, _g=sizes.get: _g(x, 0))
             self._bytes_fns[(strategy, rank)] = (len(history), lo, hi, fn)

@@ -14,3 +14,17 @@ def in_force(entries, step: int, default=None, first: bool = False):
             break
         got = e[1]
     return got
+
+
+def in_force_span(entries, step: int) -> tuple[int, int, int]:
+    """(the index of the entry in force at `step` as in_force(..., first=True) reads it, and
+    the steps [lo, hi) over which that same entry is the one in force): a reader may keep
+    what it made from the entry while a step falls in that span and no entry was added."""
+    i = 0
+    for j, e in enumerate(entries):
+        if e[0] > step:
+            break
+        i = j
+    lo = entries[i][0] if i else -(1 << 62)  # (the first entry is in force before it too)
+    hi = entries[i + 1][0] if i + 1 < len(entries) else 1 << 62
+    return i, lo, hi

@@ -60,7 +60,7 @@ def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
     alone = [(k, x) for k, x in overlap.items() if x is not None]
     if len(alone) == 1:  # one strategy alone (a script's FSDP2 under `ddptui run`): what it hides
         name, x = alone[0]
-        name = name.upper() if name in ("fsdp", "ddp") else name
+        name = "FSDP" if name == "fsdp" else name
         return [(f"{name} hides {_pct(x)} of its communication behind compute", "good"),
                 (f"{name}: {_pct(x)} comm hidden", "good")]
     return [("waiting for complete steps of two strategies to compare…", "none"), ("waiting…", "none")]
