@@ -215,6 +215,60 @@ def measure(instrument, strategies, steps: int, layers: int, width: int, cuda: b
     return per_layer[1], per_layer[0], statistics.median(resolve), p0 / 1000
 
 
+def measure_sampled(instrument, strategies, windows: int, layers: int, width: int, cuda: bool = False):
+    """The host share of the step with the layer marks as a run makes them (the Recorder's
+    own period, LAYER_SHARE): ((instrumented - plain) / plain) over windows of 64 step pairs
+    (a whole number of periods), its median over the windows, and the period the Recorder
+    chose. Plain and instrumented take turns, step by step."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    base = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
+    plain, timed = copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev)
+    if cuda:
+        clock = instrument.CudaClock(dev)
+    else:
+        clock = instrument.CudaClock("cuda:0", torch_cuda=stand_in_cuda(), host_ns=time.monotonic_ns)
+    rec = instrument.Recorder(clock, layers)
+    strategies.attach_layer_hooks(timed, rec, "ddp")
+    x = torch.randn(1, width, device=dev)
+    y = torch.zeros(1, dtype=torch.long, device=dev)
+    k = [0]
+
+    def one(m, timed_side: bool) -> int:
+        t0 = time.perf_counter_ns()
+        if timed_side:
+            rec.begin("ddp", k[0])
+        F.cross_entropy(m(x), y).backward()
+        if timed_side:
+            rec.end()
+            rec.poll(lazy=True)  # (resolved on the sender thread in a run: not timed here)
+            k[0] += 1
+        return time.perf_counter_ns() - t0
+
+    for _ in range(128):  # warm-up: the period settles
+        one(plain, False); one(timed, True)
+    import gc
+    gc.collect()
+    gc.disable()
+    shares = []
+    for w in range(windows):
+        p_sum = t_sum = 0
+        for j in range(64):
+            if (w + j) % 2:
+                p_sum += one(plain, False); t_sum += one(timed, True)
+            else:
+                t_sum += one(timed, True); p_sum += one(plain, False)
+        shares.append(100.0 * (t_sum - p_sum) / p_sum)
+        if cuda:
+            torch.cuda.synchronize()
+    gc.enable()
+    return statistics.median(shares), rec.layer_every("ddp"), shares
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=400)
@@ -273,6 +327,13 @@ def main(argv=None) -> int:
     print(f"  estimate: xlarge (8 layers, ~4 DDP buckets) adds ~{est:.0f} µs of host time per "
           f"step: P1 at a 1 ms step <= {1 + est / 1000:.3f} if the host is the critical path "
           f"(goal on GPU 1.01; measured by the GPU pass); a share of {est / 10:.2f} % of that step")
+    if hasattr(instrument, "LAYER_SHARE"):  # layer marks on a sample of steps
+        share, every, shares = measure_sampled(instrument, strategies, 4 if a.quick else 24, layers, width, cuda)
+        print(f"  with layer marks on a sample of steps (as a run makes them): layers marked 1 step in "
+              f"{every}; host share of this step {share:.2f} % (median of {len(shares)} windows of 64 "
+              f"step pairs; quartiles {statistics.quantiles(shares, n=4)[0]:.2f} to "
+              f"{statistics.quantiles(shares, n=4)[2]:.2f} %)")
+        print(result_line("P7", "sampled_share", "pct_of_step", share, "<=", 100 * instrument.LAYER_SHARE))
     print(f"P7 own_cost us_per_layer_above_dispatch={now - floor:.3f} goal<=2 "
           f"{'OK' if now - floor <= 2 else 'MISS'}")
     print(result_line("P7", "hook_cost", "us_per_layer", now, "<=", 3.0))

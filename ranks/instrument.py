@@ -27,7 +27,7 @@ import time
 from collections import deque
 
 from .clock import now_ns
-from .wire import BWD, COMM, FWD, OPT, STEP
+from .wire import BWD, COMM, FWD, OPT, PASS, STEP
 
 _get_ident = threading.get_ident
 
@@ -395,10 +395,15 @@ class StepRecord:
 
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
                  "bwd_s", "bwd_e", "bwd_h", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
-                 "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced")
+                 "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced", "layers",
+                 "host0")
 
     def __init__(self, strategy: str, step: int, n_layers: int):
         self.strategy, self.step, self.n_layers = strategy, step, n_layers
+        # its layers marked one by one; False: the forward's and backward's start and end only
+        # (layer marks on a sample of steps, Recorder.begin), resolved as two PASS spans
+        self.layers = True
+        self.host0 = 0  # host clock at begin (the step's length on the host, for the sampling)
         self.step_start = self.step_end = self.opt_s = self.opt_e = self.ref = None
         self.fwd_s = [None] * n_layers
         self.fwd_e = [None] * n_layers
@@ -462,6 +467,31 @@ def _let_go() -> None:
         select.select((), (), (), 0)
 
 
+# Layer marks on a sample of steps. A marked layer costs the training thread PyTorch's dispatch
+# of a hook and two marks a step; on a step of ~1 ms (a host-bound GPU step) that is several
+# per cent. Where a strategy's hooks can be switched off (attach_layer_hooks' LayerMarks), its
+# layers are marked on one step in `every` (a power of two, the step number a multiple of
+# it: every rank marks the same steps), as few as keep that cost within LAYER_SHARE of the
+# step; the other steps mark the forward's and backward's start and end (PASS spans), and
+# every collective as always.
+LAYER_SHARE = 0.005
+MAX_EVERY = 64
+HOOK_DISPATCH_NS = 1_500  # PyTorch's own call of a Python hook (P7 reads 1.1-1.4 µs here)
+
+
+def every_for(cost_ns: float, step_ns: float, cur: int = 1) -> int:
+    """The sampling period that keeps `cost_ns` of layer marks a marked step within
+    LAYER_SHARE of a step of `step_ns`: a power of two up to MAX_EVERY. It comes down from
+    `cur` only when a third of it would do (no flapping at a boundary)."""
+    want = cost_ns / (LAYER_SHARE * max(step_ns, 1.0))
+    every = 1
+    while every < want and every < MAX_EVERY:
+        every *= 2
+    if every < cur and want > cur / 3:
+        every = cur
+    return every
+
+
 class Pending:
     """A finished step not yet turned into spans (Recorder.poll(lazy=True)): calling it
     resolves it; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
@@ -487,7 +517,7 @@ class Recorder:
     """One per rank. Strategies call the mark_* methods from hooks; the worker calls
     begin/end around each step and poll() to collect finished steps as span tuples."""
 
-    def __init__(self, clock, n_layers: int):
+    def __init__(self, clock, n_layers: int, every: int | None = None):
         self.clock = clock
         self.n_layers = n_layers
         self.cur: StepRecord | None = None
@@ -500,10 +530,42 @@ class Recorder:
         # where it has one (a seam in tests)
         self.host_ns = getattr(clock, "host_ns", now_ns) if clock.cuda else now_ns
         self._bwd_calls: list = [None] * n_layers  # bwd_end calls per layer in the last step
+        # layer marks on a sample of steps: strategy -> its marks' switch (on: bool), where
+        # they can be switched (attach_layer_hooks); `every`: a fixed period (1: every step),
+        # None: as LAYER_SHARE asks
+        self.switches: dict = {}
+        self.every = every
+        self._every: dict[str, int] = {}  # strategy -> the period in force
+        self._step_ns: dict[str, float] = {}  # strategy -> its steps' host time (moving average)
+        self._mark_ns: float | None = None  # one mark's host cost (measured once)
+
+    def wanted_every(self, strategy: str) -> int:
+        """The period this rank would mark `strategy`'s layers at (1: every step)."""
+        if self.every is not None:
+            return self.every
+        step_ns = self._step_ns.get(strategy)
+        if step_ns is None or strategy not in self.switches or self._mark_ns is None:
+            return 1
+        cost = self.n_layers * (2 * self._mark_ns + HOOK_DISPATCH_NS)
+        return every_for(cost, step_ns, self._every.get(strategy, 1))
+
+    def layer_every(self, strategy: str) -> int:
+        """The period in force for `strategy` (1: every step's layers marked)."""
+        return self._every.get(strategy, 1)
 
     # -- hot path -------------------------------------------------------------------
-    def begin(self, strategy: str, step: int) -> None:
+    def begin(self, strategy: str, step: int, every: int | None = None) -> None:
+        """A step starts. `every`: the period its layers are marked at, as all ranks agreed
+        (the worker's control collective); None: this rank's own (`wanted_every`)."""
         self.cur = c = StepRecord(strategy, step, self.n_layers)
+        switch = self.switches.get(strategy)
+        if switch is not None:
+            if every is None:
+                every = self.wanted_every(strategy)
+            self._every[strategy] = every
+            c.layers = step % every == 0
+            switch(c.layers)
+        c.host0 = now_ns()
         self.clock.begin_step()
         c.ref = self.clock.ref()
         c.step_start = self.clock.mark()
@@ -609,10 +671,30 @@ class Recorder:
         c.step_end = self.clock.mark()
         self.pending.append(c)
         self.cur = None
+        if c.strategy in self.switches:  # (the sampling's inputs)
+            dt = now_ns() - c.host0
+            old = self._step_ns.get(c.strategy)
+            self._step_ns[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
+            if self._mark_ns is None:
+                self._mark_ns = self._time_marks()
+        if not c.layers:
+            return
         calls = self._bwd_calls
         for i, n in enumerate(c.bwd_n):
             if n:
                 calls[i] = n
+
+    def _time_marks(self, n: int = 32) -> float:
+        """One mark's host cost in ns (after a step's end: outside every span)."""
+        mark, toks = self.clock.mark, []
+        t0 = now_ns()
+        for _ in range(n):
+            toks.append(mark())
+        dt = (now_ns() - t0) / n
+        if self._recycle is not None:
+            for t in toks:
+                self._recycle(t)
+        return dt
 
     # -- off the hot path -----------------------------------------------------------
     def poll(self, wait: bool = False, lazy: bool = False) -> list:
@@ -652,11 +734,20 @@ class Recorder:
                     _let_go()
                 return resolve(tok)
         kinds, idxs, t0s, t1s = [STEP], [0], [ns(r.step_start)], [ns(r.step_end)]
-        for i in range(r.n_layers):
+        idle_end = clock.idle_end if clock.cuda else None
+        last = r.n_layers - 1
+        if not r.layers:  # the forward and the backward as one each (PASS 0 and 1)
+            if r.fwd_s[0] is not None and r.fwd_e[last] is not None:
+                kinds.append(PASS); idxs.append(0); t0s.append(ns(r.fwd_s[0])); t1s.append(ns(r.fwd_e[last]))
+            if r.bwd_s[last] is not None and r.bwd_e[0] is not None:
+                t0, t1 = ns(r.bwd_s[last]), ns(r.bwd_e[0])
+                if idle_end is not None and r.bwd_h[0] is not None:
+                    t1 = max(t0, idle_end(t1, r.bwd_h[0]))
+                kinds.append(PASS); idxs.append(1); t0s.append(t0); t1s.append(t1)
+        for i in range(r.n_layers if r.layers else 0):
             if r.fwd_s[i] is not None and r.fwd_e[i] is not None:
                 kinds.append(FWD); idxs.append(i); t0s.append(ns(r.fwd_s[i])); t1s.append(ns(r.fwd_e[i]))
-        idle_end = clock.idle_end if clock.cuda else None
-        for i in reversed(range(r.n_layers)):
+        for i in reversed(range(r.n_layers if r.layers else 0)):
             if r.bwd_s[i] is not None and r.bwd_e[i] is not None:
                 t0, t1 = ns(r.bwd_s[i]), ns(r.bwd_e[i])
                 if idle_end is not None and r.bwd_h[i] is not None:

@@ -23,7 +23,62 @@ from . import spec
 from .instrument import Recorder
 
 
-def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> list:
+class LayerMarks:
+    """The weights' backward marks of one model (attach_layer_hooks), on for the steps whose
+    layers are marked and off for the others (Recorder.begin: layer marks on a sample of
+    steps when steps are short). Off, only the first block's mark stays (the backward's
+    end): a hook not registered costs nothing, where one that returns at once still costs
+    PyTorch's dispatch (~1.1-1.4 µs a hook, P7). Where the marks sit (`at_node`): a
+    post-accumulate hook on each weight, or a post hook of its AccumulateGrad node after
+    DDP's reducer's (`move_after`)."""
+
+    __slots__ = ("entries", "handles", "nodes", "on")
+
+    def __init__(self):
+        self.entries: list = []  # (weight, mark) per block, in block order
+        self.handles: list = []  # each block's hook handle (None: off)
+        self.nodes: list | None = None  # each weight's AccumulateGrad node, once moved
+        self.on = True
+
+    def _register(self, i: int):
+        weight, done = self.entries[i]
+        if self.nodes is None:
+            return weight.register_post_accumulate_grad_hook(done)
+        return self.nodes[i].register_hook(lambda gi, go, done=done, w=weight: done(w))
+
+    def add(self, weight, done) -> None:
+        self.entries.append((weight, done))
+        self.handles.append(None)
+        self.handles[-1] = self._register(len(self.entries) - 1)
+
+    def set(self, on: bool) -> None:
+        """Every block's mark (on), or the first block's alone (off)."""
+        if on == self.on:
+            return
+        self.on = on
+        for i in range(1, len(self.entries)):
+            if on:
+                self.handles[i] = self._register(i)
+            else:
+                h, self.handles[i] = self.handles[i], None
+                if h is not None:
+                    h.remove()
+
+    def move_after(self) -> None:
+        """Move each weight's mark to a post hook of its AccumulateGrad node registered now: it
+        runs after the node's post hooks registered before it (DDP's reducer copies the
+        gradient into its bucket there, and may issue the bucket's AllReduce), where a
+        post-accumulate hook runs inside the node, before them. Called again for a re-wrapped
+        DDP (a new reducer, whose hooks come after those)."""
+        for h in self.handles:
+            if h is not None:
+                h.remove()
+        self.nodes = [w.view_as(w).grad_fn.next_functions[0][0] for w, _ in self.entries]  # as DDP's reducer finds it
+        self.handles = [self._register(i) if (i == 0 or self.on) else None
+                        for i in range(len(self.entries))]
+
+
+def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None = None) -> LayerMarks:
     """Forward/backward start and end for every block fcN of the model, one mark per moment
     and, but for one, hooks registered once rather than every step.
 
@@ -43,8 +98,11 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> list:
     A strategy's own work on a gradient once it is accumulated (interleaved's division and
     AllReduce issue, DDP's copy into its bucket) belongs to the block: such hooks are
     registered before these (Strategy.own_hooks), and DDP's, a post hook of the accumulation's
-    node that runs after every post-accumulate hook, moves the mark after it (`mark_after`).
-    Returns the weights' marks: [(weight, mark, handle)]."""
+    node that runs after every post-accumulate hook, moves the mark after it
+    (`LayerMarks.move_after`).
+    A step whose layers are not marked (`StepRecord.layers` false; Recorder.begin) marks only
+    the forward's start and end, the backward's start and end: `strategy` names the steps
+    whose marks Recorder.begin switches. Returns the weights' marks."""
     blocks = list(model.children())
     last = len(blocks) - 1
 
@@ -67,11 +125,16 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> list:
         mark = rec.clock.mark
         fs, fe = c.fwd_s, c.fwd_e
         fs[0] = mark()
-        for i, block in enumerate(blocks):
-            x = block(x)
-            fe[i] = t = mark()
-            if i < last:
-                fs[i + 1] = t
+        if c.layers:
+            for i, block in enumerate(blocks):
+                x = block(x)
+                fe[i] = t = mark()
+                if i < last:
+                    fs[i + 1] = t
+        else:  # the forward as one: its start and end
+            for block in blocks:
+                x = block(x)
+            fe[last] = mark()
         gf = x.grad_fn
         if gf is not None:
             gf.register_prehook(start_last)
@@ -79,7 +142,7 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> list:
 
     model.forward = forward
     host = rec.host_ns
-    marks = []
+    marks = LayerMarks()
     for i, block in enumerate(blocks):
         weight = next(block.parameters())
         if i > 0:
@@ -94,24 +157,10 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder) -> list:
         else:
             def done(p):
                 rec.bwd_end(0)
-        marks.append((weight, done, weight.register_post_accumulate_grad_hook(done)))
+        marks.add(weight, done)
+    if strategy is not None:
+        rec.switches[strategy] = marks.set
     return marks
-
-
-def mark_after(marks: list, old: list) -> list:
-    """Move each weight's mark to a post hook of its AccumulateGrad node registered now: it runs
-    after the node's post hooks registered before it (DDP's reducer copies the gradient into
-    its bucket there, and may issue the bucket's AllReduce), where a post-accumulate hook runs
-    inside the node, before them. `old`: what the last move returned (a re-wrapped DDP has a
-    new reducer, whose hooks come after those). Returns [(handle, node)]."""
-    for h, _ in old:
-        h.remove()
-    out = []
-    for weight, done, handle in marks:
-        handle.remove()
-        node = weight.view_as(weight).grad_fn.next_functions[0][0]  # as DDP's reducer finds it
-        out.append((node.register_hook(lambda gi, go, done=done, w=weight: done(w)), node))
-    return out
 
 
 def sleep_cycles_per_ms(tc, device, trials: int = 5, cycles: int = 2_000_000) -> int:
@@ -198,7 +247,7 @@ class Strategy:
         self.device = device
         self.params = list(self.module.parameters())
         self.own_hooks()  # before the layer marks: their work on a gradient is the layer's
-        self.marks = attach_layer_hooks(self.module, rec)
+        self.marks = attach_layer_hooks(self.module, rec, self.name)
         self.opt = PlainSGD(self.params, lr=lr)
 
     def own_hooks(self) -> None:
@@ -359,7 +408,7 @@ class DDPStrategy(Strategy):
             kw["device_ids"] = [self.device.index]
         self.ddp = DDP(self.module, **kw)
         # the layer marks after the reducer's hooks (its copy into the bucket is the layer's)
-        self._moved = mark_after(self.marks, getattr(self, "_moved", []))
+        self.marks.move_after()
         quiet_runtime_stats(self.ddp)
         self.ddp.register_comm_hook(self, _ddp_hook)
         self.cap_mb = cap_mb

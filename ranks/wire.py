@@ -31,8 +31,12 @@ PROTOCOL_VERSION = 1
 # all-gathers and reduce-scatters, all_to_all, broadcast, barrier...); idx: the row of the
 # rank's collectives table (a `colls` frame: ranks.collectives) that says what it was.
 # Both carry an issue time (the iss column) and are communication in every figure.
-FWD, BWD, COMM, OPT, STEP, OTHER, COLL = 0, 1, 2, 3, 4, 5, 6
-KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other", "collective")
+# PASS: a whole forward (idx 0) or backward (idx 1) of a step whose layers were not marked one
+# by one (layer marks on a sample of steps: ranks.instrument.LAYER_SHARE); compute in every
+# figure, in no per-layer one.
+FWD, BWD, COMM, OPT, STEP, OTHER, COLL, PASS = 0, 1, 2, 3, 4, 5, 6, 7
+KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other", "collective", "pass")
+PASS_FWD, PASS_BWD = 0, 1  # a PASS span's idx
 N_KINDS = len(KIND_NAMES)
 COMM_KINDS = (COMM, COLL)
 MAX_COLL_ID = 0xFFFF  # a COLL span's idx: any u16 (a table row; checked against the table by the Store)

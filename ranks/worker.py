@@ -38,6 +38,9 @@ def parse_args(argv=None):
                    help="delay rank R's backward of LAYER by MS ms every step")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--layer-every", default="auto", metavar="N|auto",
+                   help="mark each layer on one step in N (auto: as few steps as keep ddptui's host "
+                        "time within 0.5%% of a step)")
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
     p.add_argument("--save-weights", default=None, help="(tests) save final weights here")
     # --- ddptui verify (ranks/profwin.py) ---
@@ -243,7 +246,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     # gloo with CUDA tensors completes collectives on its own threads: their ends are
     # host readings (see CudaClock)
     clock = CudaClock(device, comm_on_host=backend == "gloo") if device.type == "cuda" else CpuClock()
-    rec = Recorder(clock, n_layers)
+    rec = Recorder(clock, n_layers, every=None if args.layer_every == "auto" else int(args.layer_every))
     strategies = []
     for n in names:
         cls = STRATEGY_CLASSES[n]
@@ -283,7 +286,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             rec.straggle = Straggle(device, s_ms, s_layer)
     sync_dir = seams.sync_debug()
     probe = SyncProbe(sync_dir) if device.type == "cuda" and sync_dir else None
-    ctl = torch.zeros(3, dtype=torch.int64)
+    ctl = torch.zeros(4, dtype=torch.int64)
     line_up = LineUp(torch.cuda.synchronize if device.type == "cuda" else None, device, world)
     applied_slow = 0
     applied_word = 0
@@ -300,6 +303,11 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                 ctl[0] = 1 if control.stop else 0
                 ctl[1] = control.word
                 ctl[2] = control.slow_word
+            # the period of layer marks: the shortest any rank wants (every rank marks the same
+            # steps); every step while a delay is injected (it runs in the layer hooks) or
+            # under verify (its window matches layer by layer)
+            straggling = rec.straggle is not None and rec.straggle.layer >= 0
+            ctl[3] = -(1 if (straggling or pw is not None) else rec.wanted_every(strat.name))
             dist.all_reduce(ctl, op=dist.ReduceOp.MAX, group=ctl_group)
             if ctl[0].item():
                 stopped = True
@@ -336,7 +344,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             em.step = k
             if probe is not None:
                 probe.before()
-            rec.begin(strat.name, k)
+            rec.begin(strat.name, k, every=int(-ctl[3].item()))
             strat.step(xb, yb)
             rec.end()
             if probe is not None:

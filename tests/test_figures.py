@@ -177,7 +177,7 @@ def test_other_spans_sit_in_no_placement_and_are_drawn_as_other():
     lane = Lane(b.kind, b.idx, [a / 1e3 for a in b.t0], [z / 1e3 for z in b.t1], [45 / 1e3], [None], [False])
     bars = lanes.compute_bars(lane, ["l0"])
     assert (0.0, 0.01, theme.OTHER, "other") in bars and len(bars) == 4
-    assert wire.KIND_NAMES[wire.OTHER] == "other" and wire.N_KINDS == 7  # (COLL: 6)
+    assert wire.KIND_NAMES[wire.OTHER] == "other" and wire.N_KINDS == 8  # (COLL: 6, PASS: 7)
 
 
 def test_a_rank_with_other_spans_stays_in_its_band():

@@ -138,7 +138,8 @@ def main(argv: list[str]) -> int:
             opts = RunOptions(model=model, strategies=["single", *strategies], steps=a.steps,
                               batch_size=a.batch_size, bucket_cap_mb=a.bucket_cap_mb,
                               threads=a.threads, pg_timeout=a.pg_timeout, record=record,
-                              hang_s=max(30.0, a.pg_timeout + 10))
+                              hang_s=max(30.0, a.pg_timeout + 10),
+                              extra_worker_args=["--layer-every", a.layer_every] if a.layer_every != "auto" else [])
             say(f"[{i + 1}/{len(models)}] model {model} ({spec.param_count(model):,} parameters): "
                 f"starting {plan.ranks} {'CPU ' if plan.device == 'cpu' else ''}rank(s)…")
             t0 = time.monotonic()

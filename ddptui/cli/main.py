@@ -118,7 +118,9 @@ def build_live(argv: list[str]):
                       bucket_cap_mb=a.bucket_cap_mb, seed=a.seed, lr=a.lr, pg_timeout=a.pg_timeout,
                       threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10),
                       extra_worker_args=["--queue-size", str(a.queue_size)]
-                      + (["--slow-rank", a.slow_rank] if a.slow_rank else []), multinode=multinode)
+                      + (["--slow-rank", a.slow_rank] if a.slow_rank else [])
+                      + (["--layer-every", a.layer_every] if a.layer_every != "auto" else []),
+                      multinode=multinode)
     return a, opts, plan
 
 

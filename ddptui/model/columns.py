@@ -7,7 +7,7 @@ instead of walking every span of every rank of every step.
 """
 from __future__ import annotations
 
-from ranks.wire import BWD, COLL, COMM, FWD, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, PASS, STEP
 
 
 class Placement:
@@ -18,13 +18,17 @@ class Placement:
     and idx in the step, what names the same collective on every rank (kind-aware: a COLL's
     idx, a row of its rank's collectives table, is never taken for a bucket); allreduce and
     colls: the positions within `comm` of the gradient AllReduces (COMM) and of the other
-    collectives (COLL); coll_idx: the COLL spans' idx."""
-    __slots__ = ("compute", "comm", "step", "comm_idx", "comm_keys", "sections", "comm_kind",
+    collectives (COLL); coll_idx: the COLL spans' idx. compute: every forward and backward
+    span (PASS too); layered and sections: the layers' own (FWD, BWD) and their (kind, idx)."""
+    __slots__ = ("compute", "layered", "comm", "step", "comm_idx", "comm_keys", "sections", "comm_kind",
                  "allreduce", "colls", "allreduce_idx", "coll_idx")
 
     def __init__(self, kind, idx):
         n = len(kind)
-        self.compute = [i for i in range(n) if kind[i] == FWD or kind[i] == BWD]  # forward and backward
+        # forward and backward: layer by layer, or a step's whole passes where its layers were
+        # not marked (PASS: layer marks on a sample of steps)
+        self.compute = [i for i in range(n) if kind[i] == FWD or kind[i] == BWD or kind[i] == PASS]
+        self.layered = [i for i in range(n) if kind[i] == FWD or kind[i] == BWD]  # the layers' own
         self.comm = [i for i in range(n) if kind[i] == COMM or kind[i] == COLL]  # collectives, in order
         steps = [i for i in range(n) if kind[i] == STEP]
         self.step = steps[-1] if steps else None  # (the last STEP span, as the figures always read)
@@ -41,7 +45,7 @@ class Placement:
             seen[(k, j)] = n_seen + 1
             keys.append((k, j, n_seen))
         self.comm_keys = keys  # what names the same collective on every rank
-        secs = [(kind[i], idx[i]) for i in self.compute]
+        secs = [(kind[i], idx[i]) for i in self.layered]
         self.sections = secs if len(set(secs)) == len(secs) else None  # None: a section recurs
 
 

@@ -172,7 +172,7 @@ def sections_excess(batches: dict):
         return None
     sk = Stacked(batches, place)
     secs = place.sections
-    cp = place.compute
+    cp = place.layered
     d = (sk.t1[:, cp] - sk.t0[:, cp]) / 1000  # ranks x sections, ms
     ranks = sk.ranks
     n = len(ranks)

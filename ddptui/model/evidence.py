@@ -59,7 +59,7 @@ def sections_of(b) -> dict[Section, float]:
     kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
     place = placement(b)
     if place.sections is not None:  # each section once (the rule): column-wise
-        return dict(zip(place.sections, [(t1[i] - t0[i]) / 1000 for i in place.compute]))
+        return dict(zip(place.sections, [(t1[i] - t0[i]) / 1000 for i in place.layered]))
     out: dict[Section, float] = {}
     for i in range(len(kind)):
         k = kind[i]

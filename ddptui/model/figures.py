@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from ranks import spec
 from ranks.spec import strategy_ranks
-from ranks.wire import BWD, COMM, FWD, STEP, SpanBatch
+from ranks.wire import BWD, COMM, FWD, PASS, STEP, SpanBatch
 
 from .columns import placement
 
@@ -91,7 +91,7 @@ def bucket_step(batches) -> dict[int, tuple[float, float | None]]:
     over: dict[int, list[float]] = {}
     for b in batches:
         kind, idx, t0, t1 = b.kind, b.idx, b.t0, b.t1
-        compute = union([(t0[i], t1[i]) for i in range(len(kind)) if kind[i] == FWD or kind[i] == BWD])
+        compute = union([(t0[i], t1[i]) for i in range(len(kind)) if kind[i] in (FWD, BWD, PASS)])
         comms = [i for i in range(len(kind)) if kind[i] == COMM]
         for i, ov in zip(comms, overlap_each([(t0[i], t1[i]) for i in comms], compute)):
             d = t1[i] - t0[i]

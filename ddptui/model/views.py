@@ -37,6 +37,9 @@ class StepView:
     waits: stragglers.StepWaits | None = None  # who waited for whom (two or more ranks communicating)
     # rank -> its collectives table (what each COLL span was: Store.collective_tables); None: none
     colls: dict[int, dict[int, tuple]] | None = None
+    # (steps with layers marked, steps) of the strategy where its layers are marked on a
+    # sample of steps (Store.layer_sampling); None: every step's
+    sampling: tuple[int, int] | None = None
 
     def coll_table(self, rank: int) -> dict[int, tuple]:
         """A rank's collectives table (a lane that is no rank's, a band: the first rank's)."""
@@ -45,6 +48,14 @@ class StepView:
         got = self.colls.get(rank)
         return got if got is not None else next(iter(self.colls.values()))
 
+
+
+def sampling_text(sampling: tuple[int, int]) -> str:
+    """'layers marked 1 step in 16 (6 of 96)': layer marks on a sample of steps."""
+    marked, total = sampling
+    if not marked:
+        return f"layers marked on none of {total} steps"
+    return f"layers marked 1 step in {max(1, round(total / marked))} ({marked} of {total})"
 
 
 class Lane(Sequence):
@@ -197,4 +208,4 @@ def step_view(store, strategy: str, step: int) -> StepView | None:
         cap = store.cap_at(step) if strategy == "ddp" else None
         return StepView(strategy, step, spans, figs, dur, cap,
                         len(assignment) if assignment else None, marks, waits,
-                        store.collective_tables(strategy) or None)
+                        store.collective_tables(strategy) or None, store.layer_sampling(strategy))

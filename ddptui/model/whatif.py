@@ -47,7 +47,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from ranks import spec
-from ranks.wire import BWD, COLL, COMM, FWD, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, PASS, STEP
 
 from . import figures
 
@@ -152,7 +152,7 @@ def trace_step(batches: dict) -> dict[int, RankTimeline]:
         for i in range(len(b.kind)):
             k = b.kind[i]
             a, z = off + b.t0[i] / 1e3, off + b.t1[i] / 1e3
-            if k == FWD or k == BWD:
+            if k == FWD or k == BWD or k == PASS:  # (PASS: a step whose layers were not marked)
                 comp.append((a, z))
                 if k == BWD:
                     bwd[b.idx[i]] = z
@@ -367,6 +367,17 @@ def _explicit_at(store, step: int) -> bool:
     return settings.get("bucket_cap_mb") is not None
 
 
+_BWD = bytes([BWD])
+
+
+def layered_steps(batches: dict, ks: list[int]) -> list[int]:
+    """Of the steps `ks`, those whose layers every rank marked (a backward per layer), where
+    any are: a step marked as whole passes (layer marks on a sample of steps) has no layer
+    to re-bucket or slow down."""
+    got = [k for k in ks if all(_BWD in b.kind for b in batches[k].values())]
+    return got or ks
+
+
 def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int | None = None,
             last: int | None = None, reference_last: int | None = None) -> Basis:
     """The kept, complete steps of `strategy` (DDP: those run under `cap_mb`, default the
@@ -406,6 +417,7 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
             raise NotPredicted(f"the script wraps {len(modules)} modules in DDP (buckets "
                               + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in modules)
                               + "); what-if re-buckets one DDP module's gradients, so it predicts none here")
+    ks = layered_steps(batches, ks)
     if last:
         ks = ks[-last:]
     backend = str(store.meta.backend or next((i.backend for i in store.rank_snapshot().values()), "") or "")
@@ -435,6 +447,7 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
                                               or (upto is not None and k > upto))]
         if s == "ddp":
             cand = [k for k in cand if (store.cap_at(k) or spec.DEFAULT_BUCKET_CAP_MB) == cap_mb]
+        cand = layered_steps(bs, cand)
         if reference_last is not None:
             cand = cand[-reference_last:]
         for k in cand:

@@ -220,7 +220,10 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
             buckets = scan.buckets_at(b.rank, strategy, b.step) if strategy == "ddp" else None
             for a, z, kind, idx, i in spans:
                 base = {"rank": b.rank, "strategy": strategy, "step": b.step}
-                if kind in KINETO_KINDS:
+                if kind == wire.PASS:  # a step whose layers were not marked (sampled)
+                    name = ("forward" if idx == 0 else "backward") + " (layers not marked)"
+                    o.kernel(name, "compute", a, z, min(max(a, s0), s1), base)
+                elif kind in KINETO_KINDS:
                     name = ("optimizer step" if kind == wire.OPT
                             else f"{KINETO_KINDS[kind]} {lname(idx)}")
                     if kind != wire.OPT:

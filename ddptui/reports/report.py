@@ -12,6 +12,7 @@ from ddptui.model import collectives
 from ddptui.model import figures
 from ddptui.model import stragglers
 from ddptui.model.runinfo import simulated_label
+from ddptui.model.views import sampling_text
 
 
 def _f(v, fmt="{:.2f}", na="—"):
@@ -109,6 +110,11 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
         console.print(colls)
     for line in speedup_lines(figures.speedups(rows)):
         console.print(line)
+    for r in rows:  # layer marks on a sample of steps: said, with the rate
+        lm = r.get("layer_marks")
+        if lm:
+            console.print(f"{r.get('strategy', '?')}: {sampling_text((lm['steps_marked'], lm['steps']))}: {lm['why']}",
+                          markup=False, highlight=False)
     waits = [x for x in (straggler_line(r) for r in rows) if x]
     if waits:
         console.print("who waits for whom (per collective: last arriver's ready - own ready; transfer: end - last ready):")

@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 from ranks import frames, spec, wire
-from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, PASS, STEP
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
@@ -48,7 +48,7 @@ LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "c
          "optimizer": (4, "optimizer"), "events": (5, "ddp events")}
 # (OTHER: a rank's own work that synchronises nothing, an evaluation: on its compute lane)
 LANE_OF_KIND = {STEP: "step", FWD: "compute", BWD: "compute", COMM: "communication", OPT: "optimizer",
-                OTHER: "compute", COLL: "communication"}
+                OTHER: "compute", COLL: "communication", PASS: "compute"}
 SUBLANE_STRIDE = 10  # extra lanes for partly overlapping slices: tid offset + 10 * j
 
 
@@ -325,6 +325,9 @@ class TraceWriter:
                     args["transfer_us"] = max(0, z - max(a, last_ready)) / 1000
             elif kind == OPT:
                 name = "optimizer"
+            elif kind == PASS:  # a step whose layers were not marked (sampled)
+                name = ("forward" if idx == 0 else "backward") + " (layers not marked)"
+                args["layers"] = "not marked (layer marks on a sample of steps)"
             elif kind == OTHER:
                 name = "other (no synchronisation: evaluation)"
                 args["kind"] = "other"

@@ -78,6 +78,9 @@ class Store(Intake, Figuring, Queries):
         self.gpu: deque[frames.Gpu] = deque(maxlen=600)  # the latest GPU samples
         self.cpu: deque[frames.Cpu] = deque(maxlen=600)  # the latest CPU samples
         self.spans = 0  # span events ever stored
+        # strategy -> [steps with layers marked, steps without] (rank 0's; layer marks on a
+        # sample of steps: ranks.instrument.LAYER_SHARE)
+        self.layer_marks: dict[str, list[int]] = {}
         self.rejected = 0  # frames or connections refused (reject frames)
         self._param_bytes: list[int] = []  # each parameter's gradient bytes (non-DDP AllReduce sizes)
         # (strategy, rank) -> the figures' lookups of its bytes and collectives rows, with what

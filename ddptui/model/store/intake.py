@@ -13,7 +13,9 @@ from collections import OrderedDict
 
 from ranks import frames, spec
 from ranks.frames import FrameError, Frame
-from ranks.wire import SpanBatch
+from ranks.wire import PASS, SpanBatch
+
+_PASS_B = bytes([PASS])
 
 from .rankinfo import RankInfo
 
@@ -219,6 +221,11 @@ class Intake:
         slot = per.get(step)
         if slot is None:
             slot = per[step] = {}
+        if r == 0 and slot.get(0) is None:  # (counted once a step)
+            lm = self.layer_marks.get(strategy)
+            if lm is None:
+                lm = self.layer_marks[strategy] = [0, 0]
+            lm[_PASS_B in b.kind] += 1
         slot[r] = b
         self.spans += len(b.kind)
         dirty = self._dirty.get(strategy)

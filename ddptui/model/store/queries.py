@@ -225,6 +225,15 @@ class Queries:
         with self.lock:
             return [text for k, s, text in self.events if s == strategy and k == step]
 
+    def layer_sampling(self, strategy: str) -> tuple[int, int] | None:
+        """(steps whose layers were marked, steps in all) of a strategy (rank 0's), where some
+        steps' layers were not (layer marks on a sample of steps); None where every step's were."""
+        with self.lock:
+            got = self.layer_marks.get(strategy)
+            if not got or not got[1]:
+                return None
+            return got[0], got[0] + got[1]
+
     def view_stamp(self, strategy: str) -> tuple[int, int]:
         """Changes when something that shapes view(strategy, k) besides its spans arrives
         (a bucket assignment of rank 0, an event): a view may be kept while this stays."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from itertools import compress
 
-from ranks.wire import BWD, COMM_KINDS, FWD, OTHER
+from ranks.wire import BWD, COMM_KINDS, FWD, OTHER, PASS
 
 from ddptui.model.kept import Kept
 from ddptui.model.views import Lane, StepView
@@ -89,14 +89,14 @@ def band_spans(cols_of: dict[int, tuple], ranks: list[int], qs: tuple[float, ...
     return [Lane(kinds, idxs, st, en, rd, ot, [False] * len(rd)) for st, en, rd, ot in lanes]
 
 
-_COMPUTE = bytes(int(k in (FWD, BWD)) for k in range(256))  # kinds.translate: 1 for a forward or backward
+_COMPUTE = bytes(int(k in (FWD, BWD, PASS)) for k in range(256))  # kinds.translate: 1 for a forward or backward
 
 
 def compute_end(cols: tuple) -> float:
     """When a rank's forward and backward were done, ms, from its columns (a late rank makes
     the others wait)."""
     kinds, ends = cols[0], cols[3]
-    mask = kinds.translate(_COMPUTE) if isinstance(kinds, bytes) else [k == FWD or k == BWD for k in kinds]
+    mask = kinds.translate(_COMPUTE) if isinstance(kinds, bytes) else [k in (FWD, BWD, PASS) for k in kinds]
     return max(compress(ends, mask), default=0.0) / 1e3
 
 

@@ -13,15 +13,17 @@ from operator import itemgetter, lt
 from rich.segment import Segment
 
 from ranks import spec
-from ranks.wire import BWD, COMM, FWD, OPT, OTHER
+from ranks.wire import BWD, COMM, FWD, OPT, OTHER, PASS
 
 from ddptui.model.views import Lane
 from . import theme
 
 Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
-_DRAWN = (FWD, BWD, OPT, OTHER)  # (OTHER: a rank's evaluation, in no figure; drawn dim)
+_DRAWN = (FWD, BWD, OPT, OTHER, PASS)  # (OTHER: a rank's evaluation, in no figure; drawn dim)
 _FIXED = {OPT: (theme.OPT, "opt"), OTHER: (theme.OTHER, "other")}  # kind -> colour, label
+# PASS: a step whose layers were not marked (sampled): its forward and backward as one bar each
+_PASS = {0: (theme.FWD_A, "forward (layers not marked)"), 1: (theme.BWD_A, "backward (layers not marked)")}
 _PLANS: dict = {}  # (Placement, layer names) -> the compute lane's positions, colours, labels
 _PLANS_MAX = 256
 
@@ -34,10 +36,10 @@ def _compute_plan(lane: Lane, layer_names: list[str]) -> tuple[list[int], list[i
     if got is None:
         kind, idx, n = lane.kind, lane.idx, len(layer_names)
         pos = [i for i in range(len(kind)) if kind[i] in _DRAWN]
-        colours = [_FIXED[kind[i]][0] if kind[i] in _FIXED else (theme.FWD_A if kind[i] == FWD else theme.BWD_A) + (idx[i] & 1)
-                   for i in pos]
-        labels = [_FIXED[kind[i]][1] if kind[i] in _FIXED else layer_names[idx[i]] if idx[i] < n else f"L{idx[i]}"
-                  for i in pos]
+        colours = [_FIXED[kind[i]][0] if kind[i] in _FIXED else _PASS[idx[i] & 1][0] if kind[i] == PASS
+                   else (theme.FWD_A if kind[i] == FWD else theme.BWD_A) + (idx[i] & 1) for i in pos]
+        labels = [_FIXED[kind[i]][1] if kind[i] in _FIXED else _PASS[idx[i] & 1][1] if kind[i] == PASS
+                  else layer_names[idx[i]] if idx[i] < n else f"L{idx[i]}" for i in pos]
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         got = _PLANS[key] = (pos, colours, labels)

@@ -12,7 +12,7 @@ from rich.segment import Segment
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ddptui.model.views import StepView
+from ddptui.model.views import StepView, sampling_text
 from . import theme
 from ddptui.ui import geometry
 from ddptui.ui.geometry import fit_ranks, nice_ceil
@@ -181,6 +181,8 @@ class TimelinePane(Widget):
         said = (f"{calls - colls} AllReduce + {colls} coll" if calls > colls else f"{colls} collectives") \
             if colls else f"{calls} AllReduce"
         out.append((f" · {said} · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
+        if v.sampling is not None:  # layers marked on a sample of steps (short steps)
+            out.append((f" · {sampling_text(v.sampling)}", theme.style(theme.DIM)))
         if st.labels:  # aggregated lanes (widgets/aggregate.py)
             out.append((f" · {len(v.figures)} ranks in bands", theme.style(theme.DIM)))
         return out

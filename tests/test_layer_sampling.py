@@ -1,0 +1,246 @@
+"""Layer marks on a sample of steps (ranks.instrument.LAYER_SHARE): a step too short for a mark
+per layer has its layers marked one step in `every`, the forward and backward as a whole
+(PASS spans) on the others, every collective on every step; and what the app makes of it."""
+from __future__ import annotations
+
+from array import array
+
+import pytest
+import torch
+from torch import nn
+
+from ranks import frames as fr
+from ranks import instrument, wire
+from ranks.instrument import CpuClock, Recorder, every_for
+from ranks.strategies import attach_layer_hooks
+from ranks.wire import BWD, COMM, FWD, PASS
+
+from .helpers import store_of, synthetic_frames
+
+
+class CountingClock(CpuClock):
+    """A CPU clock that counts its marks (each one a hook's or the step's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.marks = 0
+
+    def mark(self):
+        self.marks += 1
+        return super().mark()
+
+
+def tiny(blocks: int = 40) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(blocks)])
+
+
+def kinds_of(step) -> dict[int, list[int]]:
+    _, _, _, kinds, idxs, _, _, _ = step
+    out: dict[int, list[int]] = {}
+    for k, i in zip(kinds, idxs):
+        out.setdefault(k, []).append(i)
+    return out
+
+
+def test_the_period_keeps_the_marks_within_their_share():
+    assert every_for(1_000, 10_000_000) == 1  # 1 µs of marks on a 10 ms step: 0.01 %
+    assert every_for(68_000, 1_500_000) == 16  # 40 layers (~1.7 µs each) on a 1.5 ms step
+    assert every_for(68_000, 1_000) == instrument.MAX_EVERY
+    assert every_for(68_000, 1_500_000, cur=16) == 16
+    assert every_for(45_000, 1_500_000) == 8
+    assert every_for(45_000, 1_500_000, cur=16) == 16  # wants 6: not down to a third of 16 yet
+    assert every_for(10_000, 1_500_000, cur=16) == 2  # clearly less: down
+
+
+def test_short_steps_mark_their_layers_on_a_sample_of_steps():
+    """40 tiny blocks at batch 1 (a step of ~1 ms here, as a host-bound GPU step): after the
+    first step the period grows to keep the marks within 0.5 % of the step; a marked step
+    has every layer's forward and backward, the others the forward and backward as one span
+    each, marked with a handful of marks (the layer hooks off), spanning what a marked step's
+    layers span."""
+    model = tiny()
+    clock = CountingClock()
+    rec = Recorder(clock, 40)
+    attach_layer_hooks(model, rec, "single")
+    x, y = torch.randn(1, 16), torch.zeros(1, dtype=torch.long)
+    marks_per_step, periods = [], []
+    for k in range(96):
+        before = clock.marks
+        rec.begin("single", k)
+        periods.append(rec.layer_every("single"))  # (the period of this step)
+        nn.functional.cross_entropy(model(x), y).backward()
+        rec.end()
+        marks_per_step.append(clock.marks - before)
+    steps = rec.poll()
+    assert periods[0] == 1  # nothing timed yet: every layer
+    every = min(periods[48:])
+    assert every >= 4, f"a ~1 ms step of 40 layers marked its layers every {every} steps"
+    assert all(e & (e - 1) == 0 for e in periods)  # powers of two: every rank marks the same steps
+    late = [k for k in range(48, 96)]
+    marked = [steps[k] for k in late if k % periods[k] == 0]
+    unmarked = [steps[k] for k in late if k % periods[k]]
+    assert marked and unmarked
+    for s in marked:
+        got = kinds_of(s)
+        assert sorted(got[FWD]) == sorted(got[BWD]) == list(range(40)) and PASS not in got
+    for s in unmarked:
+        got = kinds_of(s)
+        assert FWD not in got and BWD not in got and sorted(got[PASS]) == [0, 1]
+    # an unmarked step: the step's start and end, the forward's and the backward's (the
+    # first block's weight hook, the one left on): 6 marks, where a marked one makes 80+
+    assert max(marks_per_step[k] for k in late if k % periods[k]) <= 6
+    assert min(marks_per_step[k] for k in late if k % periods[k] == 0) >= 80
+    # the whole passes span what the layers do: forward from the first layer's start to the
+    # last one's end, backward from the last layer's start to the first one's end
+    _, _, _, kinds, idxs, t0s, t1s, _ = unmarked[0]
+    fwd = next((a, b) for k, i, a, b in zip(kinds, idxs, t0s, t1s) if k == PASS and i == 0)
+    bwd = next((a, b) for k, i, a, b in zip(kinds, idxs, t0s, t1s) if k == PASS and i == 1)
+    assert fwd[0] < fwd[1] <= bwd[0] < bwd[1]
+
+
+def test_a_fixed_period_and_the_hooks_of_a_ddp_taking_turns(tmp_path):
+    """DDP's marks (moved after its reducer's hooks) switched off and on again: every step
+    still has every bucket's AllReduce; the marked ones every layer."""
+    import torch.distributed as dist
+
+    from ranks.models import build_model
+    from ranks.strategies import DDPStrategy
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
+    try:
+        rec = Recorder(CpuClock(), 4, every=2)
+        s = DDPStrategy(build_model("small"), rec, torch.device("cpu"), 0.01, 1, bucket_cap_mb=0.05)
+        x, y = torch.randn(16, 784), torch.randint(0, 10, (16,))
+        for k in range(8):
+            s.prepare(); rec.begin("ddp", k); s.step(x, y); rec.end()
+            if k == 3:
+                s.wrap(0.1)  # a re-wrap (a new reducer) while the marks are off
+        steps = rec.poll()
+    finally:
+        dist.destroy_process_group()
+    for k, st in enumerate(steps):
+        got = kinds_of(st)
+        # (DDP's first step after a wrap has one bucket, then its rebuilt ones)
+        assert len(got[COMM]) >= (1 if k in (0, 4) else 2), f"step {k}: every bucket's AllReduce, every step"
+        if k % 2 == 0:
+            assert sorted(got[BWD]) == [0, 1, 2, 3] and PASS not in got, k
+        else:
+            assert sorted(got[PASS]) == [0, 1] and BWD not in got, k
+
+
+# -- what the app makes of it ------------------------------------------------------------------
+def as_unmarked(f: fr.Spans) -> fr.Spans:
+    """The same step as a rank marks it when its layers are not marked: forward and backward
+    as one PASS span each."""
+    kind = list(f.kind)
+    idx = array("H", f.idx).tolist()
+    t0, t1 = array("I", f.t0).tolist(), array("I", f.t1).tolist()
+    iss = array("I", f.iss).tolist()
+    keep = [i for i, k in enumerate(kind) if k not in (FWD, BWD)]
+    kinds, idxs = [kind[i] for i in keep], [idx[i] for i in keep]
+    a0, a1 = [t0[i] for i in keep], [t1[i] for i in keep]
+    for k, n in ((FWD, 0), (BWD, 1)):
+        pos = [i for i, kk in enumerate(kind) if kk == k]
+        kinds.append(PASS); idxs.append(n)
+        a0.append(min(t0[i] for i in pos)); a1.append(max(t1[i] for i in pos))
+    base = f.base_ns
+    us = lambda v: [base + x * 1000 for x in v]  # noqa: E731
+    return fr.spans_frame(f.rank, f.strategy, f.step, base, kinds, idxs, us(a0), us(a1), us(iss))
+
+
+def sampled_frames(steps: int = 12, every: int = 4) -> list:
+    out = []
+    for f in synthetic_frames(steps=steps):
+        if isinstance(f, fr.Spans) and f.step % every:
+            f = as_unmarked(f)
+        out.append(f)
+    return out
+
+
+def test_the_store_counts_figures_and_says_how_layers_were_sampled():
+    full = store_of(synthetic_frames(steps=12))
+    st = store_of(sampled_frames(12, 4))
+    assert full.layer_sampling("ddp") is None
+    assert st.layer_sampling("ddp") == (3, 12) and st.layer_sampling("naive") == (3, 12)
+    # the figures of an unmarked step: compute and exposed communication as the marked one's
+    # (a rank's layers are end to end: their union is about the whole pass; the synthetic
+    # run leaves a few µs between them)
+    for k in (5, 6, 7):
+        for r in (0, 1):
+            a, b = full.rank_figures("ddp", k, r), st.rank_figures("ddp", k, r)
+            assert b.compute_ms == pytest.approx(a.compute_ms, rel=0.02)
+            assert b.exposed_ms == pytest.approx(a.exposed_ms, rel=0.02, abs=0.05)
+    # per-layer evidence from the marked steps only; who-waits from every step
+    assert st.step_waits("ddp", 8).ref and not st.step_waits("ddp", 9).ref
+    summ = st.summary("ddp")
+    assert summ["layer_marks"]["steps_marked"] == 3 and summ["layer_marks"]["steps"] == 12
+    assert "layer_marks" not in full.summary("ddp")
+    view = st.view("ddp", 9)
+    assert view.sampling == (3, 12)
+    from ddptui.model.views import sampling_text
+    assert sampling_text(view.sampling) == "layers marked 1 step in 4 (3 of 12)"
+
+
+def test_a_sampled_step_is_drawn_and_exported_as_whole_passes(tmp_path):
+    from ddptui.ui.widgets.lanes import compute_bars
+    st = store_of(sampled_frames(8, 4))
+    view = st.view("ddp", 5)
+    bars = compute_bars(view.spans[0], list(st.meta.layers))
+    labels = [b[3] for b in bars]
+    assert "forward (layers not marked)" in labels and "backward (layers not marked)" in labels
+    marked = compute_bars(st.view("ddp", 4).spans[0], list(st.meta.layers))
+    assert "fc1" in [b[3] for b in marked]
+
+
+def test_whatif_replays_the_marked_steps():
+    from ddptui.model import whatif as W
+    st = store_of(sampled_frames(16, 2))
+    basis = W.collect(st, "ddp")
+    assert basis.steps and all(k % 2 == 0 for k in basis.steps)
+
+
+def test_a_recording_with_whole_passes_reads_back(tmp_path):
+    from ddptui.recording.loader import load
+    from .helpers import run_cli, write_recording
+    path = tmp_path / "sampled.ddptui"
+    write_recording(path, sampled_frames(8, 4))
+    got = load(str(path))
+    assert got.damage is None and not got.rejected
+    assert got.store.layer_sampling("ddp") == (2, 8)
+    out = run_cli("summary", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "ddp: layers marked 1 step in 4 (2 of 8)" in out.stdout
+    assert wire.KIND_NAMES[PASS] == "pass"
+
+
+@pytest.mark.slow  # (real torchrun)
+def test_ranks_agree_on_the_steps_whose_layers_they_mark(tmp_path):
+    """`--layer-every 2` on a real 2-rank run: both ranks mark the layers of the same steps
+    (the even ones) and the whole passes of the others, every collective on every step; the
+    report says so with the rate; a bad value is one line and exit 2."""
+    import json
+
+    from ddptui.recording.loader import load
+    from .helpers import run_main
+    rec, out = tmp_path / "run.ddptui", tmp_path / "run.json"
+    res = run_main("--headless", "--gpus", "2", "--model", "small", "--batch-size", "64", "--steps", "6",
+                   "--strategies", "naive,ddp", "--layer-every", "2", "--record", str(rec), "--json", str(out),
+                   env={"CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "naive: layers marked 1 step in 2 (3 of 6)" in res.stdout
+    doc = json.loads(out.read_text())
+    rows = {r["strategy"]: r for r in doc["strategies"]}
+    assert rows["ddp"]["layer_marks"]["steps_marked"] == 3 and rows["ddp"]["layer_marks"]["steps"] == 6
+    st = load(str(rec)).store
+    for s in ("naive", "ddp"):
+        for k in range(6):
+            got = {r: b.kind for r, b in st.raw[s][k].items()}
+            assert set(got) == {0, 1}
+            for r, kind in got.items():
+                assert (PASS in kind) == (k % 2 == 1), (s, k, r)
+                assert (FWD in kind) == (k % 2 == 0), (s, k, r)
+                assert kind.count(COMM) >= 1, (s, k, r)
+    bad = run_main("--headless", "--layer-every", "3")
+    assert bad.returncode == 2 and "argument --layer-every: invalid choice: '3'" in bad.stderr
+    assert "Traceback" not in bad.stderr
