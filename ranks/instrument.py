@@ -25,6 +25,7 @@ import select
 import threading
 import time
 from collections import deque
+from functools import partial
 
 from .clock import now_ns
 from .wire import BWD, COMM, FWD, OPT, PASS, STEP
@@ -151,6 +152,30 @@ class CalPoint:
         self.event, self.g_ns = event, g_ns
 
 
+def _raw_stream_getter(torch_cuda, device):
+    """A call returning the current stream's (id, device, type) without building a Python
+    Stream (torch._C._cuda_getCurrentStream, which torch.cuda.current_stream wraps; a stand-in's
+    `_raw_current_stream`), or None where there is none that answers."""
+    raw = getattr(torch_cuda, "_raw_current_stream", None)
+    if raw is None:
+        try:
+            import torch
+            if torch_cuda is torch.cuda:
+                raw = torch._C._cuda_getCurrentStream
+        except (ImportError, AttributeError):
+            return None
+    if raw is None:
+        return None
+    index = device if isinstance(device, int) else getattr(device, "index", None)
+    if not isinstance(index, int):  # ("cuda:1", or a device without an index)
+        index = int(str(device).split(":")[-1]) if ":" in str(device) else 0
+    try:
+        raw(index)
+    except Exception:  # (an unknown shape: the lookup every step, as before)
+        return None
+    return partial(raw, index)
+
+
 class CudaClock:
     """CUDA events on the current stream, mapped to host time (see GpuTimeMap).
 
@@ -203,6 +228,10 @@ class CudaClock:
         # largest part of a mark's host cost. The autograd engine runs backward on the stream
         # of the forward ops, so the same stream serves forward, backward and the optimizer.
         self.stream = torch_cuda.current_stream(device)
+        # torch.cuda.current_stream's C call, without the Python Stream it builds: the stream
+        # is looked up again only when this says it changed (None: looked up every step)
+        self._raw_stream = _raw_stream_getter(torch_cuda, device)
+        self._stream_key = None
         # the host's time from a gradient's accumulation to the post-accumulate hook's mark
         # (measured here on CPU tensors: PyTorch's hook dispatch on this machine); see idle_end
         self.hook_lag_ns = measure_hook_lag() if hook_lag_ns is None else int(hook_lag_ns)
@@ -218,6 +247,12 @@ class CudaClock:
     # -- hot path -------------------------------------------------------------------
     def begin_step(self) -> None:
         """Before a step's first mark, on the training thread: the stream it runs on."""
+        raw = self._raw_stream
+        if raw is not None:
+            key = raw()
+            if key == self._stream_key:
+                return
+            self._stream_key = key
         self.stream = self.tc.current_stream(self.device)
 
     def _event(self):
@@ -476,7 +511,10 @@ def _let_go() -> None:
 # every collective as always.
 LAYER_SHARE = 0.005
 MAX_EVERY = 64
-HOOK_DISPATCH_NS = 1_500  # PyTorch's own call of a Python hook (P7 reads 1.1-1.4 µs here)
+# a marked layer of a sampled model: a pre-hook registered in its forward and called in its
+# backward (ranks.strategies.LayerMarks; ~4 µs here, where a hook registered once costs
+# ~1.1-1.4 µs of PyTorch's call but ~0.5 µs on every step ever after, marked or not)
+LAYER_HOOK_NS = 4_000
 
 
 def every_for(cost_ns: float, step_ns: float, cur: int = 1) -> int:
@@ -546,7 +584,7 @@ class Recorder:
         step_ns = self._step_ns.get(strategy)
         if step_ns is None or strategy not in self.switches or self._mark_ns is None:
             return 1
-        cost = self.n_layers * (2 * self._mark_ns + HOOK_DISPATCH_NS)
+        cost = self.n_layers * (2 * self._mark_ns + LAYER_HOOK_NS)
         return every_for(cost, step_ns, self._every.get(strategy, 1))
 
     def layer_every(self, strategy: str) -> int:
@@ -564,7 +602,9 @@ class Recorder:
                 every = self.wanted_every(strategy)
             self._every[strategy] = every
             c.layers = step % every == 0
-            switch(c.layers)
+            # the hooks registered once while every step is marked and the steps are timed
+            # (until then, and while sampled, a marked step registers its own)
+            switch(every == 1 and (self.every == 1 or strategy in self._step_ns))
         c.host0 = now_ns()
         self.clock.begin_step()
         c.ref = self.clock.ref()

@@ -11,6 +11,7 @@ fsdp         FSDP2 (fully_shard per block): all-gathers before each block's forw
 from __future__ import annotations
 
 import copy
+import gc
 import time
 
 import torch
@@ -24,21 +25,27 @@ from .instrument import Recorder
 
 
 class LayerMarks:
-    """The weights' backward marks of one model (attach_layer_hooks), on for the steps whose
-    layers are marked and off for the others (Recorder.begin: layer marks on a sample of
-    steps when steps are short). Off, only the first block's mark stays (the backward's
-    end): a hook not registered costs nothing, where one that returns at once still costs
-    PyTorch's dispatch (~1.1-1.4 µs a hook, P7). Where the marks sit (`at_node`): a
-    post-accumulate hook on each weight, or a post hook of its AccumulateGrad node after
-    DDP's reducer's (`move_after`)."""
+    """The weights' backward marks of one model (attach_layer_hooks).
+
+    Registered once (`on`): a post-accumulate hook on each weight (or, once moved, a post
+    hook of its AccumulateGrad node after DDP's reducer's: `move_after`) — the cheapest for
+    a model whose every step is marked. A hook once registered on a tensor or a node is called
+    by PyTorch for every accumulation even after it is removed (an empty dict, ~0.5 µs a
+    layer), so where layers are marked on a sample of steps (Recorder.begin, short steps) the
+    hooks are not registered at all: a marked step then marks each block's backward end with a
+    pre-hook on the node of the block's output, registered in its forward (the same moment:
+    the engine runs that node right after the block above's weight is accumulated and its
+    post hooks have run; ~4 µs a layer, on the marked steps only). The first block's mark (the
+    backward's end) is registered once in both ways. `set(on)` switches (Recorder.begin: on
+    while every step is marked and the steps are timed)."""
 
     __slots__ = ("entries", "handles", "nodes", "on")
 
-    def __init__(self):
+    def __init__(self, on: bool = True):
         self.entries: list = []  # (weight, mark) per block, in block order
-        self.handles: list = []  # each block's hook handle (None: off)
+        self.handles: list = []  # each block's hook handle (None: not registered)
         self.nodes: list | None = None  # each weight's AccumulateGrad node, once moved
-        self.on = True
+        self.on = on
 
     def _register(self, i: int):
         weight, done = self.entries[i]
@@ -47,12 +54,14 @@ class LayerMarks:
         return self.nodes[i].register_hook(lambda gi, go, done=done, w=weight: done(w))
 
     def add(self, weight, done) -> None:
+        i = len(self.entries)
         self.entries.append((weight, done))
         self.handles.append(None)
-        self.handles[-1] = self._register(len(self.entries) - 1)
+        if i == 0 or self.on:
+            self.handles[i] = self._register(i)
 
     def set(self, on: bool) -> None:
-        """Every block's mark (on), or the first block's alone (off)."""
+        """Every block's mark registered once (on), or the first block's alone (off)."""
         if on == self.on:
             return
         self.on = on
@@ -63,6 +72,14 @@ class LayerMarks:
                 h, self.handles[i] = self.handles[i], None
                 if h is not None:
                     h.remove()
+
+    def release_nodes(self) -> None:
+        """Remove the node hooks and let go of the nodes (before a re-wrap: `move_after`)."""
+        for i, h in enumerate(self.handles):
+            if h is not None:
+                h.remove()
+            self.handles[i] = None
+        self.nodes = None
 
     def move_after(self) -> None:
         """Move each weight's mark to a post hook of its AccumulateGrad node registered now: it
@@ -100,9 +117,11 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
     registered before these (Strategy.own_hooks), and DDP's, a post hook of the accumulation's
     node that runs after every post-accumulate hook, moves the mark after it
     (`LayerMarks.move_after`).
-    A step whose layers are not marked (`StepRecord.layers` false; Recorder.begin) marks only
-    the forward's start and end, the backward's start and end: `strategy` names the steps
-    whose marks Recorder.begin switches. Returns the weights' marks."""
+    Layer marks on a sample of steps (`strategy` names the steps whose marks Recorder.begin
+    switches; LayerMarks): a step whose layers are not marked (`StepRecord.layers` false)
+    marks the forward's start and end (the backward's start: the loss is the backward's) and
+    the backward's end; a marked step marks its blocks' backward ends with pre-hooks
+    registered in its forward. Returns the weights' marks."""
     blocks = list(model.children())
     last = len(blocks) - 1
 
@@ -125,16 +144,27 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
         mark = rec.clock.mark
         fs, fe = c.fwd_s, c.fwd_e
         fs[0] = mark()
-        if c.layers:
+        if c.layers and marks.on:  # the backward marks are registered once
             for i, block in enumerate(blocks):
                 x = block(x)
                 fe[i] = t = mark()
                 if i < last:
                     fs[i + 1] = t
-        else:  # the forward as one: its start and end
+        elif c.layers:  # a marked step of a sampled model: its backward marks this step only
+            for i, block in enumerate(blocks):
+                x = block(x)
+                fe[i] = t = mark()
+                if i < last:
+                    fs[i + 1] = t
+                    gf = x.grad_fn
+                    if gf is not None:
+                        gf.register_prehook(dones[i + 1])
+        else:  # the forward as one: its start and end; the backward starts there (the loss's
+            # forward and backward are the backward's: no hook a step)
             for block in blocks:
                 x = block(x)
-            fe[last] = mark()
+            fe[last] = c.bwd_s[last] = mark()
+            return x
         gf = x.grad_fn
         if gf is not None:
             gf.register_prehook(start_last)
@@ -142,11 +172,13 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
 
     model.forward = forward
     host = rec.host_ns
-    marks = LayerMarks()
+    marks = LayerMarks(on=strategy is None)  # (switched: off until the steps are timed)
+    dones = []
     for i, block in enumerate(blocks):
         weight = next(block.parameters())
         if i > 0:
-            def done(p, i=i):  # Recorder.bwd_between(i - 1), inlined
+            def done(p, i=i):  # Recorder.bwd_between(i - 1), inlined (p: the weight, or the
+                # gradients of block i - 1's output, a pre-hook's: either way None is returned)
                 c = rec.cur
                 if c is not None:
                     c.bwd_h[i] = host()  # (CUDA: is the stream idle at the mark? idle_end)
@@ -158,6 +190,7 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
             def done(p):
                 rec.bwd_end(0)
         marks.add(weight, done)
+        dones.append(done)
     if strategy is not None:
         rec.switches[strategy] = marks.set
     return marks
@@ -402,7 +435,14 @@ class DDPStrategy(Strategy):
         """(Re)wrap in DDP; every rank must call this at the same step."""
         old = getattr(self, "ddp", None)
         self.ddp = None
-        del old
+        if old is not None:
+            # A node's Python post hooks are one dict, placed among its hooks where the first
+            # was registered: re-registered on the old AccumulateGrad nodes, the marks would
+            # stay before the new reducer's hooks. Every reference to those nodes dropped (ours,
+            # the old reducer's), the new DDP makes new ones, and the marks go after it.
+            self.marks.release_nodes()
+            del old
+            gc.collect()
         kw = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
         if self.device.type == "cuda":
             kw["device_ids"] = [self.device.index]

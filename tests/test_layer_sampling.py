@@ -87,10 +87,18 @@ def test_short_steps_mark_their_layers_on_a_sample_of_steps():
     for s in unmarked:
         got = kinds_of(s)
         assert FWD not in got and BWD not in got and sorted(got[PASS]) == [0, 1]
-    # an unmarked step: the step's start and end, the forward's and the backward's (the
-    # first block's weight hook, the one left on): 6 marks, where a marked one makes 80+
-    assert max(marks_per_step[k] for k in late if k % periods[k]) <= 6
+    # an unmarked step: the step's start and end, the forward's (its end the backward's start)
+    # and the backward's end (the first block's weight hook): 5 marks, where a marked one makes 80+
+    assert max(marks_per_step[k] for k in late if k % periods[k]) <= 5
     assert min(marks_per_step[k] for k in late if k % periods[k] == 0) >= 80
+    # sampled, the blocks' backward marks are never registered on their weights (a hook once
+    # registered is called by PyTorch on every step after, even removed): the first block's only
+    weights = [next(b.parameters()) for b in model.children()]
+    assert weights[0]._post_accumulate_grad_hooks and all(w._post_accumulate_grad_hooks is None for w in weights[1:])
+    # a marked step's backward: one mark between two blocks, in order
+    _, _, _, kinds, idxs, t0s, t1s, _ = marked[0]
+    bwd = {i: (a, b) for k, i, a, b in zip(kinds, idxs, t0s, t1s) if k == BWD}
+    assert all(bwd[i][0] == bwd[i + 1][1] and bwd[i][0] <= bwd[i][1] for i in range(39))
     # the whole passes span what the layers do: forward from the first layer's start to the
     # last one's end, backward from the last layer's start to the first one's end
     _, _, _, kinds, idxs, t0s, t1s, _ = unmarked[0]
@@ -99,9 +107,14 @@ def test_short_steps_mark_their_layers_on_a_sample_of_steps():
     assert fwd[0] < fwd[1] <= bwd[0] < bwd[1]
 
 
-def test_a_fixed_period_and_the_hooks_of_a_ddp_taking_turns(tmp_path):
-    """DDP's marks (moved after its reducer's hooks) switched off and on again: every step
-    still has every bucket's AllReduce; the marked ones every layer."""
+@pytest.mark.parametrize("every", [1, 2])
+def test_ddps_work_on_a_gradient_stays_in_its_block_across_a_rewrap(tmp_path, every):
+    """DDP's reducer copies a gradient into its bucket, and issues the bucket's AllReduce, in
+    its hooks on the gradient's AccumulateGrad node: that work is the block's, so each block's
+    backward ends after it — with the marks registered once (every 1: after the reducer's,
+    again after a re-wrap, whose new reducer comes after them on the old nodes) and with
+    those a marked step registers (every 2). Every step has every bucket's AllReduce; the
+    marked ones every layer, the others the whole passes."""
     import torch.distributed as dist
 
     from ranks.models import build_model
@@ -109,24 +122,34 @@ def test_a_fixed_period_and_the_hooks_of_a_ddp_taking_turns(tmp_path):
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
     try:
-        rec = Recorder(CpuClock(), 4, every=2)
+        rec = Recorder(CpuClock(), 4, every=every)
         s = DDPStrategy(build_model("small"), rec, torch.device("cpu"), 0.01, 1, bucket_cap_mb=0.05)
         x, y = torch.randn(16, 784), torch.randint(0, 10, (16,))
         for k in range(8):
             s.prepare(); rec.begin("ddp", k); s.step(x, y); rec.end()
             if k == 3:
-                s.wrap(0.1)  # a re-wrap (a new reducer) while the marks are off
+                s.wrap(0.1)  # a re-wrap: a new reducer
         steps = rec.poll()
     finally:
         dist.destroy_process_group()
+    carries = {b: set(ps) for b, ps, _ in s.seen}  # bucket -> its parameters (the last step's)
+    pidx = {id(p): i for i, p in enumerate(s.params)}
+    block_of = {pidx[id(p)]: j for j, b in enumerate(s.module.children()) for p in b.parameters()}
     for k, st in enumerate(steps):
         got = kinds_of(st)
         # (DDP's first step after a wrap has one bucket, then its rebuilt ones)
         assert len(got[COMM]) >= (1 if k in (0, 4) else 2), f"step {k}: every bucket's AllReduce, every step"
-        if k % 2 == 0:
+        if k % every == 0:
             assert sorted(got[BWD]) == [0, 1, 2, 3] and PASS not in got, k
         else:
             assert sorted(got[PASS]) == [0, 1] and BWD not in got, k
+        if k in (2, 6) or (every == 1 and k in (3, 7)):  # marked, buckets rebuilt (the second after the re-wrap)
+            _, _, _, kinds, idxs, t0s, t1s, iss = st
+            ends = {i: t1 for kk, i, t1 in zip(kinds, idxs, t1s) if kk == BWD}
+            comm = [i for kk, i in zip(kinds, idxs) if kk == COMM]
+            for b, ready in zip(comm, iss):
+                block = min(block_of[p] for p in carries[b])
+                assert ready <= ends[block], f"step {k}: bucket {b} issued after block {block} ended"
 
 
 # -- what the app makes of it ------------------------------------------------------------------
