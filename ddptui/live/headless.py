@@ -24,7 +24,8 @@ class Progress:
         self.last_text = ""
 
     def say(self, text: str) -> None:
-        print(f"ddptui: {text}", file=self.err, flush=True)
+        self.err.write(f"ddptui: {text}\n")  # (one write: see output.echo)
+        self.err.flush()
 
     def update(self, steps_total: int) -> None:
         st = self.store

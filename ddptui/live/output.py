@@ -166,5 +166,9 @@ def pass_through(which: str, out=None, err=None):
     def echo(rank: int, stream: str, line: str) -> None:
         if only is None or rank == only:
             f = (err or sys.stderr) if stream == "err" else (out or sys.stdout)
-            print(f"[rank{rank}]:{line}", file=f, flush=True)
+            # one write of the whole line: print writes the text and the newline apart, and the
+            # progress lines come from another thread to the same stream (a line of each ran
+            # together, one test run in a few hundred)
+            f.write(f"[rank{rank}]:{line}\n")
+            f.flush()
     return echo
