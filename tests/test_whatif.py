@@ -248,3 +248,22 @@ async def test_the_whatif_panel_draws_the_ladder_as_predictions_in_the_replay_ui
         assert "in force" in rows["25"] and "in force" not in rows["1"]
         # measured only where the run ran: the cap in force
         assert rows["1"].split()[-1] == "–" and rows["25"].split()[-3] != "–"
+
+
+def test_many_ranks_replay_a_few_and_predict_what_all_would():
+    """With many ranks the panel replays 64 of them (the ranks last ready, a spread of the
+    rest): a step's prediction within a few per cent of replaying every rank, at a small
+    part of its cost, and the panel says how many were replayed."""
+    from ddptui.ui.widgets.whatif import build
+    from tests.helpers import store_of, synthetic_frames, synthetic_meta
+    st = store_of(synthetic_frames(steps=8, model="medium", world=256), synthetic_meta(model="medium", world=256))
+    full = W.ladder(st, last=2, reference_last=2)
+    few = W.ladder(st, last=2, reference_last=2, max_ranks=64)
+    assert full[1].ranks is None and len(few[1].ranks) == 64
+    newest = st.step_batches("ddp", few[1].steps[-1])
+    latest = max(newest, key=lambda r: newest[r].base_ns + newest[r].iss[-1] * 1000)
+    assert latest in few[1].ranks  # the rank the others waited for is replayed
+    for (c, p, _), (_, q, _) in zip(full[2], few[2]):
+        assert q.step_ms == pytest.approx(p.step_ms, rel=0.05), c
+    text = "".join(t for line in build(st, few, None) for t, _ in line)
+    assert "64 of 256 ranks replayed" in text

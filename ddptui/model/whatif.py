@@ -311,6 +311,7 @@ class Basis:
     # (the same strategy and cap right after a re-wrap, naive's): the contention fit's reference
     reference: list[dict[int, RankTimeline]] = field(default_factory=list)
     ref_bytes_of: list[dict[int, int]] = field(default_factory=list)
+    ranks: list[int] | None = None  # the ranks replayed where not all were (replay_ranks)
 
     @property
     def order(self) -> list[int]:
@@ -370,21 +371,47 @@ def _explicit_at(store, step: int) -> bool:
 _BWD = bytes([BWD])
 
 
-def layered_steps(batches: dict, ks: list[int]) -> list[int]:
-    """Of the steps `ks`, those whose layers every rank marked (a backward per layer), where
-    any are: a step marked as whole passes (layer marks on a sample of steps) has no layer
-    to re-bucket or slow down."""
-    got = [k for k in ks if all(_BWD in b.kind for b in batches[k].values())]
-    return got or ks
+def layered_steps(batches: dict, ks: list[int], last: int | None = None) -> list[int]:
+    """Of the steps `ks` (the last `last` of them), those whose layers were marked (a backward
+    per layer; the ranks mark the same steps: the first rank's tells), where any are: a step
+    marked as whole passes (layer marks on a sample of steps) has no layer to re-bucket or
+    slow down. Looked for from the newest back (at 1,024 ranks this runs at every refresh)."""
+    got = []
+    for k in reversed(ks):
+        if _BWD in next(iter(batches[k].values())).kind:
+            got.append(k)
+            if last is not None and len(got) >= last:
+                break
+    got.reverse()
+    if not got:
+        return ks[-last:] if last else ks
+    return got
+
+
+def replay_ranks(step: dict, n: int) -> list[int]:
+    """n of a step's ranks to replay (rank -> span batch; many ranks): the n // 32 that were
+    ready for their last collective last (the ones the others wait for: a collective ends
+    after the last rank is ready) and the others evenly spread over the rest (each rank's
+    step is its own: the figures are medians over ranks, which the spread keeps), sorted."""
+    def ready(r: int) -> int:
+        b = step[r]
+        return b.base_ns + (b.iss[-1] * 1000 if len(b.iss) else (max(b.t1) * 1000 if len(b.t1) else 0))
+    late = sorted(step, key=ready, reverse=True)[:max(1, n // 32)]
+    rest = sorted(set(step) - set(late))
+    spread = [rest[i * len(rest) // (n - len(late))] for i in range(n - len(late))] if rest else []
+    return sorted(set(late) | set(spread))
 
 
 def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int | None = None,
-            last: int | None = None, reference_last: int | None = None) -> Basis:
+            last: int | None = None, reference_last: int | None = None,
+            max_ranks: int | None = None) -> Basis:
     """The kept, complete steps of `strategy` (DDP: those run under `cap_mb`, default the
     cap in force at `upto`), less warm-up and the steps right after a re-wrap; the last
     `last` of them replayed, and as the contention fit's reference every other kept step of
     it and of naive (the last `reference_last` of each, where given: with many ranks each
-    step is a timeline per rank to build)."""
+    step is a timeline per rank to build). `max_ranks`: with more ranks than that, that many
+    replayed (replay_ranks of the newest step: the ranks last ready and a spread of the
+    others; `Basis.ranks` says which); the collectives' cost stays that of every rank."""
     if strategy == "fsdp":
         raise WhatIfError("fsdp: no gradient AllReduce to re-bucket or re-size (its all-gathers and "
                           "reduce-scatters are kept as recorded); predict from ddp or naive steps")
@@ -417,14 +444,19 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
             raise NotPredicted(f"the script wraps {len(modules)} modules in DDP (buckets "
                               + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in modules)
                               + "); what-if re-buckets one DDP module's gradients, so it predicts none here")
-    ks = layered_steps(batches, ks)
-    if last:
-        ks = ks[-last:]
+    ks = layered_steps(batches, ks, last or None)
     backend = str(store.meta.backend or next((i.backend for i in store.rank_snapshot().values()), "") or "")
     lanes = 1 if "nccl" in backend.lower() else GLOO_THREADS
+    keep = None
+    if max_ranks and len(batches[ks[-1]]) > max_ranks:
+        keep = set(replay_ranks(batches[ks[-1]], max_ranks))
+        want = len(keep)
+
+    def trace(rs: dict) -> dict[int, RankTimeline]:
+        return trace_step(rs if keep is None else {r: b for r, b in rs.items() if r in keep})
     traces, bytes_of, assignment = [], [], None
     for k in ks:
-        tr = trace_step(batches[k])
+        tr = trace(batches[k])
         if len(tr) < want:
             continue
         if strategy == "ddp":
@@ -438,7 +470,7 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
         raise WhatIfError(f"no complete {strategy} step to predict from")
     # the reference: steps after the first not replayed, of this strategy at this cap, and naive's
     basis = Basis(strategy, store.world, lanes, backend, pbytes, player, cap, bool(explicit),
-                  assignment, ks, traces, bytes_of)
+                  assignment, ks, traces, bytes_of, ranks=sorted(keep) if keep is not None else None)
     used = set(ks)
     for s, bs in store.span_batches().items():
         if s not in (strategy, "naive"):
@@ -447,12 +479,10 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
                                               or (upto is not None and k > upto))]
         if s == "ddp":
             cand = [k for k in cand if (store.cap_at(k) or spec.DEFAULT_BUCKET_CAP_MB) == cap_mb]
-        cand = layered_steps(bs, cand)
-        if reference_last is not None:
-            cand = cand[-reference_last:]
+        cand = layered_steps(bs, cand, reference_last)
         for k in cand:
             rs = bs[k]
-            tr = trace_step(rs)
+            tr = trace(rs)
             if len(tr) < want:
                 continue
             basis.reference.append(tr)
@@ -900,7 +930,8 @@ def basis_info(b: Basis, fit: CommFit, cont: Contention | None = None) -> tuple[
     info = {"strategy": b.strategy, "world": b.world, "backend": b.backend, "lanes": b.lanes,
             "steps": len(b.steps), "first_step": b.steps[0], "last_step": b.steps[-1],
             "cap_mb": b.cap_mb, "cap_explicit": b.explicit if b.strategy == "ddp" else None,
-            "buckets": len(b.assignment) if b.assignment else None}
+            "buckets": len(b.assignment) if b.assignment else None,
+            "ranks_replayed": len(b.ranks) if b.ranks is not None else b.world}
     fitd = {"alpha_ms": fit.alpha_ms, "beta_ms_per_mb": fit.beta_ms_per_mb, "collectives": fit.n,
             "sizes": fit.sizes, "err_pct": fit.err_pct, "world": fit.world, "bus_gbps": fit.bus_gbps,
             "hop_ms": fit.hop_ms, "call_ms": fit.call_ms, "coll_per_ms": fit.coll_per_ms,
@@ -974,11 +1005,12 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
 
 
 def ladder(store, caps=spec.BUCKET_LADDER_MB, upto: int | None = None, last: int = 20,
-           reference_last: int | None = None):
+           reference_last: int | None = None, max_ranks: int | None = None):
     """The what-if panel's rows: (fit, basis, [(cap, prediction, measured or None)]), from the
     last `last` kept ddp steps at the cap in force at `upto` (and the last `reference_last`
-    other steps of ddp and naive as the contention fit's reference, where given)."""
-    b = collect(store, "ddp", upto=upto, last=last, reference_last=reference_last)
+    other steps of ddp and naive as the contention fit's reference, where given; `max_ranks`
+    of the ranks replayed, where given: collect)."""
+    b = collect(store, "ddp", upto=upto, last=last, reference_last=reference_last, max_ranks=max_ranks)
     fit = fit_comm(b, contention=True)
     d = fit_delays(b)
     cont = fit_contention(b, fit)

@@ -14,6 +14,7 @@ from .panel import Frame, Panel
 from .text import Parts
 
 EVERY_S = 1.0  # predictions are recomputed at most this often (and when the step shown changes)
+REPLAY_RANKS = 64  # beyond, the ranks replayed (whatif.replay_ranks): the panel's cost stays flat
 
 
 def build(store: Store, got, cap_now: float | None) -> list[Parts]:
@@ -24,6 +25,8 @@ def build(store: Store, got, cap_now: float | None) -> list[Parts]:
     lines: list[Parts] = [
         [("what if", theme.style(theme.TEXT, bold=True)),
          (f" · PREDICTED from {len(basis.steps)} steps at {cap_txt}", theme.style(theme.WARN)),
+         *([(f" · {len(basis.ranks)} of {basis.world:,} ranks replayed (the last ready, a spread)",
+             theme.style(theme.DIM))] if basis.ranks is not None else []),
          (f" · α {fit.alpha_ms:.2f} ms β {fit.beta_ms_per_mb:.2f} ms/MB fit ±{fit.err_pct:.0f}%",
           theme.style(theme.DIM))],
         [(f"{'cap MB':>7}{'buckets':>8}{'pred step':>11}{'overlap':>9}{'meas step':>11}{'overlap':>9}",
@@ -64,14 +67,16 @@ class WhatIfPanel(Panel):
         now = time.monotonic()
         # its cost grows with ranks x steps replayed: with many ranks, fewer of the last steps
         # (at least 2), as many reference steps of ddp and of naive (every kept one up to 64
-        # ranks) and a slower refresh (1,024 ranks: 2 and 2 steps, every 8 s; every kept
-        # step as reference took half the updater's time there)
+        # ranks), REPLAY_RANKS of the ranks replayed and a slower refresh (1,024 ranks: 2 and 2
+        # steps, every 8 s; every kept step as reference took half the updater's time there,
+        # and every rank replayed 0.7 s, a stall of every frame every 8 s)
         world = store.world or 2
         every, last = max(EVERY_S, world / 128), max(2, min(20, 2048 // world))
         ref_last = None if world <= 64 else last
         if self._got is None or (refresh and key != self._key and now - self._at >= every):
             try:
-                self._got = whatif.ladder(store, upto=upto, last=last, reference_last=ref_last)
+                self._got = whatif.ladder(store, upto=upto, last=last, reference_last=ref_last,
+                                          max_ranks=REPLAY_RANKS)
             except (whatif.WhatIfError, ValueError, ZeroDivisionError) as e:
                 waiting = isinstance(e, whatif.WhatIfError) and not isinstance(e, whatif.NotPredicted)
                 self._got = f"waiting for steady ddp steps ({e})" if waiting else str(e)
