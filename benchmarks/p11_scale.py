@@ -182,6 +182,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=None, help="seconds of load each (default 10)")
     p.add_argument("--ui", action="store_true", help="the app on the pipeline: the drawing thread's share (P11ui)")
     a = p.parse_args(argv)
+    from ddptui.cli.common import tune_gc
+    tune_gc()  # (as the command line sets the process up)
     ns = [int(x) for x in (a.ranks or ("64,256" if a.quick else "64,256,1024")).split(",")]
     secs = a.seconds or (3.0 if a.quick else 10.0)
     if a.ui:

@@ -11,7 +11,7 @@ import sys
 from ranks import spec
 
 from ddptui import __version__
-from .common import CliError, Parser, check_environment, check_writable_path, record_path, sigterm_to_interrupt
+from .common import CliError, Parser, check_environment, check_writable_path, record_path, sigterm_to_interrupt, tune_gc
 from .common import open_live_ui, require_terminal
 from .options import add_numeric, run_parent
 
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     # a run must stop on Ctrl-C and SIGTERM: a parent that blocked them (threads, libraries)
     # hands its mask down to the processes it starts; unblocking is what a terminal gives
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    tune_gc()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in SUBCOMMANDS:
