@@ -510,7 +510,9 @@ def _let_go() -> None:
 # step; the other steps mark the forward's and backward's start and end (PASS spans), and
 # every collective as always.
 LAYER_SHARE = 0.005
-MAX_EVERY = 64
+# (at most: the app keeps 400 steps, and the per-layer evidence judges windows of 20 steps
+# with their layers marked: 16 x 20 = 320 fit)
+MAX_EVERY = 16
 # a marked layer of a sampled model: a pre-hook registered in its forward and called in its
 # backward (ranks.strategies.LayerMarks; ~4 µs here, where a hook registered once costs
 # ~1.1-1.4 µs of PyTorch's call but ~0.5 µs on every step ever after, marked or not)
@@ -546,6 +548,8 @@ class Pending:
     def n_spans(self) -> int:
         r = self.r
         n = 1 + len(r.comm_idx) + (r.opt_s is not None and r.opt_e is not None)
+        if not r.layers:  # (the forward and backward as a whole: PASS spans)
+            return n + (r.fwd_s[0] is not None) + (r.bwd_e[0] is not None)
         n += sum(1 for a, b in zip(r.fwd_s, r.fwd_e) if a is not None and b is not None)
         n += sum(1 for a, b in zip(r.bwd_s, r.bwd_e) if a is not None and b is not None)
         return n

@@ -119,9 +119,9 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
     (`LayerMarks.move_after`).
     Layer marks on a sample of steps (`strategy` names the steps whose marks Recorder.begin
     switches; LayerMarks): a step whose layers are not marked (`StepRecord.layers` false)
-    marks the forward's start and end (the backward's start: the loss is the backward's) and
-    the backward's end; a marked step marks its blocks' backward ends with pre-hooks
-    registered in its forward. Returns the weights' marks."""
+    marks the forward's start and end and the backward's start and end (two hooks); a marked
+    step marks its blocks' backward ends with pre-hooks registered in its forward. Returns the
+    weights' marks."""
     blocks = list(model.children())
     last = len(blocks) - 1
 
@@ -159,12 +159,11 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
                     gf = x.grad_fn
                     if gf is not None:
                         gf.register_prehook(dones[i + 1])
-        else:  # the forward as one: its start and end; the backward starts there (the loss's
-            # forward and backward are the backward's: no hook a step)
+        else:  # the forward as one: its start and end (the backward's start and end: the hooks
+            # of the last block's output and of the first block's weight)
             for block in blocks:
                 x = block(x)
-            fe[last] = c.bwd_s[last] = mark()
-            return x
+            fe[last] = mark()
         gf = x.grad_fn
         if gf is not None:
             gf.register_prehook(start_last)

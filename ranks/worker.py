@@ -39,6 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--layer-every", default="auto", metavar="N|auto",
+                   choices=("auto", "1", "2", "4", "8", "16", "32", "64"),
                    help="mark each layer on one step in N (auto: as few steps as keep ddptui's host "
                         "time within 0.5%% of a step)")
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
@@ -144,6 +145,27 @@ def slow_from_word(word: int) -> tuple[int, int, int]:
     rest, ms = divmod(word, SEQ_SHIFT)
     rest, layer = divmod(rest, 256)
     return rest % 256, layer, ms
+
+
+def every_vote(rec, strategy: str, runs_here: bool, every_step: bool) -> int:
+    """This rank's say in the period of layer marks (the control collective keeps the largest
+    say, the shortest period: every rank then marks the same steps): minus the period it
+    wants; every step while a delay is injected here (it runs in the layer hooks) or under
+    verify (matched layer by layer); no say where the strategy does not run here (single
+    on the other ranks: they never time its steps)."""
+    from .instrument import MAX_EVERY
+    if not runs_here:
+        return -MAX_EVERY
+    return -(1 if every_step else rec.wanted_every(strategy))
+
+
+def agreed_every(vote: int, slow_word: int) -> int:
+    """The period of layer marks every rank takes from the control collective's result: 1
+    while the straggler word says a delay is on (switched on at this very step too, before a
+    rank's own say could tell)."""
+    if slow_word and slow_from_word(slow_word)[2] > 0:
+        return 1
+    return max(1, -vote)
 
 
 def choose_device(args, world: int, local_rank: int):
@@ -307,7 +329,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             # steps); every step while a delay is injected (it runs in the layer hooks) or
             # under verify (its window matches layer by layer)
             straggling = rec.straggle is not None and rec.straggle.layer >= 0
-            ctl[3] = -(1 if (straggling or pw is not None) else rec.wanted_every(strat.name))
+            ctl[3] = every_vote(rec, strat.name, strat.runs_on(rank), straggling or pw is not None)
             dist.all_reduce(ctl, op=dist.ReduceOp.MAX, group=ctl_group)
             if ctl[0].item():
                 stopped = True
@@ -344,7 +366,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             em.step = k
             if probe is not None:
                 probe.before()
-            rec.begin(strat.name, k, every=int(-ctl[3].item()))
+            rec.begin(strat.name, k, every=agreed_every(int(ctl[3].item()), applied_slow))
             strat.step(xb, yb)
             rec.end()
             if probe is not None:

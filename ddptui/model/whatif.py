@@ -368,7 +368,7 @@ def _explicit_at(store, step: int) -> bool:
     return settings.get("bucket_cap_mb") is not None
 
 
-_BWD = bytes([BWD])
+_BWD, _PASS = bytes([BWD]), bytes([PASS])
 
 
 def layered_steps(batches: dict, ks: list[int], last: int | None = None) -> list[int]:
@@ -383,9 +383,9 @@ def layered_steps(batches: dict, ks: list[int], last: int | None = None) -> list
             if last is not None and len(got) >= last:
                 break
     got.reverse()
-    if not got:
-        return ks[-last:] if last else ks
-    return got
+    if got or not any(_PASS in next(iter(batches[k].values())).kind for k in ks):
+        return got or (ks[-last:] if last else ks)
+    return []  # (only steps marked as whole passes)
 
 
 def replay_ranks(step: dict, n: int) -> list[int]:
@@ -445,6 +445,9 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
                               + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in modules)
                               + "); what-if re-buckets one DDP module's gradients, so it predicts none here")
     ks = layered_steps(batches, ks, last or None)
+    if not ks:
+        raise WhatIfError(f"no kept {strategy} step has its layers marked yet (layers are marked on a "
+                          "sample of steps: short steps)")
     backend = str(store.meta.backend or next((i.backend for i in store.rank_snapshot().values()), "") or "")
     lanes = 1 if "nccl" in backend.lower() else GLOO_THREADS
     keep = None

@@ -13,9 +13,14 @@ RECENT = stragglers.RECENT  # steps the medians and bars are over
 
 
 def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
-    """stragglers.summarize of a strategy's last RECENT steps (kept while they are the same)."""
-    return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT),
-                                       list(store.meta.layers))
+    """stragglers.summarize of a strategy's last RECENT steps (kept while they are the same);
+    where layers are marked on a sample of steps, of as many more as hold RECENT marked ones
+    (the per-layer evidence judges those only)."""
+    n = RECENT
+    sampling = store.layer_sampling(strategy)
+    if sampling is not None and sampling[0]:
+        n = RECENT * max(1, round(sampling[1] / sampling[0]))
+    return stragglers.summarize_cached(store.recent_waits(strategy, upto, n), list(store.meta.layers))
 
 
 def _strategies(store: Store) -> list[str]:
