@@ -214,7 +214,7 @@ def test_a_sampled_step_is_drawn_and_exported_as_whole_passes(tmp_path):
     view = st.view("ddp", 5)
     bars = compute_bars(view.spans[0], list(st.meta.layers))
     labels = [b[3] for b in bars]
-    assert "forward (layers not marked)" in labels and "backward (layers not marked)" in labels
+    assert "fwd: all layers" in labels and "bwd: all layers" in labels
     marked = compute_bars(st.view("ddp", 4).spans[0], list(st.meta.layers))
     assert "fc1" in [b[3] for b in marked]
 
@@ -312,3 +312,33 @@ def test_the_culprit_is_named_from_the_marked_steps():
     shown = {"ddp": st.latest_complete("ddp")}
     gist = waits.culprit_gist(st, shown)
     assert gist.startswith("rank 2 · fc2 backward"), gist
+
+
+@pytest.mark.asyncio
+async def test_the_pane_says_the_rate_and_draws_whole_passes(tmp_path):
+    """A recording whose layers were marked one step in 4, replayed in the app: the pane's
+    header says so, and an unmarked step's lane draws its forward and backward as a whole."""
+    import itertools
+
+    from textual.geometry import Region
+
+    from ddptui.recording.replay import ReplaySource
+    from ddptui.ui.app import DdpApp
+    from ddptui.ui.widgets.timeline import TimelinePane
+    from .helpers import write_recording
+    path = tmp_path / "sampled.ddptui"
+    write_recording(path, sampled_frames(8, 4))
+    src = ReplaySource(str(path), clock=itertools.count(0, 10**12).__next__)  # (the whole file at once)
+    app = DdpApp(src)
+    async with app.run_test(size=(200, 45)) as pilot:
+        for _ in range(50):
+            await pilot.pause(0.05)
+            pane = app.query_one("#pane-ddp", TimelinePane)
+            if pane.state.view is not None and pane.state.view.step == 7:
+                break
+        app.redraw()
+        await pilot.pause()
+        lines = [s.text for s in pane.render_lines(Region(0, 0, *pane.size))]
+        assert pane.state.view.step == 7  # (7: not a multiple of 4, unmarked)
+        assert "step 7 · 8.0 ms" in lines[0] and "· layers 1 step in 4 ·" in lines[0], lines[0]
+        assert any("bwd: all layers" in ln for ln in lines), lines

@@ -50,12 +50,14 @@ class StepView:
 
 
 
-def sampling_text(sampling: tuple[int, int]) -> str:
-    """'layers marked 1 step in 16 (6 of 96)': layer marks on a sample of steps."""
+def sampling_text(sampling: tuple[int, int], short: bool = False) -> str:
+    """'layers marked 1 step in 16 (6 of 96)' (short: 'layers 1 step in 16'): layer marks on
+    a sample of steps."""
     marked, total = sampling
     if not marked:
         return f"layers marked on none of {total} steps"
-    return f"layers marked 1 step in {max(1, round(total / marked))} ({marked} of {total})"
+    every = max(1, round(total / marked))
+    return f"layers 1 step in {every}" if short else f"layers marked 1 step in {every} ({marked} of {total})"
 
 
 class Lane(Sequence):

@@ -23,7 +23,7 @@ _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _DRAWN = (FWD, BWD, OPT, OTHER, PASS)  # (OTHER: a rank's evaluation, in no figure; drawn dim)
 _FIXED = {OPT: (theme.OPT, "opt"), OTHER: (theme.OTHER, "other")}  # kind -> colour, label
 # PASS: a step whose layers were not marked (sampled): its forward and backward as one bar each
-_PASS = {0: (theme.FWD_A, "forward (layers not marked)"), 1: (theme.BWD_A, "backward (layers not marked)")}
+_PASS = {0: (theme.FWD_A, "fwd: all layers"), 1: (theme.BWD_A, "bwd: all layers")}
 _PLANS: dict = {}  # (Placement, layer names) -> the compute lane's positions, colours, labels
 _PLANS_MAX = 256
 

@@ -176,13 +176,13 @@ class TimelinePane(Widget):
         if self.strategy == "ddp":
             text += self._buckets(v)
         out.append((text, theme.style(theme.TEXT, bold=True)))
+        if v.sampling is not None:  # layers marked on a sample of steps (short steps)
+            out.append((f" · {sampling_text(v.sampling, short=True)}", theme.style(theme.WARN)))
         if st.cap_note:
             out.append((f" {st.cap_note}", theme.style(theme.WARN, bold=True)))
         said = (f"{calls - colls} AllReduce + {colls} coll" if calls > colls else f"{colls} collectives") \
             if colls else f"{calls} AllReduce"
         out.append((f" · {said} · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
-        if v.sampling is not None:  # layers marked on a sample of steps (short steps)
-            out.append((f" · {sampling_text(v.sampling)}", theme.style(theme.DIM)))
         if st.labels:  # aggregated lanes (widgets/aggregate.py)
             out.append((f" · {len(v.figures)} ranks in bands", theme.style(theme.DIM)))
         return out
