@@ -170,6 +170,7 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="ddptui-p9-") as tmp:
         d = a.keep or tmp
+        os.makedirs(d, exist_ok=True)  # (a recording into a folder that is not there is no recording)
         for model, batch in models:
             if a.from_dir:
                 store, phases = from_recording(os.path.join(a.from_dir, f"p9-{model}.ddptui"))
