@@ -167,8 +167,13 @@ def _raw_stream_getter(torch_cuda, device):
     if raw is None:
         return None
     index = device if isinstance(device, int) else getattr(device, "index", None)
-    if not isinstance(index, int):  # ("cuda:1", or a device without an index)
-        index = int(str(device).split(":")[-1]) if ":" in str(device) else 0
+    if not isinstance(index, int):  # ("cuda:1", or a device without an index: the current one)
+        text = str(device)
+        if ":" in text:
+            index = int(text.split(":")[-1])
+        else:
+            current = getattr(torch_cuda, "current_device", None)
+            index = current() if current is not None else 0
     try:
         raw(index)
     except Exception:  # (an unknown shape: the lookup every step, as before)
