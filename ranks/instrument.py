@@ -619,6 +619,14 @@ class Recorder:
         c.ref = self.clock.ref()
         c.step_start = self.clock.mark()
 
+    def backward_starts(self) -> None:
+        """Right before the step calls backward() (the built-in strategies): a step whose layers
+        are not marked marks its backward's start here, on the training thread, with no hook
+        (on CUDA an event after the loss's kernels: where the backward starts on the stream)."""
+        c = self.cur
+        if c is not None and not c.layers:
+            c.bwd_s[self.n_layers - 1] = self.clock.mark()
+
     def fwd_begin(self, layer: int) -> None:
         if self.cur is not None:
             self.cur.fwd_s[layer] = self.clock.mark()

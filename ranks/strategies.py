@@ -119,9 +119,10 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
     (`LayerMarks.move_after`).
     Layer marks on a sample of steps (`strategy` names the steps whose marks Recorder.begin
     switches; LayerMarks): a step whose layers are not marked (`StepRecord.layers` false)
-    marks the forward's start and end and the backward's start and end (two hooks); a marked
-    step marks its blocks' backward ends with pre-hooks registered in its forward. Returns the
-    weights' marks."""
+    marks the forward's start and end, the backward's start (Recorder.backward_starts, right
+    before the step calls backward(): no hook) and end (the first block's weight's hook); a
+    marked step marks its blocks' backward ends with pre-hooks registered in its forward.
+    Returns the weights' marks."""
     blocks = list(model.children())
     last = len(blocks) - 1
 
@@ -159,11 +160,12 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
                     gf = x.grad_fn
                     if gf is not None:
                         gf.register_prehook(dones[i + 1])
-        else:  # the forward as one: its start and end (the backward's start and end: the hooks
-            # of the last block's output and of the first block's weight)
+        else:  # the forward as one: its start and end (the backward's: Recorder.backward_starts,
+            # called by the step right before backward(), and the first block's weight's hook)
             for block in blocks:
                 x = block(x)
             fe[last] = mark()
+            return x
         gf = x.grad_fn
         if gf is not None:
             gf.register_prehook(start_last)
@@ -299,6 +301,7 @@ class Strategy:
         rec = self.rec
         self.opt.zero_grad(set_to_none=False)
         loss = F.cross_entropy(self.model(x), y)
+        rec.backward_starts()
         loss.backward()
         self.after_backward()
         rec.opt_begin()
@@ -464,8 +467,9 @@ class DDPStrategy(Strategy):
         self.seen = []
         rec = self.rec
         self.opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(self.model(x), y)
-        (loss / self.world).backward()
+        loss = (F.cross_entropy(self.model(x), y) / self.world)
+        rec.backward_starts()
+        loss.backward()
         rec.opt_begin()
         self.opt.step()
         rec.opt_end()
