@@ -105,3 +105,28 @@ def test_wait_medians_of_many_ranks_equal_statistics_median():
     ranks = sorted(steps[0].wait_ms)
     got = stragglers._wait_medians(steps, ranks)
     assert got == {str(r): round(median(s.wait_ms.get(r, 0.0) for s in steps), 3) for r in ranks}
+
+
+@pytest.mark.parametrize("ranks,slow", [(2, None), (3, (1, (1, 2))), (256, (37, (1, 2))), (512, None)])
+def test_a_window_judged_column_wise_equals_rank_by_rank(monkeypatch, ranks, slow):
+    """evidence.judge over many ranks (numpy) gives the verdict the rank-by-rank way gives,
+    value for value: findings, their figures, every rank's excess."""
+    import random
+
+    from ddptui.model import evidence as E
+    rng = random.Random(ranks)
+    secs = [(0, i) for i in range(4)] + [(1, i) for i in range(4)]
+    window = []
+    for k in range(20):
+        sections = {r: {s: rng.gauss(10, 1) + (40.0 if slow and (r, s) == slow else 0.0)
+                        for s in secs} for r in range(ranks)}
+        ex, _ = E.step_excess(sections)
+        window.append((k, E.flatten(sections), ex))
+    monkeypatch.setattr(E, "COLUMNWISE_FROM", 0)
+    fast = E.judge(window)
+    monkeypatch.setattr(E, "COLUMNWISE_FROM", 10 ** 9)
+    slow_way = E.judge(window)
+    assert fast.findings == slow_way.findings and fast.tests == slow_way.tests and fast.need == slow_way.need
+    assert {r: dict(fast.excess_ms[r]) for r in fast.excess_ms} == slow_way.excess_ms
+    if slow:
+        assert fast.culprit is not None and (fast.culprit.rank, fast.culprit.section) == slow

@@ -33,6 +33,7 @@ one per step with who waited for whom (`StepWaits.sections`).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from math import comb
@@ -213,6 +214,7 @@ def _mad(vals: list[float], m: float) -> float:
 
 
 Step = tuple[int, Flat, dict[int, dict[Section, float]]]  # (step, its flattened sections, step_excess's excess)
+COLUMNWISE_FROM = 2048  # (rank, section) columns from which a window is judged with numpy
 
 
 def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MIN_EXCESS_REL,
@@ -224,7 +226,17 @@ def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MI
     last = window[-1][0] if window else -1
     flats = [f for _, f, _ in window]
     keys = flats[0][0] if flats else ()
-    if all(f[0] is keys or f[0] == keys for f in flats):  # the same sections every step
+    at = fast_index(steps)
+    need = need_steps(steps, min_slower)
+    same = all(f[0] is keys or f[0] == keys for f in flats)
+    if same and steps and len(keys) >= COLUMNWISE_FROM:
+        grid = _grid(keys)
+        if grid is not None:  # many ranks, every one with the same sections: column-wise
+            excess, cols = _fast_excess(flats, at, *grid)
+            cands = excess.candidates(min_ms)
+            findings = _findings(window, cands, cols, steps, need, min_ms, min_rel)
+            return Verdict(first, last, steps, len(keys), need, findings, excess)
+    if same:  # the same sections every step
         cols = dict(zip(keys, zip(*(f[1] for f in flats))))
     else:  # a section counts where it was measured on every step of the window
         per: dict = {}
@@ -234,7 +246,6 @@ def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MI
         cols = {k: v for k, v in per.items() if len(v) == steps}
     # each column's fast time (fast_time of its `steps` values), made in one pass: at 64 ranks
     # a window has over a thousand columns, judged at every new step
-    at = fast_index(steps)
     by_sec: dict[Section, list[tuple[int, float]]] = {}
     ranks: dict[int, None] = {}
     for (r, key), s in zip(cols, map(sorted, cols.values())):
@@ -245,26 +256,110 @@ def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MI
         else:
             got.append((r, s[at]))
     excess, _ = _excess(by_sec, ranks)
-    need = need_steps(steps, min_slower)
     tests = sum(len(v) for v in excess.values())
+    cands = [(r, key, fast_ex) for r, got in excess.items() for key, fast_ex in got.items() if fast_ex >= min_ms]
+    return Verdict(first, last, steps, tests, need, _findings(window, cands, cols, steps, need, min_ms, min_rel),
+                   excess)
+
+
+def _findings(window: list[Step], cands, cols, steps: int, need: int, min_ms: float,
+              min_rel: float) -> list[Finding]:
+    """The (rank, section, fast excess) candidates that hold over the window, largest excess
+    first; cols[(rank, section)]: that column's values over the window."""
     findings: list[Finding] = []
-    for r, got in excess.items():
-        for key, fast_ex in got.items():
-            if fast_ex < min_ms:
-                continue
-            series = [e[r][key] for _, _, e in window if key in e.get(r, {})]
-            slower = sum(1 for v in series if v > 0)
-            if slower < need or len(series) != steps:
-                continue
-            mine = cols[(r, key)]
-            others = [d - e for d, e in zip(mine, series)]  # the others' median, step by step
-            ex, ref = shift(mine, others), median(others)
-            if ex < min_ms or ex < min_rel * ref:
-                continue
-            findings.append(Finding(r, key, ex, _mad(series, median(series)), ref, fast_ex, slower, steps,
-                                    binom_tail(steps, slower)))
+    for r, key, fast_ex in cands:
+        series = [e[r][key] for _, _, e in window if key in e.get(r, {})]
+        slower = sum(1 for v in series if v > 0)
+        if slower < need or len(series) != steps:
+            continue
+        mine = cols[(r, key)]
+        others = [d - e for d, e in zip(mine, series)]  # the others' median, step by step
+        ex, ref = shift(mine, others), median(others)
+        if ex < min_ms or ex < min_rel * ref:
+            continue
+        findings.append(Finding(r, key, ex, _mad(series, median(series)), ref, fast_ex, slower, steps,
+                                binom_tail(steps, slower)))
     findings.sort(key=lambda f: (-f.excess_ms, f.rank, f.section))
-    return Verdict(first, last, steps, tests, need, findings, excess)
+    return findings
+
+
+_GRIDS: dict = {}  # keys (by identity, the same object while the shape holds) -> (ranks, sections)
+
+
+def _grid(keys) -> tuple[list[int], list[Section]] | None:
+    """(ranks, sections) where `keys` are every rank's same sections, rank by rank (as flatten
+    and columnwise.sections_excess make them), else None."""
+    got = _GRIDS.get(id(keys))
+    if got is not None and got[0] is keys:
+        return got[1]
+    ranks = list(dict.fromkeys(r for r, _ in keys))
+    n_s = len(keys) // len(ranks) if ranks else 0
+    secs = [k for _, k in keys[:n_s]]
+    grid = (ranks, secs) if n_s and len(keys) == len(ranks) * n_s and \
+        keys == tuple((r, k) for r in ranks for k in secs) else None
+    if len(_GRIDS) > 16:
+        _GRIDS.clear()
+    _GRIDS[id(keys)] = (keys, grid)
+    return grid
+
+
+class _Columns:
+    """cols[(rank, section)] -> that column's values over the window (a steps x columns
+    matrix: only the few columns a finding needs are ever taken out)."""
+
+    __slots__ = ("ranks", "secs", "m")
+
+    def __init__(self, ranks: dict, secs: dict, m):
+        self.ranks, self.secs, self.m = ranks, secs, m
+
+    def __getitem__(self, key):
+        r, sec = key
+        return tuple(self.m[:, self.ranks[r] * len(self.secs) + self.secs[sec]].tolist())
+
+
+class _RankExcess(Mapping):
+    """rank -> {section: own fast time - the other ranks' median} (Verdict.excess_ms), from a
+    ranks x sections matrix: a rank's dict made when asked for (at 1,024 ranks, few are)."""
+
+    def __init__(self, ranks: list[int], secs: list[Section], ex):
+        self._ranks, self._secs, self._ex = ranks, secs, ex
+        self._at = {r: i for i, r in enumerate(ranks)}
+
+    def __getitem__(self, r):
+        return dict(zip(self._secs, self._ex[self._at[r]].tolist()))
+
+    def __iter__(self):
+        return iter(self._ranks)
+
+    def __len__(self):
+        return len(self._ranks)
+
+    def candidates(self, min_ms: float) -> list[tuple[int, Section, float]]:
+        """(rank, section, excess) where the excess is at least min_ms, rank by rank."""
+        import numpy as np
+        return [(self._ranks[i], self._secs[j], float(self._ex[i, j]))
+                for i, j in np.argwhere(self._ex >= min_ms).tolist()]
+
+
+def _fast_excess(flats: list, at: int, ranks: list[int], secs: list[Section]):
+    """judge's fast times and their excess over the other ranks' median, column-wise: the
+    same values as the rank-by-rank way (the same sort, the same sums and halves)."""
+    import numpy as np
+    m = np.array([f[1] for f in flats], dtype=np.float64)  # steps x (rank, section)
+    n, n_s = len(ranks), len(secs)
+    fast = np.sort(m, axis=0)[at].reshape(n, n_s)  # ranks x sections
+    cols = _Columns({r: i for i, r in enumerate(ranks)}, {k: j for j, k in enumerate(secs)}, m)
+    if n < 2:
+        return _RankExcess(ranks, [], np.empty((n, 0))), cols
+    if n == 2:
+        ex = np.vstack([fast[0] - fast[1], fast[1] - fast[0]])
+    else:
+        v = np.sort(fast, axis=0)
+        j1, j2 = (n - 2) // 2, (n - 1) // 2
+        lo, hi = v[j1], v[j2]
+        if_above, if_below, if_mid = (v[j1] + v[j2]) / 2, (v[j1 + 1] + v[j2 + 1]) / 2, (v[j1] + v[j2 + 1]) / 2
+        ex = fast - np.where(fast > hi, if_above, np.where(fast <= lo, if_below, if_mid))
+    return _RankExcess(ranks, secs, ex), cols
 
 
 def windows(series: list, size: int = WINDOW, stride: int = 1):
