@@ -39,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--layer-every", default="auto", metavar="N|auto",
-                   choices=("auto", "1", "2", "4", "8", "16", "32", "64"),
+                   choices=("auto", "1", "2", "4", "8", "16"),
                    help="mark each layer on one step in N (auto: as few steps as keep ddptui's host "
                         "time within 0.5%% of a step)")
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")

@@ -314,6 +314,9 @@ def test_the_culprit_is_named_from_the_marked_steps():
     shown = {"ddp": st.latest_complete("ddp")}
     gist = waits.culprit_gist(st, shown)
     assert gist.startswith("rank 2 · fc2 backward"), gist
+    got = waits._summary(st, "ddp", shown["ddp"])
+    assert got["steps"] == waits.RECENT  # (the medians the panel says are of the last 20 steps)
+    assert got["evidence"]["steps"] == 20 and got["evidence"]["first_step"] % 4 == 0
 
 
 @pytest.mark.asyncio

@@ -267,3 +267,14 @@ def test_many_ranks_replay_a_few_and_predict_what_all_would():
         assert q.step_ms == pytest.approx(p.step_ms, rel=0.05), c
     text = "".join(t for line in build(st, few, None) for t, _ in line)
     assert "64 of 256 ranks replayed" in text
+
+
+def test_the_ranks_replayed_hold_whoever_was_last_in_any_step():
+    """replay_ranks: the ranks ready last in each step replayed (a rank late in an older step
+    only is kept too), a spread of the others; every rank where there are few."""
+    def step(late: int, n: int = 256):
+        return {r: SpanBatch(r, "ddp", 0, 0, bytes([COMM]), array("H", [0]), array("I", [0]),
+                             array("I", [100]), array("I", [90 if r == late else 10])) for r in range(n)}
+    got = W.replay_ranks([step(200), step(7)], 64)
+    assert len(got) == 64 and 200 in got and 7 in got and got == sorted(got)
+    assert W.replay_ranks([step(3, n=40)], 64) == list(range(40))

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     # a run must stop on Ctrl-C and SIGTERM: a parent that blocked them (threads, libraries)
     # hands its mask down to the processes it starts; unblocking is what a terminal gives
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    tune_gc()
+    if argv is None:  # the process's own command line (not a caller's in-process call)
+        tune_gc()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in SUBCOMMANDS:

@@ -105,7 +105,7 @@ def run_parent() -> argparse.ArgumentParser:
     add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                 help="process-group timeout in seconds: a hung collective fails after this (default 60)")
     p.add_argument("--layer-every", choices=LAYER_EVERY, default="auto", metavar="N|auto",
-                   help="mark every layer on one step in N (1, 2, 4, ... 64), the forward and backward "
+                   help="mark every layer on one step in N (1, 2, 4, 8, 16), the forward and backward "
                         "as a whole on the others; every collective on every step (default auto: "
                         "every step, unless steps are so short that the marks would cost more than "
                         "0.5%% of a step)")
@@ -114,7 +114,7 @@ def run_parent() -> argparse.ArgumentParser:
 
 
 # --layer-every: a power of two (every rank marks the same steps: those a multiple of it)
-LAYER_EVERY = ("auto", "1", "2", "4", "8", "16", "32", "64")
+LAYER_EVERY = ("auto", "1", "2", "4", "8", "16")  # (16: ranks.instrument.MAX_EVERY)
 
 
 def add_numeric(p: argparse.ArgumentParser, name: str, lo=None, hi=None, **kw) -> None:

@@ -190,7 +190,9 @@ class Verdict:
     tests: int  # ranks x sections judged
     need: int  # steps a rank must be slower in
     findings: list[Finding]  # every slow (rank, section), largest excess first
-    excess_ms: dict[int, dict[Section, float]]  # per rank: the excess of each section in its fast steps
+    # per rank: the excess of each section in its fast steps (a read-only Mapping, made rank by
+    # rank when asked for, where the window was judged column-wise)
+    excess_ms: Mapping[int, dict[Section, float]]
 
     @property
     def culprit(self) -> Finding | None:
@@ -235,7 +237,7 @@ def judge(window: list[Step], min_ms: float = MIN_EXCESS_MS, min_rel: float = MI
             excess, cols = _fast_excess(flats, at, *grid)
             cands = excess.candidates(min_ms)
             findings = _findings(window, cands, cols, steps, need, min_ms, min_rel)
-            return Verdict(first, last, steps, len(keys), need, findings, excess)
+            return Verdict(first, last, steps, len(keys) if len(grid[0]) >= 2 else 0, need, findings, excess)
     if same:  # the same sections every step
         cols = dict(zip(keys, zip(*(f[1] for f in flats))))
     else:  # a section counts where it was measured on every step of the window

@@ -106,6 +106,16 @@ class StepWaits:
         return self._sections_excess_ref()[2]
 
 
+_BWD_B = bytes([BWD])
+
+
+def layered(s: StepWaits) -> bool:
+    """Whether a step's layers were marked (its first rank's batch has a backward per layer; the
+    ranks mark the same steps), not its forward and backward as a whole."""
+    b = next(iter(s.batches.values()), None)
+    return b is not None and _BWD_B in b.kind
+
+
 def comm_spans(b):
     """A span batch's collectives (COMM and COLL): (span index, ready time in µs after the
     batch's base, (kind, idx, nth)). (kind, idx, nth) — the nth collective of that kind and idx
@@ -245,7 +255,8 @@ def culprit_text(culprit: tuple[int, int, float] | None, layer_names: list[str])
         f"rank {r} · {name} backward {ms:+.1f} ms"
 
 
-def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | None:
+def summarize(steps: list[StepWaits | None], layer_names: list[str],
+              evidence_steps: list[StepWaits] | None = None) -> dict | None:
     """A strategy's figures over its steps: `last_arriver_rank` (the rank the others waited for
     longest, most often) and `last_arriver_pct` (in how many steps), `wait_ms_median` per rank,
     `transfer_ms_median`, `culprit_layer` (that rank's most frequent culprit layer, among the
@@ -257,7 +268,9 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
 
     No verdict before there is evidence: until a full window (evidence.WINDOW steps) has
     been seen, nothing is named (`gathering` True, `evidence_steps` of `window_steps`; a few
-    steps of two ranks on busy cores name anyone); `gathering_text` says so."""
+    steps of two ranks on busy cores name anyone); `gathering_text` says so.
+    `evidence_steps`: the steps the per-layer evidence is over, where not these (layers
+    marked on a sample of steps: as many steps as hold a window of marked ones)."""
     steps = [s for s in steps if s is not None]
     if not steps:
         return None
@@ -269,7 +282,7 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str]) -> dict | N
         "culprit_layer": None, "culprit": "", "culprit_rank": None, "culprit_from": None, "steps": len(steps),
         "named_pct": round(100.0 * sum(1 for s in steps if s.culprit) / len(steps), 1),
     }
-    ev = evidence(steps, layer_names)
+    ev = evidence(steps if evidence_steps is None else evidence_steps, layer_names)
     out["evidence"] = ev
     have = ev["steps"] if ev else len(steps)
     out.update(evidence_steps=have, window_steps=layer_evidence.WINDOW, gathering=have < layer_evidence.WINDOW)
@@ -309,12 +322,16 @@ RECENT = 20  # steps the live figures are over (a live talk: a change shows with
 _SUMMARIES = Kept(16)
 
 
-def summarize_cached(steps: list[StepWaits | None], layer_names: list[str]) -> dict | None:
-    """summarize(steps, layer_names), kept while they are the same steps: the panel, the status
-    line, the headline and the lanes ask for it every frame, and the Updater's thread asks
-    first, as soon as a step is complete."""
-    key = (tuple(layer_names), len(steps), id(steps[0]) if steps else 0, id(steps[-1]) if steps else 0)
-    return _SUMMARIES.get(key, steps, lambda: summarize(steps, layer_names))
+def summarize_cached(steps: list[StepWaits | None], layer_names: list[str],
+                     evidence_steps: list[StepWaits] | None = None) -> dict | None:
+    """summarize(steps, layer_names, evidence_steps), kept while they are the same steps: the
+    panel, the status line, the headline and the lanes ask for it every frame, and the
+    Updater's thread asks first, as soon as a step is complete."""
+    ev = evidence_steps if evidence_steps is not None else steps
+    key = (tuple(layer_names), len(steps), id(steps[0]) if steps else 0, id(steps[-1]) if steps else 0,
+           len(ev), id(ev[0]) if ev else 0)
+    sources = steps if evidence_steps is None else [*steps, *evidence_steps]  # (compared one by one)
+    return _SUMMARIES.get(key, sources, lambda: summarize(steps, layer_names, evidence_steps))
 
 
 def _arrival_culprit(out: dict, steps: list[StepWaits], counts: dict[int, int], layer_names: list[str]) -> None:

@@ -388,16 +388,24 @@ def layered_steps(batches: dict, ks: list[int], last: int | None = None) -> list
     return []  # (only steps marked as whole passes)
 
 
-def replay_ranks(step: dict, n: int) -> list[int]:
-    """n of a step's ranks to replay (rank -> span batch; many ranks): the n // 32 that were
-    ready for their last collective last (the ones the others wait for: a collective ends
-    after the last rank is ready) and the others evenly spread over the rest (each rank's
-    step is its own: the figures are medians over ranks, which the spread keeps), sorted."""
-    def ready(r: int) -> int:
-        b = step[r]
-        return b.base_ns + (b.iss[-1] * 1000 if len(b.iss) else (max(b.t1) * 1000 if len(b.t1) else 0))
-    late = sorted(step, key=ready, reverse=True)[:max(1, n // 32)]
-    rest = sorted(set(step) - set(late))
+def replay_ranks(steps: list[dict], n: int) -> list[int]:
+    """n of the steps' ranks to replay (each step: rank -> span batch; many ranks): in each
+    step the n // 32 that were ready for their last collective last (the ones the others wait
+    for: a collective ends after the last rank is ready), up to n // 2 in all, and the others
+    evenly spread over the rest (each rank's step is its own: the figures are medians over
+    ranks, which the spread keeps), sorted."""
+    late: dict[int, None] = {}
+    for step in steps:
+        def ready(r: int, step=step) -> int:
+            b = step[r]
+            return b.base_ns + (b.iss[-1] * 1000 if len(b.iss) else (max(b.t1) * 1000 if len(b.t1) else 0))
+        for r in sorted(step, key=ready, reverse=True)[:max(1, n // 32)]:
+            if len(late) < max(1, n // 2):
+                late[r] = None
+    ranks = set().union(*(set(s) for s in steps)) if steps else set()
+    if len(ranks) <= n:
+        return sorted(ranks)
+    rest = sorted(ranks - set(late))
     spread = [rest[i * len(rest) // (n - len(late))] for i in range(n - len(late))] if rest else []
     return sorted(set(late) | set(spread))
 
@@ -451,8 +459,8 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
     backend = str(store.meta.backend or next((i.backend for i in store.rank_snapshot().values()), "") or "")
     lanes = 1 if "nccl" in backend.lower() else GLOO_THREADS
     keep = None
-    if max_ranks and len(batches[ks[-1]]) > max_ranks:
-        keep = set(replay_ranks(batches[ks[-1]], max_ranks))
+    if max_ranks and len(batches[ks[-1]]) > max_ranks:  # (the ranks ready last in any step replayed)
+        keep = set(replay_ranks([batches[k] for k in ks], max_ranks))
         want = len(keep)
 
     def trace(rs: dict) -> dict[int, RankTimeline]:

@@ -14,13 +14,14 @@ RECENT = stragglers.RECENT  # steps the medians and bars are over
 
 def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
     """stragglers.summarize of a strategy's last RECENT steps (kept while they are the same);
-    where layers are marked on a sample of steps, of as many more as hold RECENT marked ones
-    (the per-layer evidence judges those only)."""
-    n = RECENT
-    sampling = store.layer_sampling(strategy)
-    if sampling is not None and sampling[0]:
-        n = RECENT * max(1, round(sampling[1] / sampling[0]))
-    return stragglers.summarize_cached(store.recent_waits(strategy, upto, n), list(store.meta.layers))
+    where layers are marked on a sample of steps, its per-layer evidence over the last steps
+    that hold RECENT marked ones (the evidence judges those only)."""
+    layers = list(store.meta.layers)
+    if store.layer_sampling(strategy) is None:
+        return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT), layers)
+    kept = store.recent_waits(strategy, upto, None)
+    marked = [s for s in kept if s.batches and stragglers.layered(s)][-RECENT:]
+    return stragglers.summarize_cached(kept[-RECENT:], layers, marked)
 
 
 def _strategies(store: Store) -> list[str]:
