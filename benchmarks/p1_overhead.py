@@ -88,7 +88,9 @@ def main(argv=None) -> int:
         pr, _ = paired(r["instrumented_s"], r["plain_s"])
         print(f"  rank {r['rank']}: instrumented median {mi * 1e3:8.2f} ms   plain median "
               f"{mp * 1e3:8.2f} ms   ratio of medians {mi / mp:.4f}   median of paired ratios "
-              f"{pr:.4f}   ({r['spans'] // max(1, len(r['instrumented_s']) + doc['warmup'])} spans/step)")
+              f"{pr:.4f}   ({r['spans'] // max(1, len(r['instrumented_s']) + doc['warmup'])} spans/step"
+              + (f"; layers marked 1 step in {r['layer_every']}" if r.get("layer_every", 1) > 1 else "")
+              + ")")
     # a step lasts as long as its slowest rank; each instrumented step is paired with the
     # plain step next to it in time, so load that comes and goes cancels out
     inst = [max(ts) for ts in zip(*(r["instrumented_s"] for r in doc["ranks"]))]

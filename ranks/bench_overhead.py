@@ -232,7 +232,10 @@ def main(argv=None) -> None:
     mine = {"rank": rank, "instrumented_s": times["i"], "plain_s": times["p"],
             "instrumented_cpu_s": cpus["i"], "plain_cpu_s": cpus["p"],
             "profiled_s": times["q"], "profiled_cpu_s": cpus["q"],
-            "spans": spans, "threads": torch.get_num_threads()}
+            "spans": spans, "threads": torch.get_num_threads(),
+            # the period its layers were marked at last (each rank's own: no control collective
+            # here; a run's ranks agree on the shortest)
+            "layer_every": rec.layer_every(instr.name)}
     sendq.put(None)
     everyone = [None] * world
     dist.all_gather_object(everyone, mine, group=ctl_group)
