@@ -28,7 +28,8 @@ from collections import deque
 from functools import partial
 
 from .clock import now_ns
-from .wire import BWD, COMM, FWD, OPT, PASS, STEP
+from .spec import MAX_LAYER_EVERY
+from .wire import BWD, COMM, FWD, OPT, PASS, PASS_BWD, PASS_FWD, STEP
 
 _get_ident = threading.get_ident
 
@@ -515,9 +516,7 @@ def _let_go() -> None:
 # step; the other steps mark the forward's and backward's start and end (PASS spans), and
 # every collective as always.
 LAYER_SHARE = 0.005
-# (at most: the app keeps 400 steps, and the per-layer evidence judges windows of 20 steps
-# with their layers marked: 16 x 20 = 320 fit)
-MAX_EVERY = 16
+MAX_EVERY = MAX_LAYER_EVERY
 # a marked layer of a sampled model: a pre-hook registered in its forward and called in its
 # backward (ranks.strategies.LayerMarks; ~4 µs here, where a hook registered once costs
 # ~1.1-1.4 µs of PyTorch's call but ~0.5 µs on every step ever after, marked or not)
@@ -795,12 +794,12 @@ class Recorder:
         last = r.n_layers - 1
         if not r.layers:  # the forward and the backward as one each (PASS 0 and 1)
             if r.fwd_s[0] is not None and r.fwd_e[last] is not None:
-                kinds.append(PASS); idxs.append(0); t0s.append(ns(r.fwd_s[0])); t1s.append(ns(r.fwd_e[last]))
+                kinds.append(PASS); idxs.append(PASS_FWD); t0s.append(ns(r.fwd_s[0])); t1s.append(ns(r.fwd_e[last]))
             if r.bwd_s[last] is not None and r.bwd_e[0] is not None:
                 t0, t1 = ns(r.bwd_s[last]), ns(r.bwd_e[0])
                 if idle_end is not None and r.bwd_h[0] is not None:
                     t1 = max(t0, idle_end(t1, r.bwd_h[0]))
-                kinds.append(PASS); idxs.append(1); t0s.append(t0); t1s.append(t1)
+                kinds.append(PASS); idxs.append(PASS_BWD); t0s.append(t0); t1s.append(t1)
         for i in range(r.n_layers if r.layers else 0):
             if r.fwd_s[i] is not None and r.fwd_e[i] is not None:
                 kinds.append(FWD); idxs.append(i); t0s.append(ns(r.fwd_s[i])); t1s.append(ns(r.fwd_e[i]))

@@ -113,3 +113,11 @@ def parse_slow_rank(text: str, model: str, world: int | None = None) -> tuple[in
                              f"(layers {names[0]}..{names[-1]})")
         layer = names.index(parts[2])
     return rank, ms, layer
+
+
+# Layer marks on a sample of steps (ranks.instrument): the longest period (the app keeps 400
+# steps, and the per-layer evidence judges windows of 20 steps with their layers marked:
+# 16 x 20 = 320 fit), and what --layer-every takes (powers of two: every rank marks the same
+# steps, those a multiple of the period)
+MAX_LAYER_EVERY = 16
+LAYER_EVERY = ("auto",) + tuple(str(2 ** i) for i in range(MAX_LAYER_EVERY.bit_length()))

@@ -87,9 +87,7 @@ class LayerMarks:
         gradient into its bucket there, and may issue the bucket's AllReduce), where a
         post-accumulate hook runs inside the node, before them. Called again for a re-wrapped
         DDP (a new reducer, whose hooks come after those)."""
-        for h in self.handles:
-            if h is not None:
-                h.remove()
+        self.release_nodes()
         self.nodes = [w.view_as(w).grad_fn.next_functions[0][0] for w, _ in self.entries]  # as DDP's reducer finds it
         self.handles = [self._register(i) if (i == 0 or self.on) else None
                         for i in range(len(self.entries))]
@@ -145,21 +143,16 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
         mark = rec.clock.mark
         fs, fe = c.fwd_s, c.fwd_e
         fs[0] = mark()
-        if c.layers and marks.on:  # the backward marks are registered once
+        if c.layers:
+            # the backward marks: registered once, or (a sampled model) for this step only
+            this_step = not marks.on
             for i, block in enumerate(blocks):
                 x = block(x)
                 fe[i] = t = mark()
                 if i < last:
                     fs[i + 1] = t
-        elif c.layers:  # a marked step of a sampled model: its backward marks this step only
-            for i, block in enumerate(blocks):
-                x = block(x)
-                fe[i] = t = mark()
-                if i < last:
-                    fs[i + 1] = t
-                    gf = x.grad_fn
-                    if gf is not None:
-                        gf.register_prehook(dones[i + 1])
+                    if this_step and x.grad_fn is not None:
+                        x.grad_fn.register_prehook(dones[i + 1])
         else:  # the forward as one: its start and end (the backward's: Recorder.backward_starts,
             # called by the step right before backward(), and the first block's weight's hook)
             for block in blocks:

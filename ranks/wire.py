@@ -37,6 +37,7 @@ PROTOCOL_VERSION = 1
 FWD, BWD, COMM, OPT, STEP, OTHER, COLL, PASS = 0, 1, 2, 3, 4, 5, 6, 7
 KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other", "collective", "pass")
 PASS_FWD, PASS_BWD = 0, 1  # a PASS span's idx
+PASS_NAMES = ("forward", "backward")  # by a PASS span's idx
 N_KINDS = len(KIND_NAMES)
 COMM_KINDS = (COMM, COLL)
 MAX_COLL_ID = 0xFFFF  # a COLL span's idx: any u16 (a table row; checked against the table by the Store)

@@ -39,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--layer-every", default="auto", metavar="N|auto",
-                   choices=("auto", "1", "2", "4", "8", "16"),
+                   choices=spec.LAYER_EVERY,
                    help="mark each layer on one step in N (auto: as few steps as keep ddptui's host "
                         "time within 0.5%% of a step)")
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
@@ -153,9 +153,8 @@ def every_vote(rec, strategy: str, runs_here: bool, every_step: bool) -> int:
     wants; every step while a delay is injected here (it runs in the layer hooks) or under
     verify (matched layer by layer); no say where the strategy does not run here (single
     on the other ranks: they never time its steps)."""
-    from .instrument import MAX_EVERY
     if not runs_here:
-        return -MAX_EVERY
+        return -spec.MAX_LAYER_EVERY
     return -(1 if every_step else rec.wanted_every(strategy))
 
 

@@ -99,5 +99,5 @@ GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def tune_gc() -> None:
-    """The collector's thresholds for an ddptui process (the command line sets them first)."""
+    """The collector's thresholds for a ddptui process (the command line sets them first)."""
     gc.set_threshold(*GC_THRESHOLDS)

@@ -104,17 +104,13 @@ def run_parent() -> argparse.ArgumentParser:
     add_numeric(p, "--threads", default=1, help="torch threads per CPU rank (default 1)")
     add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                 help="process-group timeout in seconds: a hung collective fails after this (default 60)")
-    p.add_argument("--layer-every", choices=LAYER_EVERY, default="auto", metavar="N|auto",
+    p.add_argument("--layer-every", choices=spec.LAYER_EVERY, default="auto", metavar="N|auto",
                    help="mark every layer on one step in N (1, 2, 4, 8, 16), the forward and backward "
                         "as a whole on the others; every collective on every step (default auto: "
                         "every step, unless steps are so short that the marks would cost more than "
                         "0.5%% of a step)")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     return p
-
-
-# --layer-every: a power of two (every rank marks the same steps: those a multiple of it)
-LAYER_EVERY = ("auto", "1", "2", "4", "8", "16")  # (16: ranks.instrument.MAX_EVERY)
 
 
 def add_numeric(p: argparse.ArgumentParser, name: str, lo=None, hi=None, **kw) -> None:

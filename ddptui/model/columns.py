@@ -49,6 +49,20 @@ class Placement:
         self.sections = secs if len(set(secs)) == len(secs) else None  # None: a section recurs
 
 
+_BWD_B, _PASS_B = bytes([BWD]), bytes([PASS])
+
+
+def layers_marked(b) -> bool:
+    """A span batch with its layers' own spans (a backward per layer)."""
+    return _BWD_B in b.kind
+
+
+def whole_passes(b) -> bool:
+    """A span batch whose forward and backward are whole passes (its layers not marked:
+    layer marks on a sample of steps)."""
+    return _PASS_B in b.kind
+
+
 _KEPT: dict = {}
 _KEPT_MAX = 256
 

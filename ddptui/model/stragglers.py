@@ -24,7 +24,7 @@ from statistics import median
 from ranks.wire import BWD, COMM
 
 from . import evidence as layer_evidence
-from .columns import placement
+from .columns import layers_marked, placement
 from .kept import Kept
 
 # a step names a culprit only when someone waited at least this long for it: below it, who
@@ -106,14 +106,11 @@ class StepWaits:
         return self._sections_excess_ref()[2]
 
 
-_BWD_B = bytes([BWD])
-
-
 def layered(s: StepWaits) -> bool:
-    """Whether a step's layers were marked (its first rank's batch has a backward per layer; the
-    ranks mark the same steps), not its forward and backward as a whole."""
+    """Whether a step's layers were marked (its first rank's batch: the ranks mark the same
+    steps), not its forward and backward as a whole."""
     b = next(iter(s.batches.values()), None)
-    return b is not None and _BWD_B in b.kind
+    return b is not None and layers_marked(b)
 
 
 def comm_spans(b):

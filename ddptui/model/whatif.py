@@ -50,6 +50,7 @@ from ranks import spec
 from ranks.wire import BWD, COLL, COMM, FWD, PASS, STEP
 
 from . import figures
+from .columns import layers_marked, whole_passes
 
 MIB = 1024 * 1024
 FIRST_BUCKET_BYTES = MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -368,9 +369,6 @@ def _explicit_at(store, step: int) -> bool:
     return settings.get("bucket_cap_mb") is not None
 
 
-_BWD, _PASS = bytes([BWD]), bytes([PASS])
-
-
 def layered_steps(batches: dict, ks: list[int], last: int | None = None) -> list[int]:
     """Of the steps `ks` (the last `last` of them), those whose layers were marked (a backward
     per layer; the ranks mark the same steps: the first rank's tells), where any are: a step
@@ -378,12 +376,12 @@ def layered_steps(batches: dict, ks: list[int], last: int | None = None) -> list
     slow down. Looked for from the newest back (at 1,024 ranks this runs at every refresh)."""
     got = []
     for k in reversed(ks):
-        if _BWD in next(iter(batches[k].values())).kind:
+        if layers_marked(next(iter(batches[k].values()))):
             got.append(k)
             if last is not None and len(got) >= last:
                 break
     got.reverse()
-    if got or not any(_PASS in next(iter(batches[k].values())).kind for k in ks):
+    if got or not any(whole_passes(next(iter(batches[k].values()))) for k in ks):
         return got or (ks[-last:] if last else ks)
     return []  # (only steps marked as whole passes)
 
@@ -418,8 +416,9 @@ def collect(store, strategy: str = "ddp", cap_mb: float | None = None, upto: int
     `last` of them replayed, and as the contention fit's reference every other kept step of
     it and of naive (the last `reference_last` of each, where given: with many ranks each
     step is a timeline per rank to build). `max_ranks`: with more ranks than that, that many
-    replayed (replay_ranks of the newest step: the ranks last ready and a spread of the
-    others; `Basis.ranks` says which); the collectives' cost stays that of every rank."""
+    replayed (replay_ranks of the steps replayed: the ranks last ready in any of them and a
+    spread of the others; `Basis.ranks` says which); the collectives' cost stays that of
+    every rank."""
     if strategy == "fsdp":
         raise WhatIfError("fsdp: no gradient AllReduce to re-bucket or re-size (its all-gathers and "
                           "reduce-scatters are kept as recorded); predict from ddp or naive steps")

@@ -221,7 +221,7 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
             for a, z, kind, idx, i in spans:
                 base = {"rank": b.rank, "strategy": strategy, "step": b.step}
                 if kind == wire.PASS:  # a step whose layers were not marked (sampled)
-                    name = ("forward" if idx == 0 else "backward") + " (layers not marked)"
+                    name = wire.PASS_NAMES[idx & 1] + " (layers not marked)"
                     o.kernel(name, "compute", a, z, min(max(a, s0), s1), base)
                 elif kind in KINETO_KINDS:
                     name = ("optimizer step" if kind == wire.OPT

@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 from ranks import frames, spec, wire
-from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, PASS, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, PASS, PASS_NAMES, STEP
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
@@ -326,7 +326,7 @@ class TraceWriter:
             elif kind == OPT:
                 name = "optimizer"
             elif kind == PASS:  # a step whose layers were not marked (sampled)
-                name = ("forward" if idx == 0 else "backward") + " (layers not marked)"
+                name = PASS_NAMES[idx & 1] + " (layers not marked)"
                 args["layers"] = "not marked (layer marks on a sample of steps)"
             elif kind == OTHER:
                 name = "other (no synchronisation: evaluation)"

@@ -13,9 +13,9 @@ from collections import OrderedDict
 
 from ranks import frames, spec
 from ranks.frames import FrameError, Frame
-from ranks.wire import PASS, SpanBatch
+from ranks.wire import SpanBatch
 
-_PASS_B = bytes([PASS])
+from ..columns import whole_passes
 
 from .rankinfo import RankInfo
 
@@ -225,7 +225,7 @@ class Intake:
             lm = self.layer_marks.get(strategy)
             if lm is None:
                 lm = self.layer_marks[strategy] = [0, 0]
-            lm[_PASS_B in b.kind] += 1
+            lm[whole_passes(b)] += 1
         slot[r] = b
         self.spans += len(b.kind)
         dirty = self._dirty.get(strategy)

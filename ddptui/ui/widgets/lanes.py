@@ -13,7 +13,7 @@ from operator import itemgetter, lt
 from rich.segment import Segment
 
 from ranks import spec
-from ranks.wire import BWD, COMM, FWD, OPT, OTHER, PASS
+from ranks.wire import BWD, COMM, FWD, OPT, OTHER, PASS, PASS_BWD, PASS_FWD
 
 from ddptui.model.views import Lane
 from . import theme
@@ -23,7 +23,7 @@ _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _DRAWN = (FWD, BWD, OPT, OTHER, PASS)  # (OTHER: a rank's evaluation, in no figure; drawn dim)
 _FIXED = {OPT: (theme.OPT, "opt"), OTHER: (theme.OTHER, "other")}  # kind -> colour, label
 # PASS: a step whose layers were not marked (sampled): its forward and backward as one bar each
-_PASS = {0: (theme.FWD_A, "fwd: all layers"), 1: (theme.BWD_A, "bwd: all layers")}
+_PASS = {PASS_FWD: (theme.FWD_A, "fwd: all layers"), PASS_BWD: (theme.BWD_A, "bwd: all layers")}
 _PLANS: dict = {}  # (Placement, layer names) -> the compute lane's positions, colours, labels
 _PLANS_MAX = 256
 
