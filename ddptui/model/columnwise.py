@@ -163,45 +163,58 @@ def step_waits(sk: Stacked, step_ms: float) -> stragglers.StepWaits | None:
     return sw
 
 
+_ORDERS: dict = {}  # id(Placement) -> (it, its sections' order, the sections in that order)
+
+
+def _sorted_sections(place) -> tuple[list[int], tuple]:
+    got = _ORDERS.get(id(place))
+    if got is None or got[0] is not place:
+        secs = place.sections
+        order = sorted(range(len(secs)), key=secs.__getitem__)
+        if len(_ORDERS) > 64:
+            _ORDERS.clear()
+        got = _ORDERS[id(place)] = (place, order, tuple(secs[j] for j in order))
+    return got[1], got[2]
+
+
 def sections_excess(batches: dict):
     """(flat, excess, ref) of a step, as evidence.flatten(step_sections), step_excess give them
-    (StepWaits' per-layer evidence), or None when the batches do not share one Placement."""
+    (StepWaits' per-layer evidence), or None when the batches do not share one Placement.
+    Every section at once (the same sorts, sums and halves as rank by rank: the same values);
+    `excess` is a mapping whose rank's dict is made when asked for (the evidence asks for the
+    few ranks a finding names: at 1,024 ranks a dict per rank was most of the cost)."""
     from . import evidence
     place = usable(batches)
     if place is None:
         return None
-    sk = Stacked(batches, place)
-    secs = place.sections
+    ranks = sorted(batches)
+    bs = [batches[r] for r in ranks]
+    n_cols = len(bs[0].kind)
     cp = place.layered
-    d = (sk.t1[:, cp] - sk.t0[:, cp]) / 1000  # ranks x sections, ms
-    ranks = sk.ranks
+    # ranks x sections, ms
+    d = (_matrix([b.t1 for b in bs], n_cols)[:, cp] - _matrix([b.t0 for b in bs], n_cols)[:, cp]) / 1000
+    secs = place.sections
     n = len(ranks)
-    order = sorted(range(len(secs)), key=secs.__getitem__)
-    sorted_secs = tuple(secs[j] for j in order)
-    # flat: keys made as evidence.flatten makes them (the same object while the shape holds)
+    order, sorted_secs = _sorted_sections(place)
+    # flat: keys made as evidence.flatten makes them (the same object while the shape holds;
+    # the sections' tuple is the same object each step: compared by identity)
     shape = (tuple(ranks), (sorted_secs,) * n)
     last_shape, keys = evidence._last_keys[0]
     if shape != last_shape:
         keys = tuple((r, key) for r in ranks for key in sorted_secs)
         evidence._last_keys[0] = (shape, keys)
     flat = (keys, tuple(d[:, order].ravel().tolist()))
-    ref: dict = {}
-    ex = np.empty_like(d)
-    vals = np.sort(d, axis=0)
-    for j, key in enumerate(secs):
-        col, v = d[:, j], vals[:, j]
-        ref[key] = float(v[n // 2]) if n % 2 else (float(v[n // 2 - 1]) + float(v[n // 2])) / 2
-        if n == 2:
-            ex[0, j], ex[1, j] = col[0] - col[1], col[1] - col[0]
-            continue
+    v = np.sort(d, axis=0)
+    med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    ref = dict(zip(secs, med.tolist()))
+    if n == 2:
+        ex = np.vstack([d[0] - d[1], d[1] - d[0]])
+    else:
         j1, j2 = (n - 2) // 2, (n - 1) // 2
         lo, hi = v[j1], v[j2]
-        if_above = (float(v[j1]) + float(v[j2])) / 2
-        if_below = (float(v[j1 + 1]) + float(v[j2 + 1])) / 2
-        if_mid = (float(v[j1]) + float(v[j2 + 1])) / 2
-        ex[:, j] = col - np.where(col > hi, if_above, np.where(col <= lo, if_below, if_mid))
-    excess = {r: dict(zip(secs, row)) for r, row in zip(ranks, ex.tolist())}
-    return flat, excess, ref
+        if_above, if_below, if_mid = (v[j1] + v[j2]) / 2, (v[j1 + 1] + v[j2 + 1]) / 2, (v[j1] + v[j2 + 1]) / 2
+        ex = d - np.where(d > hi, if_above, np.where(d <= lo, if_below, if_mid))
+    return flat, evidence.RankExcess(ranks, list(secs), ex), ref
 
 
 def bucket_step(batches) -> dict | None:

@@ -319,9 +319,10 @@ class _Columns:
         return tuple(self.m[:, self.ranks[r] * len(self.secs) + self.secs[sec]].tolist())
 
 
-class _RankExcess(Mapping):
-    """rank -> {section: own fast time - the other ranks' median} (Verdict.excess_ms), from a
-    ranks x sections matrix: a rank's dict made when asked for (at 1,024 ranks, few are)."""
+class RankExcess(Mapping):
+    """rank -> {section: own time - the other ranks' median} (a step's excess, and a window's
+    fast times' in Verdict.excess_ms), from a ranks x sections matrix: a rank's dict made when
+    asked for (at 1,024 ranks, few are)."""
 
     def __init__(self, ranks: list[int], secs: list[Section], ex):
         self._ranks, self._secs, self._ex = ranks, secs, ex
@@ -352,7 +353,7 @@ def _fast_excess(flats: list, at: int, ranks: list[int], secs: list[Section]):
     fast = np.sort(m, axis=0)[at].reshape(n, n_s)  # ranks x sections
     cols = _Columns({r: i for i, r in enumerate(ranks)}, {k: j for j, k in enumerate(secs)}, m)
     if n < 2:
-        return _RankExcess(ranks, [], np.empty((n, 0))), cols
+        return RankExcess(ranks, [], np.empty((n, 0))), cols
     if n == 2:
         ex = np.vstack([fast[0] - fast[1], fast[1] - fast[0]])
     else:
@@ -361,7 +362,7 @@ def _fast_excess(flats: list, at: int, ranks: list[int], secs: list[Section]):
         lo, hi = v[j1], v[j2]
         if_above, if_below, if_mid = (v[j1] + v[j2]) / 2, (v[j1 + 1] + v[j2 + 1]) / 2, (v[j1] + v[j2 + 1]) / 2
         ex = fast - np.where(fast > hi, if_above, np.where(fast <= lo, if_below, if_mid))
-    return _RankExcess(ranks, secs, ex), cols
+    return RankExcess(ranks, secs, ex), cols
 
 
 def windows(series: list, size: int = WINDOW, stride: int = 1):
