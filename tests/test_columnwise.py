@@ -130,3 +130,32 @@ def test_a_window_judged_column_wise_equals_rank_by_rank(monkeypatch, ranks, slo
     assert {r: dict(fast.excess_ms[r]) for r in fast.excess_ms} == slow_way.excess_ms
     if slow:
         assert fast.culprit is not None and (fast.culprit.rank, fast.culprit.section) == slow
+
+
+@pytest.mark.parametrize("world", [columnwise.EAGER_EVIDENCE_FROM, 256])
+def test_evidence_made_with_the_figures_at_many_ranks_equals_the_evidence_made_when_asked(world):
+    """From EAGER_EVIDENCE_FROM ranks, Store.update makes each step's per-layer evidence from
+    the step's own matrices: the same flat, excess and reference as made later from the
+    batches, and the same as rank by rank (where the flat values are an array: many columns)."""
+    from ddptui.model import evidence
+    run = SyntheticRun("medium", world, ("ddp",), seed=3, slow=(5, 1, 40.0))
+    store = _store(run, 4)
+    store.update()
+    kept = list(store.waits["ddp"].values())
+    assert len(kept) == 4
+    for sw in kept:
+        assert sw._evidence is not None  # made ahead, not when first asked for
+        flat, excess, ref = sw._evidence
+        later_flat, later_excess, later_ref = columnwise.sections_excess(sw.batches)
+        secs = evidence.step_sections(sw.batches)
+        want_flat = evidence.flatten(secs)
+        assert flat[0] == later_flat[0] == want_flat[0]
+        assert list(flat[1]) == list(later_flat[1]) == list(want_flat[1])
+        assert (excess, ref) == (later_excess, later_ref) == evidence.step_excess(secs)
+        assert isinstance(flat[1], np.ndarray) == (len(flat[0]) >= evidence.COLUMNWISE_FROM)
+    if world >= 256:  # (the judge stacks the arrays: the same verdict as from tuples)
+        rows = [(s.step, s.t_ns, s.flat, s.excess) for s in kept]
+        as_tuples = [(k, t, (f[0], tuple(f[1].tolist())), e) for k, t, f, e in rows]
+        a = evidence.judge([(k, f, e) for k, _, f, e in rows], min_slower=0.5)
+        b = evidence.judge([(k, f, e) for k, _, f, e in as_tuples], min_slower=0.5)
+        assert a.findings == b.findings and a.culprit == b.culprit

@@ -124,7 +124,7 @@ async def test_live_frames_are_prepared_off_the_drawing_thread_for_256_ranks():
                 await asyncio.sleep(0.05)
             assert src.updater.running and src.updater.after is not None
             pane = app.panes["ddp"]
-            while time.monotonic() < deadline:  # (the view takes up a newer step every 0.5 s)
+            while time.monotonic() < deadline:  # (the view takes up a newer step every FOLLOW_EVERY_S)
                 await pilot.pause(0.1)
                 rows = [pane.render_line(y).text for y in range(pane.size.height)]
                 if any("culprit" in r for r in rows):

@@ -21,6 +21,10 @@ from . import figures, stragglers
 from .columns import placement
 
 MIN_RANKS = 2  # below this, nothing to stack
+# from this many ranks a step's per-layer evidence is made with its figures, from the same
+# matrices (made when first asked for, the evidence of the steps since the screen last took
+# a newer one would be made all at once then, on the way to the frame)
+EAGER_EVIDENCE_FROM = 64
 
 
 def _matrix(cols: list, n: int) -> np.ndarray:
@@ -177,22 +181,26 @@ def _sorted_sections(place) -> tuple[list[int], tuple]:
     return got[1], got[2]
 
 
-def sections_excess(batches: dict):
+def sections_excess(batches: dict, sk: "Stacked | None" = None):
     """(flat, excess, ref) of a step, as evidence.flatten(step_sections), step_excess give them
-    (StepWaits' per-layer evidence), or None when the batches do not share one Placement.
+    (StepWaits' per-layer evidence), or None when the batches do not share one Placement
+    (`sk`: the batches stacked already).
     Every section at once (the same sorts, sums and halves as rank by rank: the same values);
     `excess` is a mapping whose rank's dict is made when asked for (the evidence asks for the
     few ranks a finding names: at 1,024 ranks a dict per rank was most of the cost)."""
     from . import evidence
-    place = usable(batches)
+    place = usable(batches) if sk is None else sk.place
     if place is None:
         return None
     ranks = sorted(batches)
-    bs = [batches[r] for r in ranks]
-    n_cols = len(bs[0].kind)
     cp = place.layered
-    # ranks x sections, ms
-    d = (_matrix([b.t1 for b in bs], n_cols)[:, cp] - _matrix([b.t0 for b in bs], n_cols)[:, cp]) / 1000
+    if sk is None:
+        bs = [batches[r] for r in ranks]
+        n_cols = len(bs[0].kind)
+        t0, t1 = _matrix([b.t0 for b in bs], n_cols)[:, cp], _matrix([b.t1 for b in bs], n_cols)[:, cp]
+    else:  # (the step's matrices, made for its figures)
+        t0, t1 = sk.t0[:, cp], sk.t1[:, cp]
+    d = (t1 - t0) / 1000  # ranks x sections, ms
     secs = place.sections
     n = len(ranks)
     order, sorted_secs = _sorted_sections(place)
@@ -203,7 +211,8 @@ def sections_excess(batches: dict):
     if shape != last_shape:
         keys = tuple((r, key) for r in ranks for key in sorted_secs)
         evidence._last_keys[0] = (shape, keys)
-    flat = (keys, tuple(d[:, order].ravel().tolist()))
+    vals = d[:, order].ravel()  # (many columns: kept an array, stacked as one by the judge)
+    flat = (keys, vals if len(keys) >= evidence.COLUMNWISE_FROM else tuple(vals.tolist()))
     v = np.sort(d, axis=0)
     med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
     ref = dict(zip(secs, med.tolist()))

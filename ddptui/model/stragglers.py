@@ -93,6 +93,10 @@ class StepWaits:
             self._evidence = got
         return self._evidence
 
+    def set_evidence(self, got: tuple) -> None:
+        """The per-layer evidence made ahead (columnwise.sections_excess of the step's matrices)."""
+        self._evidence = got
+
     @property
     def flat(self) -> tuple:
         return self._sections_excess_ref()[0]

@@ -15,7 +15,7 @@ from .geometry import LANE_SHAPES, span_ceil
 
 ZOOMS = (1, 2, 4, 8, 16, 32)
 LOOKBACK = 500  # steps searched back for a complete one
-FOLLOW_EVERY_S = 0.5  # live: the newest step is taken up at most this often (a step stays readable)
+FOLLOW_EVERY_S = 0.3  # live: the newest step is taken up at most this often (a step stays readable)
 SPAN_HEADROOM = 1.05  # the axis is a round length at least this much longer than the longest step
 SHRINK_BELOW = 0.7  # the axis shrinks once the longest recent step stays below this share of it…
 SHRINK_STEPS = 8  # …for this many newly shown steps…

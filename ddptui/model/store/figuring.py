@@ -120,6 +120,8 @@ class Figuring:
                 rs = columnwise.rank_steps(sk, comm, want)
                 step = figures.combine(k, list(rs.values()))
                 waits = columnwise.step_waits(sk, step.step_ms)
+                if waits is not None and place.layered and len(sk.ranks) >= columnwise.EAGER_EVIDENCE_FROM:
+                    waits.set_evidence(columnwise.sections_excess(ranks, sk))
             else:
                 rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
                 step = figures.combine(k, list(rs.values()))
