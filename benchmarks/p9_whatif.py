@@ -118,7 +118,7 @@ def check(model: str, store, phases) -> list[dict]:
     print(f"  contention: backward +{cont.bwd_per_ms:.2f} ms per ms overlapped ({cont.layers} layers seen "
           f"with and without: {cont.with_spans} / {cont.without_spans} spans, {len(basis.reference)} reference "
           f"steps){' — ' + cont.note if cont.note else ''}; collective +{fit.coll_per_ms:.2f} ms per ms of "
-          f"compute under it (alpha and beta from collectives with none)")
+          f"compute under it (alpha and beta from collectives with none: at most 5 % of their time)")
     print(f"  {'cap MB':>6} {'buckets':>7} {'pred step':>10} {'meas step':>10} {'err':>6}   "
           f"{'pred exp':>9} {'meas exp':>9} {'err':>6} {'meas steps':>10}")
     # the source steps themselves, replayed: what the simulator makes of what it was given

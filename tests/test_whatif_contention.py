@@ -126,3 +126,19 @@ def test_a_collective_slowed_by_the_compute_under_it():
     p = W.predict(b, fit, delays=W.Delays({}, {}), contention=c)
     q = W.predict(b, fit, delays=W.Delays({}, {}))
     assert p.comm_ms > q.comm_ms
+
+
+def test_a_collective_whose_edge_touches_the_compute_counts_as_one_with_none_under_it():
+    """As recorded, a collective run after the backward starts a little before the backward's
+    last span ends (0.05–0.1 ms of a 2–3 ms collective): still one with no compute under it
+    (at most OFF_FRAC of its time), so alpha and beta come from those, and the slowdown from
+    the one that ran under 8 ms of backward (before: only exact zeros counted, none here, and
+    the line through every collective, the slowed one included, was taken)."""
+    steps = [_step(10.0, [W.Coll(1, 8.0, 8.0, 16.0), W.Coll(0, 17.95, 17.95, 19.95)]) for _ in range(3)]
+    ref = _step(5.0, [W.Coll(1, 8.0, 12.9, 15.9), W.Coll(0, 13.0, 15.9, 17.9)])
+    b = W.Basis("interleaved", 2, 1, "gloo", [MB, 2 * MB], [0, 1], None, False, None, [2, 3, 4], steps,
+                [{0: MB, 1: 2 * MB}] * 3, reference=[ref], ref_bytes_of=[{0: MB, 1: 2 * MB}])
+    assert 0 < 0.1 <= W.OFF_FRAC * 3.0  # (the reference's 2 MB one: 0.1 ms under compute)
+    fit = W.fit_comm(b, contention=True)
+    assert fit.alpha_ms == pytest.approx(1.0) and fit.beta_ms_per_mb == pytest.approx(1.0)
+    assert fit.coll_per_ms == pytest.approx(5 / 8)

@@ -112,7 +112,7 @@ def text(rep: whatif_model.Report) -> list[str]:
                         f"({c['layers']} layer{'s' if c['layers'] != 1 else ''} seen with and without: "
                         f"{c['with_spans']} / {c['without_spans']} spans)" if c["layers"] else c["note"])
                      + f"; collective +{f.get('coll_per_ms') or 0:.2f} ms per ms of compute under it "
-                       "(alpha and beta from those with none)")
+                       "(alpha and beta from those with none: at most 5 % of their time)")
     if rep.caps:
         lines += ["", "DDP bucket cap        predicted                              measured in the recording",
                   f"{'cap MB':>8} {'buckets':>7} {'step ms':>9} {'exposed ms':>10} {'overlap':>8}   "

@@ -562,8 +562,8 @@ def fit_comm(basis: Basis, contention: bool = False) -> CommFit:
     through each size's median (the relative-error weights would otherwise pull a noisy
     size's line down to its fastest calls: a 26 MB bucket timed 20 to 120 ms on two loaded
     cores fitted at 25 ms); the error printed is over every collective. With `contention`:
-    alpha and beta from the collectives no compute overlapped (the basis' and its reference
-    steps', two sizes at least), and coll_per_ms — the median over the others (compute under
+    alpha and beta from the collectives no compute overlapped (at most OFF_FRAC of their time;
+    the basis' and its reference steps', two sizes at least), and coll_per_ms — the median over the others (compute under
     a quarter of them at least) of the ms beyond that line per ms of compute under them."""
     pts = _coll_points(basis)
     if not pts:
@@ -572,7 +572,7 @@ def fit_comm(basis: Basis, contention: bool = False) -> CommFit:
     k = 0.0
     if contention:
         allp = [p for p in pts + _coll_points(basis, reference=True) if p[1] > 0]
-        off = [(x, y) for x, y, ov in allp if ov <= 0]
+        off = [(x, y) for x, y, ov in allp if ov <= OFF_FRAC * y]
         on = [(x, y, ov) for x, y, ov in allp if ov >= 0.25 * y]
         if len({round(x, 6) for x, _ in off}) >= 2 and len(on) >= 3:
             a, b = _median_line(off)
@@ -610,6 +610,10 @@ class Contention:
 
 
 K_MAX = 0.9  # a contention slope beyond this is taken as noise
+# a collective with at most this share of its time under compute counts as one with none (a
+# recorded span's edges touch the compute around it: 0.1 ms under a 10 ms collective is not
+# contention, and taking only exact zeros left real recordings with one size, no fit)
+OFF_FRAC = 0.05
 
 
 def _layer_spans(traces) -> tuple[dict[int, list[tuple[float, float]]], dict[int, list[float]]]:
