@@ -43,6 +43,25 @@ class FrameQueue:
             self.dropped_spans += n_spans
             return False
 
+    resolve_errors = 0  # frames that could not be resolved or encoded (dropped, counted)
+
+    def _could_not(self, item, what: str) -> None:
+        """On the sink's thread, in an `except`: a frame that could not be resolved or encoded
+        is dropped and counted (its spans too); the first such error is printed with its
+        traceback (the rank's output), and the thread goes on."""
+        self.resolve_errors += 1
+        self.dropped_frames += 1
+        try:
+            self.dropped_spans += int(getattr(item, "n_spans", 0) or 0)
+        except Exception:  # noqa: BLE001
+            pass
+        if self.resolve_errors == 1:
+            import traceback
+            sys.stderr.write(f"ddptui rank {self.rank}: a step could not be resolved or "
+                             f"encoded; dropped (counted), {what} goes on\n"
+                             f"{traceback.format_exc(limit=8)}")
+            sys.stderr.flush()
+
     def send_now(self, frame: frames.Frame, timeout: float = 2.0) -> None:
         """Queue a frame that must not be dropped (hello, errors, bye), waiting if needed."""
         try:
@@ -103,8 +122,6 @@ class Emitter(FrameQueue):
                                                 t0, t1, iss))
         return wire.pack(item)  # a ranks.frames Struct
 
-    resolve_errors = 0  # frames that could not be resolved or encoded (dropped, counted)
-
     def _encode_or_drop(self, item) -> bytes:
         """`_encode`, but a frame whose resolution or encoding raises is dropped and counted
         (its spans too), and the first such error is printed with its traceback (the rank's
@@ -112,18 +129,7 @@ class Emitter(FrameQueue):
         try:
             return self._encode(item)
         except Exception:  # noqa: BLE001 - one bad step must not end the sender thread
-            self.resolve_errors += 1
-            self.dropped_frames += 1
-            try:
-                self.dropped_spans += int(getattr(item, "n_spans", 0) or 0)
-            except Exception:  # noqa: BLE001
-                pass
-            if self.resolve_errors == 1:
-                import traceback
-                sys.stderr.write(f"ddptui rank {self.rank}: a step could not be resolved or "
-                                 f"encoded; dropped (counted), sending goes on\n"
-                                 f"{traceback.format_exc(limit=8)}")
-                sys.stderr.flush()
+            self._could_not(item, "sending")
             return b""
 
     def _send_loop(self) -> None:

@@ -552,6 +552,7 @@ class Pending:
     def n_spans(self) -> int:
         r = self.r
         n = 1 + len(r.comm_idx) + (r.opt_s is not None and r.opt_e is not None)
+        n += len(getattr(r, "micro", None) or ())  # (a user's step: its earlier micro-steps' spans)
         if not r.layers:  # (the forward and backward as a whole: PASS spans)
             return n + (r.fwd_s[0] is not None) + (r.bwd_e[0] is not None)
         n += sum(1 for a, b in zip(r.fwd_s, r.fwd_e) if a is not None and b is not None)

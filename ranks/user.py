@@ -67,6 +67,26 @@ from .userlayers import UserRecorder, attach_module_hooks, choose_layers
 STRATEGY = spec.USER_STRATEGY  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
 
 
+class _InOrder:
+    """A finished step (Recorder.poll(lazy=True)) resolved where it is called, its layers'
+    internal indices put in forward order (`order`) — on the sink's thread, not the training
+    thread."""
+
+    __slots__ = ("item", "order")
+
+    def __init__(self, item, order: list[int]):
+        self.item, self.order = item, order
+
+    def __call__(self) -> tuple:
+        s, k, base, kinds, idxs, t0, t1, iss = self.item()
+        order = self.order
+        return s, k, base, kinds, [order[i] if kd <= wire.BWD else i for kd, i in zip(kinds, idxs)], t0, t1, iss
+
+    @property
+    def n_spans(self) -> int:
+        return self.item.n_spans
+
+
 class FileSink(FrameQueue):
     """A rank's own recording (no app): the Emitter's interface (put, send_now, close),
     frames written by a background thread; the file is opened at the first hello."""
@@ -90,6 +110,12 @@ class FileSink(FrameQueue):
             item = self.q.get()
             if item is None:
                 break
+            if callable(item):  # a step resolved here, off the training thread (_emit)
+                try:
+                    item = item()
+                except Exception:  # noqa: BLE001 - one bad step must not end the recording
+                    self._could_not(item, "recording")
+                    continue
             if isinstance(item, tuple):  # a span batch: a Spans frame
                 s, k, base, kinds, idxs, t0, t1, iss = item
                 item = frames.spans_frame(self.rank, s, k, base, kinds, idxs, t0, t1, iss)
@@ -384,7 +410,7 @@ class RankSession:
         self.k += 1
         if self._order is None:
             self._hello(c)
-        self._emit(rec.poll())
+        self._emit(rec.poll(lazy=True))
         if any(m.comm is not None and m.comm.track and m.comm.seen for m in self.mods):
             self._layout_change(k)
 
@@ -486,10 +512,8 @@ class RankSession:
             self.sink.send_now(frames.Colls(rank=self.rank, strategy=self.strategy, rows=[
                 (first + j, op, nb, size, group, order[layer] if 0 <= layer < len(order) else -1, phase, asy)
                 for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]))
-        for item in items:
-            s, k, base, kinds, idxs, t0, t1, iss = item
-            idxs = [order[i] if kd <= wire.BWD else i for kd, i in zip(kinds, idxs)]
-            self.sink.put((s, k, base, kinds, idxs, t0, t1, iss), n_spans=len(kinds))
+        for item in items:  # (resolved on the sink's thread: on CUDA an elapsed_time per mark)
+            self.sink.put(_InOrder(item, order), n_spans=item.n_spans)
 
     def _layout_change(self, k: int) -> None:
         """Every module's buckets as one layout (each module's newest), sent when one changed."""
@@ -525,7 +549,7 @@ class RankSession:
                 self._end()
             else:
                 rec.discard()
-        self._emit(rec.poll(wait=True))
+        self._emit(rec.poll(wait=True, lazy=True))
         if self._order is not None:
             self.sink.phase = "done"
             self.sink.send_now(frames.Bye(rank=self.rank, why=why, dropped=self.sink.dropped_spans,

@@ -279,17 +279,17 @@ class UserRecorder(Recorder):
                 seen.add(id(tok))
                 self.clock.release(tok)
 
-    def _resolve(self, r) -> tuple:
+    def _resolve(self, r, yield_every: int = 0) -> tuple:
         frozen = r.micro
         if not frozen and r.first_fwd is None:
-            return super()._resolve(r)
+            return super()._resolve(r, yield_every)
         clock = self.clock
         ns = clock.resolver(r.step_start, r.ref)  # (before the step's own events go back to the pool)
         extra = [(k, i, ns(a), ns(b)) for k, i, a, b in frozen]
         rest = None
         if clock.cuda:
             rest = [t for m in frozen for t in m[2:]] + list(r.first_fwd or ()) + list(r.loose or ())
-        s, k, base, kinds, idxs, t0s, t1s, iss = super()._resolve(r)
+        s, k, base, kinds, idxs, t0s, t1s, iss = super()._resolve(r, yield_every)
         if rest:
             done = {id(t) for t in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
                                     *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end) if t is not None}

@@ -145,6 +145,35 @@ def _kinds(got, step):
 
 
 @pytest.mark.slow  # (a real DDP)
+def test_a_scripts_steps_are_resolved_off_the_training_thread(pg, monkeypatch):
+    """A user's steps are handed to the sink unresolved and resolved on its thread (on CUDA an
+    elapsed_time per mark: hundreds of µs a step the training thread no longer spends), their
+    layers in forward order and micro-steps kept, as when resolved in place; a step that cannot
+    be resolved is dropped and counted, and the recording goes on."""
+    import threading
+
+    from ranks.userlayers import UserRecorder
+    where, real = [], UserRecorder._resolve
+    fail = {"at": 2}
+
+    def resolve(self, r, yield_every=0):
+        where.append(threading.current_thread().name)
+        if r.step == fail["at"]:
+            raise RuntimeError("a step that cannot be resolved")
+        return real(self, r, yield_every)
+    monkeypatch.setattr(UserRecorder, "_resolve", resolve)
+    h, got = _train(pg, "auto", accumulate=2, steps=5)
+    assert where and set(where) == {"ddptui-file"}  # never the training thread
+    assert got.store.complete_steps("ddp") == [0, 1, 3, 4]  # step 2 dropped, the rest kept
+    sink = h.session.sink
+    assert sink.resolve_errors == 1 and sink.dropped_frames == 1 and sink.dropped_spans > 0
+    n = len(h.layers)
+    kinds = _kinds(got, 3)
+    assert sum(1 for x in kinds if x[0] == "forward") == 2 * n  # both micro-steps' layers
+    assert sorted({i for kd, i in kinds if kd == "forward"}) == list(range(n))  # forward order
+
+
+@pytest.mark.slow  # (a real DDP)
 def test_fp16_hook_is_wrapped_timed_and_halves_bytes(pg):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     h0, plain = _train(pg / "a", "auto")
