@@ -62,6 +62,15 @@ class FrameQueue:
                              f"{traceback.format_exc(limit=8)}")
             sys.stderr.flush()
 
+    def _final(self, item):
+        """A Bye as it leaves the sink: the dropped counts as they are then (the steps queued
+        before it were resolved after the training thread made it; one that could not be is
+        counted in it)."""
+        if type(item) is frames.Bye:
+            return frames.Bye(rank=item.rank, why=item.why, dropped=self.dropped_spans,
+                              dropped_frames=self.dropped_frames)
+        return item
+
     def send_now(self, frame: frames.Frame, timeout: float = 2.0) -> None:
         """Queue a frame that must not be dropped (hello, errors, bye), waiting if needed."""
         try:
@@ -120,7 +129,7 @@ class Emitter(FrameQueue):
             strategy, step, base, kinds, idxs, t0, t1, iss = item
             return wire.pack(frames.spans_frame(self.rank, strategy, step, base, kinds, idxs,
                                                 t0, t1, iss))
-        return wire.pack(item)  # a ranks.frames Struct
+        return wire.pack(self._final(item))  # a ranks.frames Struct
 
     def _encode_or_drop(self, item) -> bytes:
         """`_encode`, but a frame whose resolution or encoding raises is dropped and counted

@@ -499,6 +499,22 @@ HANDOFF_NS = 500_000
 _last_handoff = [0]
 
 
+def letting_go(resolve, every: int):
+    """`resolve` (a mark -> ns), letting go of the GIL every `every` calls (0: never): off the
+    training thread, a hook waiting for the GIL gets it within a few marks, not a switch
+    interval."""
+    if not every:
+        return resolve
+    count = [0]
+
+    def ns(tok):
+        count[0] += 1
+        if count[0] % every == 0:
+            _let_go()
+        return resolve(tok)
+    return ns
+
+
 def _let_go() -> None:
     t = now_ns()
     if t - _last_handoff[0] >= HANDOFF_NS:
@@ -781,15 +797,7 @@ class Recorder:
 
     def _resolve(self, r: StepRecord, yield_every: int = 0) -> tuple:
         clock = self.clock
-        ns = clock.resolver(r.step_start, r.ref)
-        if yield_every:  # (off the training thread: let a waiting hook have the GIL)
-            resolve, count = ns, [0]
-
-            def ns(tok):
-                count[0] += 1
-                if count[0] % yield_every == 0:
-                    _let_go()
-                return resolve(tok)
+        ns = letting_go(clock.resolver(r.step_start, r.ref), yield_every)
         kinds, idxs, t0s, t1s = [STEP], [0], [ns(r.step_start)], [ns(r.step_end)]
         idle_end = clock.idle_end if clock.cuda else None
         last = r.n_layers - 1

@@ -110,15 +110,17 @@ class FileSink(FrameQueue):
             item = self.q.get()
             if item is None:
                 break
-            if callable(item):  # a step resolved here, off the training thread (_emit)
-                try:
+            got = item
+            try:
+                if callable(item):  # a step resolved here, off the training thread (_emit)
                     item = item()
-                except Exception:  # noqa: BLE001 - one bad step must not end the recording
-                    self._could_not(item, "recording")
-                    continue
-            if isinstance(item, tuple):  # a span batch: a Spans frame
-                s, k, base, kinds, idxs, t0, t1, iss = item
-                item = frames.spans_frame(self.rank, s, k, base, kinds, idxs, t0, t1, iss)
+                if isinstance(item, tuple):  # a span batch: a Spans frame
+                    s, k, base, kinds, idxs, t0, t1, iss = item
+                    item = frames.spans_frame(self.rank, s, k, base, kinds, idxs, t0, t1, iss)
+            except Exception:  # noqa: BLE001 - one bad step must not end the recording
+                self._could_not(got, "recording")
+                continue
+            item = self._final(item)
             if self.writer is None:
                 if type(item) is not frames.Hello:
                     continue  # nothing is written before the run is described

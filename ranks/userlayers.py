@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .instrument import Recorder, StepRecord
+from .instrument import Recorder, StepRecord, letting_go
 from .wire import BWD, FWD, OTHER
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
@@ -284,7 +284,9 @@ class UserRecorder(Recorder):
         if not frozen and r.first_fwd is None:
             return super()._resolve(r, yield_every)
         clock = self.clock
-        ns = clock.resolver(r.step_start, r.ref)  # (before the step's own events go back to the pool)
+        # (before the step's own events go back to the pool; off the training thread, letting
+        # go of the GIL as the step's own marks do: with accumulation most marks are here)
+        ns = letting_go(clock.resolver(r.step_start, r.ref), yield_every)
         extra = [(k, i, ns(a), ns(b)) for k, i, a, b in frozen]
         rest = None
         if clock.cuda:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import subprocess
 import sys
 
@@ -159,18 +160,72 @@ def test_a_scripts_steps_are_resolved_off_the_training_thread(pg, monkeypatch):
     def resolve(self, r, yield_every=0):
         where.append(threading.current_thread().name)
         if r.step == fail["at"]:
+            time.sleep(0.05)  # (resolved after the script closed: the Bye was made by then)
             raise RuntimeError("a step that cannot be resolved")
         return real(self, r, yield_every)
     monkeypatch.setattr(UserRecorder, "_resolve", resolve)
-    h, got = _train(pg, "auto", accumulate=2, steps=5)
-    assert where and set(where) == {"ddptui-file"}  # never the training thread
-    assert got.store.complete_steps("ddp") == [0, 1, 3, 4]  # step 2 dropped, the rest kept
-    sink = h.session.sink
-    assert sink.resolve_errors == 1 and sink.dropped_frames == 1 and sink.dropped_spans > 0
-    n = len(h.layers)
-    kinds = _kinds(got, 3)
-    assert sum(1 for x in kinds if x[0] == "forward") == 2 * n  # both micro-steps' layers
-    assert sorted({i for kd, i in kinds if kd == "forward"}) == list(range(n))  # forward order
+    for at in (2, 4):
+        fail["at"], where[:] = at, []
+        h, got = _train(pg / str(at), "auto", accumulate=2, steps=5)
+        assert where and set(where) == {"ddptui-file"}  # never the training thread
+        assert got.store.complete_steps("ddp") == [k for k in range(5) if k != at]  # the rest kept
+        sink = h.session.sink
+        assert sink.resolve_errors == 1 and sink.dropped_frames == 1 and sink.dropped_spans > 0
+        assert got.store.dropped_spans() == [(0, sink.dropped_spans)]  # in the recording's Bye
+        n = len(h.layers)
+        kinds = _kinds(got, 3 if at != 3 else 1)
+        assert sum(1 for x in kinds if x[0] == "forward") == 2 * n  # both micro-steps' layers
+        assert sorted({i for kd, i in kinds if kd == "forward"}) == list(range(n))  # forward order
+
+
+def test_a_recording_goes_on_past_a_step_that_cannot_be_encoded(tmp_path):
+    """A rank's own recording (no app): a step whose span cannot be encoded (ends more than
+    2^32 µs after its base) is dropped and counted, and the recording goes on and closes."""
+    from ranks import frames
+    from ranks.user import FileSink
+    from ddptui.recording.loader import load
+    s = FileSink(str(tmp_path / "rank0.ddptui"), 0, {"ddptui": "0.1.0", "world": 1, "user": True})
+    s.send_now(frames.Hello(rank=0, world=1, layers=["a"]))
+    base = 10**12
+
+    class Step:  # (a finished step handed over unresolved, as _emit hands it)
+        n_spans = 1
+
+        def __call__(self):
+            return "ddp", 0, base, [0], [0], [base], [base + (2**32 + 5) * 1000], []
+    s.put(Step(), n_spans=1)
+    s.put(("ddp", 1, base, [0], [0], [base], [base + 1000], []), n_spans=1)
+    s.send_now(frames.Bye(rank=0, why="done"))
+    s.close(timeout=5)
+    assert not s._t.is_alive() and s.resolve_errors == 1 and s.dropped_frames == 1
+    got = load(str(tmp_path / "rank0.ddptui"))
+    assert sorted(got.store.raw["ddp"]) == [1] and got.store.dropped_spans() == [(0, 1)]
+
+
+def test_a_users_micro_steps_let_go_of_the_gil_as_they_are_resolved(monkeypatch):
+    """Resolved off the training thread, a step lets go of the GIL every YIELD_EVERY marks, its
+    earlier micro-steps' marks included (with accumulation, most of them)."""
+    from ranks import instrument
+    from ranks.instrument import CpuClock
+    from ranks.userlayers import UserRecorder
+    calls = [0]
+    monkeypatch.setattr(instrument, "_let_go", lambda: calls.__setitem__(0, calls[0] + 1))
+    layers, micro = 10, 8
+    rec = UserRecorder(CpuClock(), layers)
+    rec.begin("ddp", 0)
+    for m in range(micro):
+        if m:
+            rec.micro()
+        for i in range(layers):
+            rec.fwd_begin(i); rec.fwd_end(i)
+        for i in reversed(range(layers)):
+            rec.bwd_begin(i); rec.bwd_end(i)
+    rec.cur.synced = 1
+    rec.end()
+    (item,) = rec.poll(lazy=True)
+    out = item()
+    assert item.n_spans == len(out[3])
+    assert calls[0] >= 2 * len(out[3]) // instrument.YIELD_EVERY - 2
 
 
 @pytest.mark.slow  # (a real DDP)

@@ -77,7 +77,7 @@ class StepWaits:
     step: int = -1
     t_ns: int = 0  # the step's start (earliest rank)
     batches: dict | None = field(default=None, repr=False)  # rank -> span batch, for the evidence
-    _evidence: tuple | None = field(default=None, repr=False)
+    _evidence: tuple | None = field(default=None, repr=False, compare=False)  # (made from batches)
 
     def _sections_excess_ref(self) -> tuple[tuple, dict, dict]:
         """Per-layer evidence (ddptui/model/evidence.py), worked out when first asked for (the
