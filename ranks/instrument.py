@@ -623,8 +623,9 @@ class Recorder:
         self.cur = c = StepRecord(strategy, step, self.n_layers)
         switch = self.switches.get(strategy)
         if switch is not None:
-            if every is None:
-                every = self.wanted_every(strategy)
+            if every is None:  # (the period changes where one ends: asked for there only)
+                cur = self._every.get(strategy)
+                every = cur if cur is not None and step % cur else self.wanted_every(strategy)
             self._every[strategy] = every
             c.layers = step % every == 0
             # the hooks registered once while every step is marked and the steps are timed

@@ -147,15 +147,19 @@ def slow_from_word(word: int) -> tuple[int, int, int]:
     return rest % 256, layer, ms
 
 
-def every_vote(rec, strategy: str, runs_here: bool, every_step: bool) -> int:
+def every_vote(rec, strategy: str, runs_here: bool, every_step: bool, step: int = 0) -> int:
     """This rank's say in the period of layer marks (the control collective keeps the largest
     say, the shortest period: every rank then marks the same steps): minus the period it
-    wants; every step while a delay is injected here (it runs in the layer hooks) or under
-    verify (matched layer by layer); no say where the strategy does not run here (single
-    on the other ranks: they never time its steps)."""
+    wants, asked for where the period in force ends (`step` a multiple of it: every rank's
+    at the same steps), else the period in force; every step while a delay is injected here
+    (it runs in the layer hooks) or under verify (matched layer by layer); no say where the
+    strategy does not run here (single on the other ranks: they never time its steps)."""
     if not runs_here:
         return -spec.MAX_LAYER_EVERY
-    return -(1 if every_step else rec.wanted_every(strategy))
+    if every_step:
+        return -1
+    cur = rec.layer_every(strategy)
+    return -(cur if step % cur else rec.wanted_every(strategy))
 
 
 def agreed_every(vote: int, slow_word: int) -> int:
@@ -328,7 +332,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             # steps); every step while a delay is injected (it runs in the layer hooks) or
             # under verify (its window matches layer by layer)
             straggling = rec.straggle is not None and rec.straggle.layer >= 0
-            ctl[3] = every_vote(rec, strat.name, strat.runs_on(rank), straggling or pw is not None)
+            ctl[3] = every_vote(rec, strat.name, strat.runs_on(rank), straggling or pw is not None, k)
             dist.all_reduce(ctl, op=dist.ReduceOp.MAX, group=ctl_group)
             if ctl[0].item():
                 stopped = True

@@ -281,11 +281,20 @@ def test_the_ranks_say_in_the_period():
     from ranks.worker import agreed_every, every_vote
 
     class Rec:
+        in_force = 1
+
         def wanted_every(self, strategy):
             return 8
+
+        def layer_every(self, strategy):
+            return self.in_force
     assert every_vote(Rec(), "single", False, False) == -instrument.MAX_EVERY
     assert every_vote(Rec(), "single", True, False) == -8
     assert every_vote(Rec(), "ddp", True, True) == -1
+    # the period in force is asked again where it ends only (every rank at the same steps)
+    r = Rec()
+    r.in_force = 4
+    assert [every_vote(r, "ddp", True, False, k) for k in (4, 5, 6, 7, 8)] == [-8, -4, -4, -4, -8]
     votes = [every_vote(Rec(), "single", True, False), every_vote(Rec(), "single", False, False)]
     assert agreed_every(max(votes), 0) == 8  # rank 0's, not rank 1's (which never times single)
     from ranks.worker import SEQ_SHIFT, slow_from_word
