@@ -63,9 +63,9 @@ class FrameQueue:
             sys.stderr.flush()
 
     def _final(self, item):
-        """A Bye as it leaves the sink: the dropped counts as they are then (the steps queued
-        before it were resolved after the training thread made it; one that could not be is
-        counted in it)."""
+        """A Bye as it leaves the sink, with the sink's dropped counts as they are then (the
+        steps queued before it are resolved after the training thread made it: one that could
+        not be is counted in it). A rank's Bye is made without them."""
         if type(item) is frames.Bye:
             return frames.Bye(rank=item.rank, why=item.why, dropped=self.dropped_spans,
                               dropped_frames=self.dropped_frames)

@@ -554,8 +554,7 @@ class RankSession:
         self._emit(rec.poll(wait=True, lazy=True))
         if self._order is not None:
             self.sink.phase = "done"
-            self.sink.send_now(frames.Bye(rank=self.rank, why=why, dropped=self.sink.dropped_spans,
-                                          dropped_frames=self.sink.dropped_frames))
+            self.sink.send_now(frames.Bye(rank=self.rank, why=why))  # (counts: the sink's, FrameQueue._final)
         self.sink.close(timeout=3.0)
         self.tap.deactivate()
         for m in self.mods:

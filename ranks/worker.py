@@ -397,8 +397,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         torch.save({s.name: {k: v.detach().cpu() for k, v in s.module.state_dict().items()}
                     for s in strategies if s.runs_on(rank)}, f"{args.save_weights}.rank{rank}.pt")
     em.phase = "done"
-    em.send_now(frames.Bye(rank=rank, why="stopped" if stopped else "done",
-                           dropped=em.dropped_spans, dropped_frames=em.dropped_frames))
+    em.send_now(frames.Bye(rank=rank, why="stopped" if stopped else "done"))  # (counts: the sink's)
     dist.barrier(group=ctl_group)
     dist.destroy_process_group()
     return 0

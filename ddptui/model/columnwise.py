@@ -192,7 +192,7 @@ def sections_excess(batches: dict, sk: "Stacked | None" = None):
     place = usable(batches) if sk is None else sk.place
     if place is None:
         return None
-    ranks = sorted(batches)
+    ranks = sorted(batches) if sk is None else sk.ranks
     cp = place.layered
     if sk is None:
         bs = [batches[r] for r in ranks]
@@ -213,17 +213,8 @@ def sections_excess(batches: dict, sk: "Stacked | None" = None):
         evidence._last_keys[0] = (shape, keys)
     vals = d[:, order].ravel()  # (many columns: kept an array, stacked as one by the judge)
     flat = (keys, vals if len(keys) >= evidence.COLUMNWISE_FROM else tuple(vals.tolist()))
-    v = np.sort(d, axis=0)
-    med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-    ref = dict(zip(secs, med.tolist()))
-    if n == 2:
-        ex = np.vstack([d[0] - d[1], d[1] - d[0]])
-    else:
-        j1, j2 = (n - 2) // 2, (n - 1) // 2
-        lo, hi = v[j1], v[j2]
-        if_above, if_below, if_mid = (v[j1] + v[j2]) / 2, (v[j1 + 1] + v[j2 + 1]) / 2, (v[j1] + v[j2 + 1]) / 2
-        ex = d - np.where(d > hi, if_above, np.where(d <= lo, if_below, if_mid))
-    return flat, evidence.RankExcess(ranks, list(secs), ex), ref
+    ex, med = evidence.over_median(d)
+    return flat, evidence.RankExcess(ranks, list(secs), ex), dict(zip(secs, med.tolist()))
 
 
 def bucket_step(batches) -> dict | None:

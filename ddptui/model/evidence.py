@@ -344,6 +344,22 @@ class RankExcess(Mapping):
                 for i, j in np.argwhere(self._ex >= min_ms).tolist()]
 
 
+def over_median(x):
+    """Column-wise step_excess: for a ranks x sections array (two ranks or more), each value
+    less the other ranks' median of its column, and each column's median over all ranks —
+    the same sorts, sums and halves as rank by rank (the same values)."""
+    import numpy as np
+    n = len(x)
+    v = np.sort(x, axis=0)
+    med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    if n == 2:
+        return np.vstack([x[0] - x[1], x[1] - x[0]]), med
+    j1, j2 = (n - 2) // 2, (n - 1) // 2
+    lo, hi = v[j1], v[j2]
+    if_above, if_below, if_mid = (v[j1] + v[j2]) / 2, (v[j1 + 1] + v[j2 + 1]) / 2, (v[j1] + v[j2 + 1]) / 2
+    return x - np.where(x > hi, if_above, np.where(x <= lo, if_below, if_mid)), med
+
+
 def _fast_excess(flats: list, at: int, ranks: list[int], secs: list[Section]):
     """judge's fast times and their excess over the other ranks' median, column-wise: the
     same values as the rank-by-rank way (the same sort, the same sums and halves)."""
@@ -354,15 +370,7 @@ def _fast_excess(flats: list, at: int, ranks: list[int], secs: list[Section]):
     cols = _Columns({r: i for i, r in enumerate(ranks)}, {k: j for j, k in enumerate(secs)}, m)
     if n < 2:
         return RankExcess(ranks, [], np.empty((n, 0))), cols
-    if n == 2:
-        ex = np.vstack([fast[0] - fast[1], fast[1] - fast[0]])
-    else:
-        v = np.sort(fast, axis=0)
-        j1, j2 = (n - 2) // 2, (n - 1) // 2
-        lo, hi = v[j1], v[j2]
-        if_above, if_below, if_mid = (v[j1] + v[j2]) / 2, (v[j1 + 1] + v[j2 + 1]) / 2, (v[j1] + v[j2 + 1]) / 2
-        ex = fast - np.where(fast > hi, if_above, np.where(fast <= lo, if_below, if_mid))
-    return RankExcess(ranks, secs, ex), cols
+    return RankExcess(ranks, secs, over_median(fast)[0]), cols
 
 
 def windows(series: list, size: int = WINDOW, stride: int = 1):
