@@ -111,7 +111,7 @@ def _load(rev: str, path: str, name: str, d: str):
     src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     for a, b in (("from .clock", "from ranks.clock"), ("from .wire", "from ranks.wire"),
-                 ("from . import spec", "from ranks import spec"),
+                 ("from . import spec", "from ranks import spec"), ("from .spec", "from ranks.spec"),
                  ("from .instrument import", "from ranks.instrument import")):
         src = src.replace(a, b)
     file = os.path.join(d, f"{name}.py")
@@ -240,6 +240,7 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
     x = torch.randn(1, width, device=dev)
     y = torch.zeros(1, dtype=torch.long, device=dev)
     k = [0]
+    hand = getattr(rec, "hand_over", None)  # (the worker's hand-over of ended steps, where it has one)
 
     def one(m, timed_side: bool) -> int:
         t0 = time.perf_counter_ns()
@@ -252,7 +253,7 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
         if not timed_side:
             return time.perf_counter_ns() - t0
         rec.end()
-        items = rec.poll(lazy=True)
+        items = hand() if hand is not None else rec.poll(lazy=True)
         k[0] += 1
         t1 = time.perf_counter_ns()
         for it in items:  # what the sender thread does in a run (not timed: not this thread's);
@@ -284,11 +285,52 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
     return share, every, un, mk, p0
 
 
+def measure_handoff(steps: int, step_us: int = 1000, work_us: int = 20):
+    """Handing a step to the sender thread, on the training thread: queue.Queue.put_nowait
+    (what the sinks used: a lock, and a wake-up of the waiting sender every step) against
+    ranks.emitter.Handoff's (a deque append; the sender looks every few ms), in turn, a
+    consumer doing `work_us` of Python per item and `step_us` of busy compute between puts.
+    Returns {name: (median µs, mean µs)}."""
+    import queue
+    import threading
+    from ranks.emitter import Handoff
+    pc = time.perf_counter_ns
+
+    def busy(us):
+        t = pc()
+        while pc() - t < us * 1000:
+            pass
+
+    def side(q):
+        def consume():
+            while q.get() is not None:
+                busy(work_us)
+        th = threading.Thread(target=consume, daemon=True)
+        th.start()
+        got = []
+        for _ in range(steps):
+            busy(step_us)
+            t = pc()
+            q.put_nowait(1)
+            got.append(pc() - t)
+        q.put(None)
+        th.join(5)
+        return got
+
+    out: dict = {"queue.Queue": [], "Handoff": []}
+    for _ in range(2):
+        out["queue.Queue"] += side(queue.Queue(maxsize=256))
+        out["Handoff"] += side(Handoff(256))
+    return {k: (statistics.median(v) / 1000, statistics.fmean(v) / 1000) for k, v in out.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--quick", action="store_true", help="30 steps, 1 round (CI: that it runs, not a figure)")
     p.add_argument("--vs", default=OLD_REV, help="git revision of the hook path to compare with")
+    p.add_argument("--share-vs", default=None, metavar="REV",
+                   help="also measure the host share with the hook path of REV, in turn with this one")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: the real CUDA events and stream (the GPU pass), not stand-ins")
     a = p.parse_args(argv)
@@ -343,8 +385,12 @@ def main(argv=None) -> int:
           f"step: P1 at a 1 ms step <= {1 + est / 1000:.3f} if the host is the critical path "
           f"(goal on GPU 1.01; measured by the GPU pass); a share of {est / 10:.2f} % of that step")
     if hasattr(instrument, "LAYER_SHARE"):  # layer marks on a sample of steps
-        got = [measure_sampled(instrument, strategies, 128 if a.quick else 1536, layers, width, cuda)
-               for _ in range(rounds)]
+        old_s = load_old(a.share_vs) if a.share_vs else None
+        got, got_old = [], []
+        for _ in range(rounds):  # (with --share-vs: the two in turn)
+            got.append(measure_sampled(instrument, strategies, 128 if a.quick else 1536, layers, width, cuda))
+            if old_s is not None:
+                got_old.append(measure_sampled(*old_s, 128 if a.quick else 1536, layers, width, cuda))
         share = statistics.median(g[0] for g in got)
         every, un, mk, p0 = got[-1][1], statistics.median(g[2] for g in got), \
             statistics.median(g[3] for g in got), statistics.median(g[4] for g in got)
@@ -353,7 +399,16 @@ def main(argv=None) -> int:
               f"host share of this {p0:.0f} µs step {share:.2f} % (rounds: "
               f"{', '.join(f'{g[0]:.2f}' for g in got)}); the share is 0.5 % from steps of "
               f"{((every - 1) * un + mk) / every / 0.005 / 1000:.1f} ms")
+        if got_old:
+            print(f"  at {a.share_vs}, in turn: a step without layer marks "
+                  f"{statistics.median(g[2] for g in got_old):.1f} µs more than plain, a marked one "
+                  f"{statistics.median(g[3] for g in got_old):.0f} µs (1 step in {got_old[-1][1]}); share "
+                  f"{statistics.median(g[0] for g in got_old):.2f} % (rounds: "
+                  f"{', '.join(f'{g[0]:.2f}' for g in got_old)})")
         print(result_line("P7", "sampled_share", "pct_of_step", share, "<=", 100 * instrument.LAYER_SHARE))
+    ho = measure_handoff(100 if a.quick else 1500)
+    print("  handing a step to the sender thread (a waiting sender, 1 ms steps): " + "; ".join(
+        f"{k} median {m:.2f} µs, mean {mu:.2f} µs" for k, (m, mu) in ho.items()))
     print(f"P7 own_cost us_per_layer_above_dispatch={now - floor:.3f} goal<=2 "
           f"{'OK' if now - floor <= 2 else 'MISS'}")
     print(result_line("P7", "hook_cost", "us_per_layer", now, "<=", 3.0))

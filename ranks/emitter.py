@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 
 from . import frames, seams, wire
 from .clock import now_ns
@@ -20,26 +21,97 @@ from .clock import now_ns
 EXIT_APP_GONE = 3
 
 
+class Handoff:
+    """A bounded queue from the training thread to one consumer thread whose `put_nowait` (a
+    step's spans, every step) does not wake the consumer: a deque append, no lock.
+    queue.Queue's takes a lock and wakes a waiting consumer each time (a futex call, and the
+    consumer then wants the GIL while the step goes on). The consumer takes what is there
+    when a backlog of BATCH items, `put` (frames that must arrive) or the end (None) wakes it,
+    or else every WAKE_S (doubling to IDLE_S while nothing comes). queue.Queue's interface, as
+    the sinks use it."""
+
+    WAKE_S = 0.005
+    IDLE_S = 0.05
+    BATCH = 8
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._d: deque = deque()
+        self._cv = threading.Condition(threading.Lock())
+
+    def qsize(self) -> int:
+        return len(self._d)
+
+    def empty(self) -> bool:
+        return not self._d
+
+    def full(self) -> bool:
+        return len(self._d) >= self.maxsize
+
+    def put_nowait(self, item) -> None:
+        d = self._d
+        if len(d) >= self.maxsize:
+            raise queue.Full
+        d.append(item)
+        if item is None or len(d) >= self.BATCH:
+            self._wake()
+
+    def put(self, item, timeout: float | None = None) -> None:
+        """Waits while full (up to `timeout`, then queue.Full), and wakes the consumer."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._d) >= self.maxsize:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise queue.Full
+            time.sleep(0.001)
+        self._d.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    def get(self):
+        d, wait = self._d, self.WAKE_S
+        while True:
+            try:
+                return d.popleft()
+            except IndexError:
+                pass
+            with self._cv:  # (an urgent put appends, then notifies under the lock: not missed)
+                if not d:
+                    self._cv.wait(wait)
+                    wait = min(wait * 2, self.IDLE_S)
+
+    def get_nowait(self):
+        try:
+            return self._d.popleft()
+        except IndexError:
+            raise queue.Empty from None
+
+
 class FrameQueue:
     """The training thread's side of a frame sink: a bounded queue that never blocks training
     (put drops and counts) except for the frames that must arrive (send_now waits a little)."""
 
     def __init__(self, maxsize: int):
-        self.q: queue.Queue = queue.Queue(maxsize=maxsize)
+        self.q = Handoff(maxsize)
         self.dropped_spans = 0
         self.dropped_frames = 0
         # () -> (the collective this rank is inside, as frames.Inflight, or None; collectives
         # entered so far): the heartbeat says it (a hang names the collective); None: not known
         self.collectives = None
 
-    def put(self, frame, n_spans: int = 0) -> bool:
+    def put(self, frame, n_spans: int | None = None) -> bool:
         """Queue a frame (a ranks.frames Struct, a span-batch tuple from Recorder.poll, or a
-        callable that returns one: resolved and encoded off the training thread)."""
+        callable that returns one: resolved and encoded off the training thread). A dropped
+        frame's spans are counted: `n_spans`, else the frame's own `n_spans` (a step's)."""
         try:
             self.q.put_nowait(frame)
             return True
         except queue.Full:
             self.dropped_frames += 1
+            if n_spans is None:
+                n_spans = getattr(frame, "n_spans", 0) or 0
             self.dropped_spans += n_spans
             return False
 

@@ -439,27 +439,23 @@ class StepRecord:
                  "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced", "layers",
                  "host0")
 
-    def __init__(self, strategy: str, step: int, n_layers: int):
+    def __init__(self, strategy: str, step: int, n_layers: int, layers: bool = True):
+        # (on the training thread at every step's begin: as few statements as it takes)
         self.strategy, self.step, self.n_layers = strategy, step, n_layers
         # its layers marked one by one; False: the forward's and backward's start and end only
         # (layer marks on a sample of steps, Recorder.begin), resolved as two PASS spans
-        self.layers = True
+        self.layers = layers
         self.host0 = 0  # host clock at begin (the step's length on the host, for the sampling)
         self.step_start = self.step_end = self.opt_s = self.opt_e = self.ref = None
-        self.fwd_s = [None] * n_layers
-        self.fwd_e = [None] * n_layers
-        self.bwd_s = [None] * n_layers
-        self.bwd_e = [None] * n_layers
+        self.fwd_s, self.fwd_e, self.bwd_s, self.bwd_e = [None] * n_layers, [None] * n_layers, \
+            [None] * n_layers, [None] * n_layers
         self.bwd_h = [None] * n_layers  # host reading just before each end mark (CUDA: idle_end)
         self.bwd_n = [0] * n_layers  # bwd_end calls so far this step
-        self.comm_idx: list[int] = []
-        self.comm_kind: list[int] = []  # COMM (a gradient AllReduce) or COLL (any other collective)
+        # the collectives, in issue order: COMM (a gradient AllReduce) or COLL (any other);
+        # gloo with CUDA tensors: host ends (comm_hend, to chain starts) and issue streams
+        self.comm_idx, self.comm_kind, self.comm_ready, self.comm_end, self.comm_hend, \
+            self.comm_thr, self.comm_strm = [], [], [], [], [], [], []
         self.synced = 0  # gradient synchronisations issued (COMM spans, FSDP's reduce-scatters)
-        self.comm_ready: list = []
-        self.comm_end: list = []
-        self.comm_hend: list = []  # gloo with CUDA tensors: host ends, to chain starts
-        self.comm_thr: list = []
-        self.comm_strm: list = []  # gloo with CUDA tensors: each collective's issue stream
 
 
 def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool,
@@ -553,15 +549,18 @@ def every_for(cost_ns: float, step_ns: float, cur: int = 1) -> int:
 
 
 class Pending:
-    """A finished step not yet turned into spans (Recorder.poll(lazy=True)): calling it
-    resolves it; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
+    """A finished step not yet turned into spans (Recorder.poll(lazy=True), hand_over):
+    calling it resolves it, after waiting for its marks and collectives where it was handed
+    over unchecked; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
 
-    __slots__ = ("rec", "r")
+    __slots__ = ("rec", "r", "unchecked")
 
-    def __init__(self, rec: "Recorder", r: StepRecord):
-        self.rec, self.r = rec, r
+    def __init__(self, rec: "Recorder", r: StepRecord, unchecked: bool = False):
+        self.rec, self.r, self.unchecked = rec, r, unchecked
 
     def __call__(self) -> tuple:
+        if self.unchecked:
+            self.rec._await(self.r)
         return self.rec._resolve(self.r, yield_every=YIELD_EVERY)
 
     @property
@@ -620,21 +619,24 @@ class Recorder:
     def begin(self, strategy: str, step: int, every: int | None = None) -> None:
         """A step starts. `every`: the period its layers are marked at, as all ranks agreed
         (the worker's control collective); None: this rank's own (`wanted_every`)."""
-        self.cur = c = StepRecord(strategy, step, self.n_layers)
         switch = self.switches.get(strategy)
+        layers = True
         if switch is not None:
+            cur = self._every.get(strategy)
             if every is None:  # (the period changes where one ends: asked for there only)
-                cur = self._every.get(strategy)
                 every = cur if cur is not None and step % cur else self.wanted_every(strategy)
-            self._every[strategy] = every
-            c.layers = step % every == 0
-            # the hooks registered once while every step is marked and the steps are timed
-            # (until then, and while sampled, a marked step registers its own)
-            switch(every == 1 and (self.every == 1 or strategy in self._step_ns))
+            if every != cur or every == 1:
+                self._every[strategy] = every
+                # the hooks registered once while every step is marked and the steps are
+                # timed (until then, and while sampled, a marked step registers its own)
+                switch(every == 1 and (self.every == 1 or strategy in self._step_ns))
+            layers = step % every == 0
+        self.cur = c = StepRecord(strategy, step, self.n_layers, layers)
         c.host0 = now_ns()
-        self.clock.begin_step()
-        c.ref = self.clock.ref()
-        c.step_start = self.clock.mark()
+        clock = self.clock
+        clock.begin_step()
+        c.ref = clock.ref()
+        c.step_start = clock.mark()
 
     def backward_starts(self) -> None:
         """Right before the step calls backward() (the built-in strategies): a step whose layers
@@ -745,7 +747,10 @@ class Recorder:
         c.step_end = self.clock.mark()
         self.pending.append(c)
         self.cur = None
-        if c.strategy in self.switches:  # (the sampling's inputs)
+        every = self._every.get(c.strategy)
+        # the sampling's input, the step's host time: from the step before a period ends
+        # (where the next period is asked for), or every step while each is marked
+        if every is not None and (c.step + 1) % every == 0:
             dt = now_ns() - c.host0
             old = self._step_ns.get(c.strategy)
             self._step_ns[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
@@ -770,7 +775,34 @@ class Recorder:
                 self._recycle(t)
         return dt
 
+    def hand_over(self) -> list:
+        """The steps ended so far, as Pending, unchecked: whoever calls one (the thread that
+        encodes and sends frames) first waits for its marks and collectives to complete
+        (`_await`), so the training thread checks nothing (on CUDA an event query per mark)."""
+        p = self.pending
+        if not p:
+            return p
+        out = [Pending(self, r, True) for r in p]
+        self.pending = []
+        return out
+
     # -- off the hot path -----------------------------------------------------------
+    AWAIT_S = 2.0  # how long a handed-over step waits for a collective's completion callback
+
+    def _await(self, r: StepRecord) -> None:
+        """Until the step's marks have completed and each of its collectives has marked its
+        end (the backend's callback, on its own thread, may come after the step; one that
+        has not within AWAIT_S is resolved as ending when it was issued, as poll(wait) does)."""
+        if None in r.comm_end:
+            deadline = time.monotonic() + self.AWAIT_S
+            while None in r.comm_end and time.monotonic() < deadline:
+                time.sleep(0.0005)
+        clock = self.clock
+        if clock.cuda:
+            for t in (r.step_end, *r.comm_end):
+                if t is not None and not clock.done(t):
+                    t.synchronize()
+
     def poll(self, wait: bool = False, lazy: bool = False) -> list:
         """Finished steps as (strategy, step, base_ns, kinds, idxs, t0s, t1s, issues), or with
         `lazy` as callables that return that tuple: resolving a step (on CUDA, an

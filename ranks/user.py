@@ -515,7 +515,7 @@ class RankSession:
                 (first + j, op, nb, size, group, order[layer] if 0 <= layer < len(order) else -1, phase, asy)
                 for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]))
         for item in items:  # (resolved on the sink's thread: on CUDA an elapsed_time per mark)
-            self.sink.put(_InOrder(item, order), n_spans=item.n_spans)
+            self.sink.put(_InOrder(item, order))  # (its n_spans counted if dropped)
 
     def _layout_change(self, k: int) -> None:
         """Every module's buckets as one layout (each module's newest), sent when one changed."""

@@ -296,12 +296,13 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         shift = parse_shift(shift_spec)
 
     def emit(items):
-        # items resolve themselves on the sender thread (Recorder.poll(lazy=True))
+        # items resolve themselves on the sender thread (Recorder.hand_over, poll(lazy=True));
+        # a dropped one counts its spans there (its own n_spans)
         for item in items:
-            n = item.n_spans
             if shift:
-                item = partial(shift_lazy, item, shift)
-            em.put(item, n_spans=n)
+                em.put(partial(shift_lazy, item, shift), n_spans=item.n_spans)
+            else:
+                em.put(item)
     # --- end verify ---
 
     from .strategies import Straggle
@@ -377,7 +378,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             colls = strat.take_colls() if isinstance(strat, FSDPStrategy) else None
             if colls:  # the collectives its spans name, before them
                 em.send_now(frames.Colls(rank=rank, strategy=strat.name, rows=colls))
-            emit(rec.poll(lazy=True))
+            emit(rec.hand_over())  # (unchecked: the sender waits for its marks)
             if isinstance(strat, DDPStrategy):
                 change = strat.take_layout_change()
                 if change is not None:
