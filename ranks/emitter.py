@@ -113,6 +113,9 @@ class FrameQueue:
             if n_spans is None:
                 n_spans = getattr(frame, "n_spans", 0) or 0
             self.dropped_spans += n_spans
+            drop = getattr(frame, "drop", None)  # (a step: its CUDA events back to the pool)
+            if drop is not None:
+                drop()
             return False
 
     resolve_errors = 0  # frames that could not be resolved or encoded (dropped, counted)

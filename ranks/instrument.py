@@ -563,6 +563,12 @@ class Pending:
             self.rec._await(self.r)
         return self.rec._resolve(self.r, yield_every=YIELD_EVERY)
 
+    def drop(self) -> None:
+        """Its frame is dropped (a full queue): its events go back to the pool unresolved (a
+        pending event may be recorded again; nothing will read this one)."""
+        if self.rec.clock.cuda:
+            self.rec._release_all(self.r)
+
     @property
     def n_spans(self) -> int:
         r = self.r
@@ -865,11 +871,16 @@ class Recorder:
         # the "issue" column is when each collective was READY: handed to the backend on CPU,
         # reached by the training stream on GPU (the host's issue time runs ahead there)
         iss = ready
-        if clock.cuda:  # every event back to the pool, once (one mark may fill two slots)
-            seen = set()
-            for tok in [r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
-                        *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end]:
-                if tok is not None and id(tok) not in seen:
-                    seen.add(id(tok))
-                    clock.release(tok)
+        if clock.cuda:
+            Recorder._release_all(self, r)
         return (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)
+
+    def _release_all(self, r: StepRecord, keep=()) -> None:
+        """Every event of a step back to the pool, once (one mark may fill two slots)."""
+        seen = set(keep)
+        release = self.clock.release
+        for tok in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
+                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end):
+            if tok is not None and id(tok) not in seen:
+                seen.add(id(tok))
+                release(tok)

@@ -86,6 +86,9 @@ class _InOrder:
     def n_spans(self) -> int:
         return self.item.n_spans
 
+    def drop(self) -> None:
+        self.item.drop()
+
 
 class FileSink(FrameQueue):
     """A rank's own recording (no app): the Emitter's interface (put, send_now, close),

@@ -22,7 +22,7 @@ import msgspec
 
 LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 1024 * 1024  # a frame claiming more than this is rejected unread
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: PASS spans (layers marked on a sample of steps) and COLL collectives
 
 # span kinds. OTHER: a rank's own work that synchronises nothing (an evaluation forward under
 # no_grad, a forward no backward followed): drawn on its lane, in no figure of a step; idx 0.

@@ -465,3 +465,25 @@ def test_a_step_handed_over_waits_for_a_collectives_callback_that_comes_after_it
     assert _time.monotonic() - t0 >= 0.04
     i = spans[3].index(COMM)
     assert spans[6][i] - spans[5][i] >= 40_000_000  # its end is the callback's, 50 ms on
+
+
+def test_a_dropped_steps_events_go_back_to_the_pool():
+    """A stalled app: the queue is full and every step is dropped on the training thread. Its
+    events go back to the pool unresolved; before, each dropped step's marks were lost to it
+    and every step made new events (the pool would grow for as long as the app stalls)."""
+    from ranks.emitter import FrameQueue
+    sim = SimCuda()
+    clock = _clock(sim)
+    rec = Recorder(clock, 4)
+    sink = FrameQueue(1)  # nobody takes from it
+    for k in range(60):
+        rec.begin("ddp", k)
+        for i in range(4):
+            rec.fwd_begin(i); rec.fwd_end(i)
+        for i in reversed(range(4)):
+            rec.bwd_begin(i); rec.bwd_end(i)
+        rec.end()
+        for item in rec.hand_over():
+            sink.put(item)
+    assert sink.dropped_frames == 59 and sink.dropped_spans == 59 * (1 + 8)
+    assert clock.allocated <= 2 * (2 + 16)  # two steps' worth: the queued one's and one in use
