@@ -110,38 +110,54 @@ class GpuTimeMap:
 
     def __init__(self):
         self.points: deque = deque(maxlen=self.WINDOW)  # (g_ns, h_ns, delay_ns)
-        self.a = 0.0
-        self.rate = 1.0
-        self.h_base = None
+        # (h_base, a, rate) as one tuple, replaced whole: calibrate() runs on the training
+        # thread while the sender resolves steps with it (a reader of separate attributes
+        # could take a new offset with an old rate: off by the change in drift times the GPU
+        # time since the first point, ~100 µs after hours)
+        self.fit = (None, 0.0, 1.0)
         self.residual_ns: int | None = None  # prediction - measurement at the last point
 
-    def add(self, g_ns: float, h0: int, h1: int) -> None:
-        if self.h_base is None:
-            self.h_base = h0
-        h = (h0 + h1) / 2 - self.h_base
-        if self.points:
-            self.residual_ns = int(round(self.a + self.rate * g_ns - h))
-        self.points.append((g_ns, h, h1 - h0))
-        self._fit()
+    @property
+    def a(self) -> float:
+        return self.fit[1]
 
-    def _fit(self) -> None:
+    @property
+    def rate(self) -> float:
+        return self.fit[2]
+
+    @property
+    def h_base(self):
+        return self.fit[0]
+
+    def add(self, g_ns: float, h0: int, h1: int) -> None:
+        base, a, rate = self.fit
+        if base is None:
+            base = h0
+        h = (h0 + h1) / 2 - base
+        if self.points:
+            self.residual_ns = int(round(a + rate * g_ns - h))
+        self.points.append((g_ns, h, h1 - h0))
+        self.fit = (base, *self._fit(rate))
+
+    def _fit(self, rate: float) -> tuple[float, float]:
+        """(a, rate) over the recent low-delay points (`rate`: the one in force)."""
         pts = self.points
         best = min(p[2] for p in pts)
         use = [p for p in pts if p[2] <= 2 * best + 2_000] or list(pts)
         if len(use) < 2 or use[-1][0] - use[0][0] < 1e8:  # under 0.1 s: offset only
             g, h, _ = min(pts, key=lambda p: p[2]) if len(use) < 2 else use[-1]
-            self.a = h - self.rate * g
-            return
+            return h - rate * g, rate
         n = len(use)
         mg = sum(p[0] for p in use) / n
         mh = sum(p[1] for p in use) / n
         sxx = sum((p[0] - mg) ** 2 for p in use)
         sxy = sum((p[0] - mg) * (p[1] - mh) for p in use)
-        self.rate = sxy / sxx if sxx > 0 else 1.0
-        self.a = mh - self.rate * mg
+        rate = sxy / sxx if sxx > 0 else 1.0
+        return mh - rate * mg, rate
 
     def host_ns(self, g_ns: float) -> int:
-        return int(round(self.h_base + self.a + self.rate * g_ns))
+        base, a, rate = self.fit
+        return int(round(base + a + rate * g_ns))
 
 
 class CalPoint:
@@ -393,10 +409,9 @@ class CudaClock:
     # -- off the hot path -----------------------------------------------------------
     def resolver(self, start_tok, ref: CalPoint):
         """tok -> host ns for the events of one step: each against the step's start event."""
-        m = self.map
+        base, a, rate = self.map.fit  # (one fit for the whole step, whatever calibrate() does)
         g0 = ref.g_ns + ref.event.elapsed_time(start_tok) * 1e6
-        h0 = m.host_ns(g0)
-        rate = m.rate
+        h0 = int(round(base + a + rate * g0))
 
         def ns(tok):
             if type(tok) is int:

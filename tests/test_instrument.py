@@ -86,6 +86,38 @@ def test_gpu_time_map_stays_within_2us_over_8_hours_with_drift():
     assert clock.map.rate == pytest.approx(1 / 1.00005, abs=1e-7)
 
 
+def test_a_calibration_never_shows_a_half_updated_fit_to_the_resolving_thread():
+    """calibrate() (the training thread) updates the time map while the sender resolves steps
+    with it. At every line the update runs, a reader sees the old fit or the new one, never a
+    new offset with an old rate (the fit was two attributes set one after the other: off by
+    the change in drift times the GPU time since the first point)."""
+    import sys
+    from ranks.instrument import GpuTimeMap
+    m = GpuTimeMap()
+    g = 0.0
+    for i in range(8):  # a drift of 50 ppm, then the point that changes it
+        g += 1e9
+        m.add(g, int(g * 1.00005) + 1000, int(g * 1.00005) + 3000)
+    far = 3600e9  # an hour of GPU time on
+    before = m.host_ns(far)
+    seen = set()
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename.endswith("instrument.py") and frame.f_code.co_name in ("add", "_fit"):
+            if event == "line":
+                seen.add(m.host_ns(far))
+            return tracer
+        return None
+
+    sys.settrace(tracer)
+    try:
+        m.add(g + 1e9, int((g + 1e9) * 1.00010), int((g + 1e9) * 1.00010) + 2000)
+    finally:
+        sys.settrace(None)
+    after = m.host_ns(far)
+    assert before != after and seen <= {before, after}, (before, after, seen - {before, after})
+
+
 def test_one_float32_anchor_would_not_do():
     """What the mapping replaces: a single anchor and one float32 elapsed_time. After an hour
     float32 ms resolution alone is 250 µs (the test above would fail with it)."""
