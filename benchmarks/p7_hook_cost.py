@@ -240,7 +240,6 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
     x = torch.randn(1, width, device=dev)
     y = torch.zeros(1, dtype=torch.long, device=dev)
     k = [0]
-    hand = getattr(rec, "hand_over", None)  # (the worker's hand-over of ended steps, where it has one)
 
     def one(m, timed_side: bool) -> int:
         t0 = time.perf_counter_ns()
@@ -253,7 +252,7 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
         if not timed_side:
             return time.perf_counter_ns() - t0
         rec.end()
-        items = hand() if hand is not None else rec.poll(lazy=True)
+        items = rec.poll(lazy=True)
         k[0] += 1
         t1 = time.perf_counter_ns()
         for it in items:  # what the sender thread does in a run (not timed: not this thread's);

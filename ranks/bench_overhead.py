@@ -8,7 +8,7 @@ same batches, alternating step by step (ABBA order, so neither always goes first
 
   instrumented  the real strategy from ranks.strategies (layer hooks, per-parameter or DDP
                 comm hook, Recorder on the real clock), plus what the real worker does after
-                each step: Recorder.hand_over() on the training thread, and the step's
+                each step: Recorder.poll(lazy=True) on the training thread, and the step's
                 resolution (slots -> spans) and frame encoding (frames.spans_frame +
                 wire.pack) on a sender thread, as the Emitter does
   plain         the same computation with no hook at all: DDP with its built-in AllReduce
@@ -185,7 +185,7 @@ def main(argv=None) -> None:
             rec.begin(instr.name, k * block + j)
             instr.step(xb, yb)
             rec.end()
-            for item in rec.hand_over():  # (as the worker: unchecked, the sender waits)
+            for item in rec.poll(lazy=True):
                 sendq.put(item)
             if isinstance(instr, DDPStrategy):
                 instr.take_layout_change()

@@ -36,6 +36,7 @@ class Handoff:
 
     def __init__(self, maxsize: int):
         self.maxsize = maxsize
+        self._wake_at = max(1, min(self.BATCH, maxsize // 2))  # (a small queue: before it fills)
         self._d: deque = deque()
         self._cv = threading.Condition(threading.Lock())
 
@@ -53,7 +54,7 @@ class Handoff:
         if len(d) >= self.maxsize:
             raise queue.Full
         d.append(item)
-        if item is None or len(d) >= self.BATCH:
+        if item is None or len(d) >= self._wake_at:
             self._wake()
 
     def put(self, item, timeout: float | None = None) -> None:

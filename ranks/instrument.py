@@ -539,10 +539,12 @@ def _let_go() -> None:
 # of a hook and two marks a step; on a step of ~1 ms (a host-bound GPU step) that is several
 # per cent. Where a strategy's hooks can be switched off (attach_layer_hooks' LayerMarks), its
 # layers are marked on one step in `every` (a power of two, the step number a multiple of
-# it: every rank marks the same steps), as few as keep that cost within LAYER_SHARE of the
-# step; the other steps mark the forward's and backward's start and end (PASS spans), and
-# every collective as always.
+# it: every rank marks the same steps), as few as keep that cost within MARKS_SHARE of the
+# step: half of LAYER_SHARE, ddptui's whole host time a step, the other half the steps' own
+# marks and bookkeeping, made every step. The other steps mark the forward's and backward's
+# start and end (PASS spans), and every collective as always.
 LAYER_SHARE = 0.005
+MARKS_SHARE = LAYER_SHARE / 2
 MAX_EVERY = MAX_LAYER_EVERY
 # a marked layer of a sampled model: a pre-hook registered in its forward and called in its
 # backward (ranks.strategies.LayerMarks; ~4 µs here, where a hook registered once costs
@@ -552,9 +554,9 @@ LAYER_HOOK_NS = 4_000
 
 def every_for(cost_ns: float, step_ns: float, cur: int = 1) -> int:
     """The sampling period that keeps `cost_ns` of layer marks a marked step within
-    LAYER_SHARE of a step of `step_ns`: a power of two up to MAX_EVERY. It comes down from
+    MARKS_SHARE of a step of `step_ns`: a power of two up to MAX_EVERY. It comes down from
     `cur` only when a third of it would do (no flapping at a boundary)."""
-    want = cost_ns / (LAYER_SHARE * max(step_ns, 1.0))
+    want = cost_ns / (MARKS_SHARE * max(step_ns, 1.0))
     every = 1
     while every < want and every < MAX_EVERY:
         every *= 2
@@ -564,18 +566,15 @@ def every_for(cost_ns: float, step_ns: float, cur: int = 1) -> int:
 
 
 class Pending:
-    """A finished step not yet turned into spans (Recorder.poll(lazy=True), hand_over):
-    calling it resolves it, after waiting for its marks and collectives where it was handed
-    over unchecked; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
+    """A finished step not yet turned into spans (Recorder.poll(lazy=True)): calling it
+    resolves it; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
 
-    __slots__ = ("rec", "r", "unchecked")
+    __slots__ = ("rec", "r")
 
-    def __init__(self, rec: "Recorder", r: StepRecord, unchecked: bool = False):
-        self.rec, self.r, self.unchecked = rec, r, unchecked
+    def __init__(self, rec: "Recorder", r: StepRecord):
+        self.rec, self.r = rec, r
 
     def __call__(self) -> tuple:
-        if self.unchecked:
-            self.rec._await(self.r)
         return self.rec._resolve(self.r, yield_every=YIELD_EVERY)
 
     def drop(self) -> None:
@@ -615,7 +614,7 @@ class Recorder:
         self._bwd_calls: list = [None] * n_layers  # bwd_end calls per layer in the last step
         # layer marks on a sample of steps: strategy -> its marks' switch (on: bool), where
         # they can be switched (attach_layer_hooks); `every`: a fixed period (1: every step),
-        # None: as LAYER_SHARE asks
+        # None: as MARKS_SHARE asks
         self.switches: dict = {}
         self.every = every
         self._every: dict[str, int] = {}  # strategy -> the period in force
@@ -751,11 +750,12 @@ class Recorder:
 
     def comm_done(self, rec: StepRecord, slot: int) -> None:
         """The AllReduce in `slot` has finished (called on the thread that completed it)."""
+        # (its thread and host end before its end: a step whose ends are all in is resolved)
+        rec.comm_thr[slot] = _get_ident()
         rec.comm_hend[slot] = self.clock.comm_host_end()
         strm = rec.comm_strm[slot]
         rec.comm_end[slot] = (self.clock.mark_comm_end(strm) if strm is not None
                               else self.clock.mark_comm_end())
-        rec.comm_thr[slot] = _get_ident()
 
     def opt_begin(self) -> None:
         self.cur.opt_s = self.clock.mark()
@@ -768,10 +768,7 @@ class Recorder:
         c.step_end = self.clock.mark()
         self.pending.append(c)
         self.cur = None
-        every = self._every.get(c.strategy)
-        # the sampling's input, the step's host time: from the step before a period ends
-        # (where the next period is asked for), or every step while each is marked
-        if every is not None and (c.step + 1) % every == 0:
+        if c.strategy in self.switches:  # (the sampling's input: the steps' host time)
             dt = now_ns() - c.host0
             old = self._step_ns.get(c.strategy)
             self._step_ns[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
@@ -796,34 +793,7 @@ class Recorder:
                 self._recycle(t)
         return dt
 
-    def hand_over(self) -> list:
-        """The steps ended so far, as Pending, unchecked: whoever calls one (the thread that
-        encodes and sends frames) first waits for its marks and collectives to complete
-        (`_await`), so the training thread checks nothing (on CUDA an event query per mark)."""
-        p = self.pending
-        if not p:
-            return p
-        out = [Pending(self, r, True) for r in p]
-        self.pending = []
-        return out
-
     # -- off the hot path -----------------------------------------------------------
-    AWAIT_S = 2.0  # how long a handed-over step waits for a collective's completion callback
-
-    def _await(self, r: StepRecord) -> None:
-        """Until the step's marks have completed and each of its collectives has marked its
-        end (the backend's callback, on its own thread, may come after the step; one that
-        has not within AWAIT_S is resolved as ending when it was issued, as poll(wait) does)."""
-        if None in r.comm_end:
-            deadline = time.monotonic() + self.AWAIT_S
-            while None in r.comm_end and time.monotonic() < deadline:
-                time.sleep(0.0005)
-        clock = self.clock
-        if clock.cuda:
-            for t in (r.step_end, *r.comm_end):
-                if t is not None and not clock.done(t):
-                    t.synchronize()
-
     def poll(self, wait: bool = False, lazy: bool = False) -> list:
         """Finished steps as (strategy, step, base_ns, kinds, idxs, t0s, t1s, issues), or with
         `lazy` as callables that return that tuple: resolving a step (on CUDA, an

@@ -296,7 +296,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         shift = parse_shift(shift_spec)
 
     def emit(items):
-        # items resolve themselves on the sender thread (Recorder.hand_over, poll(lazy=True));
+        # items resolve themselves on the sender thread (Recorder.poll(lazy=True));
         # a dropped one counts its spans there (its own n_spans)
         for item in items:
             if shift:
@@ -378,7 +378,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             colls = strat.take_colls() if isinstance(strat, FSDPStrategy) else None
             if colls:  # the collectives its spans name, before them
                 em.send_now(frames.Colls(rank=rank, strategy=strat.name, rows=colls))
-            emit(rec.hand_over())  # (unchecked: the sender waits for its marks)
+            emit(rec.poll(lazy=True))
             if isinstance(strat, DDPStrategy):
                 change = strat.take_layout_change()
                 if change is not None:

@@ -8,6 +8,8 @@ import queue
 import threading
 import time
 
+import pytest
+
 from ranks.emitter import FrameQueue, Handoff
 
 
@@ -24,7 +26,7 @@ class CountingHandoff(Handoff):
 def test_a_step_put_does_not_wake_the_consumer_but_it_takes_it_soon():
     q = CountingHandoff(64)
     got = []
-    t = threading.Thread(target=lambda: [got.append(q.get()) for _ in range(3)])
+    t = threading.Thread(target=lambda: [got.append(q.get()) for _ in range(3)], daemon=True)
     t.start()
     time.sleep(0.02)  # the consumer waits
     for i in range(3):
@@ -34,26 +36,70 @@ def test_a_step_put_does_not_wake_the_consumer_but_it_takes_it_soon():
     assert got == [0, 1, 2]  # taken at its next look (WAKE_S .. IDLE_S)
 
 
-def test_what_must_arrive_a_backlog_and_the_end_wake_it_at_once():
-    q = CountingHandoff(64)
-    q.WAKE_S = q.IDLE_S = 5.0  # it would otherwise look only every 5 s
-    got = []
-
+def _consumer(q, got):
     def consume():
         while (item := q.get()) is not None:
-            got.append((item, time.monotonic()))
-
-    t = threading.Thread(target=consume)
+            got.append(item)
+        got.append("end")
+    t = threading.Thread(target=consume, daemon=True)
     t.start()
-    time.sleep(0.02)
-    t0 = time.monotonic()
+    time.sleep(0.02)  # it waits
+    return t
+
+
+def _slow(maxsize=64):
+    q = CountingHandoff(maxsize)
+    q.WAKE_S = q.IDLE_S = 5.0  # it would otherwise look only every 5 s
+    return q
+
+
+def _arrives(got, n, within=1.0):
+    deadline = time.monotonic() + within
+    while len(got) < n and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return len(got) >= n
+
+
+def test_what_must_arrive_wakes_it_at_once():
+    q, got = _slow(), []
+    _consumer(q, got)
     q.put("hello")  # send_now's path
+    assert _arrives(got, 1) and got == ["hello"]
+
+
+def test_a_backlog_wakes_it_at_once():
+    q, got = _slow(), []
+    _consumer(q, got)
     for i in range(Handoff.BATCH):
         q.put_nowait(i)
-    q.put_nowait(None)  # the end
-    t.join(2.0)
-    assert not t.is_alive() and time.monotonic() - t0 < 1.0
-    assert [g for g, _ in got] == ["hello", *range(Handoff.BATCH)]
+    assert _arrives(got, Handoff.BATCH) and got == list(range(Handoff.BATCH))
+
+
+def test_the_end_wakes_it_at_once():
+    q, got = _slow(), []
+    t = _consumer(q, got)
+    q.put_nowait("last step")
+    q.put_nowait(None)
+    t.join(1.0)
+    assert not t.is_alive() and got == ["last step", "end"]
+
+
+@pytest.mark.parametrize("maxsize", [2, 4, 7])
+def test_a_queue_smaller_than_a_backlog_is_taken_before_it_fills(maxsize):
+    """--queue-size under BATCH: the consumer is woken before the queue is full, so a step
+    every 0.5 ms is not dropped while it sleeps."""
+    q, got = _slow(maxsize), []
+    t = _consumer(q, got)
+    dropped = 0
+    for i in range(200):
+        try:
+            q.put_nowait(i)
+        except queue.Full:
+            dropped += 1
+        time.sleep(0.0005)
+    q.put(None, timeout=1.0)
+    t.join(1.0)
+    assert dropped == 0 and got == [*range(200), "end"]
 
 
 def test_a_full_queue_drops_and_counts_the_steps_spans():

@@ -44,13 +44,15 @@ def kinds_of(step) -> dict[int, list[int]]:
 
 
 def test_the_period_keeps_the_marks_within_their_share():
+    # (their share: 0.25 % of the step, half of ddptui's 0.5 %)
     assert every_for(1_000, 10_000_000) == 1  # 1 µs of marks on a 10 ms step: 0.01 %
-    assert every_for(68_000, 1_500_000) == 16  # 40 layers (~1.7 µs each) on a 1.5 ms step
-    assert every_for(68_000, 1_000) == instrument.MAX_EVERY
-    assert every_for(68_000, 1_500_000, cur=16) == 16
-    assert every_for(45_000, 1_500_000) == 8
-    assert every_for(45_000, 1_500_000, cur=16) == 16  # wants 6: not down to a third of 16 yet
-    assert every_for(10_000, 1_500_000, cur=16) == 2  # clearly less: down
+    assert every_for(68_000, 1_500_000) == 32  # 40 layers (~1.7 µs each) on a 1.5 ms step: 18
+    assert every_for(180_000, 1_400_000) == 64  # 40 sampled layers (~4.5 µs each), 1.4 ms: 51
+    assert every_for(68_000, 1_000) == instrument.MAX_EVERY == 64
+    assert every_for(68_000, 1_500_000, cur=32) == 32
+    assert every_for(45_000, 1_500_000) == 16  # wants 12
+    assert every_for(45_000, 1_500_000, cur=32) == 32  # wants 12: not down to a third of 32 yet
+    assert every_for(10_000, 1_500_000, cur=16) == 4  # clearly less: down
 
 
 def test_short_steps_mark_their_layers_on_a_sample_of_steps():
@@ -356,3 +358,32 @@ async def test_the_pane_says_the_rate_and_draws_whole_passes(tmp_path):
         assert pane.state.view.step == 7  # (7: not a multiple of 4, unmarked)
         assert "step 7 · 8.0 ms" in lines[0] and "· layers 1 step in 4 ·" in lines[0], lines[0]
         assert any("bwd: all layers" in ln for ln in lines), lines
+
+
+def test_the_marked_steps_the_evidence_needs_stay_past_the_kept_steps():
+    """Layers marked 1 step in 16 and a store keeping 40 steps (the app's 400, scaled): the
+    last 20 marked steps stay, so the per-layer evidence has its window (before, the 40 kept
+    steps held 2 or 3 marked ones: "gathering evidence" for as long as the run went on); the
+    others are evicted oldest first, as many kept as before."""
+    from ddptui.model.store import Store
+    from ddptui.ui.widgets.waits import _summary
+    from .helpers import synthetic_meta
+    st = Store(keep_steps=40)
+    st.set_meta(synthetic_meta())
+    for f in sampled_frames(400, 16):
+        st.ingest(f)
+        if isinstance(f, fr.Spans) and f.rank == 1:
+            st.update()
+    st.update()
+    kept = list(st.raw["ddp"])
+    marked = [k for k in kept if k % 16 == 0]
+    assert len(kept) == 40 and len(marked) == 20 and marked[0] == 400 - 16 * 20
+    assert kept[19:] == list(range(379, 400))  # the newest 21 steps (one of them marked)
+    got = _summary(st, "ddp", None)
+    assert got["evidence_steps"] == 20 and not got["gathering"]
+    full = Store(keep_steps=40)  # every step marked: evicted oldest first, as ever
+    full.set_meta(synthetic_meta())
+    for f in synthetic_frames(steps=100):
+        full.ingest(f)
+        full.update()
+    assert list(full.raw["ddp"]) == list(range(60, 100))

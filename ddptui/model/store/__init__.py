@@ -81,6 +81,10 @@ class Store(Intake, Figuring, Queries):
         # strategy -> [steps with layers marked, steps without] (rank 0's; layer marks on a
         # sample of steps: ranks.instrument.LAYER_SHARE)
         self.layer_marks: dict[str, list[int]] = {}
+        # strategy -> the last stragglers.RECENT steps whose layers were marked (rank 0's): where
+        # layers are marked on a sample of steps, those stay past keep_steps (the per-layer
+        # evidence judges them; at 1 step in 64, 400 steps hold 6)
+        self.marked: dict[str, deque[int]] = {}
         self.rejected = 0  # frames or connections refused (reject frames)
         self._param_bytes: list[int] = []  # each parameter's gradient bytes (non-DDP AllReduce sizes)
         # (strategy, rank) -> the figures' lookups of its bytes and collectives rows, with what

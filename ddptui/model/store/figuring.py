@@ -148,12 +148,22 @@ class Figuring:
 
     def _evict(self) -> None:
         """(Under the lock.) Raw spans and what is kept per step with them beyond the last
-        `keep_steps` steps of each strategy, step figures beyond the last `keep_figures`."""
+        `keep_steps` steps of each strategy, step figures beyond the last `keep_figures`.
+        Where layers are marked on a sample of steps, the last stragglers.RECENT marked steps
+        stay (`marked`): the oldest step evicted is the oldest of the others."""
         for strategy, dirty in self._dirty.items():
             per = self.raw.get(strategy, {})
             figs = self.step_figs.setdefault(strategy, OrderedDict())
+            lm = self.layer_marks.get(strategy)
+            stay = self.marked.get(strategy) if lm is not None and lm[1] else None
             while len(per) > self.keep_steps:
-                k, ranks = per.popitem(last=False)
+                if stay:
+                    k = next((j for j in per if j not in stay), None)
+                    if k is None:
+                        break
+                    ranks = per.pop(k)
+                else:
+                    k, ranks = per.popitem(last=False)
                 self._shift.pop((strategy, k), None)
                 self.waits.get(strategy, {}).pop(k, None)
                 self.bucket_figs.pop((strategy, k), None)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from time import monotonic as _monotonic
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from ranks import frames, spec
 from ranks.frames import FrameError, Frame
 from ranks.wire import SpanBatch
 
+from .. import stragglers
 from ..columns import whole_passes
 
 from .rankinfo import RankInfo
@@ -225,7 +226,13 @@ class Intake:
             lm = self.layer_marks.get(strategy)
             if lm is None:
                 lm = self.layer_marks[strategy] = [0, 0]
-            lm[whole_passes(b)] += 1
+            passes = whole_passes(b)
+            lm[passes] += 1
+            if not passes:
+                got = self.marked.get(strategy)
+                if got is None:
+                    got = self.marked[strategy] = deque(maxlen=stragglers.RECENT)
+                got.append(step)
         slot[r] = b
         self.spans += len(b.kind)
         dirty = self._dirty.get(strategy)
