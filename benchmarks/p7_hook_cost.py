@@ -107,9 +107,13 @@ def stand_in_cuda():
     return ns
 
 
-def _load(rev: str, path: str, name: str, d: str):
+def _load(rev: str, path: str, name: str, d: str, own: dict | None = None):
+    """`path` as it was at `rev`, as a module named `name`; `own`: relative imports of modules
+    loaded from `rev` too (module -> its name), the others from this checkout's ranks."""
     src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
+    for mod, as_name in (own or {}).items():
+        src = src.replace(f"from .{mod} import", f"from {as_name} import")
     for a, b in (("from .clock", "from ranks.clock"), ("from .wire", "from ranks.wire"),
                  ("from . import spec", "from ranks import spec"), ("from .spec", "from ranks.spec"),
                  ("from .instrument import", "from ranks.instrument import")):
@@ -119,16 +123,21 @@ def _load(rev: str, path: str, name: str, d: str):
         f.write(src)
     spec = importlib.util.spec_from_file_location(name, file)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
 def load_old(rev: str):
-    """(instrument, strategies) as they were at `rev`, as modules (None if git cannot)."""
+    """(instrument, strategies) as they were at `rev`, as modules, with the ranks' spec of
+    then (the longest sampling period; None if git cannot)."""
+    tag = "".join(c for c in rev if c.isalnum())
     with tempfile.TemporaryDirectory(prefix="ddptui-p7-") as d:  # (the modules are loaded by then)
         try:
-            return (_load(rev, "ranks/instrument.py", "instrument_old", d),
-                    _load(rev, "ranks/strategies.py", "strategies_old", d))
+            _load(rev, "ranks/spec.py", f"spec_{tag}", d)
+            own = {"spec": f"spec_{tag}"}
+            return (_load(rev, "ranks/instrument.py", f"instrument_{tag}", d, own),
+                    _load(rev, "ranks/strategies.py", f"strategies_{tag}", d, own))
         except (OSError, subprocess.CalledProcessError):
             return None
 
