@@ -799,23 +799,32 @@ class Recorder:
         `lazy` as callables that return that tuple: resolving a step (on CUDA, an
         `elapsed_time` per event) is then done by whoever calls them, e.g. the thread that
         encodes and sends frames, not the training thread."""
-        out = []
+        pending = self.pending
+        out: list = []
+        if not pending:
+            return out
         clock = self.clock
-        while self.pending:
-            rec = self.pending[0]
+        done = clock.done
+        while pending:
+            rec = pending[0]
             if wait and clock.cuda:
                 for t in (rec.step_end, *rec.comm_end):
-                    if t is not None and not clock.done(t):
+                    if t is not None and not done(t):
                         t.synchronize()
-            # comm ends are recorded on the backends' callback streams: wait for them too
-            elif not (clock.done(rec.step_end) and
-                      all(t is None or clock.done(t) for t in rec.comm_end)):
-                break
-            # a collective of the script's own still running (an async all_reduce waited on
-            # after the step): the step waits for it, up to two steps later
-            elif not wait and None in rec.comm_end and len(self.pending) < 3:
-                break
-            self.pending.pop(0)
+            else:
+                # comm ends are recorded on the backends' callback streams: wait for them too
+                if not done(rec.step_end):
+                    break
+                ends = rec.comm_end
+                if ends:
+                    if None in ends:
+                        # a collective of the script's own still running (an async all_reduce
+                        # waited on after the step): the step waits for it, up to two steps later
+                        if not wait and len(pending) < 3:
+                            break
+                    if clock.cuda and not all([t is None or done(t) for t in ends]):
+                        break
+            pending.pop(0)
             out.append(Pending(self, rec) if lazy else self._resolve(rec))
         return out
 
