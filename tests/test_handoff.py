@@ -84,22 +84,16 @@ def test_the_end_wakes_it_at_once():
     assert not t.is_alive() and got == ["last step", "end"]
 
 
-@pytest.mark.parametrize("maxsize", [2, 4, 7])
-def test_a_queue_smaller_than_a_backlog_is_taken_before_it_fills(maxsize):
-    """--queue-size under BATCH: the consumer is woken before the queue is full, so a step
-    every 0.5 ms is not dropped while it sleeps."""
-    q, got = _slow(maxsize), []
-    t = _consumer(q, got)
-    dropped = 0
-    for i in range(200):
-        try:
-            q.put_nowait(i)
-        except queue.Full:
-            dropped += 1
-        time.sleep(0.0005)
-    q.put(None, timeout=1.0)
-    t.join(1.0)
-    assert dropped == 0 and got == [*range(200), "end"]
+@pytest.mark.parametrize("maxsize", [2, 4, 7, 64])
+def test_a_small_queue_wakes_its_consumer_before_it_fills(maxsize):
+    """--queue-size under BATCH: the consumer is woken by the time the queue is half full
+    (at BATCH items in a larger one), not left to its next look while steps are dropped."""
+    q = CountingHandoff(maxsize)
+    n = 0
+    while q.wakes == 0:
+        q.put_nowait(n)
+        n += 1
+    assert n == min(Handoff.BATCH, max(1, maxsize // 2)) and n < maxsize
 
 
 def test_a_full_queue_drops_and_counts_the_steps_spans():
