@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         proc = subprocess.run(cmd, cwd=ROOT, env=env_for_ranks(1), capture_output=True, text=True)
         wall = time.monotonic() - t0
         if proc.returncode != 0 or not os.path.exists(out):
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-60:]  # (the ranks' own lines too)
             print("P1: torchrun failed:\n  " + "\n  ".join(tail), file=sys.stderr)
             print(f"P1 overhead median_ratio=nan goal<={goal:g} MISS")
             return 1

@@ -403,7 +403,7 @@ class CudaClock:
     def idle_window_ns(self) -> int:
         """How far after the host's reading an event on an idle stream is stamped, as mapped:
         the calibration's half-bracket (its error) and 2 µs for the record call itself."""
-        pts = self.map.points
+        pts = tuple(self.map.points)  # (a copy in one call: calibrate() appends on the training thread)
         return 2_000 + (min(p[2] for p in pts) // 2 if pts else 0)
 
     # -- off the hot path -----------------------------------------------------------

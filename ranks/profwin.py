@@ -79,9 +79,24 @@ def shift_item(item: tuple, shift: dict[int, int]) -> tuple:
     return (strategy, step, min(base, min(t0s)), kinds, idxs, t0s, t1s, iss)
 
 
-def shift_lazy(item, shift: dict[int, int]) -> tuple:
-    """shift_item of a step that resolves itself (Recorder.poll(lazy=True))."""
-    return shift_item(item(), shift)
+class ShiftLazy:
+    """shift_item of a step that resolves itself (Recorder.poll(lazy=True)), called where it
+    is resolved; its spans counted and its events given back as the step's own if dropped."""
+
+    __slots__ = ("item", "shift")
+
+    def __init__(self, item, shift: dict[int, int]):
+        self.item, self.shift = item, shift
+
+    def __call__(self) -> tuple:
+        return shift_item(self.item(), self.shift)
+
+    @property
+    def n_spans(self) -> int:
+        return self.item.n_spans
+
+    def drop(self) -> None:
+        self.item.drop()
 
 
 _KEEP_SHAPES = ("gloo:", "nccl:", "aten::linear", "aten::_foreach")

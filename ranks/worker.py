@@ -15,7 +15,6 @@ import sys
 import threading
 import traceback
 from datetime import timedelta
-from functools import partial
 
 from . import frames, seams, spec
 from .emitter import Emitter
@@ -292,17 +291,14 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                            device.type == "cuda")
     shift_spec = seams.verify_shift()
     if shift_spec:
-        from .profwin import parse_shift, shift_lazy
+        from .profwin import ShiftLazy, parse_shift
         shift = parse_shift(shift_spec)
 
     def emit(items):
         # items resolve themselves on the sender thread (Recorder.poll(lazy=True));
         # a dropped one counts its spans there (its own n_spans)
         for item in items:
-            if shift:
-                em.put(partial(shift_lazy, item, shift), n_spans=item.n_spans)
-            else:
-                em.put(item)
+            em.put(ShiftLazy(item, shift) if shift else item)
     # --- end verify ---
 
     from .strategies import Straggle

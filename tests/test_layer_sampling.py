@@ -362,28 +362,37 @@ async def test_the_pane_says_the_rate_and_draws_whole_passes(tmp_path):
 
 def test_the_marked_steps_the_evidence_needs_stay_past_the_kept_steps():
     """Layers marked 1 step in 16 and a store keeping 40 steps (the app's 400, scaled): the
-    last 20 marked steps stay, so the per-layer evidence has its window (before, the 40 kept
-    steps held 2 or 3 marked ones: "gathering evidence" for as long as the run went on); the
-    others are evicted oldest first, as many kept as before."""
+    last 20 complete marked steps stay, so the per-layer evidence has its window (before, the
+    40 kept steps held 2 or 3 marked ones: "gathering evidence" for as long as the run went
+    on), one whose frame never came from a rank not counted among them; the others are
+    evicted oldest first. The who-waits figures, the report's and the view's window are over
+    the window of kept steps, not the marked ones kept past it."""
     from ddptui.model.store import Store
     from ddptui.ui.widgets.waits import _summary
     from .helpers import synthetic_meta
     st = Store(keep_steps=40)
     st.set_meta(synthetic_meta())
     for f in sampled_frames(400, 16):
+        if isinstance(f, fr.Spans) and f.rank == 1 and f.step == 240:
+            continue  # lost: step 240 never completes
         st.ingest(f)
         if isinstance(f, fr.Spans) and f.rank == 1:
             st.update()
     st.update()
     kept = list(st.raw["ddp"])
-    marked = [k for k in kept if k % 16 == 0]
-    assert len(kept) == 40 and len(marked) == 20 and marked[0] == 400 - 16 * 20
-    assert kept[19:] == list(range(379, 400))  # the newest 21 steps (one of them marked)
+    marked = [k for k in kept if k % 16 == 0 and k != 240]
+    window = [k for k in kept if k not in st.stays["ddp"]]
+    assert len(kept) == 40 and 240 not in kept  # (20 complete marked ones: 64..384 but 240)
+    assert marked == [k for k in range(64, 385, 16) if k != 240]
+    assert sorted(st.stays["ddp"]) == [k for k in marked if k < window[0]]
+    assert window == list(range(window[0], 400)) and st.oldest_step() == window[0] > 360
     got = _summary(st, "ddp", None)
     assert got["evidence_steps"] == 20 and not got["gathering"]
+    summ = st.summary("ddp")["stragglers"]
+    assert summ["steps"] == len(window) and summ["evidence"]["steps"] >= 20
     full = Store(keep_steps=40)  # every step marked: evicted oldest first, as ever
     full.set_meta(synthetic_meta())
     for f in synthetic_frames(steps=100):
         full.ingest(f)
         full.update()
-    assert list(full.raw["ddp"]) == list(range(60, 100))
+    assert list(full.raw["ddp"]) == list(range(60, 100)) and full.oldest_step() == 60

@@ -81,10 +81,13 @@ class Store(Intake, Figuring, Queries):
         # strategy -> [steps with layers marked, steps without] (rank 0's; layer marks on a
         # sample of steps: ranks.instrument.LAYER_SHARE)
         self.layer_marks: dict[str, list[int]] = {}
-        # strategy -> the last stragglers.RECENT steps whose layers were marked (rank 0's): where
-        # layers are marked on a sample of steps, those stay past keep_steps (the per-layer
-        # evidence judges them; at 1 step in 64, 400 steps hold 6)
+        # strategy -> the last steps whose layers were marked (rank 0's; 2 x stragglers.RECENT:
+        # some may never complete): where layers are marked on a sample of steps, the last
+        # RECENT complete ones stay past keep_steps (`stays`, Figuring._evict: the per-layer
+        # evidence judges them; at 1 step in 64, 400 steps hold 6); they are not among the
+        # steps the who-waits figures and the view's window are over
         self.marked: dict[str, deque[int]] = {}
+        self.stays: dict[str, frozenset] = {}
         self.rejected = 0  # frames or connections refused (reject frames)
         self._param_bytes: list[int] = []  # each parameter's gradient bytes (non-DDP AllReduce sizes)
         # (strategy, rank) -> the figures' lookups of its bytes and collectives rows, with what

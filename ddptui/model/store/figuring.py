@@ -149,13 +149,14 @@ class Figuring:
     def _evict(self) -> None:
         """(Under the lock.) Raw spans and what is kept per step with them beyond the last
         `keep_steps` steps of each strategy, step figures beyond the last `keep_figures`.
-        Where layers are marked on a sample of steps, the last stragglers.RECENT marked steps
-        stay (`marked`): the oldest step evicted is the oldest of the others."""
+        Where layers are marked on a sample of steps, the last stragglers.RECENT complete
+        marked steps stay (`_stays`; `stays`: those past the window of the last steps): the
+        oldest step evicted is the oldest of the others."""
         for strategy, dirty in self._dirty.items():
             per = self.raw.get(strategy, {})
             figs = self.step_figs.setdefault(strategy, OrderedDict())
             lm = self.layer_marks.get(strategy)
-            stay = self.marked.get(strategy) if lm is not None and lm[1] else None
+            stay = self._stays(strategy) if lm is not None and lm[1] else None
             while len(per) > self.keep_steps:
                 if stay:
                     k = next((j for j in per if j not in stay), None)
@@ -171,8 +172,27 @@ class Figuring:
                 for r in ranks:
                     self.rank_figs.pop((strategy, k, r), None)
                 dirty.discard(k)
+            # those kept past the window of the last steps (older than its oldest)
+            past = frozenset()
+            if stay:
+                floor = next((j for j in per if j not in stay), None)
+                past = frozenset(k for k in stay if floor is None or k < floor)
+            self.stays[strategy] = past
             while len(figs) > self.keep_figures:
                 figs.popitem(last=False)
+
+    def _stays(self, strategy: str) -> frozenset:
+        """(Under the lock.) The steps that stay past keep_steps: the last stragglers.RECENT
+        marked steps that are complete with a who-waits entry (what the per-layer evidence
+        judges; a marked step one rank's frame never completed does not count)."""
+        waits = self.waits.get(strategy, {})
+        got: list[int] = []
+        for k in reversed(self.marked.get(strategy, ())):
+            if k > 0 and waits.get(k) is not None:
+                got.append(k)
+                if len(got) == stragglers.RECENT:
+                    break
+        return frozenset(got)
 
     def _collect_clock_samples(self, w: stragglers.StepWaits, shift: dict[int, int], step: tuple) -> None:
         """Multi-node: each collective of a step, per host against node 0, in raw host times

@@ -126,8 +126,14 @@ class Queries:
 
     def oldest_step(self) -> int:
         """The oldest step whose spans every strategy still keeps (0: none kept)."""
-        with self.lock:
-            kept = [min(per) for per in self.raw.values() if per]
+        with self.lock:  # (the marked steps kept past the window for their evidence: not in it)
+            kept = []
+            for strategy, per in self.raw.items():
+                stays = self.stays.get(strategy)
+                got = min((k for k in per if k not in stays), default=None) if stays else \
+                    (min(per) if per else None)
+                if got is not None:
+                    kept.append(got)
             return max(kept) if kept else 0
 
     def span_batches(self) -> dict[str, dict[int, dict[int, SpanBatch]]]:
@@ -159,12 +165,14 @@ class Queries:
             return self.waits.get(strategy, {}).get(step)
 
     def recent_waits(self, strategy: str, upto: int | None = None,
-                     n: int | None = 20) -> list[stragglers.StepWaits]:
+                     n: int | None = 20, stays: bool = False) -> list[stragglers.StepWaits]:
         """Who waited for whom in the last n (None: all) kept steps 0 < k <= upto that had
-        collectives on two or more ranks, oldest first."""
+        collectives on two or more ranks, oldest first; the marked steps kept past the window
+        for their evidence (`stays`) only when asked for."""
         with self.lock:
+            skip = () if stays else self.stays.get(strategy, ())
             got = [w for k, w in self.waits.get(strategy, {}).items()
-                   if w is not None and k > 0 and (upto is None or k <= upto)]
+                   if w is not None and k > 0 and (upto is None or k <= upto) and k not in skip]
         return got if n is None else got[-n:]
 
     def waits_kept(self, strategy: str) -> bool:

@@ -19,9 +19,9 @@ def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
     layers = list(store.meta.layers)
     if store.layer_sampling(strategy) is None:
         return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT), layers)
-    kept = store.recent_waits(strategy, upto, None)
+    kept = store.recent_waits(strategy, upto, None, stays=True)
     marked = [s for s in kept if s.batches and stragglers.layered(s)][-RECENT:]
-    return stragglers.summarize_cached(kept[-RECENT:], layers, marked)
+    return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT), layers, marked)
 
 
 def _strategies(store: Store) -> list[str]:
