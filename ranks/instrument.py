@@ -866,15 +866,16 @@ class Recorder:
         # reached by the training stream on GPU (the host's issue time runs ahead there)
         iss = ready
         if clock.cuda:
-            Recorder._release_all(self, r)
+            self._release_all(r)
         return (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)
 
-    def _release_all(self, r: StepRecord, keep=()) -> None:
-        """Every event of a step back to the pool, once (one mark may fill two slots)."""
+    def _release_all(self, r: StepRecord, keep=(), more=()) -> None:
+        """Every event of a step back to the pool, once (one mark may fill two slots), but
+        those in `keep`; `more`: events the step holds elsewhere (a subclass's)."""
         seen = set(keep)
         release = self.clock.release
         for tok in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
-                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end):
+                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end, *more):
             if tok is not None and id(tok) not in seen:
                 seen.add(id(tok))
                 release(tok)

@@ -270,35 +270,22 @@ class UserRecorder(Recorder):
         if self.clock.cuda:
             self._release_all(c)
 
-    def _release_all(self, c, keep=()) -> None:
-        seen = set(keep)
-        for tok in (c.step_start, c.step_end, c.opt_s, c.opt_e, *c.fwd_s, *c.fwd_e, *c.bwd_s,
-                    *c.bwd_e, *c.comm_ready, *c.comm_end, *(c.first_fwd or ()), *(c.loose or ()),
-                    *(t for m in c.micro for t in m[2:])):
-            if tok is not None and id(tok) not in seen:
-                seen.add(id(tok))
-                self.clock.release(tok)
+    def _release_all(self, c, keep=(), more=()) -> None:
+        """Recorder's, with the events of the step's earlier micro-steps, its layers' first
+        forward starts and its loose marks."""
+        super()._release_all(c, keep, (*(c.first_fwd or ()), *(c.loose or ()),
+                                       *(t for m in c.micro for t in m[2:]), *more))
 
     def _resolve(self, r, yield_every: int = 0) -> tuple:
         frozen = r.micro
         if not frozen and r.first_fwd is None:
             return super()._resolve(r, yield_every)
-        clock = self.clock
         # (before the step's own events go back to the pool; off the training thread, letting
         # go of the GIL as the step's own marks do: with accumulation most marks are here)
-        ns = letting_go(clock.resolver(r.step_start, r.ref), yield_every)
+        ns = letting_go(self.clock.resolver(r.step_start, r.ref), yield_every)
         extra = [(k, i, ns(a), ns(b)) for k, i, a, b in frozen]
-        rest = None
-        if clock.cuda:
-            rest = [t for m in frozen for t in m[2:]] + list(r.first_fwd or ()) + list(r.loose or ())
+        # (every event of the step, these too, back to the pool there: _release_all)
         s, k, base, kinds, idxs, t0s, t1s, iss = super()._resolve(r, yield_every)
-        if rest:
-            done = {id(t) for t in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
-                                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end) if t is not None}
-            for tok in rest:
-                if tok is not None and id(tok) not in done:
-                    done.add(id(tok))
-                    clock.release(tok)
         if extra:  # the earlier micro-steps' spans, after the STEP span, in the order they ran
             kinds = kinds[:1] + [e[0] for e in extra] + kinds[1:]
             idxs = idxs[:1] + [e[1] for e in extra] + idxs[1:]

@@ -16,11 +16,7 @@ def strategy_summary(store, strategy: str) -> dict:
         out = figures.summarize(strategy, steps, int(store.meta.batch or 0), store.world)
         # who waits for whom, over the kept steps but the first (warm-up)
         waits = store.recent_waits(strategy, n=None)
-        marked = None
-        if store.layer_sampling(strategy) is not None:  # (the per-layer evidence: marked steps,
-            # those kept past the window too)
-            marked = [s for s in store.recent_waits(strategy, n=None, stays=True)
-                      if s.batches and stragglers.layered(s)]
+        marked = store.evidence_waits(strategy) if store.layer_sampling(strategy) is not None else None
         out["stragglers"] = stragglers.summarize(waits, list(store.meta.layers), marked)
         colls = collective_rows(store, strategy)
         if colls:  # (a strategy with COLL spans: runs without them say nothing new)

@@ -175,6 +175,13 @@ class Queries:
                    if w is not None and k > 0 and (upto is None or k <= upto) and k not in skip]
         return got if n is None else got[-n:]
 
+    def evidence_waits(self, strategy: str, upto: int | None = None) -> list[stragglers.StepWaits]:
+        """Where layers are marked on a sample of steps, the kept steps 0 < k <= upto whose
+        layers were marked, those kept past the window too: what the per-layer evidence
+        judges, oldest first."""
+        return [s for s in self.recent_waits(strategy, upto, None, stays=True)
+                if s.batches and stragglers.layered(s)]
+
     def waits_kept(self, strategy: str) -> bool:
         """Whether any kept step of a strategy has its who-waits entry (an empty one too)."""
         with self.lock:

@@ -19,8 +19,7 @@ def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
     layers = list(store.meta.layers)
     if store.layer_sampling(strategy) is None:
         return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT), layers)
-    kept = store.recent_waits(strategy, upto, None, stays=True)
-    marked = [s for s in kept if s.batches and stragglers.layered(s)][-RECENT:]
+    marked = store.evidence_waits(strategy, upto)[-RECENT:]
     return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT), layers, marked)
 
 
