@@ -81,9 +81,9 @@ class Store(Intake, Figuring, Queries):
         # strategy -> [steps with layers marked, steps without] (rank 0's; layer marks on a
         # sample of steps: ranks.instrument.LAYER_SHARE)
         self.layer_marks: dict[str, list[int]] = {}
-        # strategy -> the last steps whose layers were marked (rank 0's; 2 x stragglers.RECENT:
+        # strategy -> the last steps whose layers were marked (rank 0's; 3 x stragglers.RECENT:
         # some may never complete): where layers are marked on a sample of steps, the last
-        # RECENT complete ones stay past keep_steps (`stays`, Figuring._evict: the per-layer
+        # 2 x RECENT complete ones stay past keep_steps (RECENT up to a step on screen behind the newest) (`stays`, Figuring._evict: the per-layer
         # evidence judges them; at 1 step in 64, 400 steps hold 6); they are not among the
         # steps the who-waits figures and the view's window are over
         self.marked: dict[str, deque[int]] = {}

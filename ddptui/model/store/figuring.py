@@ -149,7 +149,7 @@ class Figuring:
     def _evict(self) -> None:
         """(Under the lock.) Raw spans and what is kept per step with them beyond the last
         `keep_steps` steps of each strategy, step figures beyond the last `keep_figures`.
-        Where layers are marked on a sample of steps, the last stragglers.RECENT complete
+        Where layers are marked on a sample of steps, the last 2 x stragglers.RECENT complete
         marked steps stay (`_stays`; `stays`: those past the window of the last steps): the
         oldest step evicted is the oldest of the others."""
         for strategy, dirty in self._dirty.items():
@@ -182,15 +182,16 @@ class Figuring:
                 figs.popitem(last=False)
 
     def _stays(self, strategy: str) -> frozenset:
-        """(Under the lock.) The steps that stay past keep_steps: the last stragglers.RECENT
+        """(Under the lock.) The steps that stay past keep_steps: the last 2 x stragglers.RECENT
         marked steps that are complete with a who-waits entry (what the per-layer evidence
-        judges; a marked step one rank's frame never completed does not count)."""
+        judges, RECENT of them up to the step on screen, which may be behind the newest; a
+        marked step one rank's frame never completed does not count)."""
         waits = self.waits.get(strategy, {})
         got: list[int] = []
         for k in reversed(self.marked.get(strategy, ())):
             if k > 0 and waits.get(k) is not None:
                 got.append(k)
-                if len(got) == stragglers.RECENT:
+                if len(got) == 2 * stragglers.RECENT:
                     break
         return frozenset(got)
 

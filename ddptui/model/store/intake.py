@@ -231,7 +231,7 @@ class Intake:
             if not passes:
                 got = self.marked.get(strategy)
                 if got is None:
-                    got = self.marked[strategy] = deque(maxlen=2 * stragglers.RECENT)
+                    got = self.marked[strategy] = deque(maxlen=3 * stragglers.RECENT)
                 got.append(step)
         slot[r] = b
         self.spans += len(b.kind)
