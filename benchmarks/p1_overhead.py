@@ -69,9 +69,21 @@ def main(argv=None) -> int:
                "--model", model, "--strategy", a.strategy, "--batch-size", str(a.batch_size),
                "--steps", str(steps), "--warmup", "2" if a.quick else "4", "--out", out,
                "--device", "cuda" if cuda else "cpu", "--block", str(a.block)]
-        t0 = time.monotonic()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env_for_ranks(1), capture_output=True, text=True)
-        wall = time.monotonic() - t0
+        for attempt in (1, 2):
+            t0 = time.monotonic()
+            proc = subprocess.run(cmd, cwd=ROOT, env=env_for_ranks(1), capture_output=True, text=True)
+            wall = time.monotonic() - t0
+            said = proc.stdout + proc.stderr
+            # a rank aborted inside torch.profiler's stop (libkineto: "profiler_stop", then
+            # "terminate called without an active exception"; seen once in a dozen quick runs,
+            # under the test suite's load on 2 cores): the profiled replica's, not ddptui's;
+            # once more, saying so
+            if (proc.returncode != 0 and attempt == 1 and "profiler_stop" in said
+                    and "terminate called without an active exception" in said):
+                print("P1: a rank aborted in torch.profiler's stop (libkineto), the comparison "
+                      "replica's; running again", file=sys.stderr)
+                continue
+            break
         if proc.returncode != 0 or not os.path.exists(out):
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-60:]  # (the ranks' own lines too)
             print("P1: torchrun failed:\n  " + "\n  ".join(tail), file=sys.stderr)

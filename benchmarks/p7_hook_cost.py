@@ -225,13 +225,57 @@ def measure(instrument, strategies, steps: int, layers: int, width: int, cuda: b
     return per_layer[1], per_layer[0], statistics.median(resolve), p0 / 1000
 
 
+def floor_side(model, x, y):
+    """A step that makes the calls a recorded step makes, doing nothing: the model's forward
+    replaced by a loop over its blocks, a hook on the first block's weight, and four calls
+    around the step (begin, backward_starts, end, poll). What any per-step recording from
+    Python costs before it records anything."""
+    import torch.nn.functional as F
+    blocks = list(model.children())
+
+    def forward(x):
+        for block in blocks:
+            x = block(x)
+        return x
+    model.forward = forward
+    next(blocks[0].parameters()).register_post_accumulate_grad_hook(lambda p: None)
+
+    class Nothing:
+        def begin(self, strategy, step):
+            pass
+
+        def backward_starts(self):
+            pass
+
+        def end(self):
+            pass
+
+        def poll(self, lazy=False):
+            return ()
+    rec = Nothing()
+
+    def one() -> int:
+        t0 = time.perf_counter_ns()
+        rec.begin("ddp", 0)
+        loss = F.cross_entropy(model(x), y)
+        rec.backward_starts()
+        loss.backward()
+        rec.end()
+        rec.poll(lazy=True)
+        return time.perf_counter_ns() - t0
+    return one
+
+
 def measure_sampled(instrument, strategies, steps: int, layers: int, width: int, cuda: bool = False):
     """The host share of the step with the layer marks as a run makes them (the Recorder's
-    own period, LAYER_SHARE), plain and instrumented replicas taking turns step by step:
-    ((every - 1) x the median extra time of a step whose layers are not marked + the median
-    extra time of a marked one) / every / the median plain step (medians: a preemption lands on
-    either side at random). Returns (share %, every, unmarked extra µs, marked extra µs,
-    plain step µs)."""
+    own period, LAYER_SHARE), plain and instrumented replicas taking turns step by step, with
+    a third doing ddptui's calls empty (`floor_side`): ((every - 1) x the extra time of a step
+    whose layers are not marked + the median extra time of a marked one) / every / the median
+    plain step. A step's extra is its time less the plain step next to it; for the steps whose
+    layers are not marked, the median over runs of POLL_BATCH such steps in a row of their
+    mean (the Recorder hands them over by that many: one poll of the run does the work).
+    Medians: a preemption lands on either side at random. Returns (share %, every, unmarked
+    extra µs, marked extra µs, plain step µs, the empty calls' extra µs)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -239,7 +283,7 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
     torch.manual_seed(0)
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     base = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
-    plain, timed = copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev)
+    plain, timed, empty = copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev)
     if cuda:
         clock = instrument.CudaClock(dev)
     else:
@@ -248,6 +292,7 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
     strategies.attach_layer_hooks(timed, rec, "ddp")
     x = torch.randn(1, width, device=dev)
     y = torch.zeros(1, dtype=torch.long, device=dev)
+    floor = floor_side(empty, x, y)
     k = [0]
 
     def one(m, timed_side: bool) -> int:
@@ -268,29 +313,39 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
             it()  # its marks go back to the clock's pool, as they do in a run
         return t1 - t0
 
-    for _ in range(128):  # warm-up: the period settles
-        one(plain, False); one(timed, True)
+    for _ in range(384):  # warm-up: the period settles (from what its marked steps are seen to take)
+        one(plain, False); one(timed, True); floor()
     import gc
     gc.collect()
     gc.disable()
-    plain_ns, marked, unmarked = [], [], []
+    plain_ns, marked, runs, run, empty_ns = [], [], [], [], []
+    batch = getattr(instrument, "POLL_BATCH", 1)
+    orders = list(itertools.permutations(range(3)))
     for j in range(steps):
         layers_marked = k[0] % rec.layer_every("ddp") == 0
-        if j % 2:
-            p = one(plain, False); t = one(timed, True)
-        else:
-            t = one(timed, True); p = one(plain, False)
+        got = [0, 0, 0]
+        for i in orders[j % len(orders)]:
+            got[i] = floor() if i == 2 else one(timed if i else plain, i == 1)
+        p, t = got[0], got[1]
         plain_ns.append(p)
-        (marked if layers_marked else unmarked).append(t - p)
+        empty_ns.append(got[2] - p)
+        if layers_marked:
+            marked.append(t - p)
+            run = []
+        else:
+            run.append(t - p)
+            if len(run) == batch:
+                runs.append(statistics.fmean(run))
+                run = []
         if cuda and j % 50 == 49:
             torch.cuda.synchronize()
     gc.enable()
     every = rec.layer_every("ddp")
-    un = statistics.median(unmarked) / 1000 if unmarked else 0.0
+    un = statistics.median(runs) / 1000 if runs else 0.0
     mk = statistics.median(marked) / 1000 if marked else un
     p0 = statistics.median(plain_ns) / 1000
     share = 100.0 * ((every - 1) * un + mk) / every / p0
-    return share, every, un, mk, p0
+    return share, every, un, mk, p0, statistics.median(empty_ns) / 1000
 
 
 def measure_handoff(steps: int, step_us: int = 1000, work_us: int = 20):
@@ -402,8 +457,10 @@ def main(argv=None) -> int:
         share = statistics.median(g[0] for g in got)
         every, un, mk, p0 = got[-1][1], statistics.median(g[2] for g in got), \
             statistics.median(g[3] for g in got), statistics.median(g[4] for g in got)
+        nothing = statistics.median(g[5] for g in got)
         print(f"  with layer marks on a sample of steps (as a run makes them): layers marked 1 step in "
-              f"{every}; a step without layer marks {un:.1f} µs more than plain, a marked one {mk:.0f} µs; "
+              f"{every}; a step without layer marks {un:.1f} µs more than plain (the same calls doing "
+              f"nothing: {nothing:.1f} µs, {100 * nothing / p0:.2f} % of the step), a marked one {mk:.0f} µs; "
               f"host share of this {p0:.0f} µs step {share:.2f} % (rounds: "
               f"{', '.join(f'{g[0]:.2f}' for g in got)}); the share is 0.5 % from steps of "
               f"{((every - 1) * un + mk) / every / 0.005 / 1000:.1f} ms")

@@ -39,10 +39,9 @@ class CpuClock:
 
     cuda = False
     serial_comm = False  # gloo: collectives overlap on the backend's threads
+    cal = None  # (no calibration point: ref())
 
-    def mark(self):
-        return now_ns()
-
+    mark = staticmethod(now_ns)  # (the clock's own call: no Python frame per mark)
     mark_comm_end = mark
 
     def begin_step(self) -> None:
@@ -446,6 +445,9 @@ def measure_hook_lag(samples: int = 48) -> int:
     return max(0, min(got[len(got) // 2], 50_000))
 
 
+NO_COMMS = ()  # a step's collectives before its first (StepRecord)
+
+
 class StepRecord:
     """Slots for one (strategy, step) on one rank."""
 
@@ -462,14 +464,18 @@ class StepRecord:
         self.layers = layers
         self.host0 = 0  # host clock at begin (the step's length on the host, for the sampling)
         self.step_start = self.step_end = self.opt_s = self.opt_e = self.ref = None
-        self.fwd_s, self.fwd_e, self.bwd_s, self.bwd_e = [None] * n_layers, [None] * n_layers, \
-            [None] * n_layers, [None] * n_layers
-        self.bwd_h = [None] * n_layers  # host reading just before each end mark (CUDA: idle_end)
-        self.bwd_n = [0] * n_layers  # bwd_end calls so far this step
+        # per layer; a step whose layers are not marked holds one slot: [0] the first layer's
+        # (the forward's start, the backward's end), [-1] the last's (the forward's end, the
+        # backward's start), the same slot
+        n = n_layers if layers else 1
+        self.fwd_s, self.fwd_e, self.bwd_s, self.bwd_e = [None] * n, [None] * n, [None] * n, [None] * n
+        self.bwd_h = [None] * n  # host reading just before each end mark (CUDA: idle_end)
+        self.bwd_n = [0] * n  # bwd_end calls so far this step
         # the collectives, in issue order: COMM (a gradient AllReduce) or COLL (any other);
-        # gloo with CUDA tensors: host ends (comm_hend, to chain starts) and issue streams
-        self.comm_idx, self.comm_kind, self.comm_ready, self.comm_end, self.comm_hend, \
-            self.comm_thr, self.comm_strm = [], [], [], [], [], [], []
+        # gloo with CUDA tensors: host ends (comm_hend, to chain starts) and issue streams.
+        # Lists from the first collective (Recorder.comm_issue), an empty tuple until then
+        self.comm_idx = self.comm_kind = self.comm_ready = self.comm_end = self.comm_hend = \
+            self.comm_thr = self.comm_strm = NO_COMMS
         self.synced = 0  # gradient synchronisations issued (COMM spans, FSDP's reduce-scatters)
 
 
@@ -544,11 +550,17 @@ def _let_go() -> None:
 # marks and bookkeeping, made every step. The other steps mark the forward's and backward's
 # start and end (PASS spans), and every collective as always.
 LAYER_SHARE = 0.005
+# Steps whose layers are not marked (short ones) are handed over by Recorder.poll in fours: a
+# poll per step was a tenth of such a step's cost to the training thread (the app is a few ms
+# later to see them)
+POLL_BATCH = 4
 MARKS_SHARE = LAYER_SHARE / 2
 MAX_EVERY = MAX_LAYER_EVERY
 # a marked layer of a sampled model: a pre-hook registered in its forward and called in its
 # backward (ranks.strategies.LayerMarks; ~4 µs here, where a hook registered once costs
-# ~1.1-1.4 µs of PyTorch's call but ~0.5 µs on every step ever after, marked or not)
+# ~1.1-1.4 µs of PyTorch's call but ~0.5 µs on every step ever after, marked or not). The
+# period's first guess: once layers are sampled, what a marked step takes over the others
+# (Recorder._marked_ns) is the cost where it is more (P7: ~5-8 µs a layer here, by the minute)
 LAYER_HOOK_NS = 4_000
 
 
@@ -565,6 +577,20 @@ def every_for(cost_ns: float, step_ns: float, cur: int = 1) -> int:
     return every
 
 
+class _GivenBack(list):
+    """A dropped step's collective ends: an end marked after the drop (Recorder.comm_done, on
+    the backend's thread) goes straight back to the pool."""
+
+    __slots__ = ("release",)
+
+    def __init__(self, ends, release):
+        super().__init__(ends)
+        self.release = release
+
+    def __setitem__(self, i, tok) -> None:
+        self.release(tok)
+
+
 class Pending:
     """A finished step not yet turned into spans (Recorder.poll(lazy=True)): calling it
     resolves it; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
@@ -579,9 +605,13 @@ class Pending:
 
     def drop(self) -> None:
         """Its frame is dropped (a full queue): its events go back to the pool unresolved (a
-        pending event may be recorded again; nothing will read this one)."""
-        if self.rec.clock.cuda:
-            self.rec._release_all(self.r)
+        pending event may be recorded again; nothing will read this one), and so does the end
+        of a collective still running (its callback comes later: `_GivenBack`)."""
+        r, clock = self.r, self.rec.clock
+        if clock.cuda:
+            self.rec._release_all(r)
+            if r.comm_end and None in r.comm_end:
+                r.comm_end = _GivenBack(r.comm_end, clock.release)
 
     @property
     def n_spans(self) -> int:
@@ -619,6 +649,8 @@ class Recorder:
         self.every = every
         self._every: dict[str, int] = {}  # strategy -> the period in force
         self._step_ns: dict[str, float] = {}  # strategy -> its steps' host time (moving average)
+        # strategy -> its marked steps' host time, while its layers are sampled (moving average)
+        self._marked_ns: dict[str, float] = {}
         self._mark_ns: float | None = None  # one mark's host cost (measured once)
 
     def wanted_every(self, strategy: str) -> int:
@@ -629,6 +661,9 @@ class Recorder:
         if step_ns is None or strategy not in self.switches or self._mark_ns is None:
             return 1
         cost = self.n_layers * (2 * self._mark_ns + LAYER_HOOK_NS)
+        marked = self._marked_ns.get(strategy)
+        if marked is not None:  # (what a marked step has been seen to take over the others)
+            cost = max(cost, marked - step_ns)
         return every_for(cost, step_ns, self._every.get(strategy, 1))
 
     def layer_every(self, strategy: str) -> int:
@@ -654,8 +689,9 @@ class Recorder:
         self.cur = c = StepRecord(strategy, step, self.n_layers, layers)
         c.host0 = now_ns()
         clock = self.clock
-        clock.begin_step()
-        c.ref = clock.ref()
+        if layers:  # (the stream is looked up again on the marked steps: a built-in strategy's
+            clock.begin_step()  # steps, the only ones sampled, run on the device's own)
+        c.ref = clock.cal  # (the clock's ref(), without the call)
         c.step_start = clock.mark()
 
     def backward_starts(self) -> None:
@@ -664,7 +700,7 @@ class Recorder:
         (on CUDA an event after the loss's kernels: where the backward starts on the stream)."""
         c = self.cur
         if c is not None and not c.layers:
-            c.bwd_s[self.n_layers - 1] = self.clock.mark()
+            c.bwd_s[-1] = self.clock.mark()
 
     def fwd_begin(self, layer: int) -> None:
         if self.cur is not None:
@@ -726,6 +762,9 @@ class Recorder:
         AllReduce (idx: its bucket or parameter; a gradient synchronisation); COLL: any other
         (idx: its row of the rank's collectives table; `synced`: it synchronises gradients)."""
         c = self.cur
+        if c.comm_idx is NO_COMMS:
+            c.comm_idx, c.comm_kind, c.comm_ready, c.comm_end, c.comm_hend, c.comm_thr, \
+                c.comm_strm = [], [], [], [], [], [], []
         if kind == COMM or synced:
             c.synced += 1
         c.comm_kind.append(kind)
@@ -770,8 +809,9 @@ class Recorder:
         self.cur = None
         if c.strategy in self.switches:  # (the sampling's input: the steps' host time)
             dt = now_ns() - c.host0
-            old = self._step_ns.get(c.strategy)
-            self._step_ns[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
+            avg = self._marked_ns if c.layers and self._every.get(c.strategy, 1) > 1 else self._step_ns
+            old = avg.get(c.strategy)
+            avg[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
             if self._mark_ns is None:
                 self._mark_ns = self._time_marks()
         if not c.layers:
@@ -801,7 +841,7 @@ class Recorder:
         encodes and sends frames, not the training thread."""
         pending = self.pending
         out: list = []
-        if not pending:
+        if not pending or (not wait and len(pending) < POLL_BATCH and not pending[-1].layers):
             return out
         clock = self.clock
         done = clock.done
@@ -833,12 +873,11 @@ class Recorder:
         ns = letting_go(clock.resolver(r.step_start, r.ref), yield_every)
         kinds, idxs, t0s, t1s = [STEP], [0], [ns(r.step_start)], [ns(r.step_end)]
         idle_end = clock.idle_end if clock.cuda else None
-        last = r.n_layers - 1
         if not r.layers:  # the forward and the backward as one each (PASS 0 and 1)
-            if r.fwd_s[0] is not None and r.fwd_e[last] is not None:
-                kinds.append(PASS); idxs.append(PASS_FWD); t0s.append(ns(r.fwd_s[0])); t1s.append(ns(r.fwd_e[last]))
-            if r.bwd_s[last] is not None and r.bwd_e[0] is not None:
-                t0, t1 = ns(r.bwd_s[last]), ns(r.bwd_e[0])
+            if r.fwd_s[0] is not None and r.fwd_e[-1] is not None:
+                kinds.append(PASS); idxs.append(PASS_FWD); t0s.append(ns(r.fwd_s[0])); t1s.append(ns(r.fwd_e[-1]))
+            if r.bwd_s[-1] is not None and r.bwd_e[0] is not None:
+                t0, t1 = ns(r.bwd_s[-1]), ns(r.bwd_e[0])
                 if idle_end is not None and r.bwd_h[0] is not None:
                     t1 = max(t0, idle_end(t1, r.bwd_h[0]))
                 kinds.append(PASS); idxs.append(PASS_BWD); t0s.append(t0); t1s.append(t1)

@@ -117,8 +117,8 @@ def parse_slow_rank(text: str, model: str, world: int | None = None) -> tuple[in
 
 # Layer marks on a sample of steps (ranks.instrument): the longest period (the per-layer
 # evidence judges windows of 20 steps with their layers marked: the app keeps the last 20
-# complete ones among its 400 steps however old, Store.stays; at 64, 20 of them span ~1.3 s
+# complete ones among its 400 steps however old, Store.stays; at 128, 20 of them span ~2.6 s
 # of 1 ms steps), and what --layer-every takes (powers of two: every rank marks the same
 # steps, those a multiple of the period)
-MAX_LAYER_EVERY = 64
+MAX_LAYER_EVERY = 128
 LAYER_EVERY = ("auto",) + tuple(str(2 ** i) for i in range(MAX_LAYER_EVERY.bit_length()))

@@ -157,7 +157,7 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
             # called by the step right before backward(), and the first block's weight's hook)
             for block in blocks:
                 x = block(x)
-            fe[last] = mark()
+            fe[-1] = mark()  # (the step's one slot: StepRecord)
             return x
         gf = x.grad_fn
         if gf is not None:
@@ -165,7 +165,7 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
         return x
 
     model.forward = forward
-    host = rec.host_ns
+    host, recycle = rec.host_ns, rec._recycle
     marks = LayerMarks(on=strategy is None)  # (switched: off until the steps are timed)
     dones = []
     for i, block in enumerate(blocks):
@@ -182,7 +182,16 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
                         s.delay()
         else:
             def done(p):
-                rec.bwd_end(0)
+                c = rec.cur
+                if c is None:
+                    return
+                if c.layers:
+                    rec.bwd_end(0)
+                else:  # (the backward's end, once a step: Recorder.bwd_end's mark, inlined)
+                    c.bwd_h[0] = host()
+                    old, c.bwd_e[0] = c.bwd_e[0], rec.clock.mark()
+                    if old is not None and recycle is not None:
+                        recycle(old)
         marks.add(weight, done)
         dones.append(done)
     if strategy is not None:

@@ -161,7 +161,7 @@ class UserRecorder(Recorder):
         c.micro, c.first_fwd, c.had_bwd, c.loose = [], None, False, None
         self._fwd_open, self._bwd_at = [], -1
         self.clock.begin_step()
-        c.ref = self.clock.ref()
+        c.ref = self.clock.cal
         c.step_start = self.clock.mark()
 
     def fwd_begin(self, layer: int) -> None:

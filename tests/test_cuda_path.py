@@ -11,6 +11,7 @@ import pytest
 
 from ranks.instrument import CudaClock, Recorder
 from ranks.strategies import Straggle, sleep_cycles_per_ms
+from ranks import wire
 from ranks.wire import BWD, COMM
 from tests.cuda_sim import POOL, SimCuda, SimDevice
 
@@ -439,3 +440,58 @@ def test_a_dropped_steps_events_go_back_to_the_pool():
             sink.put(item)
     assert sink.dropped_frames == 59 and sink.dropped_spans == 59 * (1 + 8)
     assert clock.allocated <= 2 * (2 + 16)  # two steps' worth: the queued one's and one in use
+
+
+def test_steps_whose_layers_are_not_marked_give_their_events_back():
+    """Layer marks on a sample of steps, on CUDA: a step whose layers are not marked holds one
+    slot per pass (its backward's end marked by the first block's hook, inlined), and is
+    handed over in a run (Recorder.poll); every event of every step goes back to the pool, so
+    the pool stays flat."""
+    import torch
+    from torch import nn
+
+    from ranks.strategies import attach_layer_hooks
+    sim = SimCuda()
+    clock = _clock(sim)
+    rec = Recorder(clock, 4, every=8)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4)])
+    attach_layer_hooks(model, rec, "ddp")
+    x, y = torch.randn(1, 8), torch.zeros(1, dtype=torch.long)
+    sizes, passes = [], 0
+    for k in range(64):
+        rec.begin("ddp", k)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        rec.backward_starts()
+        loss.backward()
+        rec.end()
+        for item in rec.poll(lazy=True):
+            passes += item()[3].count(wire.PASS)
+        sizes.append(clock.allocated)
+    for item in rec.poll(wait=True, lazy=True):  # (the last run: the end hands it over)
+        passes += item()[3].count(wire.PASS)
+    assert passes == 2 * 56  # the 56 steps whose layers were not marked: a forward and a backward each
+    assert sizes[-1] == sizes[15], f"events made after the first marked steps: {sizes}"
+
+
+def test_a_dropped_steps_late_collective_end_goes_back_to_the_pool():
+    """A step is handed over with a collective of its own still running two steps later; its
+    frame is dropped (a full queue) before the collective's callback marks its end: that end
+    goes straight back to the pool (it was lost to it, one event a time)."""
+    sim = SimCuda()
+    clock = _clock(sim)
+    rec = Recorder(clock, 1)
+    rec.begin("naive", 0)
+    first = rec.cur
+    slot = rec.comm_issue(0)  # (its end comes later)
+    rec.end()
+    items = rec.poll(lazy=True)
+    for k in (1, 2):
+        rec.begin("naive", k)
+        rec.end()
+        items += rec.poll(lazy=True)
+    assert [it.r.step for it in items] == [0, 1, 2]
+    items[0].drop()
+    pool = len(clock.pool)
+    rec.comm_done(first, slot)  # on the backend's thread, after the drop
+    assert len(clock.pool) == pool, "the late end was not given back"
