@@ -105,10 +105,11 @@ def run_parent() -> argparse.ArgumentParser:
     add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                 help="process-group timeout in seconds: a hung collective fails after this (default 60)")
     p.add_argument("--layer-every", choices=spec.LAYER_EVERY, default="auto", metavar="N|auto",
-                   help="mark every layer on one step in N (1, 2, 4, 8, 16), the forward and backward "
-                        "as a whole on the others; every collective on every step (default auto: "
-                        "every step, unless steps are so short that the marks would cost more than "
-                        "0.5%% of a step)")
+                   help=f"mark every layer on one step in N (a power of two, 1 to "
+                        f"{spec.MAX_LAYER_EVERY}), the forward and backward as a whole on the "
+                        "others; every collective on every step (default auto: every step, unless "
+                        "steps are so short that the marks would cost more than a quarter per cent "
+                        "of a step, ddptui's whole cost being 0.5%%)")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     return p
 
