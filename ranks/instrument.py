@@ -554,6 +554,7 @@ LAYER_SHARE = 0.005
 # poll per step was a tenth of such a step's cost to the training thread (the app is a few ms
 # later to see them)
 POLL_BATCH = 4
+SPARE = 8  # such steps' records kept for reuse once resolved (Recorder._spare)
 MARKS_SHARE = LAYER_SHARE / 2
 MAX_EVERY = MAX_LAYER_EVERY
 # a marked layer of a sampled model: a pre-hook registered in its forward and called in its
@@ -652,6 +653,9 @@ class Recorder:
         # strategy -> its marked steps' host time, while its layers are sampled (moving average)
         self._marked_ns: dict[str, float] = {}
         self._mark_ns: float | None = None  # one mark's host cost (measured once)
+        # steps whose layers were not marked, resolved (on the sender thread), nothing else
+        # holding them: begin takes one rather than making a record (SPARE at most)
+        self._spare: list[StepRecord] = []
 
     def wanted_every(self, strategy: str) -> int:
         """The period this rank would mark `strategy`'s layers at (1: every step)."""
@@ -686,7 +690,19 @@ class Recorder:
                 # timed (until then, and while sampled, a marked step registers its own)
                 switch(every == 1 and (self.every == 1 or strategy in self._step_ns))
             layers = step % every == 0
-        self.cur = c = StepRecord(strategy, step, self.n_layers, layers)
+        spare = self._spare
+        if layers or not spare:
+            c = StepRecord(strategy, step, self.n_layers, layers)
+        else:  # (a record given back by the sender thread, made blank: no object to make)
+            c = spare.pop()
+            c.strategy, c.step = strategy, step
+            c.step_end = c.opt_s = c.opt_e = c.fwd_s[0] = c.fwd_e[0] = c.bwd_s[0] = c.bwd_e[0] = \
+                c.bwd_h[0] = None
+            if c.comm_idx is not NO_COMMS:
+                c.comm_idx = c.comm_kind = c.comm_ready = c.comm_end = c.comm_hend = \
+                    c.comm_thr = c.comm_strm = NO_COMMS
+                c.synced = 0
+        self.cur = c
         c.host0 = now_ns()
         clock = self.clock
         if layers:  # (the stream is looked up again on the marked steps: a built-in strategy's
@@ -906,6 +922,9 @@ class Recorder:
         iss = ready
         if clock.cuda:
             self._release_all(r)
+        if (not r.layers and type(r) is StepRecord and len(self._spare) < SPARE
+                and (not r.comm_end or None not in r.comm_end)):  # (no callback still to write)
+            self._spare.append(r)
         return (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)
 
     def _release_all(self, r: StepRecord, keep=(), more=()) -> None:

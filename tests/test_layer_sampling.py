@@ -162,6 +162,46 @@ def test_steps_whose_layers_are_not_marked_are_handed_over_in_runs():
     assert handed[-1] == [21]  # the end: the rest (17-20 were a run, 21 alone is pending)
 
 
+def test_a_reused_record_carries_nothing_of_its_last_step():
+    """Once resolved, a step whose layers were not marked is given back and made blank for a
+    later one (Recorder._spare: no object made per short step); a step with a collective, then
+    one without, then one whose collective is still running when it is resolved (never reused:
+    its callback is still to write): each resolves to its own spans."""
+    model = tiny(4)
+    rec = Recorder(CpuClock(), 4, every=64)
+    attach_layer_hooks(model, rec, "ddp")
+    x, y = torch.randn(1, 16), torch.zeros(1, dtype=torch.long)
+    got, ids, late = {}, {}, None
+    for k in range(1, 40):
+        rec.begin("ddp", k)
+        ids.setdefault(id(rec.cur), []).append(k)
+        loss = nn.functional.cross_entropy(model(x), y)
+        rec.backward_starts()
+        loss.backward()
+        if k % 3 == 0:  # a collective, done within the step
+            slot = rec.comm_issue(k)
+            rec.comm_done(rec.cur, slot)
+        if k == 20:  # one still running when the step is resolved
+            late = (rec.cur, rec.comm_issue(99))
+        rec.end()
+        for item in rec.poll(lazy=True):
+            s = item()
+            got[s[1]] = kinds_of(s)
+    for item in rec.poll(wait=True, lazy=True):
+        s = item()
+        got[s[1]] = kinds_of(s)
+    assert sorted(got) == list(range(1, 40))
+    for k, kinds in got.items():
+        assert sorted(kinds[PASS]) == [0, 1], (k, kinds)
+        want = [k] if k % 3 == 0 else []
+        if k == 20:
+            want = [99]
+        assert kinds.get(COMM, []) == want, (k, kinds)
+    assert any(len(ks) > 1 for ks in ids.values()), "no record was reused"
+    assert all(20 not in ks or ks[-1] == 20 for ks in ids.values()), "a record with a collective still running was reused"
+    rec.comm_done(*late)  # (its callback, late: into its own record)
+
+
 @pytest.mark.parametrize("every", [1, 2])
 def test_ddps_work_on_a_gradient_stays_in_its_block_across_a_rewrap(tmp_path, every):
     """DDP's reducer copies a gradient into its bucket, and issues the bucket's AllReduce, in
