@@ -313,7 +313,7 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
             it()  # its marks go back to the clock's pool, as they do in a run
         return t1 - t0
 
-    for _ in range(384):  # warm-up: the period settles (from what its marked steps are seen to take)
+    for _ in range(512):  # warm-up: the period settles (from what its marked steps are seen to take)
         one(plain, False); one(timed, True); floor()
     import gc
     gc.collect()

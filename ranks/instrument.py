@@ -610,9 +610,9 @@ class Pending:
         of a collective still running (its callback comes later: `_GivenBack`)."""
         r, clock = self.r, self.rec.clock
         if clock.cuda:
+            if r.comm_end and None in r.comm_end:  # (swapped first: an end written meanwhile
+                r.comm_end = _GivenBack(r.comm_end, clock.release)  # is given back either way)
             self.rec._release_all(r)
-            if r.comm_end and None in r.comm_end:
-                r.comm_end = _GivenBack(r.comm_end, clock.release)
 
     @property
     def n_spans(self) -> int:
@@ -650,8 +650,9 @@ class Recorder:
         self.every = every
         self._every: dict[str, int] = {}  # strategy -> the period in force
         self._step_ns: dict[str, float] = {}  # strategy -> its steps' host time (moving average)
-        # strategy -> its marked steps' host time, while its layers are sampled (moving average)
-        self._marked_ns: dict[str, float] = {}
+        # strategy -> its last marked steps' host times, while its layers are sampled (their
+        # median: one preempted marked step does not double the period)
+        self._marked_ns: dict[str, deque] = {}
         self._mark_ns: float | None = None  # one mark's host cost (measured once)
         # steps whose layers were not marked, resolved (on the sender thread), nothing else
         # holding them: begin takes one rather than making a record (SPARE at most)
@@ -666,8 +667,8 @@ class Recorder:
             return 1
         cost = self.n_layers * (2 * self._mark_ns + LAYER_HOOK_NS)
         marked = self._marked_ns.get(strategy)
-        if marked is not None:  # (what a marked step has been seen to take over the others)
-            cost = max(cost, marked - step_ns)
+        if marked and len(marked) >= 3:  # (what marked steps have been seen to take over the others)
+            cost = max(cost, sorted(marked)[len(marked) // 2] - step_ns)
         return every_for(cost, step_ns, self._every.get(strategy, 1))
 
     def layer_every(self, strategy: str) -> int:
@@ -825,9 +826,11 @@ class Recorder:
         self.cur = None
         if c.strategy in self.switches:  # (the sampling's input: the steps' host time)
             dt = now_ns() - c.host0
-            avg = self._marked_ns if c.layers and self._every.get(c.strategy, 1) > 1 else self._step_ns
-            old = avg.get(c.strategy)
-            avg[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
+            if c.layers and self._every.get(c.strategy, 1) > 1:  # (a marked step among others)
+                self._marked_ns.setdefault(c.strategy, deque(maxlen=5)).append(dt)
+            else:
+                old = self._step_ns.get(c.strategy)
+                self._step_ns[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
             if self._mark_ns is None:
                 self._mark_ns = self._time_marks()
         if not c.layers:
@@ -920,12 +923,15 @@ class Recorder:
         # the "issue" column is when each collective was READY: handed to the backend on CPU,
         # reached by the training stream on GPU (the host's issue time runs ahead there)
         iss = ready
+        out = (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)  # (before r may be reused)
+        late = r.comm_end and None in r.comm_end  # (a collective's callback still to write)
         if clock.cuda:
+            if late:  # (its end, when it comes, straight back to the pool)
+                r.comm_end = _GivenBack(r.comm_end, clock.release)
             self._release_all(r)
-        if (not r.layers and type(r) is StepRecord and len(self._spare) < SPARE
-                and (not r.comm_end or None not in r.comm_end)):  # (no callback still to write)
+        if not r.layers and not late and type(r) is StepRecord and len(self._spare) < SPARE:
             self._spare.append(r)
-        return (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)
+        return out
 
     def _release_all(self, r: StepRecord, keep=(), more=()) -> None:
         """Every event of a step back to the pool, once (one mark may fill two slots), but

@@ -495,3 +495,24 @@ def test_a_dropped_steps_late_collective_end_goes_back_to_the_pool():
     pool = len(clock.pool)
     rec.comm_done(first, slot)  # on the backend's thread, after the drop
     assert len(clock.pool) == pool, "the late end was not given back"
+
+
+def test_a_resolved_steps_late_collective_end_goes_back_to_the_pool():
+    """The same, the step resolved rather than dropped (a collective still running two steps
+    later is drawn as it stands): the end its callback marks afterwards goes back to the pool."""
+    sim = SimCuda()
+    clock = _clock(sim)
+    rec = Recorder(clock, 1)
+    rec.begin("naive", 0)
+    first = rec.cur
+    slot = rec.comm_issue(0)
+    rec.end()
+    items = rec.poll(lazy=True)
+    for k in (1, 2):
+        rec.begin("naive", k)
+        rec.end()
+        items += rec.poll(lazy=True)
+    assert [it()[1] for it in items] == [0, 1, 2]
+    pool = len(clock.pool)
+    rec.comm_done(first, slot)
+    assert len(clock.pool) == pool, "the late end was not given back"
