@@ -474,10 +474,12 @@ def test_steps_whose_layers_are_not_marked_give_their_events_back():
     assert sizes[-1] == sizes[15], f"events made after the first marked steps: {sizes}"
 
 
-def test_a_dropped_steps_late_collective_end_goes_back_to_the_pool():
+@pytest.mark.parametrize("fate", ["dropped", "resolved"])
+def test_a_steps_late_collective_end_goes_back_to_the_pool(fate):
     """A step is handed over with a collective of its own still running two steps later; its
-    frame is dropped (a full queue) before the collective's callback marks its end: that end
-    goes straight back to the pool (it was lost to it, one event a time)."""
+    frame is dropped (a full queue), or it is resolved as it stands, before the collective's
+    callback marks its end: that end goes straight back to the pool (it was lost to it, one
+    event a time)."""
     sim = SimCuda()
     clock = _clock(sim)
     rec = Recorder(clock, 1)
@@ -491,28 +493,10 @@ def test_a_dropped_steps_late_collective_end_goes_back_to_the_pool():
         rec.end()
         items += rec.poll(lazy=True)
     assert [it.r.step for it in items] == [0, 1, 2]
-    items[0].drop()
+    if fate == "dropped":
+        items[0].drop()
+    else:
+        assert items[0]()[1] == 0
     pool = len(clock.pool)
-    rec.comm_done(first, slot)  # on the backend's thread, after the drop
-    assert len(clock.pool) == pool, "the late end was not given back"
-
-
-def test_a_resolved_steps_late_collective_end_goes_back_to_the_pool():
-    """The same, the step resolved rather than dropped (a collective still running two steps
-    later is drawn as it stands): the end its callback marks afterwards goes back to the pool."""
-    sim = SimCuda()
-    clock = _clock(sim)
-    rec = Recorder(clock, 1)
-    rec.begin("naive", 0)
-    first = rec.cur
-    slot = rec.comm_issue(0)
-    rec.end()
-    items = rec.poll(lazy=True)
-    for k in (1, 2):
-        rec.begin("naive", k)
-        rec.end()
-        items += rec.poll(lazy=True)
-    assert [it()[1] for it in items] == [0, 1, 2]
-    pool = len(clock.pool)
-    rec.comm_done(first, slot)
+    rec.comm_done(first, slot)  # on the backend's thread, afterwards
     assert len(clock.pool) == pool, "the late end was not given back"
