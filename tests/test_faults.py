@@ -455,7 +455,8 @@ def test_hostile_clients_and_generated_bad_frames_during_a_real_run(tmp_path_fac
     # the run is unaffected: two ranks, every step of both strategies complete
     assert sorted(st.ranks) == [0, 1] and all(i.finished and not i.error for i in st.ranks.values())
     for s in ("naive", "ddp"):  # (in the order they completed: a step may complete after a
-        # later one when two callers of update() publish in turn; a CI run saw [.., 4, 6, 5, 7])
+        # later one when two callers of update() publish in turn, here steps_done() and the
+        # Updater's thread; a CI run saw [.., 4, 6, 5, 7])
         assert sorted(st.complete_steps(s)) == list(range(len(st.complete_steps(s))))
     # ... and so is its recording: the same figures, no bad frame in it, the rejections kept
     got = load(str(rec))
