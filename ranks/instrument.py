@@ -608,11 +608,8 @@ class Pending:
         """Its frame is dropped (a full queue): its events go back to the pool unresolved (a
         pending event may be recorded again; nothing will read this one), and so does the end
         of a collective still running (its callback comes later: `_GivenBack`)."""
-        r, clock = self.r, self.rec.clock
-        if clock.cuda:
-            if r.comm_end and None in r.comm_end:  # (swapped first: an end written meanwhile
-                r.comm_end = _GivenBack(r.comm_end, clock.release)  # is given back either way)
-            self.rec._release_all(r)
+        if self.rec.clock.cuda:
+            self.rec._give_back(self.r)
 
     @property
     def n_spans(self) -> int:
@@ -926,12 +923,18 @@ class Recorder:
         out = (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)  # (before r may be reused)
         late = r.comm_end and None in r.comm_end  # (a collective's callback still to write)
         if clock.cuda:
-            if late:  # (its end, when it comes, straight back to the pool)
-                r.comm_end = _GivenBack(r.comm_end, clock.release)
-            self._release_all(r)
+            self._give_back(r)
         if not r.layers and not late and type(r) is StepRecord and len(self._spare) < SPARE:
             self._spare.append(r)
         return out
+
+    def _give_back(self, r: StepRecord) -> None:
+        """A step done with (resolved or dropped): its events back to the pool, and the end of
+        a collective still running too, when its callback marks it (`_GivenBack`; swapped in
+        first: an end written meanwhile is given back either way)."""
+        if r.comm_end and None in r.comm_end:
+            r.comm_end = _GivenBack(r.comm_end, self.clock.release)
+        self._release_all(r)
 
     def _release_all(self, r: StepRecord, keep=(), more=()) -> None:
         """Every event of a step back to the pool, once (one mark may fill two slots), but
