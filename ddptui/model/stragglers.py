@@ -26,6 +26,7 @@ from ranks.wire import BWD, COMM
 from . import evidence as layer_evidence
 from .columns import layers_marked, placement
 from .kept import Kept
+from .stacked import same_clock, sections_excess
 
 # a step names a culprit only when someone waited at least this long for it: below it, who
 # arrives last is scheduling noise (measured: README "Who waits for whom")
@@ -35,10 +36,6 @@ MIN_CULPRIT_SHARE = 0.05  # ... and at least this share of the step
 # steps: on 2 busy cores, with no delay injected, either rank is now and then 10-30 ms late
 # (measured: README "Who waits for whom")
 MIN_CULPRIT_STEPS_PCT = 85.0
-
-
-def same_clock(rank: int, ns: int) -> int:
-    return ns
 
 
 @dataclass
@@ -85,7 +82,6 @@ class StepWaits:
         rank and (pass, layer), own ms - the other ranks' median; per (pass, layer), the
         median over ranks."""
         if self._evidence is None:
-            from .columnwise import sections_excess  # (it builds on this module)
             got = sections_excess(self.batches) if self.batches else None
             if got is None:  # (ranks with different columns, several hosts: rank by rank)
                 secs = layer_evidence.step_sections(self.batches) if self.batches else {}
