@@ -13,6 +13,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # signal) each other's ranks.
 _RUN = os.environ.setdefault("DDPTUI_TEST_RUN", uuid.uuid4().hex)
 os.environ["DDPTUI_TEST_SESSION"] = f"{_RUN}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+# Every test means CPU ranks unless it is marked gpu: the GPU-count seam at 0 for this session
+# and every process it starts (the CLI, torchrun, in-process plans), so that `--gpus 2` in a
+# CPU test means two CPU ranks on a machine with one GPU too (there it would be refused: "--gpus
+# 2 but only 1 GPU(s) present"). A test marked gpu sees the machine's own count again
+# (`_gpu_tests_see_the_gpus`). Check: on a machine without CUDA the suite passes with
+# DDPTUI_GPU_COUNT=1 set for the whole run.
+_GPU_COUNT = os.environ.get("DDPTUI_GPU_COUNT")
+os.environ["DDPTUI_GPU_COUNT"] = "0"
 
 
 def cuda_available() -> bool:
@@ -48,6 +56,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_tests_see_the_gpus(request, monkeypatch):
+    """A test marked gpu, and what it starts, count the machine's GPUs as the user set them
+    (DDPTUI_GPU_COUNT as it was before this session, else NVML)."""
+    if "gpu" in request.keywords:
+        if _GPU_COUNT is None:
+            monkeypatch.delenv("DDPTUI_GPU_COUNT", raising=False)
+        else:
+            monkeypatch.setenv("DDPTUI_GPU_COUNT", _GPU_COUNT)
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -118,10 +118,17 @@ def ddptui_cmd(*args) -> list[str]:
     return [sys.executable, "-m", "ddptui.cli.main", *args]
 
 
+def pythonpath() -> str:
+    """PYTHONPATH for a subprocess: this checkout first, then the PYTHONPATH we were given
+    (where packages installed with `pip --target` live: dropping it lost msgspec in every
+    subprocess on the first GPU machine)."""
+    return os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
 def cli_env(env: dict | None = None) -> dict:
     """The environment every CLI subprocess of the tests gets: ours, one OpenMP thread, this
     checkout importable from any working directory, then `env`."""
-    e = dict(os.environ, PYTHONPATH=ROOT)
+    e = dict(os.environ, PYTHONPATH=pythonpath())
     e.setdefault("OMP_NUM_THREADS", "1")
     e.update(env or {})
     return e

@@ -14,6 +14,8 @@ import pytest
 
 from ddptui.cli.main import live_parser
 
+from .helpers import pythonpath
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "demo", "README.md")
 
@@ -41,7 +43,7 @@ def test_the_readme_has_its_commands():
 def test_command_runs(cmd, tmp_path):
     os.symlink(os.path.join(ROOT, "demo"), tmp_path / "demo")
     argv = shlex.split(cmd)
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     if argv[0] == "ddptui" and len(argv) > 1 and argv[1].startswith("--"):  # live: needs GPUs here
         a = live_parser().parse_args(argv[1:])
         assert a.record and a.gpus

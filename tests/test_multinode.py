@@ -21,7 +21,7 @@ from ddptui.live.netlisten import NetError, NetListener, client_handshake, mac, 
 from ddptui.model.store import Store
 from ranks import frames, wire
 
-from .helpers import ROOT, store_of, synthetic_frames, synthetic_meta, assert_no_leftovers, worker_procs
+from .helpers import ROOT, pythonpath, store_of, synthetic_frames, synthetic_meta, assert_no_leftovers, worker_procs
 
 from tests.conftest import TOKEN
 
@@ -338,7 +338,7 @@ def test_bad_multinode_input_is_one_line_exit_2(token_file, tmp_path):
 
 # -- two torchrun agents on loopback ---------------------------------------------------------
 def _env(skew: int = 0, asym: int = 0) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=pythonpath())
     env.pop("DDPTUI_CLOCK_SKEW_NS", None)
     env.pop("DDPTUI_NET_ASYM_NS", None)
     if skew:

@@ -19,7 +19,7 @@ from ranks import recfile
 from ranks.frames import Spans
 from ranks.recfile import RecordingStopped, RecordWriter
 
-from .helpers import assert_no_leftovers, run_cli, synthetic_frames, synthetic_meta
+from .helpers import assert_no_leftovers, pythonpath, run_cli, synthetic_frames, synthetic_meta
 
 
 class _FullDisk:
@@ -147,7 +147,7 @@ def test_a_scripts_own_files_under_plain_torchrun_stop_alone(tmp_path, small_fs)
     import sys
 
     from .helpers import ROOT
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, DDPTUI_RECORD=str(small_fs / "rec"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath(), DDPTUI_RECORD=str(small_fs / "rec"))
     env.pop("DDPTUI_SOCKET", None)
     # (80 steps: ~8 KB a rank. 30 made ~4 KB a rank, under a 4 KiB page or just over it as
     # the timestamps' sizes fell: two ranks' files then filled the 8 KiB or did not. Batch 4:

@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, assert_no_leftovers, run_main
+from tests.helpers import ROOT, assert_no_leftovers, pythonpath, run_main
 
 PY = sys.executable
 CNN = os.path.join(ROOT, "examples", "train_cnn.py")
 
 
 def _env(**kw):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, **kw)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath(), **kw)
     env.pop("DDPTUI_SOCKET", None)
     return env
 
