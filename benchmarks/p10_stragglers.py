@@ -172,12 +172,15 @@ def main(argv=None) -> int:
                       + (f" ({', '.join(sorted({v.culprit.text(names) for v in vs if v.culprit}))})" if n else "")
                       + f"; largest window-median excess of any rank and section {worst:.1f} ms")
     ok = bool(named_pcts)
+    # --quick judges synthetic recordings: its lines say SMOKE where a real run's say OK or MISS
+    # (as P9's --quick lines do), so that no one reads them as the goal met
+    smoke = (lambda line: line.rsplit(" ", 1)[0] + " SMOKE") if a.quick else (lambda line: line)  # noqa: E731
     if ok:
-        print(result_line("P10a", "stragglers", "named_pct", min(named_pcts), ">=", 95.0, "{:.1f}"))
-        print(result_line("P10b", "stragglers", "excess_err_ms", max(excess_errs), "<=", 5.0, "{:.1f}"))
+        print(smoke(result_line("P10a", "stragglers", "named_pct", min(named_pcts), ">=", 95.0, "{:.1f}")))
+        print(smoke(result_line("P10b", "stragglers", "excess_err_ms", max(excess_errs), "<=", 5.0, "{:.1f}")))
     if quiet_total:
-        print(result_line("P10c", "stragglers", "quiet_named_pct", pct(quiet_named, quiet_total), "<=", 1.0, "{:.2f}")
-              + f" ({quiet_named} of {quiet_total} windows)")
+        print(smoke(result_line("P10c", "stragglers", "quiet_named_pct", pct(quiet_named, quiet_total), "<=", 1.0,
+                                "{:.2f}")) + f" ({quiet_named} of {quiet_total} windows)")
     return 0 if ok and quiet_total else 1
 
 

@@ -8,7 +8,8 @@
 Each benchmark is a script here that ends with figure lines such as
 `P1 overhead median_ratio=1.012 goal<=1.03 OK`; they run one after the other (never in
 parallel: they would measure each other). Exit status 1 if a benchmark failed to produce
-its figure; a figure that misses its goal is reported (MISS) but is not a failure of the run
+its figure; a figure that misses its goal is reported (MISS; a --quick run of a benchmark that
+only smoke-tests says SMOKE) but is not a failure of the run
 unless --strict.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ BENCHMARKS = [
     ("P9", "p9_whatif.py", "what-if predictions vs measurement (bucket caps)"),
     ("P10", "p10_stragglers.py", "stragglers named from per-layer evidence"),
 ]
-LINE = re.compile(r"^(P\d+)([a-z]?)\s+(\S+)\s+(\S+)=(\S+)\s+goal\s*(<=|>=|<|>|==)\s*(\S+)\s+(OK|MISS)\b")
+LINE = re.compile(r"^(P\d+)([a-z]?)\s+(\S+)\s+(\S+)=(\S+)\s+goal\s*(<=|>=|<|>|==)\s*(\S+)\s+(OK|MISS|SMOKE)\b")
 
 
 def parse(output: str, tag: str) -> list[dict]:
