@@ -108,7 +108,8 @@ def main(argv=None) -> None:
     import torch.distributed as dist
 
     from . import frames, wire
-    from .instrument import CpuClock, CudaClock, Recorder
+    from .clocks import CpuClock, CudaClock
+    from .recorder import Recorder
     from .models import build_model, make_dataset
     from .strategies import STRATEGY_CLASSES, DDPStrategy
 

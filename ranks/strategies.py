@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import spec
-from .instrument import Recorder
+from .recorder import Recorder
 
 
 class LayerMarks:

@@ -236,7 +236,8 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     import torch
     import torch.distributed as dist
 
-    from .instrument import CpuClock, CudaClock, Recorder
+    from .clocks import CpuClock, CudaClock
+    from .recorder import Recorder
     from .models import build_model, make_dataset
     from .strategies import STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
 

@@ -402,7 +402,7 @@ def test_resolving_on_the_sender_thread_lets_a_hook_have_the_gil_back(monkeypatc
     mark's release of the GIL. (Other processes on the cores stretch a wait now and then and
     can end the sender before many marks: judged on the best of three tries; the check that
     it fails without letting go is below.)"""
-    from ranks import instrument
+    from ranks import recorder as instrument  # (where the Recorder reads YIELD_EVERY)
 
     tries = []
     for _ in range(3):

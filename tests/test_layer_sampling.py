@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ranks import frames as fr
-from ranks import instrument, wire
+from ranks import instrument, recorder, wire
 from ranks.instrument import CpuClock, Recorder, every_for
 from ranks.strategies import attach_layer_hooks
 from ranks.wire import BWD, COMM, FWD, PASS
@@ -64,7 +64,7 @@ def test_the_period_follows_what_a_marked_step_is_seen_to_cost(monkeypatch, extr
     per cent; 100 µs more keeps the guess, even with the first marked step preempted for 5 ms
     (the median of the last marked steps, not the first one seen)."""
     t = [0]
-    monkeypatch.setattr(instrument, "now_ns", lambda: t[0])
+    monkeypatch.setattr(recorder, "now_ns", lambda: t[0])  # (the Recorder reads the clock there)
     rec = Recorder(CpuClock(), 40)
     rec.switches["ddp"] = lambda on: None
     rec._mark_ns = 300.0  # (one mark, as timed once)

@@ -56,6 +56,10 @@ class Store(Intake, Figuring, Queries):
         self.step_figs: dict[str, OrderedDict[int, figures.StepFigures]] = {}
         self.rank_figs: dict[tuple[str, int, int], figures.RankStep] = {}  # (strategy, step, rank), kept like raw
         self.bucket_figs: dict[tuple[str, int], dict] = {}  # (strategy, step) of complete steps
+        # (strategy, rank) -> [ms of communication, ms of it overlapped by compute, over every
+        # complete step (never evicted), the newest step, its two ms] (figures.hta_step: HTA's
+        # comm/comp overlap, which leaves a trace's last step out: Queries.hta_overlap)
+        self.hta_acc: dict[tuple[str, int], list] = {}
         # DDP's bucket assignment: (strategy, rank) -> each change as reported, in step order:
         # (step, {bucket: bytes}, [[bucket, [param idx...], bytes], ...])
         self.bucket_assignments: dict[tuple[str, int], list[tuple[int, dict[int, int], list]]] = {}
@@ -79,7 +83,7 @@ class Store(Intake, Figuring, Queries):
         self.cpu: deque[frames.Cpu] = deque(maxlen=600)  # the latest CPU samples
         self.spans = 0  # span events ever stored
         # strategy -> [steps with layers marked, steps without] (rank 0's; layer marks on a
-        # sample of steps: ranks.instrument.LAYER_SHARE)
+        # sample of steps: ranks.sampling.LAYER_SHARE)
         self.layer_marks: dict[str, list[int]] = {}
         # strategy -> the last steps whose layers were marked (rank 0's; 3 x stragglers.RECENT:
         # some may never complete): where layers are marked on a sample of steps, the last

@@ -1,0 +1,426 @@
+"""The Recorder: one per rank; the strategies' hooks mark moments into a step's slots
+(`StepRecord`), and finished steps are handed over (`poll`) to be resolved into spans
+(`Pending`, on the sender thread).
+
+Collectives. Backends differ in how collectives overlap:
+- gloo runs async collectives on a small pool of worker threads, several at once; the
+  completion callback runs on the thread that ran the work, so a collective starts when it
+  was issued or, if later, when the previous collective on the *same thread* ended;
+- NCCL runs them one after another on one stream: start = max(ready, previous end).
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from .clock import now_ns
+from .clocks import _NULL
+from .resolve import YIELD_EVERY, comm_starts, letting_go
+from .sampling import LAYER_HOOK_NS, POLL_BATCH, SPARE, every_for
+from .wire import BWD, COMM, FWD, OPT, PASS, PASS_BWD, PASS_FWD, STEP
+
+_get_ident = threading.get_ident
+
+
+NO_COMMS = ()  # a step's collectives before its first (StepRecord)
+
+
+class StepRecord:
+    """Slots for one (strategy, step) on one rank."""
+
+    __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
+                 "bwd_s", "bwd_e", "bwd_h", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
+                 "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced", "layers",
+                 "host0")
+
+    def __init__(self, strategy: str, step: int, n_layers: int, layers: bool = True):
+        # (on the training thread at every step's begin: as few statements as it takes)
+        self.strategy, self.step, self.n_layers = strategy, step, n_layers
+        # its layers marked one by one; False: the forward's and backward's start and end only
+        # (layer marks on a sample of steps, Recorder.begin), resolved as two PASS spans
+        self.layers = layers
+        self.host0 = 0  # host clock at begin (the step's length on the host, for the sampling)
+        self.step_start = self.step_end = self.opt_s = self.opt_e = self.ref = None
+        # per layer; a step whose layers are not marked holds one slot: [0] the first layer's
+        # (the forward's start, the backward's end), [-1] the last's (the forward's end, the
+        # backward's start), the same slot
+        n = n_layers if layers else 1
+        self.fwd_s, self.fwd_e, self.bwd_s, self.bwd_e = [None] * n, [None] * n, [None] * n, [None] * n
+        self.bwd_h = [None] * n  # host reading just before each end mark (CUDA: idle_end)
+        self.bwd_n = [0] * n  # bwd_end calls so far this step
+        # the collectives, in issue order: COMM (a gradient AllReduce) or COLL (any other);
+        # gloo with CUDA tensors: host ends (comm_hend, to chain starts) and issue streams.
+        # Lists from the first collective (Recorder.comm_issue), an empty tuple until then
+        self.comm_idx = self.comm_kind = self.comm_ready = self.comm_end = self.comm_hend = \
+            self.comm_thr = self.comm_strm = NO_COMMS
+        self.synced = 0  # gradient synchronisations issued (COMM spans, FSDP's reduce-scatters)
+
+
+class _GivenBack(list):
+    """A dropped step's collective ends: an end marked after the drop (Recorder.comm_done, on
+    the backend's thread) goes straight back to the pool."""
+
+    __slots__ = ("release",)
+
+    def __init__(self, ends, release):
+        super().__init__(ends)
+        self.release = release
+
+    def __setitem__(self, i, tok) -> None:
+        self.release(tok)
+
+
+class Pending:
+    """A finished step not yet turned into spans (Recorder.poll(lazy=True)): calling it
+    resolves it; `n_spans` is how many spans it holds (counted if its frame is dropped)."""
+
+    __slots__ = ("rec", "r")
+
+    def __init__(self, rec: "Recorder", r: StepRecord):
+        self.rec, self.r = rec, r
+
+    def __call__(self) -> tuple:
+        return self.rec._resolve(self.r, yield_every=YIELD_EVERY)
+
+    def drop(self) -> None:
+        """Its frame is dropped (a full queue): its events go back to the pool unresolved (a
+        pending event may be recorded again; nothing will read this one), and so does the end
+        of a collective still running (its callback comes later: `_GivenBack`)."""
+        if self.rec.clock.cuda:
+            self.rec._give_back(self.r)
+
+    @property
+    def n_spans(self) -> int:
+        r = self.r
+        n = 1 + len(r.comm_idx) + (r.opt_s is not None and r.opt_e is not None)
+        n += len(getattr(r, "micro", None) or ())  # (a user's step: its earlier micro-steps' spans)
+        if not r.layers:  # (the forward and backward as a whole: PASS spans)
+            return n + (r.fwd_s[0] is not None) + (r.bwd_e[0] is not None)
+        n += sum(1 for a, b in zip(r.fwd_s, r.fwd_e) if a is not None and b is not None)
+        n += sum(1 for a, b in zip(r.bwd_s, r.bwd_e) if a is not None and b is not None)
+        return n
+
+
+class Recorder:
+    """One per rank. Strategies call the mark_* methods from hooks; the worker calls
+    begin/end around each step and poll() to collect finished steps as span tuples."""
+
+    def __init__(self, clock, n_layers: int, every: int | None = None):
+        self.clock = clock
+        self.n_layers = n_layers
+        self.cur: StepRecord | None = None
+        self.pending: list[StepRecord] = []
+        self.straggle = None  # strategies.Straggle when a delay is injected (the layer hooks ask)
+        # CUDA: a layer's backward end is re-marked for each parameter; hand the superseded
+        # event back to the pool at once (the pool would otherwise grow every step)
+        self._recycle = clock.release if clock.cuda else None
+        # the host clock of the end marks' readings (CUDA: CudaClock.idle_end); the clock's own
+        # where it has one (a seam in tests)
+        self.host_ns = getattr(clock, "host_ns", now_ns) if clock.cuda else now_ns
+        self._bwd_calls: list = [None] * n_layers  # bwd_end calls per layer in the last step
+        # layer marks on a sample of steps: strategy -> its marks' switch (on: bool), where
+        # they can be switched (attach_layer_hooks); `every`: a fixed period (1: every step),
+        # None: as MARKS_SHARE asks
+        self.switches: dict = {}
+        self.every = every
+        self._every: dict[str, int] = {}  # strategy -> the period in force
+        self._step_ns: dict[str, float] = {}  # strategy -> its steps' host time (moving average)
+        # strategy -> its last marked steps' host times, while its layers are sampled (their
+        # median: one preempted marked step does not double the period)
+        self._marked_ns: dict[str, deque] = {}
+        self._mark_ns: float | None = None  # one mark's host cost (measured once)
+        # steps whose layers were not marked, resolved (on the sender thread), nothing else
+        # holding them: begin takes one rather than making a record (SPARE at most)
+        self._spare: list[StepRecord] = []
+
+    def wanted_every(self, strategy: str) -> int:
+        """The period this rank would mark `strategy`'s layers at (1: every step)."""
+        if self.every is not None:
+            return self.every
+        step_ns = self._step_ns.get(strategy)
+        if step_ns is None or strategy not in self.switches or self._mark_ns is None:
+            return 1
+        cost = self.n_layers * (2 * self._mark_ns + LAYER_HOOK_NS)
+        marked = self._marked_ns.get(strategy)
+        if marked and len(marked) >= 3:  # (what marked steps have been seen to take over the others)
+            cost = max(cost, sorted(marked)[len(marked) // 2] - step_ns)
+        return every_for(cost, step_ns, self._every.get(strategy, 1))
+
+    def layer_every(self, strategy: str) -> int:
+        """The period in force for `strategy` (1: every step's layers marked)."""
+        return self._every.get(strategy, 1)
+
+    # -- hot path -------------------------------------------------------------------
+    def begin(self, strategy: str, step: int, every: int | None = None) -> None:
+        """A step starts. `every`: the period its layers are marked at, as all ranks agreed
+        (the worker's control collective); None: this rank's own (`wanted_every`)."""
+        switch = self.switches.get(strategy)
+        layers = True
+        if switch is not None:
+            cur = self._every.get(strategy)
+            if every is None:  # (the period changes where one ends: asked for there only)
+                every = cur if cur is not None and step % cur else self.wanted_every(strategy)
+            if every != cur or every == 1:
+                self._every[strategy] = every
+                # the hooks registered once while every step is marked and the steps are
+                # timed (until then, and while sampled, a marked step registers its own)
+                switch(every == 1 and (self.every == 1 or strategy in self._step_ns))
+            layers = step % every == 0
+        spare = self._spare
+        if layers or not spare:
+            c = StepRecord(strategy, step, self.n_layers, layers)
+        else:  # (a record given back by the sender thread, made blank: no object to make)
+            c = spare.pop()
+            c.strategy, c.step = strategy, step
+            c.step_end = c.opt_s = c.opt_e = c.fwd_s[0] = c.fwd_e[0] = c.bwd_s[0] = c.bwd_e[0] = \
+                c.bwd_h[0] = None
+            if c.comm_idx is not NO_COMMS:
+                c.comm_idx = c.comm_kind = c.comm_ready = c.comm_end = c.comm_hend = \
+                    c.comm_thr = c.comm_strm = NO_COMMS
+                c.synced = 0
+        self.cur = c
+        c.host0 = now_ns()
+        clock = self.clock
+        if layers:  # (the stream is looked up again on the marked steps: a built-in strategy's
+            clock.begin_step()  # steps, the only ones sampled, run on the device's own)
+        c.ref = clock.cal  # (the clock's ref(), without the call)
+        c.step_start = clock.mark()
+
+    def backward_starts(self) -> None:
+        """Right before the step calls backward() (the built-in strategies): a step whose layers
+        are not marked marks its backward's start here, on the training thread, with no hook
+        (on CUDA an event after the loss's kernels: where the backward starts on the stream)."""
+        c = self.cur
+        if c is not None and not c.layers:
+            c.bwd_s[-1] = self.clock.mark()
+
+    def fwd_begin(self, layer: int) -> None:
+        if self.cur is not None:
+            self.cur.fwd_s[layer] = self.clock.mark()
+
+    def fwd_end(self, layer: int) -> None:
+        if self.cur is not None:
+            self.cur.fwd_e[layer] = self.clock.mark()
+
+    def bwd_begin(self, layer: int) -> None:
+        if self.cur is not None:
+            self.cur.bwd_s[layer] = self.clock.mark()
+
+    def fwd_between(self, layer: int) -> None:
+        """Layer `layer` ended and layer + 1 starts: one moment, one mark (-1: the first
+        layer starts; the last: the last ends)."""
+        c = self.cur
+        if c is not None:
+            t = self.clock.mark()
+            if layer >= 0:
+                c.fwd_e[layer] = t
+            if layer + 1 < self.n_layers:
+                c.fwd_s[layer + 1] = t
+
+    def bwd_between(self, layer: int) -> None:
+        """The gradient of layer `layer`'s output is ready: layer + 1's backward has ended and
+        `layer`'s starts. One moment, one mark."""
+        c = self.cur
+        if c is not None:
+            h = self.host_ns()
+            t = self.clock.mark()
+            c.bwd_s[layer] = t
+            if layer + 1 < self.n_layers:
+                c.bwd_e[layer + 1] = t
+                c.bwd_h[layer + 1] = h
+
+    def bwd_end(self, layer: int) -> None:
+        # called when the layer's input gradient is ready and again as each of its
+        # parameter gradients is accumulated: the last call wins. Each moment is marked
+        # once: calls before the number the last step made are only counted (a CUDA mark is
+        # a few µs of host time); the first step, and any call past that number, marks.
+        c = self.cur
+        if c is not None:
+            n = c.bwd_n[layer] = c.bwd_n[layer] + 1
+            want = self._bwd_calls[layer]
+            if want is None or n >= want:
+                c.bwd_h[layer] = self.host_ns()
+                self._mark_again(c.bwd_e, layer)
+
+    def _mark_again(self, slots: list, i: int) -> None:
+        """slots[i] = now, where the last call wins; a superseded CUDA event goes back to the pool."""
+        old = slots[i]
+        slots[i] = self.clock.mark()
+        if old is not None and self._recycle is not None:
+            self._recycle(old)
+
+    def comm_issue(self, idx: int, kind: int = COMM, synced: bool = False) -> int:
+        """A collective is handed to the backend now; returns its slot. COMM: a gradient
+        AllReduce (idx: its bucket or parameter; a gradient synchronisation); COLL: any other
+        (idx: its row of the rank's collectives table; `synced`: it synchronises gradients)."""
+        c = self.cur
+        if c.comm_idx is NO_COMMS:
+            c.comm_idx, c.comm_kind, c.comm_ready, c.comm_end, c.comm_hend, c.comm_thr, \
+                c.comm_strm = [], [], [], [], [], [], []
+        if kind == COMM or synced:
+            c.synced += 1
+        c.comm_kind.append(kind)
+        c.comm_idx.append(idx)
+        c.comm_ready.append(self.clock.mark())
+        c.comm_end.append(None)
+        c.comm_hend.append(None)
+        c.comm_thr.append(None)
+        c.comm_strm.append(None)
+        return len(c.comm_idx) - 1
+
+    def issuing(self, slot: int):
+        """A context around the backend call that issues the collective in `slot` (on the
+        thread that issues it): its own stream current where the clock needs one (gloo with
+        CUDA tensors), whose end `comm_done` then marks there. A collective issued without it
+        (the collective tap's, a user's comm hook) keeps the current stream's end."""
+        strm = self.clock.issue_stream()
+        if strm is None:
+            return _NULL
+        self.cur.comm_strm[slot] = strm
+        return self.clock.issuing(strm)
+
+    def comm_done(self, rec: StepRecord, slot: int) -> None:
+        """The AllReduce in `slot` has finished (called on the thread that completed it)."""
+        # (its thread and host end before its end: a step whose ends are all in is resolved)
+        rec.comm_thr[slot] = _get_ident()
+        rec.comm_hend[slot] = self.clock.comm_host_end()
+        strm = rec.comm_strm[slot]
+        rec.comm_end[slot] = (self.clock.mark_comm_end(strm) if strm is not None
+                              else self.clock.mark_comm_end())
+
+    def opt_begin(self) -> None:
+        self.cur.opt_s = self.clock.mark()
+
+    def opt_end(self) -> None:
+        self.cur.opt_e = self.clock.mark()
+
+    def end(self) -> None:
+        c = self.cur
+        c.step_end = self.clock.mark()
+        self.pending.append(c)
+        self.cur = None
+        if c.strategy in self.switches:  # (the sampling's input: the steps' host time)
+            dt = now_ns() - c.host0
+            if c.layers and self._every.get(c.strategy, 1) > 1:  # (a marked step among others)
+                self._marked_ns.setdefault(c.strategy, deque(maxlen=5)).append(dt)
+            else:
+                old = self._step_ns.get(c.strategy)
+                self._step_ns[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
+            if self._mark_ns is None:
+                self._mark_ns = self._time_marks()
+        if not c.layers:
+            return
+        calls = self._bwd_calls
+        for i, n in enumerate(c.bwd_n):
+            if n:
+                calls[i] = n
+
+    def _time_marks(self, n: int = 32) -> float:
+        """One mark's host cost in ns (after a step's end: outside every span)."""
+        mark, toks = self.clock.mark, []
+        t0 = now_ns()
+        for _ in range(n):
+            toks.append(mark())
+        dt = (now_ns() - t0) / n
+        if self._recycle is not None:
+            for t in toks:
+                self._recycle(t)
+        return dt
+
+    # -- off the hot path -----------------------------------------------------------
+    def poll(self, wait: bool = False, lazy: bool = False) -> list:
+        """Finished steps as (strategy, step, base_ns, kinds, idxs, t0s, t1s, issues), or with
+        `lazy` as callables that return that tuple: resolving a step (on CUDA, an
+        `elapsed_time` per event) is then done by whoever calls them, e.g. the thread that
+        encodes and sends frames, not the training thread."""
+        pending = self.pending
+        out: list = []
+        if not pending or (not wait and len(pending) < POLL_BATCH and not pending[-1].layers):
+            return out
+        clock = self.clock
+        done = clock.done
+        while pending:
+            rec = pending[0]
+            if wait and clock.cuda:
+                for t in (rec.step_end, *rec.comm_end):
+                    if t is not None and not done(t):
+                        t.synchronize()
+            else:
+                # comm ends are recorded on the backends' callback streams: wait for them too
+                if not done(rec.step_end):
+                    break
+                ends = rec.comm_end
+                if ends:
+                    if None in ends:
+                        # a collective of the script's own still running (an async all_reduce
+                        # waited on after the step): the step waits for it, up to two steps later
+                        if not wait and len(pending) < 3:
+                            break
+                    if clock.cuda and not all([t is None or done(t) for t in ends]):
+                        break
+            pending.pop(0)
+            out.append(Pending(self, rec) if lazy else self._resolve(rec))
+        return out
+
+    def _resolve(self, r: StepRecord, yield_every: int = 0) -> tuple:
+        clock = self.clock
+        ns = letting_go(clock.resolver(r.step_start, r.ref), yield_every)
+        kinds, idxs, t0s, t1s = [STEP], [0], [ns(r.step_start)], [ns(r.step_end)]
+        idle_end = clock.idle_end if clock.cuda else None
+        if not r.layers:  # the forward and the backward as one each (PASS 0 and 1)
+            if r.fwd_s[0] is not None and r.fwd_e[-1] is not None:
+                kinds.append(PASS); idxs.append(PASS_FWD); t0s.append(ns(r.fwd_s[0])); t1s.append(ns(r.fwd_e[-1]))
+            if r.bwd_s[-1] is not None and r.bwd_e[0] is not None:
+                t0, t1 = ns(r.bwd_s[-1]), ns(r.bwd_e[0])
+                if idle_end is not None and r.bwd_h[0] is not None:
+                    t1 = max(t0, idle_end(t1, r.bwd_h[0]))
+                kinds.append(PASS); idxs.append(PASS_BWD); t0s.append(t0); t1s.append(t1)
+        for i in range(r.n_layers if r.layers else 0):
+            if r.fwd_s[i] is not None and r.fwd_e[i] is not None:
+                kinds.append(FWD); idxs.append(i); t0s.append(ns(r.fwd_s[i])); t1s.append(ns(r.fwd_e[i]))
+        for i in reversed(range(r.n_layers if r.layers else 0)):
+            if r.bwd_s[i] is not None and r.bwd_e[i] is not None:
+                t0, t1 = ns(r.bwd_s[i]), ns(r.bwd_e[i])
+                if idle_end is not None and r.bwd_h[i] is not None:
+                    t1 = max(t0, idle_end(t1, r.bwd_h[i]))
+                kinds.append(BWD); idxs.append(i); t0s.append(t0); t1s.append(t1)
+        ready: list[int] = []
+        if r.comm_idx:
+            ready = [ns(t) for t in r.comm_ready]
+            end = [ns(t) if t is not None else rd for t, rd in zip(r.comm_end, ready)]
+            free = None
+            if any(h is not None for h in r.comm_hend):
+                free = [h if h is not None else e for h, e in zip(r.comm_hend, end)]
+            starts = comm_starts(ready, end, r.comm_thr, clock.serial_comm, free)
+            kinds += r.comm_kind; idxs += r.comm_idx; t0s += starts; t1s += end
+        if r.opt_s is not None and r.opt_e is not None:
+            kinds.append(OPT); idxs.append(0); t0s.append(ns(r.opt_s)); t1s.append(ns(r.opt_e))
+        # the "issue" column is when each collective was READY: handed to the backend on CPU,
+        # reached by the training stream on GPU (the host's issue time runs ahead there)
+        iss = ready
+        out = (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)  # (before r may be reused)
+        late = r.comm_end and None in r.comm_end  # (a collective's callback still to write)
+        if clock.cuda:
+            self._give_back(r)
+        if not r.layers and not late and type(r) is StepRecord and len(self._spare) < SPARE:
+            self._spare.append(r)
+        return out
+
+    def _give_back(self, r: StepRecord) -> None:
+        """A step done with (resolved or dropped): its events back to the pool, and the end of
+        a collective still running too, when its callback marks it (`_GivenBack`; swapped in
+        first: an end written meanwhile is given back either way)."""
+        if r.comm_end and None in r.comm_end:
+            r.comm_end = _GivenBack(r.comm_end, self.clock.release)
+        self._release_all(r)
+
+    def _release_all(self, r: StepRecord, keep=(), more=()) -> None:
+        """Every event of a step back to the pool, once (one mark may fill two slots), but
+        those in `keep`; `more`: events the step holds elsewhere (a subclass's)."""
+        seen = set(keep)
+        release = self.clock.release
+        for tok in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
+                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end, *more):
+            if tok is not None and id(tok) not in seen:
+                seen.add(id(tok))
+                release(tok)
