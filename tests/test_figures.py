@@ -52,6 +52,23 @@ def test_exposed_communication_is_what_compute_does_not_cover():
     assert figures.overlap_pct(r.comm_ms, r.exposed_ms) == pytest.approx(100 / 3)
 
 
+def test_hta_counts_the_optimizer_as_compute():
+    """HTA's get_comm_comp_overlap takes every kernel not a collective for compute, the
+    optimizer's too: a collective still in flight while it runs is overlapped for HTA, exposed
+    for ddptui's own figure (comm 250-400 over bwd to 300, optimizer 350-420: 50 + 50 of 150)."""
+    b = batch([(STEP, 0, 0, 420), (FWD, 0, 0, 100), (BWD, 0, 100, 300), (COMM, 0, 250, 400),
+               (OPT, 0, 350, 420)], iss=[240])
+    r = figures.rank_step(b, lambda i: 1000)
+    assert figures.hta_step(b, r) == pytest.approx((0.15, 0.1))
+    assert figures.hta_overlap_pct(*figures.hta_step(b, r)) == pytest.approx(66.67)
+    # the optimizer after every collective: the same as ddptui's (the usual case)
+    b = batch([(STEP, 0, 0, 420), (FWD, 0, 0, 100), (BWD, 0, 100, 300), (COMM, 0, 250, 400),
+               (OPT, 0, 400, 420)], iss=[240])
+    r = figures.rank_step(b, lambda i: 1000)
+    assert figures.hta_step(b, r) == pytest.approx((0.15, 0.05))
+    assert figures.hta_overlap_pct(0.0, 0.0) is None
+
+
 def test_bus_bandwidth_like_nccl_tests():
     # 1 GB across 4 ranks in 1 s -> 1.5 GB/s bus bandwidth
     assert figures.bus_bandwidth_gbps(1e9, 1000.0, 4) == pytest.approx(1.5)

@@ -16,7 +16,7 @@ from ddptui.recording.rankset import open_reader
 from ranks import wire
 from ranks.frames import Spans
 
-from .helpers import ROOT, hta_analysis, run_cli
+from .helpers import ROOT, hta_analysis, run_cli, run_main
 
 SMALL = os.path.join(ROOT, "demo", "cpu-small-2ranks.ddptui")
 MEDIUM = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
@@ -142,6 +142,17 @@ def test_hta_reads_every_rank_and_agrees_on_overlap(tmp_path, hta, rec, strategy
     for r in (0, 1):
         assert ours[r] > 5  # a real overlap, not 0 against 0
         assert abs(got[r] - ours[r]) <= 2, (r, got[r], ours[r])
+    # the summary prints HTA's figure per rank, and its JSON holds it: the same, rank by rank
+    # (HTA's ranks differ by up to 4 points: one figure for the run could not match both)
+    res = run_main("summary", rec, "--json", tmp_path / "s.json")
+    assert res.returncode == 0, res.stderr
+    row = next(x for x in json.loads((tmp_path / "s.json").read_text())["strategies"]
+               if x["strategy"] == strategy)
+    summ = {int(k): v for k, v in row["hta_overlap_pct"].items()}
+    assert set(summ) == {0, 1}
+    for r in (0, 1):
+        assert abs(summ[r] - got[r]) <= 0.5, (r, summ[r], got[r])
+    assert f"{strategy}: r0 {summ[0]:.1f}, r1 {summ[1]:.1f}" in res.stdout
     tb = a["breakdown"]
     assert sorted(row["rank"] for row in tb) == [0, 1]
     for row in tb:

@@ -7,7 +7,7 @@ instead of walking every span of every rank of every step.
 """
 from __future__ import annotations
 
-from ranks.wire import BWD, COLL, COMM, FWD, PASS, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, OPT, PASS, STEP
 
 
 class Placement:
@@ -19,8 +19,9 @@ class Placement:
     idx, a row of its rank's collectives table, is never taken for a bucket); allreduce and
     colls: the positions within `comm` of the gradient AllReduces (COMM) and of the other
     collectives (COLL); coll_idx: the COLL spans' idx. compute: every forward and backward
-    span (PASS too); layered and sections: the layers' own (FWD, BWD) and their (kind, idx)."""
-    __slots__ = ("compute", "layered", "comm", "step", "comm_idx", "comm_keys", "sections", "comm_kind",
+    span (PASS too); layered and sections: the layers' own (FWD, BWD) and their (kind, idx);
+    opt: the optimizer's spans (not compute for ddptui's figures; HTA counts them: figures.hta_step)."""
+    __slots__ = ("compute", "opt", "layered", "comm", "step", "comm_idx", "comm_keys", "sections", "comm_kind",
                  "allreduce", "colls", "allreduce_idx", "coll_idx")
 
     def __init__(self, kind, idx):
@@ -29,6 +30,7 @@ class Placement:
         # not marked (PASS: layer marks on a sample of steps)
         self.compute = [i for i in range(n) if kind[i] == FWD or kind[i] == BWD or kind[i] == PASS]
         self.layered = [i for i in range(n) if kind[i] == FWD or kind[i] == BWD]  # the layers' own
+        self.opt = [i for i in range(n) if kind[i] == OPT]
         self.comm = [i for i in range(n) if kind[i] == COMM or kind[i] == COLL]  # collectives, in order
         steps = [i for i in range(n) if kind[i] == STEP]
         self.step = steps[-1] if steps else None  # (the last STEP span, as the figures always read)

@@ -158,6 +158,34 @@ def step_interval(batches) -> tuple[int, int] | None:
     return None if a is None else (a, z)
 
 
+def hta_step(b: SpanBatch, r: RankStep) -> tuple[float, float]:
+    """One rank's step as HTA's get_comm_comp_overlap counts it: (ms of communication, ms of it
+    overlapped by compute). Communication is the union of the collectives (as `r.comm_ms`);
+    HTA's compute is every kernel not a collective, the optimizer too, where ddptui's is the
+    forward and backward: the optimizer's share is added (0 unless it ran while a collective
+    was in flight: checked against the collectives' extent first, the common case)."""
+    over = r.comm_ms - r.exposed_ms
+    place = placement(b)
+    if not place.opt or not place.comm:
+        return r.comm_ms, over
+    t0, t1 = b.t0, b.t1
+    lo = min(t0[i] for i in place.comm)
+    hi = max(t1[i] for i in place.comm)
+    if all(t1[i] <= lo or t0[i] >= hi for i in place.opt):
+        return r.comm_ms, over
+    span = lambda pos: [(t0[i], t1[i]) for i in pos]  # noqa: E731
+    comp, opt, comm = span(place.compute), span(place.opt), span(place.comm)
+    # |comm ∩ (comp ∪ opt)| - |comm ∩ comp| = |comp ∪ opt| - |all| - |comp| + |comp ∪ comm|
+    extra = (union_length(comp + opt) - union_length(comp + opt + comm) - union_length(list(comp))
+             + union_length(comp + comm))
+    return r.comm_ms, over + max(0, extra) / 1e3
+
+
+def hta_overlap_pct(comm_ms: float, over_ms: float) -> float | None:
+    """HTA's comp_comm_overlap_pctg from a rank's totals (rounded to 2 places, as HTA's)."""
+    return None if comm_ms <= 0 else round(100.0 * over_ms / comm_ms, 2)
+
+
 @dataclass
 class StepFigures:
     """One strategy step across ranks: slowest rank's step time, mean of the rest."""
@@ -255,5 +283,5 @@ def speedups(rows: list[dict]) -> dict:
     return out
 
 
-__all__ = ["RankStep", "StepFigures", "rank_step", "combine", "summarize", "speedups",
+__all__ = ["RankStep", "StepFigures", "rank_step", "hta_step", "hta_overlap_pct", "combine", "summarize", "speedups",
            "overlap_pct", "bus_bandwidth_gbps", "union", "intersection_length", "asdict"]

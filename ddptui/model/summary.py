@@ -10,10 +10,15 @@ from . import stragglers
 
 def strategy_summary(store, strategy: str) -> dict:
     """The figures of a strategy's kept steps (figures.summarize), who waited for whom over them
-    (the first step, a warm-up, left out) and its bucket assignment: one row of the JSON `strategies`."""
+    (the first step, a warm-up, left out), its overlap per rank as HTA computes it
+    (`hta_overlap_pct`: Queries.hta_overlap) and its bucket assignment: one row of the JSON
+    `strategies`."""
     with store.lock:  # (one consistent state: the queries below take it again)
         steps = store.step_figures(strategy)
         out = figures.summarize(strategy, steps, int(store.meta.batch or 0), store.world)
+        hta = store.hta_overlap(strategy)
+        if any(v is not None for v in hta.values()):  # (strategies that communicate)
+            out["hta_overlap_pct"] = {str(r): v for r, v in hta.items()}
         # who waits for whom, over the kept steps but the first (warm-up)
         waits = store.recent_waits(strategy, n=None)
         marked = store.evidence_waits(strategy) if store.layer_sampling(strategy) is not None else None

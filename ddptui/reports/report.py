@@ -101,6 +101,19 @@ def straggler_line(r: dict) -> str | None:
     return line + " · no culprit"
 
 
+def hta_line(r: dict) -> str | None:
+    """'ddp: r0 20.7, r1 25.3' (many ranks: a spread), or None without the figure."""
+    got = {k: v for k, v in (r.get("hta_overlap_pct") or {}).items() if v is not None}
+    if not got:
+        return None
+    if len(got) <= stragglers.WAITS_LISTED_MAX:
+        return f"{r['strategy']}: " + ", ".join(f"r{k} {v:.1f}" for k, v in got.items())
+    vals = sorted((v, int(k)) for k, v in got.items())
+    (lo, r_lo), (hi, r_hi) = vals[0], vals[-1]
+    return (f"{r['strategy']}: median {vals[len(vals) // 2][0]:.1f} · least r{r_lo} {lo:.1f} · "
+            f"most r{r_hi} {hi:.1f} over {len(vals)} ranks")
+
+
 def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> None:
     out = file or sys.stdout
     console = Console(file=file, width=None if out.isatty() else 160)
@@ -115,6 +128,13 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
         if lm:
             console.print(f"{r.get('strategy', '?')}: {sampling_text((lm['steps_marked'], lm['steps']))}: {lm['why']}",
                           markup=False, highlight=False)
+    hta = [x for x in (hta_line(r) for r in rows) if x]
+    if hta:
+        console.print("overlap % per rank as HTA computes it (every step but the last, warm-up "
+                      "included; the table's: the median step after the warm-up, mean of the ranks):",
+                      markup=False, highlight=False)
+        for line in hta:
+            console.print("  " + line, markup=False, highlight=False)
     waits = [x for x in (straggler_line(r) for r in rows) if x]
     if waits:
         console.print("who waits for whom (per collective: last arriver's ready - own ready; transfer: end - last ready):")

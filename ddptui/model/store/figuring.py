@@ -126,9 +126,10 @@ class Figuring:
                 rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
                 step = figures.combine(k, list(rs.values()))
                 waits = stragglers.step_waits(ranks, step.step_ms)
-            done.append((strategy, k, ranks, rs, step, waits, figures.step_interval(ranks.values())))
+            hta = {r: figures.hta_step(ranks[r], got) for r, got in rs.items()}
+            done.append((strategy, k, ranks, rs, step, waits, figures.step_interval(ranks.values()), hta))
         with self.lock:
-            for strategy, k, ranks, rs, step, waits, interval in done:
+            for strategy, k, ranks, rs, step, waits, interval, hta in done:
                 if self.raw.get(strategy, {}).get(k) is None:
                     continue  # evicted while computed
                 figs = self.step_figs.setdefault(strategy, OrderedDict())
@@ -136,6 +137,12 @@ class Figuring:
                     continue  # another caller published it first
                 for r, got in rs.items():
                     self.rank_figs[(strategy, k, r)] = got
+                for r, (comm_ms, over_ms) in hta.items():
+                    acc = self.hta_acc.setdefault((strategy, r), [0.0, 0.0, -1, 0.0, 0.0])
+                    acc[0] += comm_ms
+                    acc[1] += over_ms
+                    if k > acc[2]:
+                        acc[2:] = [k, comm_ms, over_ms]
                 figs[k] = step
                 if interval is not None:
                     self._intervals[(strategy, k)] = interval

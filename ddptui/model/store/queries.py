@@ -260,6 +260,22 @@ class Queries:
         """A step ready to draw (views.step_view): spans per rank, figures, waits, marks."""
         return step_view(self, strategy, step)
 
+    def hta_overlap(self, strategy: str) -> dict[int, float | None]:
+        """Per rank, its communication overlapped by compute, as HTA's get_comm_comp_overlap
+        reads it from `ddptui export --format kineto` (figures.hta_step): the totals of every
+        complete step but the newest (HTA keeps the kernels launched before a trace's last
+        ProfilerStep), warm-up included, over all the run's steps (none evicted); with one step
+        only, that step. {} when the strategy has no complete step."""
+        with self.lock:
+            out = {}
+            for (s, r), (comm, over, _k, last_comm, last_over) in sorted(self.hta_acc.items()):
+                if s != strategy:
+                    continue
+                if comm - last_comm > 0:
+                    comm, over = comm - last_comm, over - last_over
+                out[r] = figures.hta_overlap_pct(comm, over)
+            return out
+
     def summary(self, strategy: str) -> dict:
         """A strategy's figures as the reports' JSON shapes them (summary.strategy_summary)."""
         return strategy_summary(self, strategy)
