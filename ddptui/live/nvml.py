@@ -55,8 +55,25 @@ def _field_values(lib, h, ids) -> tuple:
             nse = getattr(lib, "NVMLError_NotSupported", None)
             raise nse() if nse is not None and ret == getattr(lib, "NVML_ERROR_NOT_SUPPORTED", 3) \
                 else lib.NVMLError(ret)
-        out.append(float(v.value.ullVal))
+        out.append(float(getattr(v.value, _VALUE_MEMBER.get(getattr(v, "valueType", 3), "ullVal"))))
     return tuple(out)
+
+
+# nvmlValueType_t -> the member of the value union that holds it (a 32-bit counter read as
+# ullVal could carry another field's bytes above its own)
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+WRAP_32 = 2 ** 32  # NVML's PCIe byte counters wrap here ("Value can be wrapped"): every 4 GiB on an H100
+
+
+def _delta(c: float, p: float) -> float | None:
+    """How far a cumulative counter moved from p to c: across a 32-bit wrap when it went back
+    and both readings fit 32 bits, else None (a reset; never a negative rate)."""
+    d = c - p
+    if d >= 0:
+        return d
+    if 0 <= p < WRAP_32 and 0 <= c < WRAP_32:
+        return d + WRAP_32
+    return None
 
 
 def _metrics(lib):
@@ -208,7 +225,8 @@ class GpuSampler:
         dt = (now - prev[0]) / 1e9 if prev else 0
         if dt <= 0:
             return None, None
-        return tuple((c - p) * scale / dt for c, p in zip(counters, prev[1]))
+        deltas = [_delta(c, p) for c, p in zip(counters, prev[1])]
+        return tuple(None if d is None else d * scale / dt for d in deltas)
 
     def _pcie(self, i: int, h, now: int):
         got = self._metric(i, "pcie_bytes", h)

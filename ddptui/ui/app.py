@@ -20,7 +20,8 @@ from ranks import spec
 from .jobs import JobQueue
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
-from ddptui.model import figures, hang
+from ddptui.model import figures
+from ddptui.model.gpu import shared_gpu_note
 from ddptui.model.runinfo import simulated_label
 from ddptui.model.views import Lane
 from .viewmodel import (PanelSpec, ViewModel, latest_steps, next_bucket_cap, plan_screen, straggler_ask,
@@ -301,7 +302,7 @@ class DdpApp(App):
             ddp = s == "ddp"
             view, labels = aggregate.for_pane(views.get(s), sizes[pane].height, hosts, waits.culprit_rank(store, shown, s))
             pane.show(PaneState(view, mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
-                                nodes if labels is None else None, labels))
+                                nodes if labels is None else None, labels, self.vm.zoom))
         key, rows = self._prepared_rows
         if key != (tuple(shown.items()), self._prepared) or not self._prepares():
             rows = figures_panel.compare_rows(store, shown)
@@ -312,7 +313,7 @@ class DdpApp(App):
         slow = waits.culprit_gist(store, shown)
         note = "" if slow else waits.gathering(store, shown)  # (no verdict before a full window)
         self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow, note,
-                                          simulated_label(store.meta)))
+                                          simulated_label(store.meta), shared_gpu_note(store.meta, rows)))
         self.title_line.show([statuslines.title(store, strategies, self.talk_title)])
         ops, grads = _coll_ops(views)
         self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width, ops, allreduce=grads)])
@@ -411,7 +412,7 @@ class DdpApp(App):
                 why = rec_error.split(" stopped: ", 1)[-1].split(";", 1)[0]
                 state.append((f" · recording stopped: {why}", theme.style(theme.WARN, bold=True)))
         gist = "" if self.panels["waits"].display else waits.compact(store, self.shown_steps())
-        stuck = hang.stall(store.rank_snapshot(), list(store.meta.layers))  # (heartbeats: a hung collective)
+        stuck = store.stall()  # (heartbeats: a hung collective, DDP's buckets included)
         return statuslines.status(store, state, gist, stuck.short() if stuck else "")
 
     def _draw_banner(self) -> None:

@@ -15,7 +15,7 @@ from ranks import frames, spec
 from ranks.frames import FrameError, Frame
 from ranks.wire import SpanBatch
 
-from .. import stragglers
+from .. import gpu as gpusamples, stragglers
 from ..columns import whole_passes
 
 from .rankinfo import RankInfo
@@ -104,6 +104,7 @@ class Intake:
         if f.ts is not frames.UNSET:
             info.hb_ts = f.ts
         info.waiting = None if f.waiting is frames.UNSET else tuple(f.waiting)
+        info.waiting_bucket = None if f.bucket is frames.UNSET or info.waiting is None else f.bucket
         if f.colls is not frames.UNSET:
             info.colls_entered = f.colls
         if info.phase in ("connected", "connecting") and f.phase:
@@ -156,8 +157,8 @@ class Intake:
         for row in f.rows:
             table[row[0]] = tuple(row)
 
-    def _on_gpu(self, f: frames.Gpu) -> None:
-        self.gpu.append(f)
+    def _on_gpu(self, f: frames.Gpu) -> None:  # (PCIe rates across a counter's wrap mended)
+        self.gpu.append(gpusamples.unwrap(self.gpu[-1] if self.gpu else None, f))
 
     def _on_cpu(self, f: frames.Cpu) -> None:
         self.cpu.append(f)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ranks import frames
 
+from ddptui.model import gpu as gpusamples
 from ddptui.model.store import Store
 from . import theme
 from .panel import Frame, Panel
@@ -17,7 +18,7 @@ def _num(v, spec: str, unit: str = "") -> str:
 
 
 def _rate(v) -> str:
-    if v is None:
+    if v is None or v < 0:  # (a negative rate is no reading: gpusamples.unwrap mends what it can)
         return "N/A"
     return f"{v / 1024:.1f} GB/s" if v >= 1024 else f"{v:.0f} MB/s"
 
@@ -46,20 +47,24 @@ def gpu_lines(samples: list[frames.Gpu], width: int, rows: int, ranks_of: dict |
     for g in latest:
         i = g.index
         hist = [next((x for x in s.gpus if x.index == i), None) for s in samples[-hist_w:]]
-        util_h = theme.spark([h.util if h is not None else None for h in hist], width=hist_w)
+        # utilisation, or GPM's SM activity where utilisation reads 0 (an H100 read 0 % while
+        # its SMs were 41-47 % busy at 245 W): never a busy GPU shown idle
+        pct, label = gpusamples.busy(g)
+        util_h = theme.spark([gpusamples.busy(h)[0] for h in hist], width=hist_w)
         mem_h = theme.spark([_mem_pct(h) for h in hist], width=hist_w)
         used, total = g.mem_used_mb, g.mem_total_mb
         mem = (f"{_num(None if used is None else used / 1024, '.1f')}/"
                f"{_num(None if total is None else total / 1024, '.0f')} GB")
         on = ranks_of.get(g.uuid)
         first = [(f"GPU{i} ", theme.style(theme.TEXT, bold=True)),
-                 *([(f"r{','.join(map(str, on))} ", theme.style(theme.DIM))] if on else []), ("util ", theme.style(theme.DIM)),
-                 (f"{_num(g.util, '>3.0f', '%'):>4} ", theme.style(theme.TEXT, bold=True)),
+                 *([(f"r{','.join(map(str, on))} ", theme.style(theme.DIM))] if on else []), (f"{label} ", theme.style(theme.DIM)),
+                 (f"{_num(pct, '>3.0f', '%'):>4} ", theme.style(theme.TEXT, bold=True)),
                  (f"{util_h:<{hist_w}}", theme.style(theme.GOOD)), (" mem ", theme.style(theme.DIM)),
                  (f"{mem:>13} ", theme.style(theme.TEXT)), (f"{mem_h:<{hist_w}}", theme.style("#5aa9ff"))]
         second = [("     ", theme.style()), (f"{_num(g.power_w, '.0f', ' W')}  ", theme.style(theme.TEXT)),
                   *([(f"SM active {g.sm_active:.0f}%  ", theme.style(theme.TEXT))]
-                    if g.sm_active is not None else []),
+                    if g.sm_active is not None and label != gpusamples.SM_ACTIVE else []),
+                  *([("NVML util 0%  ", theme.style(theme.DIM))] if label == gpusamples.SM_ACTIVE else []),
                   (f"SM {_num(g.sm_clock_mhz, '.0f', ' MHz')}  ", theme.style(theme.TEXT)),
                   (f"PCIe ↑{_rate(g.pcie_tx_mbs)} ↓{_rate(g.pcie_rx_mbs)}  ", theme.style(theme.TEXT)),
                   (f"NVLink ↑{_rate(g.nvlink_tx_mbs)} ↓{_rate(g.nvlink_rx_mbs)}", theme.style(theme.TEXT))]

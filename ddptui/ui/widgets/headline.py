@@ -66,11 +66,17 @@ def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
     return [("waiting for complete steps of two strategies to compare…", "none"), ("waiting…", "none")]
 
 
-def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "", note: str = "") -> tuple[str, str]:
+def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "", note: str = "",
+             why: list[str] | tuple = ()) -> tuple[str, str]:
     """The fullest candidate within `width` cells (the shortest, cut, if none fits). `slow`:
     a straggler in words ('rank 1 · fc2 backward +40 ms'), said first when there is one;
-    else `note` ('gathering evidence (3/20 steps)': no verdict yet), said last where it fits."""
+    else `note` ('gathering evidence (3/20 steps)': no verdict yet), said last where it fits.
+    `why`: what explains the figures, fullest first (ranks sharing one GPU over gloo:
+    ddptui.model.gpu.shared_gpu_note): its fullest form that fits after any form of the
+    sentence comes before the sentence alone (the lesson before the long wording)."""
     cands = candidates(sp, overlap)
+    if why:
+        cands = [(f"{t} · {w}", v) for w in why for t, v in cands] + cands
     if slow:
         cands = [(f"{t} · slow: {slow}", v) for t, v in cands] + [(f"slow: {slow}", "bad")] + cands
     elif note:  # (each sentence with the note, then without: the figures come first)
@@ -86,7 +92,7 @@ COLOUR = {"good": theme.GOOD, "bad": theme.ERROR, "same": theme.WARN, "none": th
 
 
 def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = "",
-          label: str | None = None) -> list[Parts]:
+          label: str | None = None, why: list[str] | tuple = ()) -> list[Parts]:
     """`label`: a simulated run's ('SIMULATED · 4x A100 80GB PCIe · 4 GPUs'), said first, whole
     where the sentence keeps 40 cells, else 'SIMULATED' alone."""
     overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
@@ -95,7 +101,7 @@ def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = ""
         tag = f" {label} " if width - cell_len(label) - 2 >= 40 else " SIMULATED "
         head = [(tag, theme.style("#000000", theme.WARN, bold=True))]
         width -= cell_len(tag)
-    text, verdict = headline(sp, overlap, max(0, width - 2), slow, note)
+    text, verdict = headline(sp, overlap, max(0, width - 2), slow, note, why)
     return [head + [(" " + text + " ", theme.style("#000000" if verdict != "none" else theme.TEXT,
                                                COLOUR[verdict] if verdict != "none" else theme.BG, bold=True))]]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ranks import spec
 
+from ddptui.model.gpu import gpu_text
 from ddptui.model.runinfo import simulated_label
 from ddptui.model.store import Store
 from . import theme
@@ -22,7 +23,8 @@ def title(store: Store, strategies: list[str], talk_title: str | None = None) ->
     """The run in a line; a simulated run's label (SIMULATED, the profile) right after the name."""
     m = store.meta
     first = store.first_rank()
-    device = m.device or (first.device if first else "")
+    # the GPU by name where the ranks said ('1x NVIDIA H100 80GB HBM3 (2 ranks share it)')
+    device = gpu_text(m) or m.device or (first.device if first else "")
     backend = m.backend or (first.backend if first else "")
     ranks = f"{store.world} rank{'s' if store.world != 1 else ''}"
     bits = [str(m.model or "?"), ranks, device, backend,
