@@ -22,7 +22,7 @@ of W steps (default 20), rank r is slow in a section when all of these hold:
 
 The false-alarm rate is measured, not bounded: benchmark P10 runs 2 CPU ranks sharing 2 cores
 (the noisiest setting this tool meets) without a delay and counts the windows that name
-anyone (README "Who waits for whom" has the figures). A sign test with a bound (slower in 18
+anyone (benchmarks/README.md has the figures). A sign test with a bound (slower in 18
 of 20 steps) missed a real 40 ms in 30-40 % of windows there: the others' own preemptions
 (up to 80 ms) make the slow rank the faster one in a step out of ten.
 

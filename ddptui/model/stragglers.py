@@ -29,12 +29,12 @@ from .kept import Kept
 from .stacked import same_clock, sections_excess
 
 # a step names a culprit only when someone waited at least this long for it: below it, who
-# arrives last is scheduling noise (measured: README "Who waits for whom")
+# arrives last is scheduling noise (measured: benchmarks/README.md "Who waits for whom: measured")
 MIN_CULPRIT_WAIT_MS = 2.0
 MIN_CULPRIT_SHARE = 0.05  # ... and at least this share of the step
 # a strategy names a culprit only when the same rank held the others up in this share of its
 # steps: on 2 busy cores, with no delay injected, either rank is now and then 10-30 ms late
-# (measured: README "Who waits for whom")
+# (measured: benchmarks/README.md "Who waits for whom: measured")
 MIN_CULPRIT_STEPS_PCT = 85.0
 
 

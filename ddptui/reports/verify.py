@@ -70,7 +70,7 @@ GPU_LATE_ONLY = frozenset({FWD, BWD, OPT, STEP, COMM})  # every start, on GPU
 GLOO_CUDA_TOL = {**GPU_TOL, COMM: (None, 10)}
 SHORT_SPAN_US = 20
 COMM_RECORDS = ("c10d::", "nccl:", "gloo:", "record_param_comms")
-# CPU: from measurement on a 2-core VM, 2 ranks on gloo (README, "Verify"). A hook reads the
+# CPU: from measurement on a 2-core VM, 2 ranks on gloo (benchmarks/README.md, "Verify on CPU"). A hook reads the
 # clock in Python; the profiler records the first/last op at the dispatcher: forward/backward
 # differ by the module call path (p95 <= 70 µs measured), optimizer/step starts by the Python
 # prologue of zero_grad / the update (median ~90 µs, p95 up to ~210 µs); an allreduce starts on
