@@ -183,6 +183,7 @@ def main(argv=None) -> None:
         sync()
         c0, t0 = time.process_time(), time.perf_counter()
         for j in range(block):
+            instr.prepare()  # (its gradients zeroed, as the worker does before each step)
             rec.begin(instr.name, k * block + j)
             instr.step(xb, yb)
             rec.end()

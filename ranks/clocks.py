@@ -27,6 +27,20 @@ class CpuClock:
     def begin_step(self) -> None:
         pass
 
+    def _current(self):
+        """The current stream of our device on this thread (a completion callback's), as a
+        Python Stream: torch.cuda.current_stream builds a new one each call (a few µs, the
+        largest part of a collective's end mark); here one per stream, kept, looked up by the
+        C call's (id, device, type)."""
+        raw = self._raw_stream
+        if raw is None:
+            return self.tc.current_stream(self.device)
+        key = raw()
+        got = self._streams.get(key)
+        if got is None:
+            got = self._streams[key] = self.tc.current_stream(self.device)
+        return got
+
     def comm_host_end(self):
         return None  # the drawn end is a host reading already
 
@@ -158,6 +172,7 @@ class CudaClock:
         # is looked up again only when this says it changed (None: looked up every step)
         self._raw_stream = _raw_stream_getter(torch_cuda, device)
         self._stream_key = None
+        self._streams: dict = {}  # (id, device, type) -> its Python Stream (_current)
         # the host's time from a gradient's accumulation to the post-accumulate hook's mark
         # (measured here on CPU tensors: PyTorch's hook dispatch on this machine); see idle_end
         self.hook_lag_ns = measure_hook_lag() if hook_lag_ns is None else int(hook_lag_ns)
@@ -230,11 +245,25 @@ class CudaClock:
         thread is the default one: late by the compute queued there.)"""
         ev = self._event()
         if stream is None:
-            self._record(ev, self.tc.current_stream(self.device))
+            self._record(ev, self._current())
         else:
             self._record(ev, stream)
             self.stream.wait_event(ev)
         return ev
+
+    def _current(self):
+        """The current stream of our device on this thread (a completion callback's), as a
+        Python Stream: torch.cuda.current_stream builds a new one each call (a few µs, the
+        largest part of a collective's end mark); here one per stream, kept, looked up by the
+        C call's (id, device, type)."""
+        raw = self._raw_stream
+        if raw is None:
+            return self.tc.current_stream(self.device)
+        key = raw()
+        got = self._streams.get(key)
+        if got is None:
+            got = self._streams[key] = self.tc.current_stream(self.device)
+        return got
 
     def comm_host_end(self):
         """gloo with CUDA tensors: when the backend thread was done with the collective (a
@@ -256,24 +285,48 @@ class CudaClock:
     def residual_ns(self):
         return self.map.residual_ns
 
+    BOUND_SLACK_NS = 1_000  # beyond the bracket: the stamp's visibility to a query, float32 ms
+
+    @property
+    def bound_ns(self):
+        """How far a mapped time may be off (ns): half the widest bracket of the calibration
+        points the map is fitted to (GpuTimeMap.bound_ns) and BOUND_SLACK_NS; None before
+        the first point."""
+        b = self.map.bound_ns
+        return None if b is None else b + self.BOUND_SLACK_NS
+
     def maybe_calibrate(self) -> None:
         if self.host_ns() >= self.next_cal:
             self.calibrate()
 
     SPIN_NS = 200_000  # an event on an idle stream is stamped within µs; give up after this
+    BLOCK_SPIN_NS = 2_000_000_000  # the first point (before training): poll this long at most
 
     def _bracket(self, block: bool = False):
+        """(event, lo, hi): an event recorded on the idle side stream and two host readings
+        it was stamped between. `lo` is the reading before the last query that found it not
+        yet stamped (the record itself, if the first query found it done): the GPU stamped it
+        after that. A GPU time-sliced with another process's context (two ranks on one GPU)
+        stamps the event only when this context gets the GPU back, up to a slice later: the
+        midpoint of [record, seen] would be early by half that wait, and every span with it
+        (the first H100 pass: ~160 µs). Polled, the bracket is one query wide however long the
+        wait. None: not stamped within SPIN_NS (`block`: the first point, polled longer)."""
         ev = self.tc.Event(enable_timing=True)
-        h0 = self.host_ns()
+        host_ns, query = self.host_ns, ev.query
+        lo = self.host_ns()
         ev.record(self.side)
-        give_up = h0 + self.SPIN_NS
-        while not ev.query():
-            if self.host_ns() > give_up:  # not stamped at once: no use as a calibration point
+        give_up = lo + (self.BLOCK_SPIN_NS if block else self.SPIN_NS)
+        while True:
+            t = host_ns()
+            if query():
+                break
+            lo = t
+            if t > give_up:  # not stamped in time: no use as a calibration point
                 if not block:
                     return None
-                ev.synchronize()  # the first point, before training: a wide bracket will do
+                ev.synchronize()  # (a GPU that never came back: a wide bracket will do)
                 break
-        return ev, h0, self.host_ns()
+        return ev, lo, host_ns()
 
     def calibrate(self, samples: int = 3) -> None:
         best = None
@@ -317,12 +370,18 @@ class CudaClock:
         g0 = ref.g_ns + ref.event.elapsed_time(start_tok) * 1e6
         h0 = int(round(base + a + rate * g0))
 
+        # one `elapsed_time` per event (a driver call, ~6 µs on an H100 host): an event that
+        # fills two slots (a layer's end is the next one's start) is resolved once
+        seen: dict = {id(start_tok): h0}
+        elapsed = start_tok.elapsed_time
+
         def ns(tok):
             if type(tok) is int:
                 return tok
-            if tok is start_tok:
-                return h0
-            return h0 + int(round(start_tok.elapsed_time(tok) * 1e6 * rate))
+            got = seen.get(id(tok))
+            if got is None:
+                got = seen[id(tok)] = h0 + int(round(elapsed(tok) * 1e6 * rate))
+            return got
         return ns
 
 

@@ -31,7 +31,7 @@ class StepRecord:
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
                  "bwd_s", "bwd_e", "bwd_h", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
                  "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced", "layers",
-                 "host0")
+                 "host0", "fwd_first")
 
     def __init__(self, strategy: str, step: int, n_layers: int, layers: bool = True):
         # (on the training thread at every step's begin: as few statements as it takes)
@@ -40,6 +40,8 @@ class StepRecord:
         # (layer marks on a sample of steps, Recorder.begin), resolved as two PASS spans
         self.layers = layers
         self.host0 = 0  # host clock at begin (the step's length on the host, for the sampling)
+        # the forward not started yet: its first mark may be the step's start (attach_layer_hooks)
+        self.fwd_first = True
         self.step_start = self.step_end = self.opt_s = self.opt_e = self.ref = None
         # per layer; a step whose layers are not marked holds one slot: [0] the first layer's
         # (the forward's start, the backward's end), [-1] the last's (the forward's end, the
@@ -125,6 +127,13 @@ class Recorder:
         self.every = every
         self._every: dict[str, int] = {}  # strategy -> the period in force
         self._step_ns: dict[str, float] = {}  # strategy -> its steps' host time (moving average)
+        # strategy -> its steps' own time on the device (CUDA: from their resolved start and end,
+        # written by the sender thread; moving average): a GPU-bound step's length
+        self._dev_ns: dict[str, float] = {}
+        # a marked layer's hook on this host: the clock's measured dispatch where it has one
+        # (CUDA), the first guess elsewhere
+        lag = getattr(clock, "hook_lag_ns", None) if clock.cuda else None
+        self._hook_ns = float(lag) if lag else float(LAYER_HOOK_NS)
         # strategy -> its last marked steps' host times, while its layers are sampled (their
         # median: one preempted marked step does not double the period)
         self._marked_ns: dict[str, deque] = {}
@@ -140,11 +149,13 @@ class Recorder:
         step_ns = self._step_ns.get(strategy)
         if step_ns is None or strategy not in self.switches or self._mark_ns is None:
             return 1
-        cost = self.n_layers * (2 * self._mark_ns + LAYER_HOOK_NS)
+        cost = self.n_layers * (2 * self._mark_ns + self._hook_ns)
         marked = self._marked_ns.get(strategy)
         if marked and len(marked) >= 3:  # (what marked steps have been seen to take over the others)
             cost = max(cost, sorted(marked)[len(marked) // 2] - step_ns)
-        return every_for(cost, step_ns, self._every.get(strategy, 1))
+        # the step's length: its host time, or its time on the device where that is longer
+        length = max(step_ns, self._dev_ns.get(strategy, 0.0))
+        return every_for(cost, length, self._every.get(strategy, 1))
 
     def layer_every(self, strategy: str) -> int:
         """The period in force for `strategy` (1: every step's layers marked)."""
@@ -174,6 +185,7 @@ class Recorder:
             c.strategy, c.step = strategy, step
             c.step_end = c.opt_s = c.opt_e = c.fwd_s[0] = c.fwd_e[0] = c.bwd_s[0] = c.bwd_e[0] = \
                 c.bwd_h[0] = None
+            c.fwd_first = True
             if c.comm_idx is not NO_COMMS:
                 c.comm_idx = c.comm_kind = c.comm_ready = c.comm_end = c.comm_hend = \
                     c.comm_thr = c.comm_strm = NO_COMMS
@@ -291,12 +303,18 @@ class Recorder:
     def opt_begin(self) -> None:
         self.cur.opt_s = self.clock.mark()
 
-    def opt_end(self) -> None:
-        self.cur.opt_e = self.clock.mark()
+    def opt_end(self, last: bool = False) -> None:
+        """The optimizer's end; `last`: nothing of the step comes after it (the built-in
+        strategies), so that one event marks the step's end too."""
+        c = self.cur
+        c.opt_e = t = self.clock.mark()
+        if last:
+            c.step_end = t
 
     def end(self) -> None:
         c = self.cur
-        c.step_end = self.clock.mark()
+        if c.step_end is None:
+            c.step_end = self.clock.mark()
         self.pending.append(c)
         self.cur = None
         if c.strategy in self.switches:  # (the sampling's input: the steps' host time)
@@ -399,6 +417,9 @@ class Recorder:
         # reached by the training stream on GPU (the host's issue time runs ahead there)
         iss = ready
         out = (r.strategy, r.step, t0s[0], kinds, idxs, t0s, t1s, iss)  # (before r may be reused)
+        if clock.cuda and r.strategy in self.switches:  # (the step's own length on the device)
+            dt, old = t1s[0] - t0s[0], self._dev_ns.get(r.strategy)
+            self._dev_ns[r.strategy] = dt if old is None else old + 0.25 * (dt - old)
         late = r.comm_end and None in r.comm_end  # (a collective's callback still to write)
         if clock.cuda:
             self._give_back(r)

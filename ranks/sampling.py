@@ -7,25 +7,33 @@ from .spec import MAX_LAYER_EVERY
 
 
 # Layer marks on a sample of steps. A marked layer costs the training thread PyTorch's dispatch
-# of a hook and two marks a step; on a step of ~1 ms (a host-bound GPU step) that is several
-# per cent. Where a strategy's hooks can be switched off (attach_layer_hooks' LayerMarks), its
-# layers are marked on one step in `every` (a power of two, the step number a multiple of
-# it: every rank marks the same steps), as few as keep that cost within MARKS_SHARE of the
-# step: half of LAYER_SHARE, ddptui's whole host time a step, the other half the steps' own
-# marks and bookkeeping, made every step. The other steps mark the forward's and backward's
-# start and end (PASS spans), and every collective as always.
-LAYER_SHARE = 0.005
+# of a hook and two marks a step; on a step of ~1 ms (a host-bound step) that is several per
+# cent. Where a strategy's hooks can be switched off (attach_layer_hooks' LayerMarks), its
+# layers are marked on one step in `every` (a power of two, the step number a multiple of it:
+# every rank marks the same steps), as few as keep that cost within MARKS_SHARE of the step.
+# LAYER_SHARE is ddptui's whole host time a step. The step's length is the longer of its host
+# time and, on a GPU, its own time on the device (Recorder._resolve): a GPU-bound step whose
+# host runs ahead has the GPU's length, and its marks are judged against that, not against the
+# host's launch time. On the first H100 (xlarge, 7.7 ms steps) every layer of every step is
+# then marked; a host-bound step (tiny layers, ~1 ms) is sampled. The other steps mark the
+# forward's and backward's start and end (PASS spans), and every collective as always.
+LAYER_SHARE = 0.01
 # Steps whose layers are not marked (short ones) are handed over by Recorder.poll in fours: a
 # poll per step was a tenth of such a step's cost to the training thread (the app is a few ms
 # later to see them)
 POLL_BATCH = 4
 SPARE = 8  # such steps' records kept for reuse once resolved (Recorder._spare)
-MARKS_SHARE = LAYER_SHARE / 2
+# the layer marks' part of it: all of it. What a step marks every step besides (its start and
+# end, the passes', the collectives': a dozen marks at xlarge) is not sampled away, and with
+# the layers' counted too a GPU-bound xlarge step (7.7 ms on the first H100: 8 layers, 2 marks
+# and a hook each, 64 µs, 0.83 %) would be sampled 1 step in 2 for a tenth of a per cent
+MARKS_SHARE = LAYER_SHARE
 MAX_EVERY = MAX_LAYER_EVERY
-# a marked layer of a sampled model: a pre-hook registered in its forward and called in its
-# backward (ranks.strategies.LayerMarks; ~4 µs here, where a hook registered once costs
-# ~1.1-1.4 µs of PyTorch's call but ~0.5 µs on every step ever after, marked or not). The
-# period's first guess: once layers are sampled, what a marked step takes over the others
+# a marked layer's hook, the period's first guess where the device's is not measured (a CPU
+# run): a pre-hook registered in its forward and called in its backward (ranks.strategies.
+# LayerMarks; ~4 µs on a CPU here, where a hook registered once costs ~1.1-1.4 µs of PyTorch's
+# call). On a GPU the clock measures its host's dispatch (CudaClock.hook_lag_ns; 3.2 µs on the
+# first H100). Once layers are sampled, what a marked step takes over the others
 # (Recorder._marked_ns) is the cost where it is more (P7: ~5-8 µs a layer here, by the minute)
 LAYER_HOOK_NS = 4_000
 

@@ -142,7 +142,10 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
             return x
         mark = rec.clock.mark
         fs, fe = c.fwd_s, c.fwd_e
-        fs[0] = mark()
+        # the forward starts where the step did (the strategies zero their gradients before
+        # the step: Strategy.prepare): the step's start event is the first layer's too
+        fs[0] = c.step_start if c.fwd_first else mark()
+        c.fwd_first = False
         if c.layers:
             # the backward marks: registered once, or (a sampled model) for this step only
             this_step = not marks.on
@@ -290,7 +293,10 @@ class Strategy:
         """The strategy's own post-accumulate hooks (registered before the layer marks)."""
 
     def prepare(self) -> None:
-        """Called on every rank before each of this strategy's steps, outside measurement."""
+        """Called on every rank before each of this strategy's steps, outside measurement: the
+        gradients zeroed here, so that the step's first mark is its forward's start too (one
+        event for both: Recorder.begin, attach_layer_hooks' forward)."""
+        self.opt.zero_grad(set_to_none=False)
 
     @property
     def model(self) -> nn.Module:
@@ -301,14 +307,13 @@ class Strategy:
 
     def step(self, x, y) -> None:
         rec = self.rec
-        self.opt.zero_grad(set_to_none=False)
         loss = F.cross_entropy(self.model(x), y)
         rec.backward_starts()
         loss.backward()
         self.after_backward()
         rec.opt_begin()
         self.opt.step()
-        rec.opt_end()
+        rec.opt_end(last=True)  # (the step's end too: one event for both)
 
     def after_backward(self) -> None:
         pass
@@ -434,6 +439,7 @@ class DDPStrategy(Strategy):
     def prepare(self) -> None:
         if self.ddp is None:
             self.wrap(self.cap_mb)
+        super().prepare()
 
     def wrap(self, cap_mb: float | None) -> None:
         """(Re)wrap in DDP; every rank must call this at the same step."""
@@ -468,13 +474,12 @@ class DDPStrategy(Strategy):
     def step(self, x, y) -> None:
         self.seen = []
         rec = self.rec
-        self.opt.zero_grad(set_to_none=False)
         loss = (F.cross_entropy(self.model(x), y) / self.world)
         rec.backward_starts()
         loss.backward()
         rec.opt_begin()
         self.opt.step()
-        rec.opt_end()
+        rec.opt_end(last=True)  # (the step's end too)
 
     def reported_sizes(self) -> list[int]:
         """Bucket sizes in bytes as DDP itself reports them (rebuilt ones once rebuilt).
@@ -523,6 +528,7 @@ class FSDPStrategy(Strategy):
     def prepare(self) -> None:
         if self.tap is None:
             self._shard()
+        super().prepare()
 
     def _shard(self) -> None:
         from torch.distributed.fsdp import fully_shard
