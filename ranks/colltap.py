@@ -25,7 +25,9 @@ forward or backward, prefetches included; its reduce-scatter after a unit's back
 the layer running when it was issued (`UserRecorder.at`), else none.
 
 For a hang: every collective entered and not yet left is kept (`inflight`), with the
-group's sequence number as this rank counts it; the heartbeat names the oldest.
+group's sequence number as this rank counts it; the heartbeat names the oldest. DDP's bucket
+AllReduces, timed by ddptui's comm hook as COMM spans (ranks/commhook.py), are in flight too
+(`enter_bucket`), with their bucket (`bucket_of`): a rank blocked in DDP's reducer is inside one.
 """
 from __future__ import annotations
 
@@ -302,6 +304,7 @@ class CollTap:
         self.rows: list[tuple] = []  # by id: (op, bytes, group size, group, internal layer, phase, async)
         self.sent = 0  # rows already sent (a colls frame carries the rest)
         self.inflight: dict[int, tuple] = {}  # key -> (op, seq, bytes, internal layer, issued ns)
+        self.bucket_of: dict[int, int] = {}  # key -> DDP bucket, of the in-flight bucket AllReduces
         self.seq: dict[int, int] = {}  # id(group) -> collectives issued on it
         self.entered = 0
         self.unit = None  # (FSDP unit's modules, "gather" | "reduce") while FSDP2 issues
@@ -364,6 +367,22 @@ class CollTap:
         slot = rec.comm_issue(rid, COLL, synced)
         return Entered(self, cur, slot, key)
 
+    def enter_bucket(self, bucket: int, nbytes: int, layer: int, pg) -> int:
+        """DDP's AllReduce of `bucket` is handed to the backend now (ddptui's comm hook, which
+        times it as a COMM span): in flight until `left_bucket(key)`, counted among those
+        entered and in its group's sequence (every rank issues DDP's buckets in one order)."""
+        self.entered += 1
+        gid = id(pg)
+        seq = self.seq[gid] = self.seq.get(gid, 0) + 1
+        key = self.entered
+        self.bucket_of[key] = bucket
+        self.inflight[key] = ("all_reduce", seq, nbytes, layer, now_ns())
+        return key
+
+    def left_bucket(self, key: int) -> None:
+        self.inflight.pop(key, None)
+        self.bucket_of.pop(key, None)
+
     def left(self, token: Entered) -> None:
         """A collective that finished in its call (no Work to wait for)."""
         token.done(None)
@@ -377,6 +396,17 @@ class CollTap:
             return fl[min(fl)]
         except (ValueError, KeyError):  # (a callback removed it meanwhile)
             return None
+
+    def waiting_bucket(self) -> tuple[tuple | None, int | None]:
+        """(waiting(), the DDP bucket it is an AllReduce of, or None)."""
+        fl = self.inflight
+        if not fl:
+            return None, None
+        try:
+            key = min(fl)
+            return fl[key], self.bucket_of.get(key)
+        except (ValueError, KeyError):  # (a callback removed it meanwhile)
+            return None, None
 
     def new_rows(self) -> list[tuple]:
         """Rows not sent yet (marked sent)."""

@@ -16,14 +16,17 @@ class CommState:
     numbered after the first's (by its first parameter's index: never more buckets than
     parameters, so a bucket's number stays below the parameter count the app checks)."""
 
-    __slots__ = ("rec", "world", "pindex", "inner", "inner_state", "seen", "track", "offset")
+    __slots__ = ("rec", "world", "pindex", "inner", "inner_state", "seen", "track", "offset", "owner", "pg")
 
-    def __init__(self, rec, world: int, pindex: dict, inner=None, inner_state=None, offset: int = 0):
+    def __init__(self, rec, world: int, pindex: dict, inner=None, inner_state=None, offset: int = 0,
+                 owner: list | None = None, pg=None):
         self.rec, self.world, self.pindex = rec, world, pindex
         self.inner, self.inner_state = inner, inner_state
         self.seen: list = []
         self.track = True
         self.offset = offset
+        self.owner = owner  # parameter index -> internal layer (a bucket in flight names one)
+        self.pg = pg  # DDP's process group (the bucket AllReduces' sequence numbers)
 
 
 _capture: list | None = None  # bytes handed to all_reduce while the user's hook runs
@@ -54,29 +57,51 @@ def timed_hook(h: CommState, bucket):  # DDP requires the name `bucket`
             return _call_inner(h, bucket)
     b = bucket.index() + h.offset
     slot = rec.comm_issue(b)
-    if inner is None:
-        buf = bucket.buffer()
-        sent = buf.numel() * buf.element_size()
-        with colltap.suspended():  # (the bucket's AllReduce is this COMM span, not a COLL one)
-            fut = _default_allreduce(buf, h.world)
-    else:
-        _install_counter()
-        _capture = cap = []
-        try:
-            with colltap.suspended():
-                fut = inner(h.inner_state, bucket)
-        finally:
-            _capture = None
-        buf = bucket.buffer()
-        sent = sum(cap) if cap else buf.numel() * buf.element_size()
+    buf = bucket.buffer()
+    # in flight (a hang names the bucket) from before it is handed over: its end may come first
+    tap, key = colltap._tap, 0
+    if tap is not None:
+        key = tap.enter_bucket(b, buf.numel() * buf.element_size(), _layer(h, bucket), h.pg)
+    try:
+        if inner is None:
+            sent = buf.numel() * buf.element_size()
+            with colltap.suspended():  # (the bucket's AllReduce is this COMM span, not a COLL one)
+                fut = _default_allreduce(buf, h.world)
+        else:
+            _install_counter()
+            _capture = cap = []
+            try:
+                with colltap.suspended():
+                    fut = inner(h.inner_state, bucket)
+            finally:
+                _capture = None
+            buf = bucket.buffer()
+            sent = sum(cap) if cap else buf.numel() * buf.element_size()
+    except BaseException:
+        if key:
+            tap.left_bucket(key)
+        raise
     if h.track:
         h.seen.append((b, [h.pindex[id(p)] for p in bucket.parameters()], sent))
 
     def done(f):
         rec.comm_done(cur, slot)
+        if key:
+            tap.left_bucket(key)
         return f.value()
 
     return fut.then(done)
+
+
+def _layer(h: CommState, bucket) -> int:
+    """The internal layer of a bucket's first parameter (-1: not known)."""
+    if h.owner is None:
+        return -1
+    try:
+        i = h.pindex[id(bucket.parameters()[0])]
+        return h.owner[i] if 0 <= i < len(h.owner) else -1
+    except (IndexError, KeyError):
+        return -1
 
 
 def _default_allreduce(buf, world):

@@ -99,7 +99,8 @@ class FrameQueue:
         self.dropped_spans = 0
         self.dropped_frames = 0
         # () -> (the collective this rank is inside, as frames.Inflight, or None; collectives
-        # entered so far): the heartbeat says it (a hang names the collective); None: not known
+        # entered so far[; the DDP bucket it is the AllReduce of, or None]): the heartbeat says
+        # it (a hang names the collective); None: not known
         self.collectives = None
 
     def put(self, frame, n_spans: int | None = None) -> bool:
@@ -246,17 +247,20 @@ class Emitter(FrameQueue):
     def _heartbeat(self) -> None:
         while not self.closed.wait(1.0):
             res = self.clock_residual_ns
-            waiting, entered = frames.UNSET, frames.UNSET
+            waiting, entered, bucket = frames.UNSET, frames.UNSET, frames.UNSET
             if self.collectives is not None:
                 try:
-                    w, entered = self.collectives()
+                    got = self.collectives()
+                    w, entered = got[0], got[1]
                     waiting = frames.UNSET if w is None else w
+                    if w is not None and len(got) > 2 and got[2] is not None:
+                        bucket = got[2]
                 except Exception:  # noqa: BLE001 - never lose the heartbeat for it
                     pass
             self.put(frames.Hb(rank=self.rank, step=self.step, phase=self.phase,
                                dropped=self.dropped_spans, dropped_frames=self.dropped_frames,
                                ts=now_ns(), residual_ns=frames.UNSET if res is None else res,
-                               waiting=waiting, colls=entered))
+                               waiting=waiting, colls=entered, bucket=bucket))
 
     def _recv_loop(self) -> None:
         reader = wire.FrameReader(max_frame=1 << 20)

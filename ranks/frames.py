@@ -188,6 +188,8 @@ class Hb(Frame, tag="hb", kw_only=True):
     # the oldest collective this rank has entered and not left (a hang names it), if any
     waiting: Inflight | UnsetType = field(name="w", default=UNSET)
     colls: Count | UnsetType = field(name="nc", default=UNSET)  # collectives entered so far
+    # the DDP bucket `waiting` is the AllReduce of (ddptui's comm hook), if it is one
+    bucket: Count | UnsetType = field(name="wb", default=UNSET)
 
 
 class Bye(Frame, tag="bye", kw_only=True):

@@ -263,14 +263,15 @@ class RankSession:
                 rec.bwd_end(j)
 
     def _collectives(self):
-        """(the collective this rank is inside, layer in forward order; entered so far): the heartbeat's."""
+        """(the collective this rank is inside, layer in forward order; entered so far; the DDP
+        bucket it is an AllReduce of, or None): the heartbeat's."""
         tap = self.tap
-        w = tap.waiting()
+        w, bucket = tap.waiting_bucket()
         if w is not None:
             op, seq, nb, layer, t = w
             order = self._order
             w = (op, seq, nb, order[layer] if order is not None and 0 <= layer < len(order) else -1, t)
-        return w, tap.entered
+        return w, tap.entered, bucket
 
     def _on_control(self, msg: frames.Frame) -> None:
         if type(msg) is frames.Stop:
@@ -657,7 +658,8 @@ class Handle:
             self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, prepend=True))
         else:
             # the comm hook: ours, around the user's (given now, or registered later)
-            self.comm = CommState(s.rec, s.world, self.pindex, comm_hook, comm_state, offset=self.pbase)
+            self.comm = CommState(s.rec, s.world, self.pindex, comm_hook, comm_state, offset=self.pbase,
+                                  owner=s.param_owner, pg=ddp.process_group)
             from .strategies import quiet_runtime_stats
             quiet_runtime_stats(ddp)
             ddp.register_comm_hook(self.comm, timed_hook)

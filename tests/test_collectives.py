@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from tests.helpers import ROOT, SCRIPT_ITERS, run_cli, run_script, sound_script_run, step_batches
+from tests.helpers import ROOT, SCRIPT_ITERS, run_cli, run_main, run_script, sound_script_run, step_batches
 
 pytestmark = pytest.mark.slow
 # the tests of one run on one worker (each run once, ~20 s); the runs on several workers
@@ -243,22 +243,46 @@ def test_the_json_and_chrome_export_name_every_collective(dlrm, tmp_path):
 
 
 def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
-    """Rank 1 sleeps 8 s before the script's own all_reduce at iteration 6, rank 0 waits
-    inside it: within 5 s the headless output says which collective rank 0 is inside (op,
-    sequence number, bytes) and that rank 1 never entered it; then the run goes on to its end."""
+    """A plain DDP script under `ddptui run --auto --headless`: rank 1 sleeps 6 s between its
+    forward and its backward at iteration 3 (rank 0 waits inside DDP's bucket AllReduce), and
+    6 s before the script's own all_reduce at iteration 7 (rank 0 waits inside that). Within
+    5 s of each, the headless output says which collective rank 0 is inside (the bucket, its
+    layers and bytes; the op, sequence number and bytes) and that rank 1 never entered it;
+    the run goes on to its end, and the final report, its JSON and the recording's summary
+    list both stalled steps: how long, who waited for whom, in what."""
     import re
     import time
     t0 = time.monotonic()
-    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--no-record", "--",
-                os.path.join(SCRIPTS, "stall.py"), "--iters", "10", "--at", "6", "--sleep", "8",
-                timeout=240)
+    rec, js = tmp_path / "stall.ddptui", tmp_path / "run.json"
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", rec, "--json", js, "--",
+                os.path.join(SCRIPTS, "stall.py"), "--iters", "10", "--bucket-at", "3", "--at", "7",
+                "--sleep", "6", timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "never entered" in ln]
-    assert lines, r.stderr[-3000:]
-    m = re.search(r"no progress for (\d+) s: rank 0 inside all_reduce #(\d+) \(4 B\).*rank 1 never entered it",
-                  lines[0])
+    assert len(lines) == 2, r.stderr[-3000:]
+    # DDP's bucket: the model's last Linear ("2") and its first ("0") share bucket 0
+    m = re.search(r"no progress for (\d+) s: rank 0 inside DDP bucket 0 AllReduce #\d+ \(44,072 B, "
+                  r"layers 2, 0\) for \d+ s; rank 1 never entered it", lines[0])
     assert m and int(m.group(1)) <= 5, lines
+    m = re.search(r"no progress for (\d+) s: rank 0 inside all_reduce #(\d+) \(4 B\).*rank 1 never entered it",
+                  lines[1])
+    assert m and int(m.group(1)) <= 5, lines
+    assert "steps again after" in r.stderr
     assert "Traceback" not in r.stderr
+    # the final report and its JSON, then the recording's summary: both stalled steps
+    want = [(3, "DDP bucket 0 AllReduce (layers 2, 0; 44,072 B)"), (7, "all_reduce (step; 4 B)")]
+    summ = run_main("summary", rec, "--json", tmp_path / "summary.json")
+    assert summ.returncode == 0, summ.stderr
+    for out, doc in ((r.stdout, js), (summ.stdout, tmp_path / "summary.json")):
+        stalls = json.loads(doc.read_text())["strategies"][0]["stalls"]
+        assert [(x["step"], x["collective"]) for x in stalls] == want, stalls
+        for x in stalls:
+            assert x["waited_for"] == 1 and list(x["waited_ms"]) == ["0"], x
+            assert 5000 <= x["waited_ms"]["0"] <= x["step_ms"] < 9000, x
+        assert "stalled steps (a rank waited 3 s or more inside one collective):" in out
+        for k, what in want:
+            assert re.search(rf"ddp step {k}: [678]\.\d s · rank 0 waited [5-8]\.\d s for rank 1 in "
+                             + re.escape(what), out), out
     assert time.monotonic() - t0 < 200
 
 

@@ -17,12 +17,26 @@ class Watchdog:
         self._last_spans = 0
         self._first_error: float | None = None
         self._warned: set = set()
+        self._stalled: str | None = None  # what the stall said while no step finishes, in short
 
     def progress(self, now: float) -> None:
-        """Spans arrived since the last look: the run moves."""
+        """Spans arrived since the last look: the run moves (after a stall said, said too)."""
         if self.store.spans != self._last_spans:
             self._last_spans = self.store.spans
+            if self._stalled is not None:
+                self.store.add_log(f"steps again after {now - self.last_progress:.0f} s without one "
+                                   f"(the stall: {self._stalled})", "info")
+                self._stalled = None
             self.last_progress = now
+
+    def _typical_step_s(self) -> float:
+        """The median step of the last 20 of each strategy, the longest of them (s; 0: none)."""
+        got = 0.0
+        for strategy in self.store.strategies():
+            ms = sorted(f.step_ms for f in self.store.recent_figures(strategy, n=20))
+            if ms:
+                got = max(got, ms[len(ms) // 2] / 1e3)
+        return got
 
     def check(self, now: float) -> str | None:
         """Look at the ranks; returns why the run must end (None: it goes on)."""
@@ -41,13 +55,23 @@ class Watchdog:
         training = any(i.phase == "training" for i in ranks.values())
         stuck = None
         if training and now - self.last_progress >= hang.STALL_S:
-            # which collective the ranks are inside, and who never entered it (their heartbeats)
-            stuck = hang.stall(ranks, list(st.meta.layers))
+            # which collective the ranks are inside, and who never entered it (their heartbeats;
+            # DDP's bucket AllReduces too)
+            stuck = st.stall()
             if stuck is not None:
                 key = ("stall", stuck.op, stuck.seq, tuple(sorted(stuck.never)), tuple(sorted(stuck.past)))
                 if key not in self._warned:
                     self._warned.add(key)
                     st.add_log(f"no progress for {now - self.last_progress:.0f} s: {stuck.text()}", "warn")
+                    self._stalled = stuck.collective()
+            elif self._stalled is None and now - self.last_progress >= max(2 * hang.STALL_S,
+                                                                        10 * self._typical_step_s()):
+                # no rank inside a collective ddptui sees (or no heartbeat says so): said anyway
+                where = ", ".join(f"rank {r} step {i.step}" for r, i in sorted(ranks.items())
+                                  if not i.finished and i.exit is None)
+                st.add_log(f"no progress for {now - self.last_progress:.0f} s ({where}; no rank is inside "
+                           "a collective ddptui sees)", "warn")
+                self._stalled = "no collective named"
         if training and now - self.last_progress > self.hang_s:
             r, info = sorted(ranks.items(), key=lambda kv: kv[1].step)[0]
             if stuck is not None:

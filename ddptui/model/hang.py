@@ -9,6 +9,8 @@ collective most of those ranks are inside is THE one; every rank inside it is li
 how long; a rank that is not is said to have gone past it when its group's sequence number
 is (inside a later collective) or, inside none, when it has entered as many as those inside;
 any other (inside no collective, or an earlier one, or behind in its count) never entered it.
+DDP's bucket AllReduces are collectives like any other here: the heartbeat says the bucket
+(RankInfo.waiting_bucket), and the bucket assignment its layers (`bucket_layers`).
 Pure: RankInfo copies in, a `Stall` out.
 """
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Stall:
     inside: dict[int, float]  # rank -> seconds inside it (as of its last heartbeat)
     never: dict[int, str] = field(default_factory=dict)  # rank -> where it is instead
     past: dict[int, str] = field(default_factory=dict)  # rank -> where it went, past it
+    bucket: int | None = None  # a DDP bucket's AllReduce: the bucket
+    layers: list[str] = field(default_factory=list)  # ... and its layers (the assignment's), if known
 
     def _others(self) -> list[str]:
         """'rank 2 never entered it (...)', 'rank 3 went past it (...)', by rank."""
@@ -37,8 +41,12 @@ class Stall:
         return [t for _, t in sorted(said)]
 
     def collective(self) -> str:
-        """'all_gather #17 (12.6 MB, h.3)'."""
+        """'all_gather #17 (12.6 MB, h.3)'; a DDP bucket's: 'DDP bucket 0 AllReduce #37
+        (1.2 MB, layers fc3, fc2)'."""
         mb = f"{self.nbytes / 1e6:.1f} MB" if self.nbytes >= 1e5 else f"{self.nbytes:,} B"
+        if self.bucket is not None:
+            where = f"layers {layers_text(self.layers)}" if self.layers else self.layer
+            return f"DDP bucket {self.bucket} AllReduce #{self.seq} ({mb}{', ' + where if where else ''})"
         return f"{self.op} #{self.seq} ({mb}{', ' + self.layer if self.layer else ''})"
 
     def lines(self) -> list[str]:
@@ -59,7 +67,10 @@ class Stall:
     def short(self) -> str:
         """For a status line: 'stuck in AG #17 h.3 12.6 MB: r0 r1 inside 4 s · r2 never entered'."""
         layer = f" {self.layer}" if self.layer else ""
-        text = (f"stuck in {spec.COLL_SHORT.get(self.op, self.op)} #{self.seq}{layer}: "
+        what = f"bucket {self.bucket} AR" if self.bucket is not None else spec.COLL_SHORT.get(self.op, self.op)
+        if self.bucket is not None and self.layers:
+            layer = f" {layers_text(self.layers, 2)}"
+        text = (f"stuck in {what} #{self.seq}{layer}: "
                 f"{' '.join(f'r{r}' for r in sorted(self.inside))} inside {max(self.inside.values()):.0f} s")
         if self.never:
             text += f" · {' '.join(f'r{r}' for r in sorted(self.never))} never entered"
@@ -68,9 +79,40 @@ class Stall:
         return text
 
 
-def stall(ranks: dict, layer_names: list[str], min_s: float = STALL_S) -> Stall | None:
+def layers_text(names: list[str], most: int = 3) -> str:
+    """'fc3, fc2' (up to `most` names), else 'h.11 … h.0 (12)'."""
+    if len(names) <= most:
+        return ", ".join(names)
+    return f"{names[0]} … {names[-1]} ({len(names)})"
+
+
+def bucket_layers(assignment, params: list, layer_names: list[str]) -> dict[int, list[str]]:
+    """Each DDP bucket's layers, in the order of its parameters, from a bucket assignment
+    ([[bucket, [param idx...], bytes], ...]) and the params table ([name, elements, layer])."""
+    out: dict[int, list[str]] = {}
+    for b, ps, _nb in assignment or ():
+        names: list[str] = []
+        for i in ps:
+            li = params[i][2] if 0 <= i < len(params) and len(params[i]) > 2 else -1
+            name = layer_names[li] if 0 <= li < len(layer_names) else None
+            if name is not None and name not in names:
+                names.append(name)
+        out[int(b)] = names
+    return out
+
+
+def _where(w: tuple, bucket, layer_names: list[str]) -> str:
+    """'inside all_gather #17 (h.3)', 'inside DDP bucket 1 AllReduce #38'."""
+    if bucket is not None:
+        return f"inside DDP bucket {bucket} AllReduce #{w[1]}"
+    return f"inside {w[0]} #{w[1]}" + (f" ({layer_names[w[3]]})" if 0 <= w[3] < len(layer_names) else "")
+
+
+def stall(ranks: dict, layer_names: list[str], min_s: float = STALL_S,
+          buckets: dict[int, list[str]] | None = None) -> Stall | None:
     """The collective ranks are stuck in (module docstring), or None: no rank has been inside
-    one for `min_s`. ranks: rank -> RankInfo (its `waiting`, `colls_entered`, `hb_ts`)."""
+    one for `min_s`. ranks: rank -> RankInfo (its `waiting`, `waiting_bucket`, `colls_entered`,
+    `hb_ts`); buckets: each DDP bucket's layers (`bucket_layers`), if known."""
     stuck = {}
     for r, info in ranks.items():
         w, ts = info.waiting, getattr(info, "hb_ts", None)
@@ -86,9 +128,13 @@ def stall(ranks: dict, layer_names: list[str], min_s: float = STALL_S) -> Stall 
     for r, (w, _) in stuck.items():
         votes.setdefault((w[0], w[1]), []).append(r)
     (op, seq), _ = max(votes.items(), key=lambda kv: (len(kv[1]), -kv[0][1]))
-    first = next(w for w, _ in stuck.values() if (w[0], w[1]) == (op, seq))
+    first_r = next(r for r, (w, _) in stuck.items() if (w[0], w[1]) == (op, seq))
+    first = stuck[first_r][0]
     layer = first[3]
     out = Stall(op, seq, first[2], layer_names[layer] if 0 <= layer < len(layer_names) else None, {})
+    out.bucket = getattr(ranks[first_r], "waiting_bucket", None)
+    if out.bucket is not None:
+        out.layers = list((buckets or {}).get(out.bucket) or [])
     entered = [i.colls_entered for r, i in ranks.items() if i.waiting is not None
                and (i.waiting[0], i.waiting[1]) == (op, seq) and i.colls_entered is not None]
     most = max(entered, default=None)
@@ -103,7 +149,7 @@ def stall(ranks: dict, layer_names: list[str], min_s: float = STALL_S) -> Stall 
         count = f"{n} entered" + (f", {most} by those inside" if most is not None and n is not None and n < most else "") \
             if n is not None else "entered count unknown"
         where = "inside no collective" if w is None else \
-            f"inside {w[0]} #{w[1]}" + (f" ({layer_names[w[3]]})" if 0 <= w[3] < len(layer_names) else "")
+            _where(w, getattr(info, "waiting_bucket", None), layer_names)
         # past it: inside a later one of the group's (its sequence number beyond), or inside
         # none having entered as many as those inside
         past = w[1] > seq if w is not None else (n is not None and most is not None and n >= most)

@@ -3,8 +3,11 @@ strategy (`strategy_summary`) and DDP's bucket assignment with parameter names (
 Read through the Store's queries."""
 from __future__ import annotations
 
+from ranks.wire import COMM
+
 from . import collectives
 from . import figures
+from . import hang
 from . import stragglers
 
 
@@ -19,6 +22,11 @@ def strategy_summary(store, strategy: str) -> dict:
         hta = store.hta_overlap(strategy)
         if any(v is not None for v in hta.values()):  # (strategies that communicate)
             out["hta_overlap_pct"] = {str(r): v for r, v in hta.items()}
+        stalled, more = store.stalled_steps(strategy)
+        if stalled:  # (steps in which a rank waited hang.STALL_S or more: every one of the run)
+            out["stalls"] = stall_rows(store, strategy, stalled)
+            if more:
+                out["stalls_not_listed"] = more
         # who waits for whom, over the kept steps but the first (warm-up)
         waits = store.recent_waits(strategy, n=None)
         marked = store.evidence_waits(strategy) if store.layer_sampling(strategy) is not None else None
@@ -37,6 +45,45 @@ def strategy_summary(store, strategy: str) -> dict:
             out["buckets"] = buckets
             out["ddp_reported"] = store.ddp_reported(strategy)
         return out
+
+
+def stall_rows(store, strategy: str, stalled: list[tuple]) -> list[dict]:
+    """Each stalled step (Queries.stalled_steps) as the JSON says it: {step, step_ms,
+    waited_ms: {rank: ms}, waited_for: rank, collective: what it was, named}."""
+    with store.lock:
+        layers, params = list(store.meta.layers), store.meta.params
+        tables = store.collective_tables(strategy)
+        out = []
+        for k, step_ms, waited, last, kind, idx in stalled:
+            out.append({"step": k, "step_ms": step_ms, "waited_ms": {str(r): ms for r, ms in waited.items()},
+                        "waited_for": last,
+                        "collective": collective_name(store, strategy, k, kind, idx, tables.get(last, {}),
+                                                      layers, params)})
+        return out
+
+
+def collective_name(store, strategy: str, step: int, kind: int, idx: int, table: dict, layers: list,
+                    params: list) -> str:
+    """'DDP bucket 0 AllReduce (layers fc3, fc2; 1.2 MB)', 'AllReduce of fc1.weight',
+    'all_gather (h.3, forward; 12.6 MB)': a collective of a step named as a person reads it."""
+    def size(nb: int) -> str:
+        return f"{nb / 1e6:.1f} MB" if nb >= 1e5 else f"{nb:,} B"
+    if kind == COMM:
+        assignment = store.bucket_assignment(strategy, step) if strategy == "ddp" else None
+        if assignment:
+            row = next((a for a in assignment if a[0] == idx), None)
+            names = hang.bucket_layers([row], params, layers).get(idx) if row else None
+            what = "; ".join(x for x in ((f"layers {hang.layers_text(names)}" if names else ""),
+                                          size(row[2]) if row else "") if x)
+            return f"DDP bucket {idx} AllReduce" + (f" ({what})" if what else "")
+        name = params[idx][0] if 0 <= idx < len(params) else f"parameter {idx}"
+        return f"AllReduce of {name}"
+    row = table.get(idx)
+    if row is None:
+        return "a collective (not named in its rank's table)"
+    _id, op, nb, _group, _gname, layer, phase, _async = row
+    where = ", ".join(x for x in ((layers[layer] if 0 <= layer < len(layers) else ""), phase) if x)
+    return f"{op} ({where + '; ' if where else ''}{size(nb)})"
 
 
 def bucket_rows(store, strategy: str) -> list[dict] | None:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ddptui.model import collectives
 from ddptui.model import figures
+from ddptui.model import hang
 from ddptui.model import stragglers
 from ddptui.model.gpu import gpu_info, gpu_text, shared_gpu_note
 from ddptui.model.runinfo import simulated_label
@@ -22,12 +23,20 @@ def _f(v, fmt="{:.2f}", na="—"):
 
 def run_title(meta: dict) -> str:
     """The title of a run's figures table (live headless, summary, replay --headless)."""
-    batch = f" · global batch {meta['batch']}" if meta.get("batch") else " · global batch unknown"
+    batch = f" · global batch {meta['batch']}" if meta.get("batch") else f" · global batch unknown{batch_why(meta)}"
     label = simulated_label(meta)
     gpu = gpu_text(meta)
     on = f" · on {gpu}" if gpu else ""
     return (("" if label is None else f"{label} (not measured) · ")
             + f"{meta.get('model')} · {meta.get('world')} rank(s) · {meta.get('backend') or ''}{on}{batch}")
+
+
+def batch_why(meta: dict) -> str:
+    """Why a run's global batch is unknown, said after "global batch unknown"."""
+    if meta.get("batch_from") == "inputs":  # the ranks looked at the model's inputs
+        return (" (no tensor the model was called with had a batch dimension: "
+                "ddptui.instrument(model, batch=N) gives it)")
+    return " (the ranks did not say)"
 
 
 def summary_table(rows: list[dict], title: str = "") -> Table:
@@ -118,6 +127,25 @@ def hta_line(r: dict) -> str | None:
             f"most r{r_hi} {hi:.1f} over {len(vals)} ranks")
 
 
+STALLS_PRINTED = 10  # stalled steps printed per strategy (the JSON lists more)
+
+
+def stall_lines(r: dict) -> list[str]:
+    """'ddp step 6: 8.1 s · rank 0 waited 8.0 s for rank 1 in DDP bucket 0 AllReduce (...)'."""
+    rows = r.get("stalls") or []
+    out = []
+    for x in rows[:STALLS_PRINTED]:
+        waited = x["waited_ms"]
+        who = (f"rank {next(iter(waited))} waited {next(iter(waited.values())) / 1e3:.1f} s" if len(waited) == 1 else
+               f"ranks {', '.join(waited)} waited up to {max(waited.values()) / 1e3:.1f} s")
+        out.append(f"{r['strategy']} step {x['step']}: {x['step_ms'] / 1e3:.1f} s · {who} for rank "
+                   f"{x['waited_for']} in {x['collective']}")
+    more = len(rows) - len(out) + int(r.get("stalls_not_listed") or 0)
+    if more:
+        out.append(f"{r['strategy']}: {more} more stalled step(s) (the JSON's `stalls` lists up to 100)")
+    return out
+
+
 def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> None:
     out = file or sys.stdout
     console = Console(file=file, width=None if out.isatty() else 160)
@@ -144,11 +172,19 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
         console.print("who waits for whom (per collective: last arriver's ready - own ready; transfer: end - last ready):")
         for line in waits:
             console.print("  " + line, markup=False, highlight=False)
+    stalls = [x for r in rows for x in stall_lines(r)]
+    if stalls:
+        console.print(f"stalled steps (a rank waited {hang.STALL_S:.0f} s or more inside one collective):",
+                      markup=False, highlight=False)
+        for line in stalls:
+            console.print("  " + line, markup=False, highlight=False)
 
 
 def json_doc(rows: list[dict], meta: dict, extra: dict | None = None) -> dict:
     doc = {
         "model": meta.get("model"), "world_size": meta.get("world"), "batch": meta.get("batch"),
+        # "inputs": the batch dimension of what the ranks' model was called with, summed
+        "batch_from": meta.get("batch_from"),
         "backend": meta.get("backend"), "device": meta.get("device"), "torch": meta.get("torch"),
         "gpu": gpu_info(meta),  # the GPUs it ran on: name, count, ranks (None: on CPU)
         "strategies": rows, "speedup": figures.speedups(rows),

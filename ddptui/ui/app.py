@@ -20,7 +20,7 @@ from ranks import spec
 from .jobs import JobQueue
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
-from ddptui.model import figures, hang
+from ddptui.model import figures
 from ddptui.model.gpu import shared_gpu_note
 from ddptui.model.runinfo import simulated_label
 from ddptui.model.views import Lane
@@ -412,7 +412,7 @@ class DdpApp(App):
                 why = rec_error.split(" stopped: ", 1)[-1].split(";", 1)[0]
                 state.append((f" · recording stopped: {why}", theme.style(theme.WARN, bold=True)))
         gist = "" if self.panels["waits"].display else waits.compact(store, self.shown_steps())
-        stuck = hang.stall(store.rank_snapshot(), list(store.meta.layers))  # (heartbeats: a hung collective)
+        stuck = store.stall()  # (heartbeats: a hung collective, DDP's buckets included)
         return statuslines.status(store, state, gist, stuck.short() if stuck else "")
 
     def _draw_banner(self) -> None:

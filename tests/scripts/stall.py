@@ -1,7 +1,8 @@
 """(tests) A rank that does not arrive: plain DDP training whose script all_reduces a metric
 every iteration; at iteration --at, rank 1 sleeps --sleep seconds before entering it (as a
 rank stuck in data loading, a checkpoint write or a deadlock would), so rank 0 waits inside
-that all_reduce. Plain DDP, nothing of ddptui.
+that all_reduce. At iteration --bucket-at, rank 1 sleeps as long between its forward and
+its backward: rank 0 waits inside DDP's own bucket AllReduce. Plain DDP, nothing of ddptui.
 
     --iters N   optimizer steps (default 12)
 """
@@ -18,6 +19,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--iters", type=int, default=12)
 p.add_argument("--at", type=int, default=6)
 p.add_argument("--sleep", type=float, default=12.0)
+p.add_argument("--bucket-at", type=int, default=-1)
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -28,6 +30,8 @@ x, y = torch.randn(256, 32), torch.randint(0, 10, (256,))
 for it in range(a.iters):
     opt.zero_grad()
     loss = F.cross_entropy(model(x), y)
+    if rank == 1 and it == a.bucket_at:
+        time.sleep(a.sleep)
     loss.backward()
     if rank == 1 and it == a.at:
         time.sleep(a.sleep)

@@ -60,6 +60,11 @@ class Store(Intake, Figuring, Queries):
         # complete step (never evicted), the newest step, its two ms] (figures.hta_step: HTA's
         # comm/comp overlap, which leaves a trace's last step out: Queries.hta_overlap)
         self.hta_acc: dict[tuple[str, int], list] = {}
+        # strategy -> the steps in which a rank waited hang.STALL_S or more inside one collective,
+        # in the order published (the first STALLS_KEPT; never evicted), and how many more
+        # (Figuring._note_stall: step, step ms, {waiting rank: ms}, the rank waited for, kind, idx)
+        self.stalls: dict[str, list[tuple]] = {}
+        self.stalls_more: dict[str, int] = {}
         # DDP's bucket assignment: (strategy, rank) -> each change as reported, in step order:
         # (step, {bucket: bytes}, [[bucket, [param idx...], bytes], ...])
         self.bucket_assignments: dict[tuple[str, int], list[tuple[int, dict[int, int], list]]] = {}

@@ -15,6 +15,10 @@ from .. import columnwise
 from .. import figures
 from .. import stragglers
 from ..clocksync import KEEP_COLLECTIVES, coll_sample
+from ..hang import STALL_S
+
+STALL_MS = STALL_S * 1e3  # a step in which a rank waited this long inside one collective: a stall
+STALLS_KEPT = 100  # stalled steps listed per strategy (the rest counted)
 from .history import in_force, in_force_span
 
 
@@ -147,11 +151,32 @@ class Figuring:
                 if interval is not None:
                     self._intervals[(strategy, k)] = interval
                 self.waits.setdefault(strategy, OrderedDict())[k] = waits
+                if waits is not None and waits.wait_ms and max(waits.wait_ms.values()) >= STALL_MS:
+                    self._note_stall(strategy, k, step.step_ms, waits)
                 if waits is not None and self.clocks:
                     self._collect_clock_samples(waits, self._shift.get((strategy, k), {}), (strategy, k))
             if done:
                 self.version += 1
             self._evict()
+
+    def _note_stall(self, strategy: str, k: int, step_ms: float, w: stragglers.StepWaits) -> None:
+        """(Under the lock.) A step in which a rank waited STALL_MS or more: its collective with
+        the longest wait, the ranks that waited in it (half that wait or more) and for whom."""
+        best, who = None, None
+        for c in w.collectives:
+            for r in c.ready:
+                ns = c.wait_ns(r)
+                if best is None or ns > best[0]:
+                    best, who = (ns, c), r
+        if best is None:
+            return
+        ns, c = best
+        waited = {r: c.wait_ns(r) / 1e6 for r in sorted(c.ready) if c.wait_ns(r) >= ns / 2}
+        got = self.stalls.setdefault(strategy, [])
+        if len(got) >= STALLS_KEPT:
+            self.stalls_more[strategy] = self.stalls_more.get(strategy, 0) + 1
+            return
+        got.append((k, step_ms, waited, c.last, c.kind, c.idx))
 
     def _evict(self) -> None:
         """(Under the lock.) Raw spans and what is kept per step with them beyond the last

@@ -104,6 +104,7 @@ class Intake:
         if f.ts is not frames.UNSET:
             info.hb_ts = f.ts
         info.waiting = None if f.waiting is frames.UNSET else tuple(f.waiting)
+        info.waiting_bucket = None if f.bucket is frames.UNSET or info.waiting is None else f.bucket
         if f.colls is not frames.UNSET:
             info.colls_entered = f.colls
         if info.phase in ("connected", "connecting") and f.phase:

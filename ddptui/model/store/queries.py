@@ -9,6 +9,7 @@ from ranks import spec
 from ranks.wire import SpanBatch
 
 from .. import figures
+from .. import hang
 from .. import stragglers
 from ..summary import bucket_rows, strategy_summary
 from ..views import StepView, step_view
@@ -275,6 +276,22 @@ class Queries:
                     comm, over = comm - last_comm, over - last_over
                 out[r] = figures.hta_overlap_pct(comm, over)
             return out
+
+    def stalled_steps(self, strategy: str) -> tuple[list[tuple], int]:
+        """The steps in which a rank waited hang.STALL_S or more inside one collective (every
+        complete step of the run, none evicted): ([(step, step ms, {waiting rank: ms}, the rank
+        waited for, kind, idx)], how many more were not kept), by step."""
+        with self.lock:
+            return sorted(self.stalls.get(strategy, ())), self.stalls_more.get(strategy, 0)
+
+    def stall(self) -> "hang.Stall | None":
+        """The collective the ranks are stuck in, as their heartbeats say (model/hang.py), DDP's
+        buckets named with their layers (rank 0's newest assignment); None: no rank is stuck."""
+        with self.lock:
+            layers = list(self.meta.layers)
+            assignment = self.bucket_assignment(spec.USER_STRATEGY)
+            buckets = hang.bucket_layers(assignment, self.meta.params, layers) if assignment else None
+            return hang.stall(self.rank_snapshot(), layers, buckets=buckets)
 
     def summary(self, strategy: str) -> dict:
         """A strategy's figures as the reports' JSON shapes them (summary.strategy_summary)."""

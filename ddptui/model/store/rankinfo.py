@@ -30,6 +30,7 @@ class RankInfo:
     mem_peak: int | None = None
     waiting: tuple | None = None
     colls_entered: int | None = None
+    waiting_bucket: int | None = None  # the DDP bucket `waiting` is the AllReduce of, if one
     hb_ts: int | None = None  # the last heartbeat's time, the rank's host ns (how long it has waited)
 
     def copy(self) -> "RankInfo":
