@@ -99,6 +99,10 @@ class Hello(Frame, tag="hello", kw_only=True):
     params: Annotated[list[ParamRow], Meta(max_length=0xFFFF)] | UnsetType = UNSET
     strategies: Annotated[list[StrategyT], Meta(max_length=len(spec.STRATEGIES))] | UnsetType = UNSET
     batch: Annotated[int, Meta(ge=1, le=2**31)] | UnsetType = UNSET
+    # (a user's model, its global batch not given) this rank's samples in its first step:
+    # the first dimension of the first tensor its model was called with, summed over the
+    # step's forwards; 0: no input had one. The app sums the ranks' (RunInfo.take_hello).
+    rank_batch: Annotated[int, Meta(ge=0, le=2**31)] | UnsetType = UNSET
     steps: Count | UnsetType = UNSET
     bucket_cap_mb: CapMb | None | UnsetType = UNSET
     seed: I64 | UnsetType = UNSET

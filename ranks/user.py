@@ -12,9 +12,10 @@
 What is timed, through the same Recorder as the built-in workers (ranks.instrument: host
 CLOCK_MONOTONIC on CPU, pooled CUDA events mapped by GpuTimeMap on GPU; `comm_starts` for
 gloo's concurrent collectives):
-- forward and backward of the chosen modules (`layers`): "auto" (the model's blocks:
-  top-level children, containers such as ModuleList/Sequential/ModuleDict opened, wrappers
-  opened until >= 4 blocks hold the parameters: `auto_layers`), an int
+- forward and backward of the chosen modules (`layers`): "auto" (the model opened to its
+  lists of repeated blocks at whatever depth they sit, `bert.encoder.layer.N`, with the
+  modules around them that hold parameters; a model without such lists: its children,
+  wrappers opened until >= 4 blocks hold the parameters: `auto_layers`), an int
   depth (the modules at that depth, and leaves above it), or a list of module names. Spans
   are a module's first call start to its last call end in a step (a module called twice,
   e.g. a shared block, is one span); nested choices overlap. Backward starts when the
@@ -25,7 +26,11 @@ gloo's concurrent collectives):
   after instrument(), or passed as comm_hook=): an fp16/bf16 compression hook keeps
   compressing, its cast is inside the timed span, and the bytes shown are the bytes handed
   to all_reduce inside the hook;
-- the optimizer step (optimizer=: step pre/post hooks) and the whole step.
+- the optimizer step (optimizer=: step pre/post hooks) and the whole step;
+- the global batch, when batch= is not given: each rank counts the first dimension of the
+  first tensor its model is called with (positional, then keyword arguments), summed over
+  the first step's micro-steps, and says it in its hello (`rank_batch`); the app sums the
+  ranks' (RunInfo). Looked at in the first step only: no cost after it.
 
 A step is one gradient synchronisation (RankSession): numbered by the synchronisations, the
 same on every rank, never by a rank's own count of forwards. Micro-steps of gradient
@@ -70,17 +75,23 @@ STRATEGY = spec.USER_STRATEGY  # a user's DDP run is drawn in the DDP pane (buck
 class _InOrder:
     """A finished step (Recorder.poll(lazy=True)) resolved where it is called, its layers'
     internal indices put in forward order (`order`) — on the sink's thread, not the training
-    thread."""
+    thread. A layer whose place is `shown` or beyond is not drawn (RankSession._hello: a
+    module chosen by "auto" that the first step never called): its spans are left out."""
 
-    __slots__ = ("item", "order")
+    __slots__ = ("item", "order", "shown")
 
-    def __init__(self, item, order: list[int]):
-        self.item, self.order = item, order
+    def __init__(self, item, order: list[int], shown: int):
+        self.item, self.order, self.shown = item, order, shown
 
     def __call__(self) -> tuple:
         s, k, base, kinds, idxs, t0, t1, iss = self.item()
         order = self.order
-        return s, k, base, kinds, [order[i] if kd <= wire.BWD else i for kd, i in zip(kinds, idxs)], t0, t1, iss
+        idxs = [order[i] if kd <= wire.BWD else i for kd, i in zip(kinds, idxs)]
+        n = self.shown
+        if n < len(order) and any(kd <= wire.BWD and i >= n for kd, i in zip(kinds, idxs)):
+            keep = [j for j, (kd, i) in enumerate(zip(kinds, idxs)) if kd > wire.BWD or i < n]
+            kinds, idxs, t0, t1 = ([x[j] for j in keep] for x in (kinds, idxs, t0, t1))  # (iss: COMM's)
+        return s, k, base, kinds, idxs, t0, t1, iss
 
     @property
     def n_spans(self) -> int:
@@ -203,6 +214,14 @@ class RankSession:
         self.param_numel: list[int] = []
         self.param_owner: list[int] = []  # internal layer index of each parameter
         self.batch = batch
+        # the samples of the first step, from the model's inputs (no batch= given): the first
+        # dimension of the first tensor each training forward was called with (the first DDP
+        # module's of a micro-step), summed; counted until the hello only
+        self.step_batch = 0
+        self.batch_looked = False  # a forward's inputs were looked at
+        self.auto_idx: set[int] = set()  # layers chosen by "auto" (internal indices)
+        self.layer_params: dict[int, set[int]] = {}  # their parameters (global indices)
+        self._shown_n = 0  # layers drawn: those after it (auto, never called) are not
         self.name = name
         self.first_name = _class_name(first.module)
         self.k = 0  # the next step's number: synchronisations so far
@@ -269,8 +288,7 @@ class RankSession:
         w, bucket = tap.waiting_bucket()
         if w is not None:
             op, seq, nb, layer, t = w
-            order = self._order
-            w = (op, seq, nb, order[layer] if order is not None and 0 <= layer < len(order) else -1, t)
+            w = (op, seq, nb, self._place(layer), t)
         return w, tap.entered, bucket
 
     def _on_control(self, msg: frames.Frame) -> None:
@@ -284,6 +302,8 @@ class RankSession:
         """A module's layers and parameters appended: (its first layer, its first parameter)."""
         base, pbase = len(self.names), len(self.param_names)
         self.names += [n for n, _ in chosen]
+        if h.auto:
+            self.auto_idx.update(range(base, base + len(chosen)))
         for i, (_, mod) in enumerate(chosen, base):
             for m in mod.modules():
                 self._mod_layer.setdefault(id(m), i)
@@ -302,8 +322,8 @@ class RankSession:
         handles.append(opt.register_step_post_hook(self.after_opt))
 
     # -- step boundaries ----------------------------------------------------------------
-    def forward_pre(self, ddp) -> None:
-        """A DDP module's forward begins (its forward pre-hook)."""
+    def forward_pre(self, ddp, args=(), kwargs=None) -> None:
+        """A DDP module's forward begins (its forward pre-hook, with what it is called with)."""
         rec = self.rec
         if self.stash is not None:  # (an evaluation forward that raised)
             rec.cur, self.stash = self.stash, None
@@ -336,6 +356,11 @@ class RankSession:
                 self._begin()  # again here, its time kept as OTHER up to the new start
                 rec.cur.micro += kept + [(wire.OTHER, 0, start, rec.cur.step_start)]
             self.fwd_mods.clear()
+        if self._order is None and not self.fwd_mods:  # (the first step's: the hello's batch)
+            n = _batch_of(args, kwargs)
+            self.batch_looked = True
+            if n:
+                self.step_batch += n
         self.fwd_mods.add(me)
 
     def forward_post(self) -> None:
@@ -401,6 +426,7 @@ class RankSession:
         self.sink.step = self.k
         self.rec.begin(self.strategy, self.k)
         self.fwd_mods.clear()
+        self.step_batch = 0
         if self.others:  # evaluation forwards since the last step: OTHER spans of this one
             self.rec.cur.micro += [(wire.OTHER, 0, a, z) for a, z in self.others]
             self.others = []
@@ -435,11 +461,18 @@ class RankSession:
         ff = first.first_fwd
         toks = [ff[i] if ff is not None and ff[i] is not None else first.fwd_s[i] for i in range(n)]
         times = self._times(first, toks)
-        firsts = [(0, 0, i) if t is None else (1, t, i) for i, t in enumerate(times)]
-        ranked = sorted(firsts, key=lambda x: (-x[0], x[1], x[2]))
+        # a module "auto" chose that the first step never called, and whose every parameter a
+        # layer that ran holds too (HF's `shared`, its weight each stack's `embed_tokens`'),
+        # is not drawn: last, cut off
+        held = {j for i, t in enumerate(times) if t is not None for j in self.layer_params.get(i, ())}
+        idle = {i for i in self.auto_idx if times[i] is None and self.layer_params.get(i)
+                and self.layer_params[i] <= held}
+        firsts = [(i in idle, 0, 0, i) if t is None else (False, 1, t, i) for i, t in enumerate(times)]
+        ranked = sorted(firsts, key=lambda x: (x[0], -x[1], x[2], x[3]))
         self._order = [0] * n
-        for pos, (_, _, i) in enumerate(ranked):
+        for pos, (_, _, _, i) in enumerate(ranked):
             self._order[i] = pos
+        self._shown_n = shown_n = n - len(idle)
         shown, pshown = list(self.names), list(self.param_names)
         model = self.name
         if len(self.mods) > 1:  # several DDP (or FSDP2) modules: names say which module
@@ -461,9 +494,18 @@ class RankSession:
         self.layers = [None] * n
         for i, name in enumerate(shown):
             self.layers[self._order[i]] = name
+        del self.layers[shown_n:]
         self.shown_params = pshown
-        params = [(pshown[j], self.param_numel[j], self._order[self.param_owner[j]])
+        owner = list(range(n))  # a parameter of a layer not drawn: the nearest drawn one's
+        for i in sorted(idle):
+            near = [j for j in range(n) if j not in idle]
+            owner[i] = min(near, key=lambda j: (abs(j - i), -j)) if near else i
+        params = [(pshown[j], self.param_numel[j], self._order[owner[self.param_owner[j]]])
                   for j in range(len(pshown))]
+        if self.batch:
+            rank_batch = frames.UNSET  # (given: the hello's batch)
+        else:
+            rank_batch = self.step_batch if self.batch_looked else frames.UNSET
         dev = str(self.device) if self.device.type == "cuda" else "cpu"
         ddp0 = self.mods[0].ddp
         memory, peak = self._memory()
@@ -475,6 +517,7 @@ class RankSession:
             torch=str(torch.__version__), model=model[:32], layers=self.layers,
             params=params, strategies=[self.strategy],
             batch=int(self.batch) if self.batch else frames.UNSET,  # unknown: no samples/s
+            rank_batch=rank_batch,
             steps=0, bucket_cap_mb=_cap_mb(ddp0), threads=torch.get_num_threads(),
             memory=memory, mem_peak=peak,
         ))
@@ -510,16 +553,24 @@ class RankSession:
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else frames.UNSET
         return (held, grads, opt, full), peak
 
+    def _place(self, layer: int) -> int:
+        """A layer's place in forward order (internal index in), -1 for none or one not drawn."""
+        order = self._order
+        if order is None or not 0 <= layer < len(order):
+            return -1
+        pos = order[layer]
+        return pos if pos < self._shown_n else -1
+
     def _emit(self, items) -> None:
         order = self._order
         rows = self.tap.new_rows() if items and order is not None else None
         if rows:  # the collectives these spans name, before them
             first = self.tap.sent - len(rows)
             self.sink.send_now(frames.Colls(rank=self.rank, strategy=self.strategy, rows=[
-                (first + j, op, nb, size, group, order[layer] if 0 <= layer < len(order) else -1, phase, asy)
+                (first + j, op, nb, size, group, self._place(layer), phase, asy)
                 for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]))
         for item in items:  # (resolved on the sink's thread: on CUDA an elapsed_time per mark)
-            self.sink.put(_InOrder(item, order))  # (its n_spans counted if dropped)
+            self.sink.put(_InOrder(item, order, self._shown_n))  # (its n_spans counted if dropped)
 
     def _layout_change(self, k: int) -> None:
         """Every module's buckets as one layout (each module's newest), sent when one changed."""
@@ -580,6 +631,7 @@ class RankSession:
 
     def _hello_minimal(self) -> None:
         self._order = list(range(len(self.names)))
+        self._shown_n = len(self.names)
         self.layers = list(self.names)
         self.sink.send_now(frames.Hello(rank=self.rank, world=self.world, pid=os.getpid(),
                                         backend=self.backend, strategies=[self.strategy],
@@ -621,6 +673,7 @@ class Handle:
         self.module = model = ddp if fsdp else ddp.module
         self.comm: CommState | None = None
         self.device = _device_of(model)
+        self.auto = isinstance(layers, str) and layers == "auto"
         chosen = choose_layers(model, layers)  # (a ValueError here leaves nothing behind)
         s = _session
         if s is None or s.closed:
@@ -643,6 +696,9 @@ class Handle:
         self.n_layers, self.n_params = len(chosen), len(named)
         self._names = [n for n, _ in chosen]
         self.pindex = {id(p): self.pbase + i for i, (_, p) in enumerate(named)}
+        if self.auto:
+            for i, (_, mod) in enumerate(chosen, self.base):
+                s.layer_params[i] = {self.pindex[id(p)] for p in mod.parameters() if id(p) in self.pindex}
         param_ends = self._owners(chosen, named)
         if fsdp:  # FSDP2 accumulates gradients on unsharded copies and sets the sharded
             # parameter's after its reduce-scatter (the root's last): its hooks would end a
@@ -655,7 +711,7 @@ class Handle:
         ddp._ddptui = self
         if fsdp:
             # FSDP2's own pre-forward hook on the root all-gathers: the step begins before it
-            self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, prepend=True))
+            self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, prepend=True, with_kwargs=True))
         else:
             # the comm hook: ours, around the user's (given now, or registered later)
             self.comm = CommState(s.rec, s.world, self.pindex, comm_hook, comm_state, offset=self.pbase,
@@ -664,7 +720,7 @@ class Handle:
             quiet_runtime_stats(ddp)
             ddp.register_comm_hook(self.comm, timed_hook)
             ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
-            self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre))
+            self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         self._hooks.append(ddp.register_forward_hook(self._forward_post))
         if optimizer is not None:
             s.add_optimizer(optimizer, self._hooks)
@@ -725,8 +781,8 @@ class Handle:
                 s.param_owner[self._tied_params[j]] = first
         self._tied = []
 
-    def _forward_pre(self, module, args):
-        self.session.forward_pre(module)
+    def _forward_pre(self, module, args, kwargs=None):
+        self.session.forward_pre(module, args, kwargs)
 
     def _forward_post(self, module, args, out):
         s = self.session
@@ -764,7 +820,7 @@ class Handle:
             return list(getattr(self, "_names", []))
         order = s._order
         mine = sorted(range(self.base, self.base + self.n_layers), key=lambda i: order[i])
-        return [s.layers[order[i]] for i in mine]
+        return [s.layers[order[i]] for i in mine if order[i] < len(s.layers)]
 
     @property
     def params(self) -> list[str]:
@@ -869,6 +925,23 @@ def _parent_of(mod, gc):
                     if isinstance(m, nn.Module) and m.__dict__ is o and m is not mod:
                         return m, attr
     return None
+
+
+def _batch_of(args, kwargs) -> int:
+    """The batch of a forward: the first dimension of the first tensor (of one or more
+    dimensions) in its positional arguments, then its keyword arguments (a tuple, list or
+    dict one level down looked into: a (x, y) pair, HF's batch dict); 0 for none."""
+    for group in (args, kwargs.values() if kwargs else ()):
+        for a in group:
+            if isinstance(a, torch.Tensor):
+                if a.dim():
+                    return int(a.shape[0])
+                continue
+            inner = a.values() if isinstance(a, dict) else a if isinstance(a, (tuple, list)) else ()
+            for x in inner:
+                if isinstance(x, torch.Tensor) and x.dim():
+                    return int(x.shape[0])
+    return 0
 
 
 def opt_step_pre(begin):

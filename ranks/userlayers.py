@@ -31,12 +31,12 @@ def _children(prefix: str, mod: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
-def auto_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """layers="auto": start from the model's children (containers opened); while fewer than
-    AUTO_MIN_BLOCKS of them hold parameters, or those hold under half of the model's, open
-    the one with children that holds the most parameters (a LightningModule -> its model ->
-    its blocks; HF `transformer.h.N`, `model.layers.N`). A level that already has them is kept
-    whole, even where one block holds most parameters."""
+def _today_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A model without repeated blocks: start from the model's children (containers opened);
+    while fewer than AUTO_MIN_BLOCKS of them hold parameters, or those hold under half of the
+    model's, open the one with children that holds the most parameters (a LightningModule ->
+    its model -> its modules). A level that already has them is kept whole, even where one
+    module holds most parameters."""
     total = _n_params(model)
     level = _children("", model)
     for _ in range(64):
@@ -51,6 +51,105 @@ def auto_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
         name, mod = level[i]
         level[i:i + 1] = _children(name + ".", mod)
     return level or [("model", model)]
+
+
+STAGE_SHARE = 0.5  # stages: blocks whose own list of blocks holds at least this share of them
+
+
+def _repeated(mod: nn.Module) -> bool:
+    """A list of repeated blocks: a ModuleList or Sequential of two or more modules of one
+    type that hold parameters."""
+    if not isinstance(mod, (nn.ModuleList, nn.Sequential)) or len(mod) < 2:
+        return False
+    kids = list(mod.children())
+    t = type(kids[0])
+    return all(type(k) is t for k in kids) and _n_params(mod) > 0
+
+
+def _block_lists(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost lists of repeated blocks (path, list), in registration order."""
+    out: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+
+    def walk(prefix: str, mod: nn.Module) -> None:
+        for n, ch in mod.named_children():
+            if id(ch) in seen:  # (a module shared under two names: looked at once)
+                continue
+            seen.add(id(ch))
+            if _repeated(ch):
+                out.append((prefix + n, ch))
+            else:
+                walk(f"{prefix}{n}.", ch)
+    if _repeated(model):
+        return [("", model)]
+    walk("", model)
+    return out
+
+
+def _stage_lists(path: str, lst: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """The inner block lists of a list of stages, or None when its blocks are not stages. A
+    stage (Swin's, ConvNeXt's, a ResNet's) is a block whose own child of one name, in every
+    block of the list, is a list of blocks of one type holding STAGE_SHARE of the stages'
+    parameters (with a downsampling module beside it); a decoder layer whose experts sit a
+    level deeper (a mixture of experts) stays one block."""
+    kids = list(lst.named_children())
+    for attr, first in kids[0][1].named_children():
+        if not isinstance(first, (nn.ModuleList, nn.Sequential)):
+            continue
+        inner = []
+        for n, b in kids:
+            c = getattr(b, attr, None)
+            if not isinstance(c, (nn.ModuleList, nn.Sequential)):
+                break
+            ts = {type(k) for k in c.children()}
+            if len(ts) > 1:
+                break
+            inner.append((f"{path}.{n}.{attr}" if path else f"{n}.{attr}", c))
+        else:
+            if sum(_n_params(c) for _, c in inner) >= STAGE_SHARE * _n_params(lst):
+                return inner
+    return None
+
+
+def auto_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """layers="auto": the model opened to its repeated blocks, at whatever depth they sit.
+    The lists (ModuleList, Sequential) of same-type blocks are found (the outermost ones);
+    a list of stages (each stage's own list of blocks holds most of it: `_stage_lists`) is
+    opened to the stages' blocks. Each block is a layer (`bert.encoder.layer.3`, both
+    `encoder.block.N` and `decoder.block.N` of an encoder-decoder), and around them every
+    module beside the path to a list is a layer of its own (embeddings, norms, heads, a
+    stage's downsampling), a module holding no parameters none. A model without repeated
+    blocks keeps `_today_layers`."""
+    lists = _block_lists(model)
+    if not lists:
+        return _today_layers(model)
+    chosen: dict[int, str] = {}
+    openers: set[int] = set()  # the modules on the way to a chosen list
+    todo = []
+    for path, lst in lists:  # (stages are opened once: a bottleneck's own convolutions stay in it)
+        inner = _stage_lists(path, lst)
+        todo += [(p, c) for p, c in inner if len(c)] if inner else [(path, lst)]
+    for path, lst in todo:
+        chosen[id(lst)] = path
+        parts = path.split(".") if path else []
+        for k in range(len(parts)):
+            openers.add(id(model.get_submodule(".".join(parts[:k]))))
+    out: list[tuple[str, nn.Module]] = []
+
+    def emit(prefix: str, mod: nn.Module) -> None:
+        for n, ch in mod.named_children():
+            path = prefix + n
+            if id(ch) in chosen:
+                out.extend((f"{path}.{i}", b) for i, b in ch.named_children() if _n_params(b))
+            elif id(ch) in openers:
+                emit(path + ".", ch)
+            elif _n_params(ch):
+                out.append((path, ch))
+    if id(model) in chosen:
+        out.extend((i, b) for i, b in model.named_children() if _n_params(b))
+    else:
+        emit("", model)
+    return out or _today_layers(model)
 
 
 def choose_layers(model: nn.Module, layers="auto") -> list[tuple[str, nn.Module]]:

@@ -347,15 +347,17 @@ def test_run_bad_command_lines(args, says):
 @pytest.mark.slow
 def test_run_auto_instruments_a_script_that_knows_nothing_of_ddptui(auto_run):
     """--auto: a plain DDP script, no code change (helpers.AUTO_RUN_SCRIPT: 6 iterations of a
-    Sequential): its DDP is timed, layers and buckets named; its global batch is unknown, so
-    no samples/s is made up."""
+    Sequential): its DDP is timed, layers and buckets named; its global batch is read from
+    the inputs (32 a rank, summed over the 2 ranks), so samples/s is that over the step."""
     doc = auto_run["json"]
     assert doc["layers"] == ["0", "1", "2"]
+    assert doc["batch"] == 64 and doc["batch_from"] == "inputs"
     s = doc["strategies"][0]
-    assert s["steps"] >= 5 and s["allreduce_calls_per_step"] >= 1 and s["samples_per_s"] is None
+    assert s["steps"] >= 5 and s["allreduce_calls_per_step"] >= 1
+    assert s["samples_per_s"] == pytest.approx(64 / (s["step_ms_median"] / 1e3), rel=1e-6)
     names = sorted(p for b in s["buckets"] for p in b["params"])
     assert names == ["0.bias", "0.weight", "2.bias", "2.weight"]
-    assert "global batch unknown" in auto_run["stdout"]
+    assert "global batch 64" in auto_run["stdout"]
 
 
 def test_auto_layers_open_wrappers_to_blocks():
@@ -413,6 +415,116 @@ def test_auto_layers_open_wrappers_to_blocks():
     assert [n for n, _ in choose_layers(wrapped)] == [f"body.stage{i}" for i in range(1, 5)] + ["head"]
     # a model with no children is one layer
     assert [n for n, _ in choose_layers(nn.Linear(2, 2))] == ["model"]
+
+
+def test_auto_layers_repeated_blocks_at_any_depth():
+    """layers="auto" opens a model to its lists of repeated blocks wherever they sit: both
+    stacks of an encoder-decoder, a stage's blocks with its downsampling beside them, every
+    bottleneck of a ResNet's four Sequentials; a block with experts inside stays one; a
+    module holding no parameters is no layer."""
+    import torch.nn as nn
+
+    from ranks.user import choose_layers
+
+    class Block(nn.Module):
+        def __init__(self, d=16):
+            super().__init__()
+            self.attn, self.ff, self.drop = nn.Linear(d, d), nn.Linear(d, d), nn.Dropout()
+
+    class Stack(nn.Module):  # T5Stack: its own embedding (the shared one), blocks, a norm
+        def __init__(self, emb, n):
+            super().__init__()
+            self.embed_tokens = emb
+            self.block = nn.ModuleList([Block() for _ in range(n)])
+            self.final_layer_norm, self.dropout = nn.LayerNorm(16), nn.Dropout()
+
+    class EncDec(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shared = nn.Embedding(10, 16)
+            self.encoder, self.decoder = Stack(self.shared, 3), Stack(self.shared, 2)
+            self.lm_head = nn.Linear(16, 10)
+
+    assert [n for n, _ in choose_layers(EncDec())] == (
+        ["shared"] + [f"encoder.block.{i}" for i in range(3)] + ["encoder.final_layer_norm"]
+        + [f"decoder.block.{i}" for i in range(2)] + ["decoder.final_layer_norm", "lm_head"])
+
+    class Stage(nn.Module):  # Swin's: its blocks, then a downsampling (not in the last stage)
+        def __init__(self, n, down):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block() for _ in range(n)])
+            self.downsample = nn.Linear(16, 16) if down else None
+
+    class Swin(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embeddings = nn.Conv2d(3, 16, 4)
+            self.layers = nn.ModuleList([Stage(1, True), Stage(3, True), Stage(1, False)])
+            self.pool, self.head = nn.AdaptiveAvgPool1d(1), nn.Linear(16, 2)
+
+    assert [n for n, _ in choose_layers(Swin())] == [
+        "embeddings", "layers.0.blocks.0", "layers.0.downsample", "layers.1.blocks.0",
+        "layers.1.blocks.1", "layers.1.blocks.2", "layers.1.downsample", "layers.2.blocks.0", "head"]
+
+    class Bottleneck(nn.Module):  # torchvision's: convolutions, a downsample in the first
+        def __init__(self, first):
+            super().__init__()
+            self.conv1, self.bn1, self.conv2 = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3)
+            self.downsample = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)) if first else None
+
+    class ResNet(nn.Module):
+        def __init__(self, depths=(3, 4, 6, 3)):
+            super().__init__()
+            self.conv1, self.bn1, self.relu = nn.Conv2d(3, 8, 7), nn.BatchNorm2d(8), nn.ReLU()
+            for i, d in enumerate(depths, 1):
+                self.add_module(f"layer{i}", nn.Sequential(*[Bottleneck(j == 0) for j in range(d)]))
+            self.fc = nn.Linear(8, 10)
+
+    names = [n for n, _ in choose_layers(ResNet())]
+    assert names == ["conv1", "bn1"] + [f"layer{i}.{j}" for i, d in enumerate((3, 4, 6, 3), 1)
+                                        for j in range(d)] + ["fc"]
+
+    class ConvLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8)
+
+    class HFBottleneck(nn.Module):  # HF's ResNet: its convolutions are a Sequential of one type
+        def __init__(self):
+            super().__init__()
+            self.shortcut = nn.Identity()
+            self.layer = nn.Sequential(ConvLayer(), ConvLayer(), ConvLayer())
+
+    class HFStage(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.layers = nn.Sequential(*[HFBottleneck() for _ in range(n)])
+
+    hf = nn.Module()
+    hf.embedder = ConvLayer()
+    hf.stages = nn.ModuleList([HFStage(2), HFStage(1)])
+    assert [n for n, _ in choose_layers(hf)] == [
+        "embedder", "stages.0.layers.0", "stages.0.layers.1", "stages.1.layers.0"]
+
+    class Experts(nn.Module):  # a Mixtral-style sparse MLP: a router, a list of experts
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(16, 4)
+            self.experts = nn.ModuleList([nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 16)) for _ in range(4)])
+
+    class MoELayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn, self.block_sparse_moe, self.norm = nn.Linear(16, 16), Experts(), nn.LayerNorm(16)
+
+    moe = nn.Module()
+    moe.embed_tokens = nn.Embedding(10, 16)
+    moe.layers = nn.ModuleList([MoELayer() for _ in range(3)])
+    moe.rotary_emb = nn.Identity()  # (no parameters: no layer)
+    moe.lm_head = nn.Linear(16, 10)
+    assert [n for n, _ in choose_layers(moe)] == ["embed_tokens", "layers.0", "layers.1", "layers.2", "lm_head"]
+    # the model itself a list of blocks
+    assert [n for n, _ in choose_layers(nn.Sequential(Block(), Block()))] == ["0", "1"]
 
 
 @pytest.mark.slow  # (a real DDP)

@@ -28,6 +28,10 @@ class RunInfo:
     params: list[list] = field(default_factory=list)  # [name, elements, layer index] by parameter
     strategies: list[str] = field(default_factory=list)
     batch: int | None = None  # the global batch
+    # how the batch is known: "inputs" (the ranks' rank_batch, summed: a user's model), else
+    # given (the CLI, a worker, instrument(batch=)); each rank's own count, by rank as text
+    batch_from: str | None = None
+    rank_batches: dict[str, int] = field(default_factory=dict)
     steps: int | None = None
     bucket_cap_mb: float | None = None  # DDP's bucket cap at the start
     bucket_cap_mb_now: float | None = None  # the cap as last reported by a rank
@@ -71,6 +75,21 @@ class RunInfo:
             if getattr(self, k) is None and v is not frames.UNSET and v is not None:
                 setattr(self, k, v)
         self.devices[str(f.rank)] = device
+        if f.rank_batch is not frames.UNSET:
+            self.rank_batches[str(f.rank)] = int(f.rank_batch)
+        if self.rank_batches and (self.batch_from == "inputs" or not self.batch):
+            self._batch_from_inputs()
+
+    def _batch_from_inputs(self) -> None:
+        """The global batch as the sum of the ranks' own (until every rank has said, their
+        mean times the ranks); unknown (None) while no rank's inputs had a batch dimension."""
+        got = [v for v in self.rank_batches.values() if v > 0]
+        if not got:
+            self.batch, self.batch_from = None, "inputs"
+            return
+        world = self.world or len(self.rank_batches)
+        total = sum(got) if len(self.rank_batches) >= world else round(sum(got) * world / len(got))
+        self.batch, self.batch_from = int(total), "inputs"
 
     # -- reading -------------------------------------------------------------------------
     def as_dict(self) -> dict:
@@ -110,7 +129,7 @@ def simulated_label(meta) -> str | None:
 
 
 _NAMES = tuple(f.name for f in fields(RunInfo) if f.name != "extra")
-_OMIT_EMPTY = frozenset(("layers", "params", "strategies", "devices", "settings"))
+_OMIT_EMPTY = frozenset(("layers", "params", "strategies", "devices", "settings", "rank_batches"))
 
 
 def _empty(v) -> bool:
