@@ -60,7 +60,7 @@ def test_command_runs(cmd, tmp_path):
     p = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert p.returncode == 0, f"{cmd}\n{p.stderr}"
     if argv[:2] == ["bash", "demo/talk.sh"]:
-        assert p.stdout.strip().endswith("demo/simulated-a100-pcie-xlarge-4gpus.ddptui")
+        assert p.stdout.strip().endswith("demo/gpu-h100-xlarge-2ranks-gloo.ddptui")
 
 
 @pytest.mark.parametrize("present, plays", [
@@ -68,6 +68,8 @@ def test_command_runs(cmd, tmp_path):
      "h100-xlarge-8ranks.ddptui"),
     (["cpu-small-2ranks.ddptui", "simulated-a100-pcie-xlarge-4gpus.ddptui"], "simulated-a100-pcie-xlarge-4gpus.ddptui"),
     (["cpu-small-2ranks.ddptui"], "cpu-small-2ranks.ddptui"),
+    (["cpu-small-2ranks.ddptui", "gpu-h100-xlarge-1rank-nccl.ddptui", "gpu-h100-xlarge-2ranks-gloo.ddptui",
+      "simulated-a100-pcie-xlarge-4gpus.ddptui"], "gpu-h100-xlarge-2ranks-gloo.ddptui"),
 ])
 def test_talk_prefers_gpu_then_simulated_then_cpu(present, plays, tmp_path):
     demo = tmp_path / "demo"
