@@ -8,6 +8,7 @@ C method (no Python Stream object per mark), on the step's stream looked up once
 """
 from __future__ import annotations
 
+from collections import deque
 from functools import partial
 
 from .clock import now_ns
@@ -313,7 +314,7 @@ class CudaClock:
         wait. None: not stamped within SPIN_NS (`block`: the first point, polled longer)."""
         ev = self.tc.Event(enable_timing=True)
         host_ns, query = self.host_ns, ev.query
-        lo = self.host_ns()
+        lo = rec_ns = host_ns()
         ev.record(self.side)
         give_up = lo + (self.BLOCK_SPIN_NS if block else self.SPIN_NS)
         while True:
@@ -326,9 +327,13 @@ class CudaClock:
                     return None
                 ev.synchronize()  # (a GPU that never came back: a wide bracket will do)
                 break
-        return ev, lo, host_ns()
+        hi = host_ns()
+        self._seen.append(hi - rec_ns)  # (record to seen: idle_window_ns)
+        return ev, lo, hi
 
     def calibrate(self, samples: int = 3) -> None:
+        if not hasattr(self, "_seen"):
+            self._seen = deque(maxlen=GpuTimeMap.WINDOW)
         best = None
         for i in range(samples):
             got = self._bracket(block=self.cal is None and i == samples - 1 and best is None)
@@ -359,9 +364,10 @@ class CudaClock:
 
     def idle_window_ns(self) -> int:
         """How far after the host's reading an event on an idle stream is stamped, as mapped:
-        the calibration's half-bracket (its error) and 2 µs for the record call itself."""
-        pts = tuple(self.map.points)  # (a copy in one call: calibrate() appends on the training thread)
-        return 2_000 + (min(p[2] for p in pts) // 2 if pts else 0)
+        half the shortest time from a calibration event's record to its being seen (the
+        submission latency, and the mapping's error) and 2 µs for the record call itself."""
+        seen = tuple(getattr(self, "_seen", ()))  # (a copy in one call: calibrate() appends on the training thread)
+        return 2_000 + (min(seen) // 2 if seen else 0)
 
     # -- off the hot path -----------------------------------------------------------
     def resolver(self, start_tok, ref: CalPoint):

@@ -28,6 +28,8 @@ class GpuTimeMap:
         # time since the first point, ~100 µs after hours)
         self.fit = (None, 0.0, 1.0)
         self.residual_ns: int | None = None  # prediction - measurement at the last point
+        # how far a mapped time may be off: half the widest bracket among the points in use
+        self.bound_ns: int | None = None
 
     @property
     def a(self) -> float:
@@ -52,13 +54,16 @@ class GpuTimeMap:
         self.fit = (base, *self._fit(rate))
 
     def _fit(self, rate: float) -> tuple[float, float]:
-        """(a, rate) over the recent low-delay points (`rate`: the one in force)."""
+        """(a, rate) over the recent low-delay points (`rate`: the one in force); sets
+        `bound_ns`, half the widest bracket among them."""
         pts = self.points
         best = min(p[2] for p in pts)
         use = [p for p in pts if p[2] <= 2 * best + 2_000] or list(pts)
         if len(use) < 2 or use[-1][0] - use[0][0] < 1e8:  # under 0.1 s: offset only
-            g, h, _ = min(pts, key=lambda p: p[2]) if len(use) < 2 else use[-1]
+            g, h, w = min(pts, key=lambda p: p[2]) if len(use) < 2 else use[-1]
+            self.bound_ns = int(w) // 2
             return h - rate * g, rate
+        self.bound_ns = int(max(p[2] for p in use)) // 2
         n = len(use)
         mg = sum(p[0] for p in use) / n
         mh = sum(p[1] for p in use) / n

@@ -17,7 +17,11 @@ without a GPU (CudaClock, Recorder, Straggle take it through their `torch_cuda` 
   takes;
 - the current stream is per thread (the default stream unless a test sets another);
 - `_sleep(cycles)` runs at the SMs' actual clock (`sm_khz`), whatever the nominal
-  `clock_rate` says.
+  `clock_rate` says;
+- `timeslice=(period_ns, ours_ns)`: another process's context shares the GPU, time-sliced
+  (two ranks on one GPU without MPS): this context runs only in the first `ours_ns` of every
+  `period_ns`; work and events that reach the GPU outside its slice wait for the next one
+  (an event is stamped when this context gets the GPU back, however idle its stream).
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ class SimStream:
 
     def enqueue(self, dur_ns: int) -> int:
         """Work of dur_ns on this stream, enqueued now; returns when it ends."""
-        start = max(self.tail, self.sim.now + self.sim.launch_ns)
+        start = self.sim.slot(max(self.tail, self.sim.now + self.sim.launch_ns))
         self.tail = start + dur_ns
         return self.tail
 
@@ -55,8 +59,9 @@ class SimStream:
 
 class SimCuda:
     def __init__(self, read_ns: int = 200, sm_khz: int = 1_200_000, clock_rate_khz: int = 1_980_000,
-                 launch_ns: int = 0):
+                 launch_ns: int = 0, timeslice: tuple[int, int] | None = None):
         self.now = 1_000_000_000
+        self.timeslice = timeslice
         self.read_ns = read_ns
         self.launch_ns = launch_ns
         self.sm_khz = sm_khz
@@ -80,7 +85,7 @@ class SimCuda:
                 sim.records += 1
                 stream = stream if stream is not None else sim.current_stream(None)
                 # stamped when the stream reaches it, the submission latency after the host
-                self.t = max(stream.tail, sim.now + sim.launch_ns)
+                self.t = sim.slot(max(stream.tail, sim.now + sim.launch_ns))
 
             def query(self):
                 return self.t is not None and sim.now >= self.t
@@ -92,6 +97,14 @@ class SimCuda:
                 return f32((other.t - self.t) / 1e6)
 
         self.Event = Event
+
+    def slot(self, t: int) -> int:
+        """When this context can run something that reached the GPU at `t` (time-sliced
+        with another context: the start of its next slice, if `t` falls outside one)."""
+        if self.timeslice is None:
+            return t
+        period, ours = self.timeslice
+        return t if t % period < ours else (t // period + 1) * period
 
     # -- torch.cuda's names ------------------------------------------------------------
     def host_ns(self) -> int:
