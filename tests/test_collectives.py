@@ -57,7 +57,9 @@ def dlrm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fsdp(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("fsdp"), "fsdp2.py", "--iters", str(ITERS), "--blocks", str(BLOCKS))
+    # (rank 1 stops 4 s between its forward and its backward at iteration 5: a stalled step)
+    return _run(tmp_path_factory.mktemp("fsdp"), "fsdp2.py", "--iters", str(ITERS), "--blocks", str(BLOCKS),
+                "--stall-at", "5", "--sleep", "4")
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +170,23 @@ def test_fsdp2_steps_are_optimizer_steps_with_per_unit_gathers_and_scatters(fsdp
             for c, t0, t1 in cs:  # a block's forward gather before its forward compute
                 if c[1] == "all_gather" and c[6] == "forward" and c[5] >= 0:
                     assert t0 <= fwd[c[5]][0], (k, r, c, fwd[c[5]])
+
+
+@FSDP
+def test_fsdp2_a_stalled_step_is_listed_with_who_waited_in_what(fsdp):
+    """Rank 1 stops 4 s between its forward and its backward at iteration 5: the report and
+    its JSON list that step, rank 0 waiting ~4 s for rank 1 in FSDP2's first collective of
+    the backward (the last block's all-gather: it was resharded after its forward), and no
+    other step."""
+    import re
+    doc, _, out = fsdp
+    stalls = doc["strategies"][0]["stalls"]
+    assert [x["step"] for x in stalls] == [5], stalls
+    x = stalls[0]
+    assert x["waited_for"] == 1 and list(x["waited_ms"]) == ["0"] and 3500 <= x["waited_ms"]["0"] <= 6000, x
+    assert re.fullmatch(r"(all_gather|reduce_scatter) \(layers\.\d, backward; [\d.]+ MB\)", x["collective"]), x
+    assert re.search(r"fsdp step 5: [45]\.\d s · rank 0 waited [3-5]\.\d s for rank 1 in " + re.escape(x["collective"]),
+                     out), out
 
 
 @FSDP

@@ -9,6 +9,8 @@ layer; AdamW. Plain FSDP2, nothing of ddptui.
     --blocks N      transformer blocks (default 4)
     --clip X        clip_grad_norm_ to X before the optimizer (as torchtitan does: on FSDP2's
                     sharded DTensor gradients, the norm is all_reduced by a functional collective)
+    --stall-at N    at iteration N, rank 1 sleeps --sleep seconds between its forward and its
+                    backward (rank 0 waits inside FSDP2's collective of the backward)
 """
 import argparse
 
@@ -54,6 +56,8 @@ p.add_argument("--mixed", action="store_true")
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--blocks", type=int, default=4)
 p.add_argument("--clip", type=float, default=None)
+p.add_argument("--stall-at", type=int, default=-1)
+p.add_argument("--sleep", type=float, default=6.0)
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -79,6 +83,9 @@ for it in range(a.iters):
         if a.accum > 1:
             model.set_requires_gradient_sync(m == a.accum - 1)
         logits = model(x)
+        if rank == 1 and it == a.stall_at and m == a.accum - 1:
+            import time
+            time.sleep(a.sleep)
         F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
     if a.clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
