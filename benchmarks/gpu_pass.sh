@@ -196,7 +196,7 @@ timed() {  # name, own limit, log file, command...: a step whose last lines go t
   local t; t=$(limit "$name" "$own"); [ "$t" = 0 ] && return
   step "$name (limit ${t}s)"
   timeout "$t" "$@" > "$work/$log" 2>&1
-  note "  exit $? · $(grep -E '^P[0-9]| ratio|side by side| passed| failed| errors? |^now|share of the step|^gpu_' "$work/$log" | tail -n 4 | tr '\n' ' ')"
+  note "  exit $? · $(grep -E '^P[0-9]| ratio|side by side| passed| failed| errors? | skipped| deselected|^now|share of the step|^gpu_' "$work/$log" | tail -n 4 | tr '\n' ' ')"
   pack
 }
 
