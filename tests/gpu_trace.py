@@ -124,10 +124,10 @@ class KinetoRank:
     def step(self, strategy: str, k: int) -> None:
         rec, sim, L = self.rec, self.sim, self.n_layers
         batch = 512
+        with self.op("aten::_foreach_zero_", MAIN):  # Strategy.prepare: before the step
+            self.kernel("multi_tensor_apply_kernel<zero>", MAIN, 30_000)
         self.clock.maybe_calibrate()
         rec.begin(strategy, k)
-        with self.op("aten::_foreach_zero_", MAIN):
-            self.kernel("multi_tensor_apply_kernel<zero>", MAIN, 30_000)
         seqs = []
         rec.fwd_between(-1)
         for j in range(L):

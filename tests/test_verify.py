@@ -111,7 +111,9 @@ def test_matcher_pairs_structurally_and_counts_size_mismatches():
     # layer 0 ends with its last AccumulateGrad node, its hooks included (a strategy's work on
     # the gradient: ddptui marks after it), and starts where layer 1 ended
     assert p.bwd == {1: (500, 620), 0: (620, 830)}
-    d = verify.SpanStep("naive", 1, 0, 1100, fwd={0: (100, 250), 1: (250, 400)},
+    # the step starts with its forward (the gradients are zeroed before it, outside it)
+    assert (p.t0, p.t1) == (100, 1100)
+    d = verify.SpanStep("naive", 1, 100, 1100, fwd={0: (100, 250), 1: (250, 400)},
                         bwd={1: (500, 620), 0: (620, 830)},
                         comm=[(0, 900, 950, 890), (1, 960, 990, 955)], opt=(1000, 1100))
     sizes = {0: 24, 1: 8}

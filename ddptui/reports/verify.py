@@ -9,7 +9,8 @@ range ddptui opened itself (ddptui adds none to the profile):
 
 - steps: a measured step is ``zero_grad`` (``aten::_foreach_zero_``) ... forward ... backward
   ... optimizer (``aten::_foreach_add_``) on the training thread (PlainSGD in
-  ranks/strategies.py). The i-th such pair of a rank's window is the i-th ddptui STEP span of
+  ranks/strategies.py); the gradients are zeroed before ddptui's step (Strategy.prepare), which
+  starts with the forward's first ``aten::linear`` and ends with the optimizer. The i-th such pair of a rank's window is the i-th ddptui STEP span of
   that rank in time order (all strategies together); different counts leave the rank's
   spans unmatched.
 - forward layer j: the j-th ``aten::linear`` of the step on the training thread, through the
@@ -194,10 +195,15 @@ class ProfiledStep:
 
 def _device_span(cpu_ops: list[ProfEvent], by_linked: dict) -> tuple | None:
     """Earliest start and latest end of the device work (kernels, copies) that these CPU
-    ops launched, linked by correlation id; None if they launched none."""
+    ops launched, linked by correlation id; None if they launched none.
+
+    A CUDA runtime call (cudaLaunchKernel, cudaEventRecord: a host event torch.profiler puts
+    on the thread of the op that made it, inside it) carries CUPTI's correlation id, a count
+    of its own, and is linked to its op: it stands for that op, never for whatever op has
+    its CUPTI id as its own (the first H100 pass: one step in five off by 30-125 ms)."""
     work = []
     for op in cpu_ops:
-        work.extend(by_linked.get(op.corr, ()))
+        work.extend(by_linked.get(op.linked if op.linked > 0 else op.corr, ()))
     if not work:
         return None
     return min(w.t0 for w in work), max(w.t1 for w in work)
@@ -261,8 +267,13 @@ def profile_steps(prof: Profile, n_layers: int) -> list[ProfiledStep]:
         add = next((a for a in adds if a.t0 >= zero.t1 and (next_zero is None or a.t1 <= next_zero)), None)
         if add is None:
             continue
-        step = ProfiledStep(zero.t0, add.t1, (add.t0, add.t1))
-        inside = [e for e in mainev if e.t0 >= zero.t0 and e.t1 <= add.t1]
+        # the gradients are zeroed before the step (Strategy.prepare, outside measurement):
+        # the step starts with its forward, its first aten::linear
+        first = next((e for e in mainev if e.name == "aten::linear" and e.t0 >= zero.t1
+                      and e.t1 <= add.t0), None)
+        t0 = first.t0 if first is not None else zero.t1
+        step = ProfiledStep(t0, add.t1, (add.t0, add.t1))
+        inside = [e for e in mainev if e.t0 >= t0 and e.t1 <= add.t1]
         linears = [e for e in inside if e.name == "aten::linear"]
         relus = [e for e in inside if e.name == "aten::relu"]
         seq_layer: dict[int, int] = {}
