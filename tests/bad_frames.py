@@ -87,7 +87,7 @@ FIELDS: dict[str, dict[str, list]] = {
                             [[-1, [1], 5]], [[0, "1", 5]]]},
     "event": {"r": RANK, "k": STEP_, "what": strs(32), "value": NUM + [0, -1.0, 1e9]},
     "hb": {"r": RANK, "k": [-2, 2**31, "3", None, 2.5, NAN], "ph": strs(32), "drop": COUNT,
-           "dropf": COUNT, "ts": TS_NS},
+           "dropf": COUNT, "ts": TS_NS, "wb": COUNT},
     "bye": {"r": RANK, "why": strs(64), "drop": COUNT, "dropf": COUNT},
     "error": {"r": RANK, "msg": strs(4000), "tb": strs(8000)},
     "status": {"text": strs(4000), "level": ["panic", 1, None], "ts": [-1.0, NAN, "now", None]},
@@ -106,7 +106,7 @@ FIELDS: dict[str, dict[str, list]] = {
 OPTIONAL = {"hello": {"local_rank", "pid", "host", "device", "backend", "model", "layers",
                       "params", "strategies", "batch", "steps", "bucket_cap_mb", "seed", "lr",
                       "threads", "uuid", "note", "torch"},
-            "hb": {"ph", "drop", "dropf", "ts"}, "bye": {"why", "drop", "dropf"},
+            "hb": {"ph", "drop", "dropf", "ts", "wb"}, "bye": {"why", "drop", "dropf"},
             "error": {"tb"}, "status": {"level", "ts"}, "buckets": {"cap_mb", "ddp_reported"},
             "reject": {"r", "ft", "ts"}, "drop": {"bye"}, "stop": {"why"}, "output": {"stream", "dropped", "ts"}}
 

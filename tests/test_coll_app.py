@@ -316,6 +316,26 @@ def test_a_rank_past_the_stuck_collective_went_past_it():
     assert s.short().endswith("· r4 never entered · r2 r3 went past")
 
 
+def test_a_stall_in_a_ddp_bucket_names_the_bucket_and_its_layers():
+    """A rank blocked in DDP's reducer is inside its bucket's AllReduce (ddptui's comm hook
+    puts it in flight; the heartbeat says the bucket): named with the bucket's layers, as the
+    assignment holds them, and bytes; the other rank, inside none and behind in its count,
+    never entered it. Without an assignment yet (a stall in the first step), the layer the
+    rank said."""
+    run, fr = fsdp_frames(steps=2, strategies=("ddp",))
+    st = store_of(fr)
+    ar = ("all_reduce", 13, 5_850_152, 3, int(100e9))
+    st.ingest(frames.Hb(rank=0, step=2, phase="training", ts=int(104.2e9), waiting=ar, colls=13, bucket=0))
+    st.ingest(hb(1, 104.0, None, 12, step=2))
+    s = st.stall()
+    assert (s.bucket, s.layers) == (0, ["fc4", "fc3", "fc2", "fc1"])
+    assert s.text() == ("rank 0 inside DDP bucket 0 AllReduce #13 (5.9 MB, layers fc4 … fc1 (4)) for 4 s; "
+                        "rank 1 never entered it (inside no collective; 12 entered, 13 by those inside)")
+    assert s.short() == "stuck in bucket 0 AR #13 (fc4 … fc1 (4)): r0 inside 4 s · r1 never entered"
+    got = hang.stall(st.rank_snapshot(), list(st.meta.layers))  # (no assignment: the rank's layer)
+    assert got.collective() == "DDP bucket 0 AllReduce #13 (5.9 MB, fc4)"
+
+
 def test_watchdog_logs_the_stall_within_seconds():
     from ddptui.live.watchdog import Watchdog
     run, fr = fsdp_frames(steps=2)
@@ -335,6 +355,30 @@ def test_watchdog_logs_the_stall_within_seconds():
     assert len([t for _, _, t in st.log_lines() if t.startswith("no progress")]) == 1  # said once
     why = w.check(31.0)
     assert why.startswith("no step finished for 30 s: rank 0 inside reduce_scatter #9")
+
+
+def test_watchdog_says_a_stall_no_collective_explains_and_when_steps_come_again():
+    """No rank inside a collective ddptui sees (a stall before any): after 2 x STALL_S (and
+    10 typical steps) without a step, said anyway, once, with each rank's step; when steps
+    come again, said too."""
+    from ddptui.live.watchdog import Watchdog
+    run, fr = fsdp_frames(steps=2)
+    st = store_of(fr)
+    for f in (frames.Phase(rank=0, phase="training"), hb(0, 53.5, None, 20), hb(1, 53.5, None, 20)):
+        st.ingest(f)
+    w = Watchdog(st, hang_s=30.0, hb_timeout_s=60.0, on_rank_gone=lambda r: None, now=0.0)
+    w.last_progress = 0.0
+    w._last_spans = st.spans
+    assert w.check(4.0) is None and not any("no progress" in t for _, _, t in st.log_lines())
+    w.check(6.5)
+    w.check(7.0)
+    said = [t for _, _, t in st.log_lines() if t.startswith("no progress")]
+    assert said == ["no progress for 6 s (rank 0 step 4, rank 1 step 4; no rank is inside a collective "
+                    "ddptui sees)"], said
+    for f in run.step_frames(2):
+        st.ingest(f)
+    w.progress(9.0)
+    assert st.log_lines()[-1][2] == "steps again after 9 s without one (the stall: no collective named)"
 
 
 @pytest.mark.asyncio

@@ -67,9 +67,11 @@ class Stall:
     def short(self) -> str:
         """For a status line: 'stuck in AG #17 h.3 12.6 MB: r0 r1 inside 4 s · r2 never entered'."""
         layer = f" {self.layer}" if self.layer else ""
-        what = f"bucket {self.bucket} AR" if self.bucket is not None else spec.COLL_SHORT.get(self.op, self.op)
-        if self.bucket is not None and self.layers:
-            layer = f" {layers_text(self.layers, 2)}"
+        what = spec.COLL_SHORT.get(self.op, self.op)
+        if self.bucket is not None:  # 'stuck in bucket 0 AR #13 (fc3, fc2): ...'
+            what = f"bucket {self.bucket} AR"
+            names = layers_text(self.layers, 2) if self.layers else self.layer
+            layer = f" ({names})" if names else ""
         text = (f"stuck in {what} #{self.seq}{layer}: "
                 f"{' '.join(f'r{r}' for r in sorted(self.inside))} inside {max(self.inside.values()):.0f} s")
         if self.never:
