@@ -387,6 +387,186 @@ def measure_handoff(steps: int, step_us: int = 1000, work_us: int = 20):
     return {k: (statistics.median(v) / 1000, statistics.fmean(v) / 1000) for k, v in out.items()}
 
 
+MODEL_LAYERS = {"xlarge": 8, "deep40": 40}
+SESSION_REV = "69205d5"  # the hook path before the H100 redesign (h100-model's "before")
+
+
+def measure_h100_model(instrument, strategies, model: str, steps: int) -> dict:
+    """The host time ddptui would take on the first H100 a step of `model` (its layers, its DDP
+    buckets, its step length there: benchmarks/h100_costs.json), every figure of the model
+    either measured here or charged at the H100's cost:
+
+    - ddptui's own Python on this CPU: an instrumented step (the real Recorder, CudaClock and
+      layer hooks on a torch.cuda stand-in that charges nothing: tests/cuda_cost.py) less a
+      plain one, in turn, median;
+    - each CUDA call the step made (counted by the stand-in) at what the H100 charges for it,
+      less this CPU's part of a mark (already in the first figure);
+    - each hook PyTorch dispatched at the H100's dispatch, less this CPU's (a no-op hook's);
+    - each bucket's Python comm hook at its assumed cost (DDP calling Python, over its C++
+      AllReduce; benchmarks/gpu_cost.py measures it);
+    and the period the Recorder chose for its layer marks, the step's length on the device
+    being the H100's (in a run the sender thread takes it from the resolved steps). Returns
+    the figures, `share_pct` the host time over the H100's step."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from tests.cuda_cost import free_cuda, h100
+    costs = h100()
+    layers, buckets = MODEL_LAYERS[model], int(costs["buckets"][model])
+    step_ns = costs["steps_ms"][model] * 1e6
+    cuda = free_cuda()
+    clock = instrument.CudaClock("cuda:0", torch_cuda=cuda, host_ns=time.monotonic_ns,
+                                 hook_lag_ns=int(costs["hook_dispatch"] * 1000))
+    rec = instrument.Recorder(clock, layers)
+    if hasattr(rec, "_dev_ns"):  # the step's length on the device: the H100's (in a run the
+        class _Device(dict):  # sender thread writes it from resolved steps; here the stand-in's
+            def get(self, key, default=None):  # events have no length to give)
+                return step_ns
+
+            def __setitem__(self, key, value):
+                pass
+        rec._dev_ns = _Device()
+    torch.manual_seed(0)
+    width = 16
+    base = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
+    plain, timed, floor = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    strategies.attach_layer_hooks(timed, rec, "ddp")
+    noop_hooks(floor)
+    x, y = torch.randn(1, width), torch.zeros(1, dtype=torch.long)
+    import timeit
+    free_mark_us = min(timeit.repeat(lambda: clock.release(clock.mark()), number=5000, repeat=5)) / 5000 * 1e6
+    k = [0]
+    info = {"hooks": 0, "marked": 0}
+
+    def one(m, side: int) -> int:
+        t0 = time.perf_counter_ns()
+        if side == 1:
+            rec._mark_ns = costs["event_record"] * 1000  # (one mark as the H100's host times it)
+            rec.begin("ddp", k[0])
+            marked = rec.cur.layers
+        loss = F.cross_entropy(m(x), y)
+        if side == 1:
+            rec.backward_starts()
+        loss.backward()
+        if side != 1:
+            return time.perf_counter_ns() - t0
+        cur = rec.cur
+        for b in range(buckets):  # what ddptui's comm hook does around each bucket's AllReduce
+            slot = rec.comm_issue(b)
+            rec.comm_done(cur, slot)
+        rec.opt_begin()
+        try:
+            rec.opt_end(last=True)
+        except TypeError:  # (the code before: no shared end)
+            rec.opt_end()
+        rec.end()
+        items = rec.poll(lazy=True)
+        t1 = time.perf_counter_ns()
+        k[0] += 1
+        info["hooks"] += (layers + 1) if marked else 1
+        info["marked"] += bool(marked)
+        for it in items:  # (the sender thread's part: counted apart)
+            it()
+        return t1 - t0
+
+    def quiet_counts():
+        return dict(cuda.calls)
+
+    for _ in range(300):
+        one(plain, 0); one(timed, 1); one(floor, 2)
+    import gc
+    gc.collect()
+    gc.disable()
+    info["hooks"] = info["marked"] = 0
+    k0 = k[0]
+    before = quiet_counts()
+    diffs, floors = [], []
+    res_ns = []
+    orders = list(itertools.permutations(range(3)))
+    for j in range(steps):
+        got = [0, 0, 0]
+        for i in orders[j % len(orders)]:
+            got[i] = one((plain, timed, floor)[i], i)
+        diffs.append(got[1] - got[0])
+        floors.append(got[2] - got[0])
+    gc.enable()
+    n = k[0] - k0
+    after = quiet_counts()
+    per = {c: (after.get(c, 0) - before.get(c, 0)) / n for c in set(after) | set(before)}
+    # resolution alone, as the sender thread does it: this CPU's Python and the H100's calls
+    rec2_items = []
+    for _ in range(20):
+        rec.begin("ddp", k[0]); k[0] += 1
+        loss = F.cross_entropy(timed(x), y); rec.backward_starts(); loss.backward()
+        rec.opt_begin(); rec.end()
+        rec2_items += rec.poll(wait=True, lazy=True)
+    e0 = cuda.calls["elapsed_time"]
+    t = time.perf_counter_ns()
+    for it in rec2_items:
+        it()
+    res_py_us = (time.perf_counter_ns() - t) / len(rec2_items) / 1000
+    res_calls = (cuda.calls["elapsed_time"] - e0) / len(rec2_items)
+    own_us = statistics.median(diffs) / 1000
+    floor_us = max(0.0, statistics.median(floors) / 1000 / layers)  # this CPU's dispatch a hook
+    hooks = info["hooks"] / n
+    charged = (per.get("record", 0) * (costs["event_record"] - free_mark_us)
+               + per.get("query", 0) * costs["event_query"]
+               + per.get("current_stream", 0) * costs["current_stream"]
+               + per.get("wait", 0) * costs["stream_wait"])  # (elapsed_time: the sender's)
+    dispatch = hooks * max(0.0, costs["hook_dispatch"] - floor_us)
+    comm = buckets * costs["comm_hook"]
+    host = own_us + charged + dispatch + comm
+    return {"model": model, "layers": layers, "buckets": buckets, "step_ms": step_ns / 1e6,
+            "every": rec.layer_every("ddp"), "marked_frac": info["marked"] / n,
+            "own_us": own_us, "charged_us": charged, "dispatch_us": dispatch, "comm_hook_us": comm,
+            "host_us": host, "share_pct": 100 * host / (step_ns / 1000), "calls": per,
+            "resolve_us": res_py_us + res_calls * costs["elapsed_time"], "resolve_calls": res_calls,
+            "free_mark_us": free_mark_us, "cpu_dispatch_us": floor_us}
+
+
+def h100_model_main(a) -> int:
+    """--device h100-model: the host share the first H100 would show, now and before."""
+    import torch
+    torch.set_num_threads(1)
+    from ranks import instrument, strategies
+    steps = 60 if a.quick else a.steps
+    old = load_old(a.share_vs or SESSION_REV)
+    rows = []
+    for model in ("xlarge", "deep40"):
+        now = [measure_h100_model(instrument, strategies, model, steps) for _ in range(1 if a.quick else 3)]
+        got = min(now, key=lambda r: r["host_us"]) if False else sorted(now, key=lambda r: r["host_us"])[len(now) // 2]
+        then = measure_h100_model(*old, model, steps) if old is not None else None
+        rows.append((got, then))
+    print(f"P7 on the H100 cost model (what the first H100 measured a CUDA call, a hook's dispatch "
+          f"and a step to take; benchmarks/h100_costs.json), ddptui's host time on the training "
+          f"thread a step, torch {torch.__version__}, {steps} steps"
+          + (" (SMOKE: --quick)" if a.quick else ""))
+    for got, then in rows:
+        c = got["calls"]
+        print(f"  {got['model']:7s} {got['layers']:2d} layers, {got['buckets']:2d} buckets, a "
+              f"{got['step_ms']:.1f} ms step: layers marked 1 step in {got['every']} "
+              f"({100 * got['marked_frac']:.0f} % of steps); host {got['host_us']:.0f} µs = "
+              f"{got['share_pct']:.2f} % (ddptui's Python here {got['own_us']:.0f}, CUDA calls "
+              f"{got['charged_us']:.0f}: {c.get('record', 0):.1f} records, "
+              f"{c.get('current_stream', 0):.1f} stream look-ups, {c.get('query', 0):.1f} queries; "
+              f"hook dispatch {got['dispatch_us']:.0f}; Python comm hooks {got['comm_hook_us']:.0f}, "
+              f"assumed); resolving a step on the sender thread {got['resolve_us']:.0f} µs "
+              f"({got['resolve_calls']:.0f} elapsed_time calls)")
+        if then is not None:
+            print(f"          before ({a.share_vs or SESSION_REV}): layers marked 1 step in "
+                  f"{then['every']}; host {then['host_us']:.0f} µs = {then['share_pct']:.2f} %; "
+                  f"resolving {then['resolve_us']:.0f} µs ({then['resolve_calls']:.0f} calls); "
+                  f"with every layer marked, as now: "
+                  f"{then['calls'].get('record', 0):.1f} records a step")
+    worst = max(r[0]["share_pct"] for r in rows)
+    every = max(r[0]["every"] for r in rows)
+    tag = "SMOKE" if a.quick else ("OK" if worst <= 1.0 and every == 1 else "MISS")
+    print(f"P7 h100_model share_pct={worst:.2f} goal<=1 {tag} (every layer on every step: "
+          f"{'yes' if every == 1 else 'no'})")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=400)
@@ -394,9 +574,13 @@ def main(argv=None) -> int:
     p.add_argument("--vs", default=OLD_REV, help="git revision of the hook path to compare with")
     p.add_argument("--share-vs", default=None, metavar="REV",
                    help="also measure the host share with the hook path of REV, in turn with this one")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                   help="cuda: the real CUDA events and stream (the GPU pass), not stand-ins")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "h100-model"),
+                   help="cuda: the real CUDA events and stream (the GPU pass), not stand-ins; "
+                        "h100-model: on this CPU, the host share the first H100 would show at "
+                        "xlarge's and deep40's steps, every CUDA call charged at its cost there")
     a = p.parse_args(argv)
+    if a.device == "h100-model":
+        return h100_model_main(a)
     steps = 30 if a.quick else a.steps
     rounds = 1 if a.quick else 3
     import torch

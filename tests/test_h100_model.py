@@ -1,0 +1,105 @@
+"""ddptui's host cost on a GPU, held on a CPU by the CUDA cost model (tests/cuda_cost.py: the
+first H100's measured costs, benchmarks/h100_costs.json) and the CUDA stand-in (tests/cuda_sim.py):
+the CUDA calls a step makes, the calls its resolution makes, and the period of layer marks
+judged on the device's step, not the host's launch time."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ranks.clocks import CudaClock
+from ranks.recorder import Recorder
+from ranks.strategies import attach_layer_hooks
+from tests.cuda_cost import charged_cuda, h100
+from tests.cuda_sim import SimCuda
+
+LAYERS, BUCKETS = 8, 5  # xlarge on the first H100: 8 layers, 5 DDP buckets a step
+
+
+def _xlarge_step(rec, model, x, y, k):
+    """What DDPStrategy's step does, its buckets' comm hook included (the marks around it)."""
+    rec.begin("ddp", k)
+    loss = F.cross_entropy(model(x), y)
+    rec.backward_starts()
+    loss.backward()
+    cur = rec.cur
+    for b in range(BUCKETS):
+        slot = rec.comm_issue(b)
+        rec.comm_done(cur, slot)
+    rec.opt_begin()
+    rec.opt_end(last=True)
+    rec.end()
+
+
+def _counted_run(steps: int = 6):
+    cuda = charged_cuda()
+    rec = Recorder(CudaClock("cuda:0", torch_cuda=cuda, host_ns=time.monotonic_ns, hook_lag_ns=3210), LAYERS,
+                   every=1)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(LAYERS)])
+    attach_layer_hooks(model, rec, "ddp")
+    x, y = torch.randn(2, 8), torch.zeros(2, dtype=torch.long)
+    _xlarge_step(rec, model, x, y, 0)  # (the first step: the backward's calls counted)
+    for p in rec.poll(wait=True, lazy=True):
+        p()
+    c0 = dict(cuda.calls)
+    for k in range(1, steps + 1):
+        _xlarge_step(rec, model, x, y, k)
+    items = rec.poll(wait=True, lazy=True)
+    c1 = dict(cuda.calls)
+    for p in items:
+        p()
+    c2 = dict(cuda.calls)
+    per = {k: (c1.get(k, 0) - c0.get(k, 0)) / steps for k in c1}
+    resolved = {k: (c2.get(k, 0) - c1.get(k, 0)) / steps for k in c2}
+    return per, resolved, len(items)
+
+
+def test_a_marked_xlarge_step_makes_one_event_a_moment_and_no_stream_look_up():
+    """Every layer marked: one event where the step and its forward start, one per layer
+    boundary forward and backward, two a bucket, one where the optimizer starts and one where
+    it and the step end (30); a collective's end on the completion callback's stream, looked up
+    once, not a new Python Stream each time (3 µs on an H100 host). Before: 32 records a step and
+    5 stream look-ups (the step's start apart from its forward's, the optimizer's end apart
+    from the step's, torch.cuda.current_stream for every collective's end)."""
+    per, _, steps = _counted_run()
+    assert steps == 6
+    assert per.get("record") == 1 + LAYERS + (LAYERS + 1) + 2 * BUCKETS + 2 == 30
+    assert per.get("current_stream", 0) == 0
+    assert per.get("synchronize", 0) == 0  # nothing waits for the GPU inside a step
+
+
+def test_resolving_a_step_asks_each_event_its_time_once():
+    """A layer's end is the next one's start (one event, two slots): its elapsed_time is asked
+    once (~6 µs an H100 host, under the sender thread's GIL). 30 events a step: 29 against the
+    step's start and one for the start against the calibration point. Before: 46."""
+    _, resolved, _ = _counted_run()
+    assert resolved.get("elapsed_time") == 30
+
+
+def test_the_layer_period_is_judged_on_the_gpus_step_not_the_hosts_launch():
+    """A GPU-bound xlarge step (7.7 ms on the GPU, launched by the host in a fraction of that):
+    at the H100's costs (a mark 2.39 µs, a hook's dispatch 3.21 µs: 64 µs of layer marks) every
+    layer of every step is marked, within 1 % of the step. Judged on the host's launch time,
+    as before, it was 1 step in 2 or more."""
+    sim = SimCuda(read_ns=50)
+    clock = CudaClock("cuda:0", torch_cuda=sim, host_ns=sim.host_ns, hook_lag_ns=3210)
+    rec = Recorder(clock, LAYERS)
+    rec.switches["ddp"] = lambda on: None
+    rec._mark_ns = h100()["event_record"] * 1000
+    gpu_step = 7_700_000
+    for k in range(24):
+        rec.begin("ddp", k)
+        sim.compute(gpu_step)  # the step's kernels, queued
+        sim.host_work(900_000)  # the host's launches: it runs ahead
+        rec.end()
+        for p in rec.poll(wait=True, lazy=True):  # (the sender thread's part)
+            p()
+    assert abs(rec._dev_ns["ddp"] - gpu_step) < 0.05 * gpu_step  # the device's own step length
+    assert rec.wanted_every("ddp") == 1
+    # the host's launch time alone (the rule before) says a sample of steps
+    rec._dev_ns.clear()
+    assert rec.wanted_every("ddp") >= 2
