@@ -225,10 +225,11 @@ phase_pass() {
     timed "NVML next to nvidia-smi" 35 nvml.txt $PY benchmarks/gpu_nvml.py --seconds $NVML_S --out "$work/nvml.csv"
   fi
   # ======== STEP FOR benchmarks/gpu_cost.py: <= 2 minutes, right after the pass; skipped while
-  # ======== the file is absent. Its output goes to the work folder, packed with the rest.
+  # ======== the file is absent. Called as gpu_clock.py and gpu_nvml.py are (--out FILE); its
+  # ======== output goes to the work folder, packed with the rest, its last lines to the summary.
   if [ -f benchmarks/gpu_cost.py ]; then
     timed "gpu_cost (benchmarks/gpu_cost.py)" 120 gpu-cost.txt \
-      $PY benchmarks/gpu_cost.py --device $DEV --out "$work/gpu-cost.json" ${QUICK:+--quick}
+      $PY benchmarks/gpu_cost.py --out "$work/gpu-cost.json"
   else
     note "  benchmarks/gpu_cost.py: absent, skipped"
   fi
