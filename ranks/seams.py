@@ -32,9 +32,11 @@ imports `ddptui` (the app reads its seams from here too).
   `test_a_stalled_websocket_ends_its_tab`).
 - ``DDPTUI_GPU_COUNT`` (`gpu_count`): the CUDA devices a run may use, instead of asking NVML
   (`ddptui.live.launcher.detect_gpus`; negative: 0, not an int: ValueError); also for
-  machines without NVML. Used by tests/conftest.py, tests/test_cli_verbs.py,
-  tests/test_verify.py (``0``: CPU ranks) and tests/test_pipeline.py
-  (`test_more_gpus_than_exist`).
+  machines without NVML. Used by tests/conftest.py (``0`` for the whole session and what it
+  starts, but in tests marked gpu: every other test means CPU ranks, also on a machine with one
+  GPU, where `--gpus 2` would be refused; the suite passes with ``1`` set for the whole run on
+  a machine without CUDA), tests/test_cli_verbs.py, tests/test_verify.py (``0``: CPU ranks)
+  and tests/test_pipeline.py (`test_more_gpus_than_exist`).
 
 Configuration read from the environment (DDPTUI_SOCKET, DDPTUI_TOKEN, DDPTUI_RECORD,
 DDPTUI_RUNS_DIR, DDPTUI_AUTO, DDPTUI_LAYERS) is not a seam: production code sets or documents
