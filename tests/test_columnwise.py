@@ -44,6 +44,7 @@ def _both(store: Store) -> int:
             stacked += 1
             st = columnwise.Stacked(ranks, place)
             assert columnwise.rank_steps(st, comm, want) == rs, (strategy, k)
+            assert columnwise.hta_steps(st, rs) == {r: figures.hta_step(b, rs[r]) for r, b in ranks.items()}
             cw = columnwise.step_waits(st, step_ms)
             if sw is None:
                 assert cw is None
@@ -159,3 +160,27 @@ def test_evidence_made_with_the_figures_at_many_ranks_equals_the_evidence_made_w
         a = evidence.judge([(k, f, e) for k, _, f, e in rows], min_slower=0.5)
         b = evidence.judge([(k, f, e) for k, _, f, e in as_tuples], min_slower=0.5)
         assert a.findings == b.findings and a.culprit == b.culprit
+
+
+def test_hta_overlap_column_wise_counts_an_optimizer_over_a_collective():
+    """HTA counts the optimizer as compute: rank 1's optimizer runs while its AllReduce is
+    still in flight (20 µs of it), rank 0's after; column-wise as rank by rank."""
+    from ranks import frames, wire
+    from ranks.frames import spans_frame
+    from ranks.wire import BWD, COMM, FWD, OPT, STEP
+
+    def batch(rank, opt_at):
+        spans = [(STEP, 0, 0, 420), (FWD, 0, 0, 100), (BWD, 0, 100, 300), (COMM, 0, 250, 400),
+                 (OPT, 0, opt_at, opt_at + 20)]
+        kinds, idxs, t0, t1 = zip(*spans)
+        base = 10**9
+        f = spans_frame(rank, "ddp", 3, base, list(kinds), list(idxs), [base + t * 1000 for t in t0],
+                        [base + t * 1000 for t in t1], [base + 240_000])
+        return wire.decode_spans(frames.decode(wire.pack(f)[4:]))
+
+    ranks = {0: batch(0, 400), 1: batch(1, 350)}
+    rs = {r: figures.rank_step(b, lambda i: 1000) for r, b in ranks.items()}
+    sk = columnwise.Stacked(ranks, columnwise.usable(ranks))
+    got = columnwise.hta_steps(sk, rs)
+    assert got == {r: figures.hta_step(b, rs[r]) for r, b in ranks.items()}
+    assert got[0] == pytest.approx((0.15, 0.05)) and got[1] == pytest.approx((0.15, 0.07))

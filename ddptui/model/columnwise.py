@@ -77,6 +77,25 @@ def rank_steps(sk: Stacked, comm: dict, world: int) -> dict:
     return out
 
 
+def hta_steps(sk: Stacked, rs: dict) -> dict:
+    """rank -> figures.hta_step of the stacked step (rs: its figures.RankStep per rank): the
+    optimizer's share worked out only for the ranks whose optimizer ran while a collective of
+    theirs was in flight (column-wise, the others at once)."""
+    place = sk.place
+    out = {r: (x.comm_ms, x.comm_ms - x.exposed_ms) for r, x in rs.items()}
+    if not place.opt or not place.comm:
+        return out
+    t0, t1, mp = sk.t0, sk.t1, place.comm
+    lo, hi = t0[:, mp].min(axis=1), t1[:, mp].max(axis=1)
+    touch = np.zeros(len(sk.ranks), dtype=bool)
+    for i in place.opt:
+        touch |= (t1[:, i] > lo) & (t0[:, i] < hi)
+    for j in np.flatnonzero(touch).tolist():
+        r = sk.ranks[j]
+        out[r] = figures.hta_step(sk.batches[j], rs[r])
+    return out
+
+
 def step_waits(sk: Stacked, step_ms: float) -> stragglers.StepWaits | None:
     """stragglers.step_waits of the stacked step (one host: one clock)."""
     place, ranks = sk.place, sk.ranks

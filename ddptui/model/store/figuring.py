@@ -122,15 +122,16 @@ class Figuring:
             if place is not None:  # every rank the same columns: all ranks at once (numpy)
                 sk = columnwise.Stacked(ranks, place)
                 rs = columnwise.rank_steps(sk, comm, want)
+                hta = columnwise.hta_steps(sk, rs)
                 step = figures.combine(k, list(rs.values()))
                 waits = columnwise.step_waits(sk, step.step_ms)
                 if waits is not None and place.layered and len(sk.ranks) >= columnwise.EAGER_EVIDENCE_FROM:
                     waits.set_evidence(columnwise.sections_excess(ranks, sk))
             else:
                 rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
+                hta = {r: figures.hta_step(ranks[r], got) for r, got in rs.items()}
                 step = figures.combine(k, list(rs.values()))
                 waits = stragglers.step_waits(ranks, step.step_ms)
-            hta = {r: figures.hta_step(ranks[r], got) for r, got in rs.items()}
             done.append((strategy, k, ranks, rs, step, waits, figures.step_interval(ranks.values()), hta))
         with self.lock:
             for strategy, k, ranks, rs, step, waits, interval, hta in done:
