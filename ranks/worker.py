@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--layer-every", default="auto", metavar="N|auto",
                    choices=spec.LAYER_EVERY,
                    help="mark each layer on one step in N (auto: as few steps as keep ddptui's host "
-                        "time within 0.5%% of a step)")
+                        "time within 1%% of a step, on the device's step where that is longer)")
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
     p.add_argument("--save-weights", default=None, help="(tests) save final weights here")
     # --- ddptui verify (ranks/profwin.py) ---
@@ -364,6 +364,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             strat.prepare()
             clock.maybe_calibrate()  # GPU timer -> host clock, outside any measured span
             em.clock_residual_ns = clock.residual_ns
+            em.clock_bound_ns = getattr(clock, "bound_ns", None)
             em.step = k
             if probe is not None:
                 probe.before()

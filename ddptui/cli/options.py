@@ -108,8 +108,9 @@ def run_parent() -> argparse.ArgumentParser:
                    help=f"mark every layer on one step in N (a power of two, 1 to "
                         f"{spec.MAX_LAYER_EVERY}), the forward and backward as a whole on the "
                         "others; every collective on every step (default auto: every step, unless "
-                        "steps are so short that the marks would cost more than a quarter per cent "
-                        "of a step, ddptui's whole cost being 0.5%%)")
+                        "a step is so short that marking its layers would cost more than 1%% of it, "
+                        "its length being its time on the GPU where that is longer than the "
+                        "host's)")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     return p
 
