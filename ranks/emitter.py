@@ -168,6 +168,7 @@ class Emitter(FrameQueue):
         self.step = -1
         self.phase = "starting"
         self.clock_residual_ns = None  # CUDA: GPU-timer mapping error at the last calibration
+        self.clock_bound_ns = None  # CUDA: how far a mapped time may be off (CudaClock.bound_ns)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sndbuf = seams.socket_sndbuf()  # test seam: a small kernel buffer, so a stalled
         if sndbuf is not None:          # app's backlog overflows in a second
@@ -246,7 +247,7 @@ class Emitter(FrameQueue):
 
     def _heartbeat(self) -> None:
         while not self.closed.wait(1.0):
-            res = self.clock_residual_ns
+            res, bound = self.clock_residual_ns, self.clock_bound_ns
             waiting, entered, bucket = frames.UNSET, frames.UNSET, frames.UNSET
             if self.collectives is not None:
                 try:
@@ -260,6 +261,7 @@ class Emitter(FrameQueue):
             self.put(frames.Hb(rank=self.rank, step=self.step, phase=self.phase,
                                dropped=self.dropped_spans, dropped_frames=self.dropped_frames,
                                ts=now_ns(), residual_ns=frames.UNSET if res is None else res,
+                               bound_ns=frames.UNSET if bound is None else bound,
                                waiting=waiting, colls=entered, bucket=bucket))
 
     def _recv_loop(self) -> None:

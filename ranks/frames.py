@@ -189,6 +189,8 @@ class Hb(Frame, tag="hb", kw_only=True):
     dropped_frames: Count = field(name="dropf", default=0)
     ts: Ns | UnsetType = UNSET
     residual_ns: I64 | UnsetType = field(name="res", default=UNSET)
+    # CUDA: how far a span's time may be off, the GPU timer's map to host time (CudaClock.bound_ns)
+    bound_ns: I64 | UnsetType = field(name="cb", default=UNSET)
     # the oldest collective this rank has entered and not left (a hang names it), if any
     waiting: Inflight | UnsetType = field(name="w", default=UNSET)
     colls: Count | UnsetType = field(name="nc", default=UNSET)  # collectives entered so far

@@ -171,3 +171,77 @@ def test_a_runtime_calls_cupti_id_never_links_another_ops_kernels(cupti_from):
         for kind in KINDS:
             row = rows[(s, kind)]
             assert row["ok"] and row["within_tol_pct"] == 100.0, row
+
+
+def _compare_run(tmp_path, bound_ns, shift_ns: int = 0):
+    """`ddptui verify`'s comparison (cli/verify.compare) of a one-rank CUDA run: its spans in a
+    Store as the app takes them (hello, spans, the heartbeat with the clock's bound), its
+    profile as ranks/profwin.py writes it; every span moved by `shift_ns` (the GPU timer's
+    map off by that much)."""
+    from ddptui.cli.verify import compare
+    from ddptui.model.store import Store
+    from ranks import frames, spec
+    from ranks.profwin import shift_item
+
+    r = _run(steps=4, world=1)
+    st = Store()
+    st.ingest(frames.Hello(rank=0, world=1, device="cuda:0", backend="nccl", model="small",
+                           layers=spec.layer_names("small"), params=[tuple(p) for p in spec.param_table("small")],
+                           strategies=["naive", "ddp"]))
+    for item in r.items:
+        if shift_ns:
+            item = shift_item(item, {k: shift_ns for k in (FWD, BWD, COMM, OPT, STEP)})
+        st.ingest(frames.spans_frame(0, *item))
+    st.ingest(frames.Hb(rank=0, step=3, phase="training", residual_ns=-300,
+                        **({} if bound_ns is None else {"bound_ns": bound_ns})))
+    prof = _as_profwin(r.trace())
+    names: dict = {}
+    rows = [[names.setdefault(e.name, len(names)), e.tid, e.t0, e.t1, e.seq, e.dev, e.corr, e.linked, e.shapes]
+            for e in prof.events]
+    tmp_path.mkdir()
+    (tmp_path / "profile.rank0.json").write_text(json.dumps(
+        {"rank": 0, "window": [0, 4], "offset_ns": 0, "offset_drift_ns": 0, "cuda": True,
+         "names": list(names), "events": rows}))
+    return compare(st, str(tmp_path), "small", ["naive", "ddp"], "cuda:0")
+
+
+def test_verify_holds_spans_to_the_gpu_clocks_bound_where_it_is_wider_and_says_so(tmp_path):
+    """Two ranks time-sliced on one GPU may leave the GPU timer's map to host time no better
+    than some tens of µs (the clock's bound, sent in the heartbeat): verify holds a CUDA
+    run's spans to that figure where it is wider than a tolerance, and says so in the title,
+    the notes and the JSON; where the clock is good to 5 µs, nothing changes."""
+    doc, table, notes = _compare_run(tmp_path / "a", 1_500)
+    assert doc["ok"] and doc["clock_bound_us"] == 1.5 and doc["tolerance_widened_to_us"] is None
+    assert "widened" not in table and not any("widened" in n for n in notes)
+    # spans 40 µs off, the clock saying ±60 µs: held to 60 µs, and said
+    doc, table, notes = _compare_run(tmp_path / "b", 60_000, shift_ns=40_000)
+    assert doc["ok"] and doc["tolerance_widened_to_us"] == 60, doc
+    assert "widened to 60 µs, the GPU clock's error bound on this run (±60.0 µs)" in table.splitlines()[0]
+    assert any("±60.0 µs" in n and "widened to 60 µs" in n for n in notes)
+    assert all(r["tol_end_us"] == 60 for r in doc["compared"])
+    # the same spans with no bound said: they fail (the widening is what let them through)
+    doc, _, _ = _compare_run(tmp_path / "c", None, shift_ns=40_000)
+    assert not doc["ok"] and doc["tolerance_widened_to_us"] is None
+
+
+def test_the_gpu_panel_says_the_clocks_bound_and_when_it_is_past_5us():
+    from ddptui.live import nvml
+    from ddptui.model.store import Store
+    from ddptui.ui.widgets import gpu_panel
+    from ranks import frames
+    from tests.test_nvml import CountingNvml
+
+    s = nvml.GpuSampler(lib=CountingNvml())
+    samples = [s.sample(), s.sample()]
+
+    def title(bound):
+        st = Store()
+        for g in samples:
+            st.ingest(g)
+        hb = frames.Hb(rank=0, step=3, residual_ns=-80_700, **({} if bound is None else {"bound_ns": bound}))
+        st.ingest(frames.decode(frames.encode(hb)), validated=True)  # (over the wire: 'cb')
+        lines = gpu_panel.build(st, 120, 10)
+        return "".join(t for t, _ in lines[0])
+    assert "clock ±2.1 µs" in title(2_100) and "shared" not in title(2_100)
+    assert "clock ±160.0 µs (GPU shared: spans good to that)" in title(160_000)
+    assert "clock residual 80.7 µs" in title(None)  # a recording from before the bound

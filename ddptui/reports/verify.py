@@ -447,6 +447,22 @@ def tolerances(cuda: bool, backend: str) -> tuple[dict, frozenset]:
     return (GLOO_CUDA_TOL if backend == "gloo" else GPU_TOL), GPU_LATE_ONLY
 
 
+def widen_for_clock(tol: dict, bound_ns: int | None) -> tuple[dict, int | None]:
+    """A CUDA run's tolerances against the GPU timer's map to host time: every ddptui span
+    on CUDA is an event's GPU time mapped through it, and is no closer to the truth than the
+    map's error bound (CudaClock.bound_ns: half its calibration's bracket and 1 µs), the same
+    for a span's start and end. Where that bound is wider than a tolerance, the tolerance is
+    widened to it, and said (returns the tolerances and the width in µs, None if none was
+    widened): a GPU time-sliced with another process's context, e.g. two ranks on one GPU,
+    may leave no bracket narrow enough for 5 µs."""
+    if bound_ns is None:
+        return tol, None
+    us = math.ceil(bound_ns / 1000)
+    if not any(t is not None and t < us for edge in tol.values() for t in edge):
+        return tol, None
+    return ({k: tuple(None if t is None else max(t, us) for t in edge) for k, edge in tol.items()}, us)
+
+
 def _percentile(vals: list[float], q: float) -> float:
     if not vals:
         return float("nan")

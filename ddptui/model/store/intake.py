@@ -101,6 +101,8 @@ class Intake:
         info.dropped_spans = f.dropped
         if f.residual_ns is not frames.UNSET:
             info.clock_res_ns = f.residual_ns
+        if f.bound_ns is not frames.UNSET:
+            info.clock_bound_ns = f.bound_ns
         if f.ts is not frames.UNSET:
             info.hb_ts = f.ts
         info.waiting = None if f.waiting is frames.UNSET else tuple(f.waiting)

@@ -22,6 +22,7 @@ class RankInfo:
     finished: bool = False
     uuid: str | None = None  # the GPU's UUID (CUDA ranks)
     clock_res_ns: int | None = None  # CUDA: GPU-timer mapping residual at the last calibration
+    clock_bound_ns: int | None = None  # CUDA: how far a span's time may be off (the map's error bound)
     # the oldest collective the rank is inside, as its last heartbeat said: (op, group
     # sequence number, bytes, layer, issued at host ns), or None; and how many it has entered
     # (parameters, gradients, optimizer state held, whole model's parameters) in bytes, as

@@ -13,6 +13,9 @@ from .panel import Frame, Panel
 from .text import Parts
 
 
+CLOCK_OK_NS = 5_000  # a clock bound past this is said (verify's GPU tolerance)
+
+
 def _num(v, spec: str, unit: str = "") -> str:
     return "N/A" if v is None else format(v, spec) + unit
 
@@ -31,14 +34,18 @@ def _mem_pct(g: frames.GpuSample | None):
 
 
 def gpu_lines(samples: list[frames.Gpu], width: int, rows: int, ranks_of: dict | None = None,
-              clock_res_ns: int | None = None) -> list[Parts]:
+              clock_res_ns: int | None = None, clock_bound_ns: int | None = None) -> list[Parts]:
     """`samples`: the store's gpu frames, oldest first; `ranks_of`: GPU UUID -> the ranks on
     it; `clock_res_ns`: the worst GPU-timer mapping residual the ranks reported (how far a
     span's time may be off, beyond the timer's own)."""
     latest = samples[-1].gpus
     names = sorted({str(g.name) for g in latest})
     title = [(f"GPU · NVML · {', '.join(names)}", theme.style(theme.TEXT, bold=True))]
-    if clock_res_ns is not None:
+    if clock_bound_ns is not None:  # (the GPU timer's map to host time: how far a span may be off)
+        wide = clock_bound_ns > CLOCK_OK_NS  # (a GPU time-sliced with another process's context)
+        title.append((f" · clock ±{clock_bound_ns / 1000:.1f} µs" + (" (GPU shared: spans good to that)" if wide else ""),
+                      theme.style(theme.WARN if wide else theme.DIM)))
+    elif clock_res_ns is not None:
         title.append((f" · clock residual {abs(clock_res_ns) / 1000:.1f} µs", theme.style(theme.DIM)))
     lines: list[Parts] = [title]
     ranks_of = ranks_of or {}
@@ -104,11 +111,13 @@ def build(store: Store, width: int, rows: int) -> list[Parts]:
     ranks = store.rank_snapshot()
     ranks_of: dict = {}
     res = [i.clock_res_ns for i in ranks.values() if i.clock_res_ns is not None]
+    bound = [i.clock_bound_ns for i in ranks.values() if i.clock_bound_ns is not None]
     for r, i in sorted(ranks.items()):
         if i.uuid:
             ranks_of.setdefault(i.uuid, []).append(r)
     if gpu:
-        return gpu_lines(gpu, width, rows, ranks_of, max(res, key=abs) if res else None)
+        return gpu_lines(gpu, width, rows, ranks_of, max(res, key=abs) if res else None,
+                         max(bound) if bound else None)
     if cpu:
         return cpu_lines(cpu, width)
     return [[("GPU / CPU: waiting for samples…", theme.style(theme.DIM))]]
