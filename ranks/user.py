@@ -423,6 +423,7 @@ class RankSession:
                 m.comm.seen = []
         self.clock.maybe_calibrate()
         self.sink.clock_residual_ns = self.clock.residual_ns
+        self.sink.clock_bound_ns = getattr(self.clock, "bound_ns", None)
         self.sink.step = self.k
         self.rec.begin(self.strategy, self.k)
         self.fwd_mods.clear()
