@@ -4,6 +4,7 @@ ranks fit, round axis lengths."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 # (rows per lane, rows between ranks), best first (no gap needed after the last rank)
 LANE_SHAPES = ((4, 1), (3, 1), (2, 1), (1, 1), (1, 0))
@@ -50,3 +51,99 @@ def fit_ranks(ranks: list[int], rows: int) -> tuple[list[int], list[int], int, i
             return ranks, [], lane_h, gap
     fit = max(0, (rows - 1) // 2)
     return ranks[:fit], ranks[fit:], 1, 0
+
+
+# -- many layers in a lane: consecutive blocks drawn as one bar -----------------------------
+MIN_CELLS_PER_BAR = 5  # a layer's bar gets at least this many cells, on average (room for '0-3')
+GROUP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+KEEP = 0.3  # a size in use stays while its bars are within 30 % of MIN_CELLS_PER_BAR, either way
+
+
+def block_runs(names: list[str]) -> list[tuple[int, int, str, int]]:
+    """Runs of repeated blocks among layers (in forward order): consecutive names
+    `prefix.N`, `prefix.N+1`, ... (two or more) as (first index, end index, prefix, N of
+    the first)."""
+    out = []
+    i, n = 0, len(names)
+    while i < n:
+        head, _, num = names[i].rpartition(".")
+        if not (head and num.isdigit()):
+            i += 1
+            continue
+        j, k = i + 1, int(num)
+        while j < n and names[j] == f"{head}.{k + j - i}":
+            j += 1
+        if j - i >= 2:
+            out.append((i, j, head, k))
+        i = j
+    return out
+
+
+def _units(names: list[str], runs, size: int) -> int:
+    """Bars a pass over the layers makes with blocks `size` a bar."""
+    blocks = sum(e - a for a, e, _, _ in runs)
+    return len(names) - blocks + sum(-(-(e - a) // size) for a, e, _, _ in runs)
+
+
+def group_size(names: list[str], cells: float, spans: int, last: int = 1) -> int:
+    """How many consecutive blocks of a run one bar draws (GROUP_SIZES): the smallest size
+    at which a lane's layer bars get MIN_CELLS_PER_BAR cells on average, given the cells its
+    layer spans cover (at the scale and zoom shown) and their number; 1 without runs of
+    blocks. The size in use (`last`) is kept while its bars stay within KEEP of the mark
+    (steps that jitter do not regroup the lane at every step)."""
+    runs = block_runs(names)
+    if not runs or spans <= 0 or cells <= 0:
+        return 1
+    passes = spans / len(names)  # (forward and backward, of each micro-step)
+
+    def per_bar(size):
+        return cells / (passes * _units(names, runs, size))
+    want = next((g for g in GROUP_SIZES if per_bar(g) >= MIN_CELLS_PER_BAR), GROUP_SIZES[-1])
+    if last in GROUP_SIZES and want != last:
+        if want < last and per_bar(want) < MIN_CELLS_PER_BAR * (1 + KEEP):
+            return last  # (room for smaller groups, but only just)
+        if want > last and per_bar(last) >= MIN_CELLS_PER_BAR * (1 - KEEP):
+            return last  # (a little short of room: the groups stay)
+    return want
+
+
+@dataclass(frozen=True)
+class LayerGroups:
+    """How a lane draws its layers: `of[layer]` its group, `labels[group]`; `size` blocks a
+    group (1: each layer its own bar), `blocks` the layers in runs of blocks."""
+    size: int
+    of: tuple[int, ...]
+    labels: tuple[str, ...]
+    blocks: int
+
+    @property
+    def groups(self) -> int:
+        return len(self.labels)
+
+
+def layer_groups(names: list[str], size: int) -> LayerGroups | None:
+    """Each run of blocks (block_runs) cut into groups of `size` consecutive blocks, from its
+    first (the last group may be shorter), labelled `h.0-3` (the run's last name part and the
+    blocks' numbers); every other layer a group of its own, under its name. None for size 1
+    or without runs."""
+    runs = block_runs(names)
+    if size <= 1 or not runs:
+        return None
+    of, labels = [], []
+    starts = {a: (e, head, k) for a, e, head, k in runs}
+    i = 0
+    while i < len(names):
+        if i not in starts:
+            of.append(len(labels))
+            labels.append(names[i])
+            i += 1
+            continue
+        e, head, k = starts[i]
+        short = head.rpartition(".")[2]
+        for a in range(i, e, size):
+            z = min(a + size, e)
+            lo, hi = k + a - i, k + z - 1 - i
+            of += [len(labels)] * (z - a)
+            labels.append(f"{short}.{lo}-{hi}" if hi > lo else f"{short}.{lo}")
+        i = e
+    return LayerGroups(size, tuple(of), tuple(labels), sum(e - a for a, e, _, _ in runs))

@@ -7,15 +7,16 @@ right colour as background. Labels go on bars wide enough to hold them.
 """
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from operator import itemgetter, lt
 
 from rich.segment import Segment
 
+from ddptui.model.views import Lane
 from ranks import spec
 from ranks.wire import BWD, COMM, FWD, OPT, OTHER, PASS, PASS_BWD, PASS_FWD
 
-from ddptui.model.views import Lane
 from . import theme
 
 Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
@@ -46,14 +47,42 @@ def _compute_plan(lane: Lane, layer_names: list[str]) -> tuple[list[int], list[i
     return got
 
 
-def compute_bars(spans, layer_names: list[str]) -> list[Bar]:
+def compute_bars(spans, layer_names: list[str], groups=None) -> list[Bar]:
     """Forward and backward per layer (alternating shades, layer labels), the optimizer and
     the rank's "other" time (an evaluation: in no figure, dim), from a Lane (or a list of
-    Spans), column-wise."""
+    Spans), column-wise. groups (geometry.LayerGroups): consecutive blocks drawn as one bar
+    per pass, shaded and labelled by group (`h.0-3`)."""
     lane = Lane.of_spans(spans)
     pos, colours, labels = _compute_plan(lane, layer_names)
     starts, ends = lane.starts, lane.ends
+    if groups is not None:
+        return _grouped(lane, pos, colours, labels, groups)
     return list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), colours, labels))
+
+
+def _grouped(lane: Lane, pos, colours, labels, groups) -> list[Bar]:
+    """compute_bars' bars with each group's layers, run after run in time, as one bar: the
+    spans of a pass (forward or backward) of layers of one group that follow one another
+    (no other group's span between them) are merged, from the first start to the last end."""
+    kind, idx, starts, ends = lane.kind, lane.idx, lane.starts, lane.ends
+    of, names, n = groups.of, groups.labels, len(groups.of)
+    out: list[Bar] = []
+    cur = None  # (kind, group, index in out)
+    for j in sorted(range(len(pos)), key=lambda j: starts[pos[j]]):
+        p = pos[j]
+        k = kind[p]
+        if k not in (FWD, BWD) or idx[p] >= n:
+            out.append((starts[p], ends[p], colours[j], labels[j]))
+            continue
+        g = of[idx[p]]
+        if cur is not None and cur[0] == k and cur[1] == g:
+            a, z, c, t = out[cur[2]]
+            out[cur[2]] = (a, max(z, ends[p]), c, t)
+            continue
+        c = (theme.FWD_A if k == FWD else theme.BWD_A) + (g & 1)
+        cur = (k, g, len(out))
+        out.append((starts[p], ends[p], c, names[g]))
+    return out
 
 
 # start, end, issued, others, last, idx (a COLL span's: -1 - its idx)
@@ -150,7 +179,7 @@ def comm_bars(spans, label_of, row: int = 0, rows: int = 1, coll_of=None) -> lis
         begin = start
         if others is not None and others > start and not is_last:
             # ready here, but the last rank is not: waiting, then the transfer itself
-            begin = others if others < end else end
+            begin = min(end, others)
             out.append((start, begin, WAIT, ""))
         if idx < 0:  # a COLL span: its op's colour and label
             c, text = (coll_of or _unknown_coll)(-1 - idx)
@@ -171,6 +200,7 @@ _BLOCK = [("█" if c else " ") for c in range(len(theme.LANE_COLOURS))]
 _FULL = [theme.full_style(c) for c in range(len(theme.LANE_COLOURS))]
 
 
+_LAYER_COLOURS = frozenset((theme.FWD_A, theme.FWD_A + 1, theme.BWD_A, theme.BWD_A + 1))  # (a layer's bars)
 _COLL_FIRST = theme.COLL_AG  # colour ids from here on are collectives' (theme: COLL_AG .. COLL_UNKNOWN)
 
 
@@ -195,10 +225,8 @@ def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, 
                 z = a + 1
             if z <= 0:
                 continue
-            if a < 0:
-                a = 0
-            if z > n:
-                z = n
+            a = max(a, 0)
+            z = min(z, n)
         sub[a:z] = fill[c] * (z - a)
         add(a)
         add(z)
@@ -209,6 +237,10 @@ def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, 
             elif c >= _COLL_FIRST and " " in label:  # a collective's 'AG fc2': its op, 'AG', if that fits
                 short = label.split(" ", 1)[0]
                 if room >= len(short):
+                    spans.append(((a + 7) >> 3, c, short))
+            elif c in _LAYER_COLOURS and "." in label:  # a layer's 'model.layers.3' (a group's 'h.0-3'): '3' ('0-3')
+                short = label.rpartition(".")[2]
+                if short and room >= len(short):
                     spans.append(((a + 7) >> 3, c, short))
     return sub, bounds, spans
 
@@ -265,7 +297,7 @@ def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool 
     append = segs.append
     run, lab_get = _run, labs.get
     sub = bytes(sub)  # (its slices are bytes: the chunks' cache keys)
-    for c, e in zip(cuts, cuts[1:]):
+    for c, e in itertools.pairwise(cuts):
         if c in mixed:
             chunk = sub[c * 8:c * 8 + 8]
             if chunk.count(chunk[0]) != 8:  # (a later bar may have covered the boundary)

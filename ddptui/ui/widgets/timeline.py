@@ -12,10 +12,12 @@ from rich.segment import Segment
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ddptui.model.views import StepView, sampling_text
-from . import theme
+from ddptui.model.views import Lane, StepView, sampling_text
 from ddptui.ui import geometry
 from ddptui.ui.geometry import fit_ranks, nice_ceil
+from ranks.wire import BWD, FWD
+
+from . import theme
 from .lanes import coll_look, comm_bars, compute_bars, lane_segments
 
 GUTTER = 9  # "r12 comp "
@@ -70,12 +72,14 @@ class TimelinePane(Widget):
         self._comm_labels = _MadeOnce(self._comm_label)  # idx -> an AllReduce's label, made once
         self._axis_of: tuple = (None, None)  # ((width, ms per cell), the axis line)
         self._gutters = _MadeOnce(_gutter)  # (rank, lane, first row, host or None, label) -> Segment
+        self._groups: tuple = (None, None)  # ((view, scale, names), geometry.LayerGroups or None)
 
     def set_names(self, layers: list[str], params: list[str]) -> None:
         """Layer and parameter names for labels; redraws only when they changed."""
         short = [short_param(p) for p in params]
         if layers != self.layer_names or short != self.params:
             self.layer_names, self.params = layers, short
+            self._groups = (None, None)
             self._cache.clear()
             self._comm_labels.clear()
             self.refresh()
@@ -180,6 +184,9 @@ class TimelinePane(Widget):
             out.append((f" · {sampling_text(v.sampling, short=True)}", theme.style(theme.WARN)))
         if st.cap_note:
             out.append((f" {st.cap_note}", theme.style(theme.WARN, bold=True)))
+        g = self.groups()
+        if g is not None:  # (every block is still in the recording and the exports)
+            out.append((f" · {g.blocks} blocks drawn {g.size} a bar (+ zooms in)", theme.style(theme.WARN)))
         said = (f"{calls - colls} AllReduce + {colls} coll" if calls > colls else f"{colls} collectives") \
             if colls else f"{calls} AllReduce"
         out.append((f" · {said} · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
@@ -258,7 +265,7 @@ class TimelinePane(Widget):
         host = self._node.get(rank) if self.state.nodes else None
         gutter = self._gutters[rank, lane, first, host, named[lane] if named is not None else None]
         if lane == 0:
-            bars = compute_bars(spans, self.layer_names)
+            bars = compute_bars(spans, self.layer_names, self.groups())
             labels = first
         else:  # concurrent AllReduces get the lane's rows (each row labels its own bars)
             bars = comm_bars(spans, self._comm_labels.__getitem__, row, rows, self._coll_of(v, rank))
@@ -267,6 +274,27 @@ class TimelinePane(Widget):
         if lane_w <= 0:
             return Strip([gutter]).crop(0, width)
         return Strip([gutter, *lane_segments(bars, lane_w, mpc, labels=labels)], width)
+
+    def groups(self):
+        """How the compute lanes draw consecutive blocks at the scale shown (geometry.group_size
+        from the layer spans of the first rank's lane; None: each layer its own bar): made once
+        a view and scale, the size in use kept while it still fits (no regrouping at every step)."""
+        v, mpc = self.state.view, self.state.ms_per_cell
+        if v is None or not v.spans:
+            return None
+        key = (id(v), mpc, id(self.layer_names))
+        if self._groups[0] == key:
+            return self._groups[1]
+        lane = Lane.of_spans(v.spans[min(v.spans)])
+        kind, starts, ends = lane.kind, lane.starts, lane.ends
+        layer = [i for i in range(len(kind)) if kind[i] == FWD or kind[i] == BWD]
+        cells = sum(ends[i] - starts[i] for i in layer) / mpc if mpc > 0 else 0.0
+        last = self._groups[1].size if self._groups[1] is not None else 1
+        size = geometry.group_size(self.layer_names, cells, len(layer), last)
+        got = self._groups[1] if self._groups[1] is not None and self._groups[1].size == size \
+            and self._groups[0][2] == key[2] else geometry.layer_groups(self.layer_names, size)
+        self._groups = key, got
+        return got
 
     def _coll_of(self, v: StepView, rank: int):
         """idx -> (colour, label) of a rank's COLL spans (lanes.coll_look), None without any."""
