@@ -31,7 +31,7 @@ class StepRecord:
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
                  "bwd_s", "bwd_e", "bwd_h", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
                  "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced", "layers",
-                 "host0", "fwd_first")
+                 "host0", "fwd_first", "bwd_at", "defer")
 
     def __init__(self, strategy: str, step: int, n_layers: int, layers: bool = True):
         # (on the training thread at every step's begin: as few statements as it takes)
@@ -42,6 +42,11 @@ class StepRecord:
         self.host0 = 0  # host clock at begin (the step's length on the host, for the sampling)
         # the forward not started yet: its first mark may be the step's start (attach_layer_hooks)
         self.fwd_first = True
+        # the backward's progress (attach_layer_hooks: the lowest block whose backward started;
+        # -1 before) and the collectives whose ready moment is the next block boundary's mark
+        # (Recorder.comm_issue: NCCL, layers marked)
+        self.bwd_at = -1
+        self.defer = None
         self.step_start = self.step_end = self.opt_s = self.opt_e = self.ref = None
         # per layer; a step whose layers are not marked holds one slot: [0] the first layer's
         # (the forward's start, the backward's end), [-1] the last's (the forward's end, the
@@ -141,6 +146,9 @@ class Recorder:
         # steps whose layers were not marked, resolved (on the sender thread), nothing else
         # holding them: begin takes one rather than making a record (SPARE at most)
         self._spare: list[StepRecord] = []
+        # a collective's ready moment taken from the next block boundary's mark where it can be
+        # (CUDA, one stream for collectives: NCCL; comm_issue)
+        self._defer = bool(clock.cuda and clock.serial_comm)
 
     def wanted_every(self, strategy: str) -> int:
         """The period this rank would mark `strategy`'s layers at (1: every step)."""
@@ -185,7 +193,7 @@ class Recorder:
             c.strategy, c.step = strategy, step
             c.step_end = c.opt_s = c.opt_e = c.fwd_s[0] = c.fwd_e[0] = c.bwd_s[0] = c.bwd_e[0] = \
                 c.bwd_h[0] = None
-            c.fwd_first = True
+            c.fwd_first, c.bwd_at, c.defer = True, -1, None
             if c.comm_idx is not NO_COMMS:
                 c.comm_idx = c.comm_kind = c.comm_ready = c.comm_end = c.comm_hend = \
                     c.comm_thr = c.comm_strm = NO_COMMS
@@ -273,7 +281,18 @@ class Recorder:
             c.synced += 1
         c.comm_kind.append(kind)
         c.comm_idx.append(idx)
-        c.comm_ready.append(self.clock.mark())
+        if self._defer and c.bwd_at > 0 and c.layers:
+            # NCCL, inside a marked backward before its first block: the collective's stream
+            # waits for the training stream where it is issued, and the next block boundary's
+            # mark (after the hook that issued it: the reducer's, or interleaved's) is at that
+            # very place on the training stream: its event is the ready moment, one event less
+            # (attach_layer_hooks' marks fill it; Recorder.end any left)
+            if c.defer is None:
+                c.defer = []
+            c.defer.append(len(c.comm_ready))
+            c.comm_ready.append(None)
+        else:
+            c.comm_ready.append(self.clock.mark())
         c.comm_end.append(None)
         c.comm_hend.append(None)
         c.comm_thr.append(None)
@@ -315,6 +334,11 @@ class Recorder:
         c = self.cur
         if c.step_end is None:
             c.step_end = self.clock.mark()
+        if c.defer:  # (a ready moment no block boundary came to fill: the backward's end)
+            t = c.bwd_e[0] if c.bwd_e[0] is not None else c.step_end
+            for j in c.defer:
+                c.comm_ready[j] = t
+            c.defer = None
         self.pending.append(c)
         self.cur = None
         if c.strategy in self.switches:  # (the sampling's input: the steps' host time)
@@ -374,8 +398,13 @@ class Recorder:
                         # waited on after the step): the step waits for it, up to two steps later
                         if not wait and len(pending) < 3:
                             break
-                    if clock.cuda and not all([t is None or done(t) for t in ends]):
-                        break
+                    if clock.cuda:
+                        if clock.serial_comm:  # (one stream, NCCL: they end in order)
+                            last = ends[-1]
+                            if last is not None and not done(last):
+                                break
+                        elif not all([t is None or done(t) for t in ends]):
+                            break
             pending.pop(0)
             out.append(Pending(self, rec) if lazy else self._resolve(rec))
         return out

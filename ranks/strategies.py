@@ -131,6 +131,9 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
 
     def start_last(grad_outputs):
         rec.bwd_begin(last)
+        c = rec.cur
+        if c is not None:
+            c.bwd_at = last
         delay(last)
 
     def forward(x):
@@ -179,7 +182,14 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
                 c = rec.cur
                 if c is not None:
                     c.bwd_h[i] = host()  # (CUDA: is the stream idle at the mark? idle_end)
-                    c.bwd_s[i - 1] = c.bwd_e[i] = rec.clock.mark()
+                    c.bwd_s[i - 1] = c.bwd_e[i] = t = rec.clock.mark()
+                    c.bwd_at = i - 1
+                    d = c.defer
+                    if d is not None:  # (collectives issued since the last boundary: ready here)
+                        ready = c.comm_ready
+                        for j in d:
+                            ready[j] = t
+                        c.defer = None
                     s = rec.straggle
                     if s is not None and s.layer == i - 1:
                         s.delay()

@@ -14,24 +14,35 @@ from ranks.clocks import CudaClock
 from ranks.recorder import Recorder
 from ranks.strategies import attach_layer_hooks
 from tests.cuda_cost import charged_cuda, h100
+from ranks import wire
 from tests.cuda_sim import SimCuda
 
 LAYERS, BUCKETS = 8, 5  # xlarge on the first H100: 8 layers, 5 DDP buckets a step
 
 
+BUCKET_AT = (7, 5, 3, 1, 0)  # the block whose weight completes each bucket, in issue order
+
+
 def _xlarge_step(rec, model, x, y, k):
-    """What DDPStrategy's step does, its buckets' comm hook included (the marks around it)."""
+    """What DDPStrategy's step does: its buckets' AllReduces issued from the weights' hooks
+    (DDP's reducer's, before the layer marks), with ddptui's marks around them."""
     rec.begin("ddp", k)
     loss = F.cross_entropy(model(x), y)
     rec.backward_starts()
     loss.backward()
-    cur = rec.cur
-    for b in range(BUCKETS):
-        slot = rec.comm_issue(b)
-        rec.comm_done(cur, slot)
     rec.opt_begin()
     rec.opt_end(last=True)
     rec.end()
+
+
+def _bucket_hooks(rec, model):
+    blocks = list(model.children())
+    for b, i in enumerate(BUCKET_AT):
+        def issue(p, b=b):
+            cur = rec.cur
+            slot = rec.comm_issue(b)
+            rec.comm_done(cur, slot)  # (NCCL: the callback runs at issue, on a stream that waits)
+        next(blocks[i].parameters()).register_post_accumulate_grad_hook(issue)
 
 
 def _counted_run(steps: int = 6):
@@ -40,15 +51,17 @@ def _counted_run(steps: int = 6):
                    every=1)
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(LAYERS)])
+    _bucket_hooks(rec, model)  # (the reducer's hooks come before the layer marks)
     attach_layer_hooks(model, rec, "ddp")
     x, y = torch.randn(2, 8), torch.zeros(2, dtype=torch.long)
     _xlarge_step(rec, model, x, y, 0)  # (the first step: the backward's calls counted)
     for p in rec.poll(wait=True, lazy=True):
         p()
     c0 = dict(cuda.calls)
+    items = []
     for k in range(1, steps + 1):
         _xlarge_step(rec, model, x, y, k)
-    items = rec.poll(wait=True, lazy=True)
+        items += rec.poll(lazy=True)  # (the worker's poll after each step, on the training thread)
     c1 = dict(cuda.calls)
     for p in items:
         p()
@@ -59,25 +72,55 @@ def _counted_run(steps: int = 6):
 
 
 def test_a_marked_xlarge_step_makes_one_event_a_moment_and_no_stream_look_up():
-    """Every layer marked: one event where the step and its forward start, one per layer
-    boundary forward and backward, two a bucket, one where the optimizer starts and one where
-    it and the step end (30); a collective's end on the completion callback's stream, looked up
-    once, not a new Python Stream each time (3 µs on an H100 host). Before: 32 records a step and
-    5 stream look-ups (the step's start apart from its forward's, the optimizer's end apart
-    from the step's, torch.cuda.current_stream for every collective's end)."""
+    """Every layer marked, on NCCL: one event where the step and its forward start, one per
+    layer boundary forward and backward, a bucket's ready moment the boundary's after the hook
+    that issued it (but the last bucket's, issued in the first block's backward), its end one,
+    one where the optimizer starts and one where it and the step end (26); a collective's end on
+    the completion callback's stream, looked up once, not a new Python Stream each time (3 µs
+    on an H100 host); polling asks the step's end and the last collective's (they end in order
+    on NCCL's one stream). Before: 32 records a step, 5 stream look-ups and 6 queries."""
     per, _, steps = _counted_run()
     assert steps == 6
-    assert per.get("record") == 1 + LAYERS + (LAYERS + 1) + 2 * BUCKETS + 2 == 30
+    assert per.get("record") == 1 + LAYERS + (LAYERS + 1) + (BUCKETS + 1) + 2 == 26
     assert per.get("current_stream", 0) == 0
+    assert per.get("query", 0) == 2
     assert per.get("synchronize", 0) == 0  # nothing waits for the GPU inside a step
+
+
+def test_a_buckets_ready_moment_is_the_block_boundary_after_its_hook():
+    """On the CUDA stand-in (streams stamp events when they reach them): a bucket issued in
+    block i's backward (i > 0) is drawn ready where block i's backward ends, the boundary the
+    next mark takes; the one issued in block 0's is marked at its issue."""
+    sim = SimCuda()
+    rec = Recorder(CudaClock("cuda:0", torch_cuda=sim, host_ns=sim.host_ns, hook_lag_ns=0), LAYERS, every=1)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(LAYERS)])
+    blocks = list(model.children())
+    for b, i in enumerate(BUCKET_AT):
+        def issue(p, b=b):
+            sim.compute(10_000)  # (the reducer's copy into the bucket: on the training stream)
+            slot = rec.comm_issue(b)
+            rec.comm_done(rec.cur, slot)
+        next(blocks[i].parameters()).register_post_accumulate_grad_hook(issue)
+    attach_layer_hooks(model, rec, "ddp")
+    x, y = torch.randn(2, 8), torch.zeros(2, dtype=torch.long)
+    for k in range(2):
+        _xlarge_step(rec, model, x, y, k)
+    (_, _, _, kinds, idxs, t0s, t1s, issues), = [p() for p in rec.poll(wait=True, lazy=True)][-1:]
+    bwd_end = {i: t1 for k, i, t1 in zip(kinds, idxs, t1s) if k == wire.BWD}
+    comm_ready = [iss for k, iss in zip(kinds, issues) if k == wire.COMM] if len(issues) == len(kinds) \
+        else list(issues)
+    for b, i in enumerate(BUCKET_AT[:-1]):
+        assert comm_ready[b] == bwd_end[i], (b, i, comm_ready, bwd_end)
+    assert comm_ready[-1] <= bwd_end[0]
 
 
 def test_resolving_a_step_asks_each_event_its_time_once():
     """A layer's end is the next one's start (one event, two slots): its elapsed_time is asked
-    once (~6 µs an H100 host, under the sender thread's GIL). 30 events a step: 29 against the
+    once (~6 µs an H100 host, under the sender thread's GIL). 26 events a step: 25 against the
     step's start and one for the start against the calibration point. Before: 46."""
     _, resolved, _ = _counted_run()
-    assert resolved.get("elapsed_time") == 30
+    assert resolved.get("elapsed_time") == 26
 
 
 def test_the_layer_period_is_judged_on_the_gpus_step_not_the_hosts_launch():
