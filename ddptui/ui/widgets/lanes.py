@@ -7,16 +7,15 @@ right colour as background. Labels go on bars wide enough to hold them.
 """
 from __future__ import annotations
 
-import itertools
 from functools import lru_cache
 from operator import itemgetter, lt
 
 from rich.segment import Segment
 
-from ddptui.model.views import Lane
 from ranks import spec
 from ranks.wire import BWD, COMM, FWD, OPT, OTHER, PASS, PASS_BWD, PASS_FWD
 
+from ddptui.model.views import Lane
 from . import theme
 
 Bar = tuple[float, float, int, str]  # start ms, end ms, colour id, label ("" = none)
@@ -297,7 +296,7 @@ def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool 
     append = segs.append
     run, lab_get = _run, labs.get
     sub = bytes(sub)  # (its slices are bytes: the chunks' cache keys)
-    for c, e in itertools.pairwise(cuts):
+    for c, e in zip(cuts, cuts[1:]):
         if c in mixed:
             chunk = sub[c * 8:c * 8 + 8]
             if chunk.count(chunk[0]) != 8:  # (a later bar may have covered the boundary)

@@ -12,12 +12,12 @@ from rich.segment import Segment
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ddptui.model.views import Lane, StepView, sampling_text
-from ddptui.ui import geometry
-from ddptui.ui.geometry import fit_ranks, nice_ceil
 from ranks.wire import BWD, FWD
 
+from ddptui.model.views import Lane, StepView, sampling_text
 from . import theme
+from ddptui.ui import geometry
+from ddptui.ui.geometry import fit_ranks, nice_ceil
 from .lanes import coll_look, comm_bars, compute_bars, lane_segments
 
 GUTTER = 9  # "r12 comp "
