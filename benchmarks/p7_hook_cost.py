@@ -431,6 +431,21 @@ def measure_h100_model(instrument, strategies, model: str, steps: int) -> dict:
     width = 16
     base = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
     plain, timed, floor = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    # DDP's buckets: each one's AllReduce issued from the hook of the weight that completes it
+    # (the reducer's, registered before the layer marks), spread over the backward, the last in
+    # the first block's: what ddptui's comm hook does around each (its issue and end marks)
+    blocks = list(timed.children())
+    at = sorted({round((layers - 1) * (1 - j / max(buckets - 1, 1))) for j in range(buckets)},
+                reverse=True)
+    for b, i in enumerate(at):
+        def issue(p, b=b):
+            cur = rec.cur
+            if cur is None:
+                return
+            slot = rec.comm_issue(b)
+            rec.comm_done(cur, slot)
+        next(blocks[i].parameters()).register_post_accumulate_grad_hook(issue)
+    buckets = len(at)
     strategies.attach_layer_hooks(timed, rec, "ddp")
     noop_hooks(floor)
     x, y = torch.randn(1, width), torch.zeros(1, dtype=torch.long)
@@ -451,10 +466,6 @@ def measure_h100_model(instrument, strategies, model: str, steps: int) -> dict:
         loss.backward()
         if side != 1:
             return time.perf_counter_ns() - t0
-        cur = rec.cur
-        for b in range(buckets):  # what ddptui's comm hook does around each bucket's AllReduce
-            slot = rec.comm_issue(b)
-            rec.comm_done(cur, slot)
         rec.opt_begin()
         try:
             rec.opt_end(last=True)
