@@ -70,6 +70,12 @@ def _auto_fsdp(layers) -> None:
             handle.remove()
             h = user.instrument(module, layers=layers)
             h._forward_pre(module, args)  # (its hook was made during this call: not called for it)
+            if not user._batch_of(args, None) and h.session is not None:
+                # (this call's keyword arguments, unseen here: its batch counted at its end)
+                def late(m, a, kw, out):
+                    once.remove()
+                    h.session.step_batch += user._batch_of(a, kw) if h.session._order is None else 0
+                once = module.register_forward_hook(late, with_kwargs=True)
         return None
 
     handle = nn.modules.module.register_module_forward_pre_hook(pre)
