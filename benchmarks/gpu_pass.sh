@@ -12,7 +12,7 @@
 #                                          P1; P7; deep40 on gloo (recorded); NVML next to
 #                                          nvidia-smi; then benchmarks/gpu_cost.py when present
 #   benchmarks/gpu_pass.sh suite [OUTDIR]  (<= 5 minutes, GPU_PASS_SUITE_BUDGET_S 300) the whole
-#                                          suite with CUDA visible, as CI runs it: bin/test in
+#                                          suite with CUDA visible, as bin/test runs it on CI, in
 #                                          the .venv bin/setup made (GPU_PASS_XDIST workers, 12)
 #   benchmarks/gpu_pass.sh clock [OUTDIR]  alone, after the rest: the clock residual
 #                                          (GPU_PASS_CLOCK_S, 900 s). It runs in a process of its
@@ -252,16 +252,25 @@ phase_suite() {
   env_report
   t=$(limit "the suite" $((BUDGET - 30)))
   [ "$t" = 0 ] && return 0
-  step "the suite with CUDA visible: bin/test ${SUITE:-(all)} (limit ${t}s)"
+  step "the suite with CUDA visible, as bin/test runs it: ${SUITE:-(all)} (limit ${t}s)"
+  # bin/test's two runs (the rest on GPU_PASS_XDIST workers, then the serial tests), each
+  # stopped by SIGINT at the limit so pytest still prints what failed so far (-rfE)
+  local x=(-n "${GPU_PASS_XDIST:-12}" --dist loadgroup) status=0 serial
   if [ -n "$SUITE" ]; then
     # shellcheck disable=SC2086
-    DDPTUI_WHEELS=$(find_wheels) PYTHON=$IMAGE_PY timeout "$t" bin/test -p no:cacheprovider \
-      -n "${GPU_PASS_XDIST:-12}" --dist loadgroup $SUITE > "$work/tests-all.txt" 2>&1
+    timeout -s INT -k 30 "$t" .venv/bin/python -m pytest -q -rfE -p no:cacheprovider "${x[@]}" $SUITE \
+      > "$work/tests-all.txt" 2>&1 || status=$?
   else
-    DDPTUI_WHEELS=$(find_wheels) PYTHON=$IMAGE_PY DDPTUI_TEST_WORKERS="${GPU_PASS_XDIST:-12}" \
-      timeout "$t" bin/test > "$work/tests-all.txt" 2>&1
+    timeout -s INT -k 30 "$t" .venv/bin/python -m pytest -q -rfE -p no:cacheprovider -m "not serial" "${x[@]}" \
+      --durations=15 > "$work/tests-all.txt" 2>&1 || status=$?
+    mapfile -t serial < <(grep -l "mark\.serial" tests/test_*.py)
+    t=$(limit "the serial tests" 120)
+    if [ "$t" != 0 ]; then
+      timeout -s INT -k 30 "$t" .venv/bin/python -m pytest -q -rfE -p no:cacheprovider -m serial "${serial[@]}" \
+        >> "$work/tests-all.txt" 2>&1 || { s=$?; [ "$status" = 0 ] && status=$s; }
+    fi
   fi
-  note "  exit $? · $(grep -E ' passed| failed| errors? |no tests ran' "$work/tests-all.txt" | tail -n 2 | tr '\n' ' ')"
+  note "  exit $status · $(grep -E ' passed| failed| errors? |no tests ran|Interrupted' "$work/tests-all.txt" | tail -n 3 | tr '\n' ' ')"
   grep -E "^(FAILED|ERROR) " "$work/tests-all.txt" | head -n 40 >> "$summary"
   pack
 }
