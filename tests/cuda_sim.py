@@ -16,6 +16,8 @@ without a GPU (CudaClock, Recorder, Straggle take it through their `torch_cuda` 
   backends' internal streams draw from, and 32 of high priority, which nothing else here
   takes;
 - the current stream is per thread (the default stream unless a test sets another);
+- `elapsed_time` between two events raises, as CUDA's does, while either is not yet stamped
+  (an event recorded on a stream that has not reached it);
 - `_sleep(cycles)` runs at the SMs' actual clock (`sm_khz`), whatever the nominal
   `clock_rate` says;
 - `timeslice=(period_ns, ours_ns)`: another process's context shares the GPU, time-sliced
@@ -94,6 +96,9 @@ class SimCuda:
                 sim.now = max(sim.now, self.t)
 
             def elapsed_time(self, other):
+                # cudaEventElapsedTime: cudaErrorNotReady while either is not yet stamped
+                if self.t is None or other.t is None or sim.now < max(self.t, other.t):
+                    raise RuntimeError("CUDA error: device not ready")
                 return f32((other.t - self.t) / 1e6)
 
         self.Event = Event

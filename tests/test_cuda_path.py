@@ -216,7 +216,8 @@ def test_gloo_cuda_allreduce_mid_backward_is_not_drawn_behind_the_compute_queued
     thread completes it, 3 ms more backward is queued on the default (training) stream. gloo's
     future is a CPU future and its callbacks run where the default stream is current: an end
     event recorded there waits for that compute. The end must be when the copy back landed,
-    and the training stream must still wait for the copy back (the optimizer reads it)."""
+    and the training stream must still wait for the copy back (the optimizer reads it: held by
+    test_gloo_cuda_the_optimizer_waits_for_the_copy_back_of_its_gradient)."""
     sim = SimCuda(launch_ns=4_000)
     clock = _clock(sim, comm_on_host=True)
     rec = Recorder(clock, 2)
@@ -232,7 +233,8 @@ def test_gloo_cuda_allreduce_mid_backward_is_not_drawn_behind_the_compute_queued
     assert sim.default.tail > landed + 1_000_000  # compute is queued behind the completion
     rec.opt_begin(); rec.opt_end()
     rec.end()
-    assert sim.default.tail >= landed  # the training stream waits for the copy back
+    # (that the training stream waits for the copy back cannot show here, compute being queued
+    # past it: test_gloo_cuda_the_optimizer_waits_for_the_copy_back_of_its_gradient)
     sim.now = sim.default.tail + 1_000_000
     (item,) = rec.poll()
     _, _, _, kinds, idxs, t0s, t1s, _ = item
@@ -533,3 +535,103 @@ def test_calibration_on_a_gpu_time_sliced_with_another_context_maps_to_within_5u
     assert worst < 5_000, f"mapped up to {worst / 1e3:.1f} µs off ({[round(e / 1e3, 1) for e in errs]})"
     # the error bound the clock reports (the panel's clock line, verify's tolerance) holds it
     assert clock.bound_ns is not None and worst <= clock.bound_ns <= 5_000
+
+
+def test_gloo_cuda_the_optimizer_waits_for_the_copy_back_of_its_gradient():
+    """gloo with CUDA tensors: gloo makes the stream current at the issue wait for the copy
+    back; with a stream of ddptui's own current there (issuing), only CudaClock.mark_comm_end
+    makes the training stream wait for it. The backward is done on the GPU long before the
+    host's reduction is: the optimizer, queued after the completion, must not start before
+    the reduced gradient has landed (it would read the unreduced one)."""
+    sim = SimCuda(launch_ns=4_000)
+    clock = _clock(sim, comm_on_host=True)
+    rec = Recorder(clock, 1)
+    rec.begin("interleaved", 0)
+    cur = rec.cur
+    sim.compute(200_000)  # the gradient
+    slot = rec.comm_issue(0)
+    work = _gloo_issue(sim, rec, slot, d2h_ns=20_000)
+    sim.compute(50_000)  # the rest of backward: done well before gloo is
+    landed = _gloo_complete(sim, work, sim.now + 2_000_000, 20_000, lambda: rec.comm_done(cur, slot))
+    rec.opt_begin()
+    opt_end = sim.compute(30_000)  # the optimizer reads the gradient
+    rec.opt_end()
+    rec.end()
+    assert opt_end - 30_000 >= landed, (
+        f"the optimizer started {(landed - (opt_end - 30_000)) / 1e3:.0f} µs before the reduced gradient landed")
+
+
+def test_gloo_cuda_the_copy_to_the_host_waits_for_the_gradient():
+    """gloo with CUDA tensors: the collective is issued with a stream of ddptui's own current
+    (CudaClock.issuing), the stream gloo keeps and queues its copy to the host behind. That
+    stream must first wait for the training stream: the gradient's kernel may still be
+    running when the host issues its AllReduce, and the copy would read it half-written."""
+    sim = SimCuda(launch_ns=4_000)
+    clock = _clock(sim, comm_on_host=True)
+    rec = Recorder(clock, 1)
+    rec.begin("interleaved", 0)
+    grad_end = sim.compute(1_000_000)  # the gradient's kernel, queued, not yet run
+    slot = rec.comm_issue(0)
+    _, _, d2h_end = _gloo_issue(sim, rec, slot, d2h_ns=20_000)
+    assert d2h_end - 20_000 >= grad_end, (
+        f"the copy to the host started {(grad_end - (d2h_end - 20_000)) / 1e3:.0f} µs before the gradient was done")
+
+
+@pytest.mark.parametrize("comm_on_host", [False, True], ids=["nccl", "gloo"])
+def test_a_step_is_handed_over_only_once_its_events_and_its_collectives_ends_are_stamped(comm_on_host):
+    """Recorder.poll hands a step over (to be resolved: `elapsed_time`, which CUDA refuses
+    while an event is not stamped) only when the GPU has reached its end mark and every
+    collective's end. Here the GPU runs 5 ms behind the host (the step's end not reached), then
+    a collective's end is recorded on a stream 20 ms behind (reached after the step's end)."""
+    sim = SimCuda(launch_ns=4_000)
+    clock = _clock(sim, comm_on_host=comm_on_host)
+    rec = Recorder(clock, 1, every=1)
+    rec.begin("ddp", 0)
+    cur = rec.cur
+    rec.fwd_begin(0)
+    sim.compute(5_000_000)
+    rec.fwd_end(0)
+    slot = rec.comm_issue(0)
+    late = sim.pool_stream()  # the collective's own stream (NCCL's callback's, gloo's issue stream)
+    late.tail = sim.now + 20_000_000
+    if comm_on_host:  # gloo: completed on its thread after the step's end was marked (the
+        rec.end()     # training stream waits for a collective's end from then on, not before)
+        cur.comm_strm[slot] = late
+        rec.comm_done(cur, slot)
+    else:  # NCCL: the callback runs at the enqueue, on a stream that waits for the collective
+        with sim.stream(late):
+            rec.comm_done(cur, slot)
+        rec.end()
+    for _ in range(5):  # (as the sender polls: a step whose events are not stamped stays)
+        got = rec.poll(wait=False)
+        assert got == [], "a step was handed over before its end mark was stamped"
+        rec.begin("ddp", len(rec.pending)); rec.end()  # later steps queue behind it
+    sim.now = cur.step_end.t + 1_000  # the step's end is stamped, its collective's is not
+    assert rec.poll() == [], "a step was handed over before its collective's end was stamped"
+    sim.now = late.tail + 1_000
+    got = rec.poll()
+    assert got and got[0][:2] == ("ddp", 0)
+    _, _, _, kinds, idxs, t0s, t1s, _ = got[0]
+    (end,) = [t1 for k, t1 in zip(kinds, t1s) if k == COMM]
+    assert abs(end - late.tail) < 5_000
+
+
+def test_a_step_without_collectives_is_handed_over_only_once_its_end_is_stamped():
+    """The GPU runs 5 ms behind the host: the step's end mark is not reached when the host
+    has ended the step, and Recorder.poll must keep it (resolving it would ask CUDA for the
+    time of an event not yet stamped) until the GPU gets there; then it is drawn as stamped."""
+    sim = SimCuda(launch_ns=4_000)
+    rec = Recorder(_clock(sim), 1, every=1)
+    rec.begin("single", 0)
+    cur = rec.cur
+    rec.fwd_begin(0)
+    sim.compute(5_000_000)
+    rec.fwd_end(0)
+    rec.end()
+    assert not cur.step_end.query()
+    assert rec.poll() == [] and rec.poll(lazy=True) == [], "handed over before its end was stamped"
+    sim.now = cur.step_end.t
+    (item,) = rec.poll()
+    _, _, _, kinds, idxs, t0s, t1s, _ = item
+    (fwd_end,) = [t1 for k, t1 in zip(kinds, t1s) if k == wire.FWD]
+    assert abs(fwd_end - sim.default.tail) < 5_000
