@@ -103,6 +103,11 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="xlarge")
     p.add_argument("--quick", action="store_true", help="small and short: that it runs (SMOKE)")
     p.add_argument("--out", default=None, help="write the figures here (JSON)")
+    p.add_argument("--nccl-timing", action="store_true",
+                   help="instead: PyTorch's own timing of NCCL collectives (TORCH_NCCL_ENABLE_TIMING "
+                        "and ProcessGroupNCCL's on-completion hook) on plain DDP, A against G (the "
+                        "same with the hook collecting each AllReduce's duration): what timing "
+                        "buckets without a Python comm hook would cost, and the durations it gives")
     a = p.parse_args(argv)
     import torch
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -129,6 +134,11 @@ def main(argv=None) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     kw = {"device_id": device} if cuda else {}
+    if a.nccl_timing:
+        if not cuda:
+            print("gpu_cost: --nccl-timing needs NCCL (a GPU)", file=sys.stderr)
+            return 2
+        os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"  # (read when the process group is made)
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1, **kw)
     ctl_group = dist.new_group(backend="gloo") if cuda else None
     base = build_model(a.model, seed=42)
@@ -208,9 +218,20 @@ def main(argv=None) -> int:
                     it()
                 self.later = []
 
-    sides = {"A plain": Plain(), "B py-hook": Plain(default_hooks.allreduce_hook),
-             "C comm": Ours(spec.MAX_LAYER_EVERY, False), "D every-layer": Ours(1, False),
-             "E sender": Ours(1, True), "F control": Control()}
+    durations: list = []
+    if a.nccl_timing:
+        backend = dist.group.WORLD._get_backend(device)
+        try:
+            backend._register_on_completion_hook(
+                lambda info: durations.append(info.active_duration.total_seconds() * 1e3))
+        except Exception as e:  # noqa: BLE001 (torch's own words: what this build lacks)
+            print(f"gpu_cost: the on-completion hook refused: {e}", file=sys.stderr)
+            return 1
+        sides = {"A plain": Plain(), "G nccl-timed": Plain()}
+    else:
+        sides = {"A plain": Plain(), "B py-hook": Plain(default_hooks.allreduce_hook),
+                 "C comm": Ours(spec.MAX_LAYER_EVERY, False), "D every-layer": Ours(1, False),
+                 "E sender": Ours(1, True), "F control": Control()}
     names = list(sides)
 
     def turn(name) -> float:
@@ -248,10 +269,24 @@ def main(argv=None) -> int:
             e1.record()
             e1.synchronize()
             gpu_ms.append(e0.elapsed_time(e1))
-    units = unit_costs(torch, device) if cuda else {}
-    buckets = len(sides["D every-layer"].s.layout or []) or 1
     wall = time.monotonic() - t_start
     A = med["A plain"]
+    if a.nccl_timing:
+        time.sleep(0.5)  # (the hook runs once the watchdog has seen the work complete)
+        print(f"gpu_cost --nccl-timing: {a.model}, batch {a.batch_size}, "
+              f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, {wall:.0f} s")
+        for n in names:
+            print(f"  {n:14s} {med[n]:8.3f} ms a step   {1e3 * (med[n] - A):+8.1f} µs vs plain")
+        ds = sorted(durations)
+        print(f"  the on-completion hook saw {len(ds)} collectives; durations (ms): median "
+              f"{statistics.median(ds) if ds else float('nan'):.4f}, max {max(ds) if ds else float('nan'):.4f}")
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"sides_ms": med, "durations_ms": ds[:2000], "wall_s": wall}, f, indent=1)
+        dist.destroy_process_group()
+        return 0
+    units = unit_costs(torch, device) if cuda else {}
+    buckets = len(sides["D every-layer"].s.layout or []) or 1
     print(f"gpu_cost: {a.model}, batch {a.batch_size}, {a.device} "
           f"({torch.cuda.get_device_name(device) if cuda else 'CPU'}), torch {torch.__version__}, "
           f"{a.turns} turns of {a.block} steps a side, {buckets} buckets, {wall:.0f} s"

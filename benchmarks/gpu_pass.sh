@@ -230,6 +230,10 @@ phase_pass() {
   if [ -f benchmarks/gpu_cost.py ]; then
     timed "gpu_cost (benchmarks/gpu_cost.py)" 120 gpu-cost.txt \
       $PY benchmarks/gpu_cost.py --out "$work/gpu-cost.json"
+    if cuda_only "gpu_cost --nccl-timing"; then  # PyTorch's own timing of NCCL collectives
+      timed "gpu_cost --nccl-timing" 60 gpu-cost-nccl-timing.txt \
+        $PY benchmarks/gpu_cost.py --nccl-timing --turns 30 --out "$work/gpu-cost-nccl-timing.json"
+    fi
   else
     note "  benchmarks/gpu_cost.py: absent, skipped"
   fi
