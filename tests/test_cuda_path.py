@@ -635,3 +635,22 @@ def test_a_step_without_collectives_is_handed_over_only_once_its_end_is_stamped(
     _, _, _, kinds, idxs, t0s, t1s, _ = item
     (fwd_end,) = [t1 for k, t1 in zip(kinds, t1s) if k == wire.FWD]
     assert abs(fwd_end - sim.default.tail) < 5_000
+
+
+@pytest.mark.gpu
+def test_gpu_no_synchronize_inside_measured_steps(tmp_path):
+    """On a GPU, torch.cuda's sync debug mode on inside every measured step (DDPTUI_SYNC_DEBUG):
+    ddptui's marks, its calibration (between steps) and its resolution (the sender thread)
+    make the training thread wait for the GPU nowhere. The one line torch itself warns with
+    (the mode is a prototype) is not a synchronize. The event pool stays flat."""
+    import json
+    from tests.helpers import run_cli
+    out = tmp_path / "sync"
+    p = run_cli("--headless", "--gpus", "1", "--model", "xlarge", "--steps", "8", "--no-record",
+                timeout=600, env={"DDPTUI_SYNC_DEBUG": str(out)})
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((out / "rank0.json").read_text())
+    assert doc["measured_steps"] >= 8 * 3, doc
+    syncs = {k: v for k, v in doc["syncs"].items() if "prototype feature" not in k}
+    assert syncs == {}, syncs
+    assert doc["events_allocated"] < 2_000, doc  # pooled: not an event per mark per step
