@@ -22,7 +22,10 @@ Checked by experiment: with that offset, 2000 ``torch.relu`` calls each brackete
 opening read, latest end 0.44 µs before the closing read), i.e. the mapping is good to well
 under 1 µs. The JSON records both offsets; a difference between them (wall-clock slewing)
 is reported by the app. GPU activity (kineto/CUPTI) is put on the same host axis by kineto
-itself; that path has not yet run on a GPU.
+itself (run on the first H100 pass). Among the events are the CUDA runtime's calls
+(cudaLaunchKernel, cudaEventRecord), on the thread of the op that made them, with CUPTI's
+correlation id (a count of its own) and linked to that op: the app reads them as their op
+(ddptui/reports/verify.py, `_device_span`).
 """
 from __future__ import annotations
 

@@ -32,10 +32,12 @@ range ddptui opened itself (ddptui adds none to the profile):
   ``zero_grad`` and is therefore never inside a step.
 - optimizer: ``aten::_foreach_add_``.
 
-On CUDA (written against PyTorch's profiler data model and tested on traces in the shape of
-real GPU ones; not yet run on a GPU — the gpu_pass script runs it): the times are those of the
-device work: kernels (and memcpys) linked to their launching CPU op by the profiler's
-correlation ids. The autograd engine runs a CUDA backward on its own device thread, not the
+On CUDA (written against PyTorch's profiler data model, tested on traces in the shape of real
+GPU ones, run on the first H100 pass): the times are those of the device work: kernels (and
+memcpys) linked to their launching CPU op by the profiler's correlation ids (a CUDA runtime
+call among the events stands for the op it is linked to: its own id is CUPTI's). A CUDA
+run's spans are GPU times mapped to the host's clock: the tolerances are widened to that
+map's error bound where it is wider (`widen_for_clock`; two ranks time-sliced on one GPU). The autograd engine runs a CUDA backward on its own device thread, not the
 training thread: backward nodes, and the ``c10d::allreduce_`` that DDP's and interleaved's
 hooks issue from them, are looked up on every thread. Layer j's kernels are those launched by
 layer j's ops above, less those launched under ``c10d::``/``nccl:``/``gloo:``/
