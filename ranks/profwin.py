@@ -103,6 +103,17 @@ class ShiftLazy:
 
 
 _KEEP_SHAPES = ("gloo:", "nccl:", "aten::linear", "aten::_foreach")
+# host events whose correlation id is an op's: torch's own. Kineto's others on the host (the
+# CUDA runtime's and driver's calls: cudaLaunchKernel, cudaEventRecord) carry CUPTI's id, a
+# count of its own that meets the ops' now and then: written as 0 (none), their link kept
+_OPS = ("cpu_op", "user_annotation", "python_function", None)
+
+
+def _activity(e):
+    try:
+        return str(e.activity_type())
+    except Exception:  # noqa: BLE001 - a build without it: taken as an op
+        return None
 
 
 class ProfileWindow:
@@ -150,9 +161,11 @@ class ProfileWindow:
                     shapes = [list(s) for s in e.shapes()]
                 except Exception:  # noqa: BLE001 - shapes are optional
                     shapes = None
+            corr = int(e.correlation_id())
+            if not dev and _activity(e) not in _OPS:  # (a runtime call: its id is CUPTI's)
+                corr = 0
             rows.append([nid, int(e.start_thread_id()), e.start_ns() - off, e.end_ns() - off,
-                         int(e.sequence_nr()), dev, int(e.correlation_id()),
-                         int(e.linked_correlation_id()), shapes])
+                         int(e.sequence_nr()), dev, corr, int(e.linked_correlation_id()), shapes])
         doc = {"rank": self.rank, "window": [self.first, self.last], "offset_ns": off,
                "offset_drift_ns": off1[0] - self.off0[0], "cuda": self.cuda,
                "names": list(names), "events": rows,

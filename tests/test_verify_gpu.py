@@ -125,13 +125,15 @@ def test_gpu_verify_at_world_1_checks_compute_only():
     assert ("naive", "allreduce") not in rows and rows[("naive", "backward")]["ok"]
 
 
-def _as_profwin(doc: dict, cupti_from: int = 1) -> verify.Profile:
+def _as_profwin(doc: dict, cupti_from: int = 1, unlinked: bool = False) -> verify.Profile:
     """A Kineto trace as ranks/profwin.py writes torch.profiler's own events
     (`kineto_results.events()`): CPU ops with their correlation id and no link; the CUDA
     runtime's calls (cudaLaunchKernel) on the thread of the op that made them (torch gives a
     Kineto event its parent's thread), their correlation id CUPTI's, linked to that op;
     kernels linked to it too. CUPTI numbers every runtime call from 1 in a counter of its own:
-    a call's CUPTI id is some other op's id (`cupti_from`: where CUPTI's count starts)."""
+    a call's CUPTI id is some other op's id (`cupti_from`: where CUPTI's count starts).
+    `unlinked`: calls of no op too (ddptui's own cudaEventRecord in its hooks), with their
+    CUPTI id as a writer that does not know them would leave it."""
     cupti: dict[int, int] = {}
     rows = []
     for e in doc["traceEvents"]:
@@ -148,11 +150,14 @@ def _as_profwin(doc: dict, cupti_from: int = 1) -> verify.Profile:
             corr = cupti.setdefault(a["correlation"], cupti_from + len(cupti))
             dev = 1 if e["cat"] == "kernel" else 0
             rows.append(verify.ProfEvent(e["name"], e["tid"], t0, t1, -1, dev, corr, ext, None))
+            if not dev and unlinked:  # an event record of ddptui's own, in a hook: no op's
+                own = cupti.setdefault(("own", len(rows)), cupti_from + len(cupti))
+                rows.append(verify.ProfEvent("cudaEventRecord", e["tid"], t1, t1 + 1, -1, 0, own, 0, None))
     return verify.Profile(0, (0, 0), True, 0, sorted(rows, key=lambda e: (e.t0, -e.t1)))
 
 
-@pytest.mark.parametrize("cupti_from", [1, 40, 400])
-def test_a_runtime_calls_cupti_id_never_links_another_ops_kernels(cupti_from):
+@pytest.mark.parametrize("cupti_from, unlinked", [(1, False), (40, False), (400, False), (1, True), (40, True)])
+def test_a_runtime_calls_cupti_id_never_links_another_ops_kernels(cupti_from, unlinked):
     """The first H100 pass, NCCL at world size 1: in every kind about one step of the five was
     off by 30 to 125 ms, the farther the later in the window (naive 32 ms, interleaved 72, ddp
     112, single 123: the strategies' order in a loop iteration). torch.profiler's events hold
@@ -161,7 +166,7 @@ def test_a_runtime_calls_cupti_id_never_links_another_ops_kernels(cupti_from):
     call found the kernels of whatever op had that id, steps away, and the step's span grew
     to them. Two counters at different rates meet early in the window: one step in five."""
     r = _run(steps=4)
-    prof = _as_profwin(r.trace(), cupti_from)
+    prof = _as_profwin(r.trace(), cupti_from, unlinked)
     span_steps = verify.steps_from_batches(r.batches())
     pairs, notes = verify.match_rank(span_steps, verify.profile_steps(prof, r.n_layers), r.comm_bytes,
                                      n_layers=r.n_layers)
@@ -290,3 +295,39 @@ def test_gpu_verify_two_ranks_sharing_one_gpu(tmp_path):
         if r["kind"] != "allreduce":  # (gloo's start is the host's, not held)
             assert r["median_start_us"] <= tol and r["median_end_us"] <= tol, r
             assert r["p95_end_us"] < 1_000, r  # no step far off
+
+
+def test_profwin_writes_a_runtime_calls_cupti_id_as_none_and_keeps_its_link(tmp_path):
+    """ranks/profwin.py on torch.profiler's events: an op keeps its correlation id; a CUDA
+    runtime call (Kineto's 'cuda_runtime', 'cuda_driver') has CUPTI's, written as 0, its link
+    to its op kept; a kernel keeps both."""
+    from ranks.profwin import ProfileWindow
+
+    class Ev:
+        def __init__(self, name, act, dev, corr, linked):
+            self.n, self.act, self.dev, self.corr, self.linked = name, act, dev, corr, linked
+
+        def name(self): return self.n
+        def activity_type(self): return self.act
+        def device_type(self): return "DeviceType.CUDA" if self.dev else "DeviceType.CPU"
+        def start_thread_id(self): return 1
+        def start_ns(self): return 1_000
+        def end_ns(self): return 2_000
+        def sequence_nr(self): return -1
+        def correlation_id(self): return self.corr
+        def linked_correlation_id(self): return self.linked
+        def shapes(self): return []
+
+    evs = [Ev("aten::addmm", "cpu_op", 0, 7, 0), Ev("cudaLaunchKernel", "cuda_runtime", 0, 3, 7),
+           Ev("cudaEventRecord", "cuda_runtime", 0, 4, 0), Ev("cuLaunchKernelEx", "cuda_driver", 0, 5, 7),
+           Ev("sm90_xmma_gemm", "kernel", 1, 3, 7)]
+    prof = type("P", (), {"profiler": type("K", (), {"kineto_results": type("R", (), {"events": lambda self: evs})()})()})()
+    pw = ProfileWindow((1, 2), str(tmp_path), 0, cuda=True)
+    pw.off0 = (0, 10)
+    pw.dump(prof, (0, 10))
+    got = verify.load_profile(str(tmp_path / "profile.rank0.json"))
+    by_name = {e.name: e for e in got.events}
+    assert (by_name["aten::addmm"].corr, by_name["aten::addmm"].linked) == (7, 0)
+    assert (by_name["cudaLaunchKernel"].corr, by_name["cudaLaunchKernel"].linked) == (0, 7)
+    assert (by_name["cudaEventRecord"].corr, by_name["cuLaunchKernelEx"].corr) == (0, 0)
+    assert (by_name["sm90_xmma_gemm"].corr, by_name["sm90_xmma_gemm"].linked) == (3, 7)

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
@@ -205,10 +206,25 @@ def _device_span(cpu_ops: list[ProfEvent], by_linked: dict) -> tuple | None:
     its CUPTI id as its own (the first H100 pass: one step in five off by 30-125 ms)."""
     work = []
     for op in cpu_ops:
-        work.extend(by_linked.get(op.linked if op.linked > 0 else op.corr, ()))
+        key = _op_key(op)
+        if key is not None:
+            work.extend(by_linked.get(key, ()))
     if not work:
         return None
     return min(w.t0 for w in work), max(w.t1 for w in work)
+
+
+_RUNTIME_CALL = re.compile(r"(cuda|cu|nvtx)[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, ...
+
+
+def _op_key(op: ProfEvent) -> int | None:
+    """The correlation id device work names `op` by: its own (a CPU op's), or, for a CUDA
+    runtime or driver call (cudaLaunchKernel, cudaEventRecord, cuLaunchKernel), that of the op
+    it is linked to; None for a call linked to none (ddptui's own event records, made by its
+    hooks outside any op): its correlation id is CUPTI's, another count."""
+    if op.linked > 0:
+        return op.linked
+    return None if _RUNTIME_CALL.match(op.name) else op.corr
 
 
 def _numel(shapes) -> int | None:
