@@ -290,11 +290,22 @@ class CudaClock:
 
     @property
     def bound_ns(self):
-        """How far a mapped time may be off (ns): half the widest bracket of the calibration
-        points the map is fitted to (GpuTimeMap.bound_ns) and BOUND_SLACK_NS; None before
-        the first point."""
+        """How far a span's time may be off (ns), None before the first calibration: the map's
+        error (half the widest bracket of the points it is fitted to, GpuTimeMap.bound_ns, and
+        BOUND_SLACK_NS) and how much later than usual an event on an idle stream is stamped
+        (`idle_wait_ns`). A mark on an idle stream (a host-bound step, the end of a layer whose
+        work the GPU has done) is stamped when the GPU takes it: on a GPU time-sliced with
+        another process's context, when this context gets its slice back."""
         b = self.map.bound_ns
-        return None if b is None else b + self.BOUND_SLACK_NS
+        return None if b is None else b + self.BOUND_SLACK_NS + self.idle_wait_ns()
+
+    def idle_wait_ns(self) -> int:
+        """How much later than the quickest an event on an idle stream is stamped, for three
+        in four of the recent calibration events (0 with fewer than four; one given up on is
+        timed at the next point, its stamp mapped): ~1 µs on a GPU of one's own; on one
+        time-sliced with another context, up to the other's slice."""
+        seen = sorted(getattr(self, "_seen", ()))  # (a copy: calibrate() appends on the training thread)
+        return seen[(3 * len(seen)) // 4] - seen[0] if len(seen) >= 4 else 0
 
     def maybe_calibrate(self) -> None:
         if self.host_ns() >= self.next_cal:
@@ -324,6 +335,8 @@ class CudaClock:
             lo = t
             if t > give_up:  # not stamped in time: no use as a calibration point
                 if not block:
+                    if len(self._late) < 8:  # (how long it waited: seen at the next point)
+                        self._late.append((ev, rec_ns))
                     return None
                 ev.synchronize()  # (a GPU that never came back: a wide bracket will do)
                 break
@@ -333,7 +346,8 @@ class CudaClock:
 
     def calibrate(self, samples: int = 3) -> None:
         if not hasattr(self, "_seen"):
-            self._seen = deque(maxlen=GpuTimeMap.WINDOW)
+            self._seen = deque(maxlen=GpuTimeMap.WINDOW)  # record to stamped, ns (idle_wait_ns)
+            self._late: list = []  # events given up on, with when they were recorded
         best = None
         for i in range(samples):
             got = self._bracket(block=self.cal is None and i == samples - 1 and best is None)
@@ -346,6 +360,14 @@ class CudaClock:
         g = 0.0 if self.cal is None else self.cal.g_ns + self.cal.event.elapsed_time(ev) * 1e6
         self.map.add(g, h0, h1)
         self.cal = CalPoint(ev, g)
+        if self._late:  # the events given up on, stamped since: when, mapped
+            late, self._late = self._late, []
+            for old, rec_ns in late:
+                if old.query():
+                    at = self.map.host_ns(g + ev.elapsed_time(old) * 1e6)
+                    self._seen.append(max(0, at - rec_ns))
+                else:
+                    self._late.append((old, rec_ns))
         # the drift is unknown until two points are apart: the first ones come sooner
         n = len(self.map.points)
         self.next_cal = h1 + min(self.period_ns, 50_000_000 << min(n, 10))

@@ -248,7 +248,7 @@ def test_the_gpu_panel_says_the_clocks_bound_and_when_it_is_past_5us():
         lines = gpu_panel.build(st, 120, 10)
         return "".join(t for t, _ in lines[0])
     assert "clock ±2.1 µs" in title(2_100) and "shared" not in title(2_100)
-    assert "clock ±160.0 µs (GPU shared: spans good to that)" in title(160_000)
+    assert "clock ±160.0 µs: spans good to that, not 5 µs" in title(160_000)
     assert "clock residual 80.7 µs" in title(None)  # a recording from before the bound
 
 

@@ -154,9 +154,10 @@ def compare(store, prof_dir: str, model: str, strategies: list[str], device: str
     bound = max(bounds) if cuda and bounds else None
     tol, widened = verify.widen_for_clock(tol, bound)
     if widened is not None:
-        notes.append(f"the GPU timer maps to host time within ±{bound / 1000:.1f} µs on this run (its "
-                     f"calibration's bracket: a GPU shared by processes, time-sliced): tolerances "
-                     f"widened to {widened} µs")
+        notes.append(f"ddptui's GPU times are good to ±{bound / 1000:.1f} µs on this run (its clock's "
+                     f"bound: the calibration's bracket and how late an event on an idle stream is "
+                     f"stamped, as on a GPU time-sliced between processes): tolerances widened to "
+                     f"{widened} µs")
     rows = verify.summarize(pairs, tol, [s for s in strategies if s in raw], late_only=late)
     doc = {"ok": bool(rows) and all(r["ok"] for r in rows),
            "device": first.device if first else device,

@@ -43,7 +43,7 @@ def gpu_lines(samples: list[frames.Gpu], width: int, rows: int, ranks_of: dict |
     title = [(f"GPU · NVML · {', '.join(names)}", theme.style(theme.TEXT, bold=True))]
     if clock_bound_ns is not None:  # (the GPU timer's map to host time: how far a span may be off)
         wide = clock_bound_ns > CLOCK_OK_NS  # (a GPU time-sliced with another process's context)
-        title.append((f" · clock ±{clock_bound_ns / 1000:.1f} µs" + (" (GPU shared: spans good to that)" if wide else ""),
+        title.append((f" · clock ±{clock_bound_ns / 1000:.1f} µs" + (": spans good to that, not 5 µs" if wide else ""),
                       theme.style(theme.WARN if wide else theme.DIM)))
     elif clock_res_ns is not None:
         title.append((f" · clock residual {abs(clock_res_ns) / 1000:.1f} µs", theme.style(theme.DIM)))
