@@ -4,7 +4,8 @@ nothing of ddptui. Needs `pip install lightning`.
     ddptui run --auto --nproc-per-node 2 -- examples/train_lightning.py --steps 20
 
 --auto times it without a code change: the LightningModule is opened down to the model's
-blocks (embedding, positional encoding, encoder, decoder, output layer).
+blocks (the embedding, each encoder and decoder layer of its nn.Transformer with their norms,
+the output layer; the positional encoding holds no parameters: no layer of its own).
 """
 import argparse
 
