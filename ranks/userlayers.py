@@ -94,8 +94,8 @@ def _stage_lists(path: str, lst: nn.Module) -> list[tuple[str, nn.Module]] | Non
     level deeper (a mixture of experts) stays one block."""
     kids = list(lst.named_children())
     for attr, first in kids[0][1].named_children():
-        if not isinstance(first, (nn.ModuleList, nn.Sequential)):
-            continue
+        if not isinstance(first, (nn.ModuleList, nn.Sequential)) or "expert" in attr.lower():
+            continue  # (a layer's own list of experts: they run side by side, not one after another)
         inner = []
         for n, b in kids:
             c = getattr(b, attr, None)

@@ -523,6 +523,10 @@ def test_auto_layers_repeated_blocks_at_any_depth():
     moe.rotary_emb = nn.Identity()  # (no parameters: no layer)
     moe.lm_head = nn.Linear(16, 10)
     assert [n for n, _ in choose_layers(moe)] == ["embed_tokens", "layers.0", "layers.1", "layers.2", "lm_head"]
+    for layer in moe.layers:  # experts held by the decoder layer itself: still one block a layer
+        layer.experts = layer.block_sparse_moe.experts
+        del layer.block_sparse_moe
+    assert [n for n, _ in choose_layers(moe)] == ["embed_tokens", "layers.0", "layers.1", "layers.2", "lm_head"]
     # the model itself a list of blocks
     assert [n for n, _ in choose_layers(nn.Sequential(Block(), Block()))] == ["0", "1"]
 
