@@ -287,6 +287,7 @@ class CudaClock:
         return self.map.residual_ns
 
     BOUND_SLACK_NS = 1_000  # beyond the bracket: the stamp's visibility to a query, float32 ms
+    _bound = None  # (bound_ns, figured at each calibration)
 
     @property
     def bound_ns(self):
@@ -295,9 +296,9 @@ class CudaClock:
         BOUND_SLACK_NS) and how much later than usual an event on an idle stream is stamped
         (`idle_wait_ns`). A mark on an idle stream (a host-bound step, the end of a layer whose
         work the GPU has done) is stamped when the GPU takes it: on a GPU time-sliced with
-        another process's context, when this context gets its slice back."""
-        b = self.map.bound_ns
-        return None if b is None else b + self.BOUND_SLACK_NS + self.idle_wait_ns()
+        another process's context, when this context gets its slice back. (Figured at each
+        calibration: read every step, it costs an attribute.)"""
+        return self._bound
 
     def idle_wait_ns(self) -> int:
         """How much later than the quickest an event on an idle stream is stamped, for three
@@ -368,6 +369,7 @@ class CudaClock:
                     self._seen.append(max(0, at - rec_ns))
                 else:
                     self._late.append((old, rec_ns))
+        self._bound = self.map.bound_ns + self.BOUND_SLACK_NS + self.idle_wait_ns()
         # the drift is unknown until two points are apart: the first ones come sooner
         n = len(self.map.points)
         self.next_cal = h1 + min(self.period_ns, 50_000_000 << min(n, 10))
