@@ -226,7 +226,8 @@ def report_run(store, json_path: str | None, extra, *, title: str | None = None,
             head = f"{label} (not measured) · {head}"
         print_summary(rows, meta, file=out, title=head)
         for why in shared_gpu_note(meta, rows)[:1]:  # (ranks sharing one GPU over gloo)
-            print(f"why comm dwarfs compute: {why}", file=out, flush=True)
+            print(f"why comm dwarfs compute: {why}; this run's own steps at NVLink's bus: "
+                  f"ddptui whatif RECORDING --bus-gbps 450", file=out, flush=True)
     elif empty:
         print(f"ddptui: warning: {empty}", file=err, flush=True)
     memory = memory_doc(ranks)
