@@ -191,3 +191,40 @@ async def test_replaying_the_h100_run_shows_the_gpu_and_the_lesson():
         head = app.headline.plain
     assert f"1x {H100} (2 ranks share it)" in title
     assert "over gloo" in head and "NVLink" in head, head
+
+
+@pytest.mark.gpu
+def test_real_pcie_rates_are_never_negative_while_the_host_copies():
+    """On the GPU: 4 s of host-device copies (2-4 GB/s and more: past a 32-bit counter's 4 GiB
+    within seconds), sampled every 0.25 s: every PCIe rate a reading or N/A, never negative; on
+    a GPU with GPM (Hopper and later) the SM activity is read."""
+    import threading
+    import time
+
+    import torch
+    s = nvml.GpuSampler()
+    assert s.has_gpus
+    stop = threading.Event()
+
+    def copy():
+        host = torch.empty(256 * 2**20, dtype=torch.uint8).pin_memory()
+        dev = torch.empty_like(host, device="cuda")
+        while not stop.is_set():
+            dev.copy_(host, non_blocking=True)
+            host.copy_(dev, non_blocking=True)
+            torch.cuda.synchronize()
+    th = threading.Thread(target=copy, daemon=True)
+    th.start()
+    try:
+        got = []
+        for _ in range(16):
+            got += [g for g in s.sample().gpus]
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        th.join()
+    rates = [r for g in got for r in (g.pcie_tx_mbs, g.pcie_rx_mbs) if r is not None]
+    assert rates and min(rates) >= 0, rates
+    assert max(rates) > 100, rates  # the copies were seen
+    if "H100" in (got[-1].name or "") or "H200" in (got[-1].name or ""):
+        assert any(g.sm_active is not None for g in got)
