@@ -64,9 +64,11 @@ class Watchdog:
                     self._warned.add(key)
                     st.add_log(f"no progress for {now - self.last_progress:.0f} s: {stuck.text()}", "warn")
                     self._stalled = stuck.collective()
-            elif self._stalled is None and now - self.last_progress >= max(2 * hang.STALL_S,
-                                                                        10 * self._typical_step_s()):
-                # no rank inside a collective ddptui sees (or no heartbeat says so): said anyway
+            elif self._stalled is None and (typical := self._typical_step_s()) > 0 and \
+                    now - self.last_progress >= max(2 * hang.STALL_S, 10 * typical):
+                # no rank inside a collective ddptui sees (or no heartbeat says so): said anyway,
+                # once steps have been seen to take their time (not while the first ones start:
+                # building, the first step's warm-up on a loaded machine)
                 where = ", ".join(f"rank {r} step {i.step}" for r, i in sorted(ranks.items())
                                   if not i.finished and i.exit is None)
                 st.add_log(f"no progress for {now - self.last_progress:.0f} s ({where}; no rank is inside "
