@@ -9,8 +9,9 @@
 #                                          headless xlarge on gloo with CUDA tensors (2 ranks on
 #                                          one GPU, 40 steps) and on NCCL (world 1), recorded into
 #                                          OUTDIR; verify on both backends; the tests marked gpu;
-#                                          P1; P7; deep40 on gloo (recorded); NVML next to
-#                                          nvidia-smi; then benchmarks/gpu_cost.py when present
+#                                          P1; P7; NVML next to nvidia-smi; deep40 on gloo
+#                                          (recorded; cut first when time is short); then
+#                                          benchmarks/gpu_cost.py when present (its 3 minutes kept)
 #   benchmarks/gpu_pass.sh suite [OUTDIR]  (<= 5 minutes, GPU_PASS_SUITE_BUDGET_S 300) the whole
 #                                          suite with CUDA visible, as bin/test runs it on CI, in
 #                                          the .venv bin/setup made (GPU_PASS_XDIST workers, 12)
@@ -202,7 +203,9 @@ timed() {  # name, own limit, log file, command...: a step whose last lines go t
 }
 
 phase_pass() {
-  [ -f benchmarks/gpu_cost.py ] && RESERVE=120  # (its step, last, keeps its time: the others are cut first)
+  # gpu_cost.py's steps, last, keep their time (120 s, and 60 s for --nccl-timing on CUDA): the
+  # steps before them are cut first
+  [ -f benchmarks/gpu_cost.py ] && RESERVE=180
   deps || { pack; return 1; }
   env_report
   preflight || { pack; return 1; }
@@ -221,11 +224,12 @@ phase_pass() {
     $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 ${QUICK:+--quick} $CPUQ
   timed "P7 hook cost and host share with real CUDA events" 60 p7.txt \
     $PY benchmarks/p7_hook_cost.py --device $DEV ${QUICK:+--quick} $CPUQ
-  g=deep40; [ -n "$QUICK$CPUQ" ] && g=small-b
-  headless $g-2ranks-gloo-$DEV 55 --gpus 1 --ranks 2 --model "${g%-b}" --strategies naive,ddp --steps "$(n 8)"
   if cuda_only "NVML next to nvidia-smi"; then
     timed "NVML next to nvidia-smi" 35 nvml.txt $PY benchmarks/gpu_nvml.py --seconds $NVML_S --out "$work/nvml.csv"
   fi
+  # last before gpu_cost: the step cut first when time is short
+  g=deep40; [ -n "$QUICK$CPUQ" ] && g=small-b
+  headless $g-2ranks-gloo-$DEV 55 --gpus 1 --ranks 2 --model "${g%-b}" --strategies naive,ddp --steps "$(n 8)"
   # ======== STEP FOR benchmarks/gpu_cost.py: <= 2 minutes, right after the pass; skipped while
   # ======== the file is absent. Called as gpu_clock.py and gpu_nvml.py are (--out FILE); its
   # ======== output goes to the work folder, packed with the rest, its last lines to the summary.
