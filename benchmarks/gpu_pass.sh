@@ -68,7 +68,7 @@ pack() {  # what the work folder holds so far, into OUTDIR (replacing the last p
   tar czf "$out/.gpu-pass-$phase.tar.gz" -C "$work" --exclude=runs --exclude=site . 2>/dev/null \
     && mv -f "$out/.gpu-pass-$phase.tar.gz" "$out/gpu-pass-$phase.tar.gz"
 }
-RESERVE=0  # seconds kept for a later step (gpu_cost.py's two minutes, while the steps before it run)
+RESERVE=0  # seconds kept for later steps (gpu_cost.py's, while the steps before them run)
 left() { echo $((BUDGET - (SECONDS - T0) - MARGIN - RESERVE)); }
 # limit NAME SECONDS: this step's time limit, or 0 (and a note) when the command's budget is spent
 limit() {
