@@ -391,7 +391,7 @@ MODEL_LAYERS = {"xlarge": 8, "deep40": 40}
 SESSION_REV = "69205d5"  # the hook path before the H100 redesign (h100-model's "before")
 
 
-def measure_h100_model(instrument, strategies, model: str, steps: int) -> dict:
+def measure_h100_model(instrument, strategies, model: str, steps: int, every: int | None = None) -> dict:
     """The host time ddptui would take on the first H100 a step of `model` (its layers, its DDP
     buckets, its step length there: benchmarks/h100_costs.json), every figure of the model
     either measured here or charged at the H100's cost:
@@ -418,7 +418,7 @@ def measure_h100_model(instrument, strategies, model: str, steps: int) -> dict:
     cuda = free_cuda()
     clock = instrument.CudaClock("cuda:0", torch_cuda=cuda, host_ns=time.monotonic_ns,
                                  hook_lag_ns=int(costs["hook_dispatch"] * 1000))
-    rec = instrument.Recorder(clock, layers)
+    rec = instrument.Recorder(clock, layers, every=every)
     if hasattr(rec, "_dev_ns"):  # the step's length on the device: the H100's (in a run the
         class _Device(dict):  # sender thread writes it from resolved steps; here the stand-in's
             def get(self, key, default=None):  # events have no length to give)
@@ -548,12 +548,14 @@ def h100_model_main(a) -> int:
         now = [measure_h100_model(instrument, strategies, model, steps) for _ in range(1 if a.quick else 3)]
         got = min(now, key=lambda r: r["host_us"]) if False else sorted(now, key=lambda r: r["host_us"])[len(now) // 2]
         then = measure_h100_model(*old, model, steps) if old is not None else None
-        rows.append((got, then))
+        # the code before with every layer marked too (--layer-every 1): the same coverage
+        then1 = measure_h100_model(*old, model, steps, every=1) if old is not None else None
+        rows.append((got, then, then1))
     print(f"P7 on the H100 cost model (what the first H100 measured a CUDA call, a hook's dispatch "
           f"and a step to take; benchmarks/h100_costs.json), ddptui's host time on the training "
           f"thread a step, torch {torch.__version__}, {steps} steps"
           + (" (SMOKE: --quick)" if a.quick else ""))
-    for got, then in rows:
+    for got, then, then1 in rows:
         c = got["calls"]
         print(f"  {got['model']:7s} {got['layers']:2d} layers, {got['buckets']:2d} buckets, a "
               f"{got['step_ms']:.1f} ms step: layers marked 1 step in {got['every']} "
@@ -568,8 +570,14 @@ def h100_model_main(a) -> int:
             print(f"          before ({a.share_vs or SESSION_REV}): layers marked 1 step in "
                   f"{then['every']}; host {then['host_us']:.0f} µs = {then['share_pct']:.2f} %; "
                   f"resolving {then['resolve_us']:.0f} µs ({then['resolve_calls']:.0f} calls); "
-                  f"with every layer marked, as now: "
-                  f"{then['calls'].get('record', 0):.1f} records a step")
+                  f"with every layer marked as now (--layer-every 1): host {then1['host_us']:.0f} µs = "
+                  f"{then1['share_pct']:.2f} %, {then1['calls'].get('record', 0):.1f} records, "
+                  f"{then1['calls'].get('current_stream', 0):.1f} stream look-ups, "
+                  f"{then1['calls'].get('query', 0):.1f} queries a step; resolving "
+                  f"{then1['resolve_us']:.0f} µs ({then1['resolve_calls']:.0f} calls)")
+    assumed = max(r[0]["comm_hook_us"] / (r[0]["step_ms"] * 10) for r in rows)
+    print(f"  (of which the Python comm hooks, assumed until benchmarks/gpu_cost.py measures them "
+          f"on a GPU: up to {assumed:.2f} points)")
     worst = max(r[0]["share_pct"] for r in rows)
     every = max(r[0]["every"] for r in rows)
     tag = "SMOKE" if a.quick else ("OK" if worst <= 1.0 and every == 1 else "MISS")
