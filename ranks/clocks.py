@@ -28,20 +28,6 @@ class CpuClock:
     def begin_step(self) -> None:
         pass
 
-    def _current(self):
-        """The current stream of our device on this thread (a completion callback's), as a
-        Python Stream: torch.cuda.current_stream builds a new one each call (a few µs, the
-        largest part of a collective's end mark); here one per stream, kept, looked up by the
-        C call's (id, device, type)."""
-        raw = self._raw_stream
-        if raw is None:
-            return self.tc.current_stream(self.device)
-        key = raw()
-        got = self._streams.get(key)
-        if got is None:
-            got = self._streams[key] = self.tc.current_stream(self.device)
-        return got
-
     def comm_host_end(self):
         return None  # the drawn end is a host reading already
 
