@@ -336,16 +336,23 @@ def test_a_stall_in_a_ddp_bucket_names_the_bucket_and_its_layers():
     assert got.collective() == "DDP bucket 0 AllReduce #13 (5.9 MB, fc4)"
 
 
-def test_watchdog_logs_the_stall_within_seconds():
+def _watched(beats):
+    """A 2-step FSDP2 run's Store, rank 0 training with these heartbeats, and a Watchdog whose
+    last progress was at 0 s."""
     from ddptui.live.watchdog import Watchdog
     run, fr = fsdp_frames(steps=2)
     st = store_of(fr)
-    ag = ("reduce_scatter", 9, 4_000_000, 1, int(50e9))
-    for f in (frames.Phase(rank=0, phase="training"), hb(0, 53.5, ag, 20), hb(1, 53.5, None, 19)):
+    for f in (frames.Phase(rank=0, phase="training"), *beats):
         st.ingest(f)
     w = Watchdog(st, hang_s=30.0, hb_timeout_s=60.0, on_rank_gone=lambda r: None, now=0.0)
     w.last_progress = 0.0
     w._last_spans = st.spans
+    return run, st, w
+
+
+def test_watchdog_logs_the_stall_within_seconds():
+    ag = ("reduce_scatter", 9, 4_000_000, 1, int(50e9))
+    run, st, w = _watched((hb(0, 53.5, ag, 20), hb(1, 53.5, None, 19)))
     assert w.check(2.0) is None and not any("no progress" in t for _, _, t in st.log_lines())
     assert w.check(4.0) is None
     said = [t for _, lvl, t in st.log_lines() if t.startswith("no progress")]
@@ -361,14 +368,7 @@ def test_watchdog_says_a_stall_no_collective_explains_and_when_steps_come_again(
     """No rank inside a collective ddptui sees (a stall before any): after 2 x STALL_S (and
     10 typical steps) without a step, said anyway, once, with each rank's step; when steps
     come again, said too."""
-    from ddptui.live.watchdog import Watchdog
-    run, fr = fsdp_frames(steps=2)
-    st = store_of(fr)
-    for f in (frames.Phase(rank=0, phase="training"), hb(0, 53.5, None, 20), hb(1, 53.5, None, 20)):
-        st.ingest(f)
-    w = Watchdog(st, hang_s=30.0, hb_timeout_s=60.0, on_rank_gone=lambda r: None, now=0.0)
-    w.last_progress = 0.0
-    w._last_spans = st.spans
+    run, st, w = _watched((hb(0, 53.5, None, 20), hb(1, 53.5, None, 20)))
     assert w.check(4.0) is None and not any("no progress" in t for _, _, t in st.log_lines())
     w.check(6.5)
     w.check(7.0)
