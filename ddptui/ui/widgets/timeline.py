@@ -186,7 +186,8 @@ class TimelinePane(Widget):
             out.append((f" {st.cap_note}", theme.style(theme.WARN, bold=True)))
         g = self.groups()
         if g is not None:  # (every block is still in the recording and the exports)
-            out.append((f" · {g.blocks} blocks drawn {g.size} a bar (+ zooms in)", theme.style(theme.WARN)))
+            out.append((f" · {g.blocks} blocks drawn {min(g.size, g.blocks)} a bar (+ zooms in)",
+                        theme.style(theme.WARN)))
         said = (f"{calls - colls} AllReduce + {colls} coll" if calls > colls else f"{colls} collectives") \
             if colls else f"{calls} AllReduce"
         out.append((f" · {said} · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
