@@ -634,7 +634,9 @@ class RankSession:
         self._order = list(range(len(self.names)))
         self._shown_n = len(self.names)
         self.layers = list(self.names)
+        dev = str(self.device) if self.device.type == "cuda" else "cpu"
         self.sink.send_now(frames.Hello(rank=self.rank, world=self.world, pid=os.getpid(),
+                                        host=socket.gethostname(), device=dev,
                                         backend=self.backend, strategies=[self.strategy],
                                         layers=self.layers))
 
@@ -670,6 +672,7 @@ class Handle:
         self.strategy = spec.USER_FSDP_STRATEGY if fsdp else STRATEGY
         self._hooks: list = []
         self.closed = False
+        self.by_auto = False  # made by `ddptui run --auto` (the script's own instrument() returns it)
         self.label: str | None = None
         self.module = model = ddp if fsdp else ddp.module
         self.comm: CommState | None = None
@@ -1008,6 +1011,7 @@ def _device_of(model: nn.Module) -> torch.device:
 
 # -- the public entry ------------------------------------------------------------------------
 _handles: list[Handle] = []
+_auto_noted: list[bool] = []  # (the note that --auto is not needed: once a rank)
 
 
 def instrument(ddp_model, layers="auto", optimizer=None, batch: int | None = None,
@@ -1020,7 +1024,20 @@ def instrument(ddp_model, layers="auto", optimizer=None, batch: int | None = Non
     all its micro-steps under accumulation: samples/s);
     record: a directory for this rank's recording when not under ddptui (else DDPTUI_RECORD,
     else ./runs/<script>-<time>/); comm_hook/comm_state: a comm hook to run inside ddptui's
-    (one registered later with ddp_model.register_comm_hook is taken the same way)."""
+    (one registered later with ddp_model.register_comm_hook is taken the same way).
+
+    Under `ddptui run --auto` a model is instrumented as it is built: instrument() on it
+    returns the handle --auto made (its batch taken when --auto had none), with a note."""
+    made = getattr(ddp_model, "_ddptui", None)
+    if made is not None and getattr(made, "by_auto", False):
+        if batch and made.session is not None and not made.session.batch:
+            made.session.batch = batch
+        if not _auto_noted:
+            _auto_noted.append(True)
+            if int(os.environ.get("RANK", "0")) == 0:
+                print("ddptui: this script calls ddptui.instrument itself: --auto is not needed "
+                      "(instrument() returns the handle --auto made)", file=sys.stderr, flush=True)
+        return made
     h = Handle(ddp_model, layers, optimizer, batch, record, comm_hook, comm_state, name)
     if not _handles:
         _install_exit_hooks()

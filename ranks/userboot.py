@@ -29,7 +29,7 @@ def _auto() -> None:
 
     def init(self, *a, **kw):
         real_init(self, *a, **kw)
-        user.instrument(self, layers=layers)
+        user.instrument(self, layers=layers).by_auto = True  # (the script's own call: this handle)
 
     DDP.__init__ = init
     _auto_fsdp(layers)
@@ -69,6 +69,7 @@ def _auto_fsdp(layers) -> None:
         if isinstance(module, FSDPModule) and getattr(module, "_ddptui", None) is None:
             handle.remove()
             h = user.instrument(module, layers=layers)
+            h.by_auto = True
             h._forward_pre(module, args)  # (its hook was made during this call: not called for it)
             if not user._batch_of(args, None) and h.session is not None:
                 # (this call's keyword arguments, unseen here: its batch counted at its end)

@@ -678,3 +678,57 @@ def test_a_scripts_bucket_cap_reads_as_it_gave_it():
     for mb in (0.05, 25, 1.5, 0.001, 3.7, 100, 0.25):
         assert _cap_mb(SimpleNamespace(bucket_bytes_cap=int(mb * 1024 * 1024))) == mb
     assert _cap_mb(SimpleNamespace(bucket_bytes_cap=0)) is None and _cap_mb(object()) is None
+
+
+AUTO_AND_OWN_CALL = """
+import sys, torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import ddptui
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+model = DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+h = ddptui.instrument(model, optimizer=opt, batch=16)
+again = ddptui.instrument(model, optimizer=opt, batch=16)
+assert again is h and h.by_auto
+x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+for _ in range(3):
+    with h.step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_auto_steps_aside_for_a_scripts_own_instrument_call(tmp_path):
+    """`ddptui run --auto` on a script that calls ddptui.instrument itself: the script's call
+    returns the handle --auto made (its batch taken), one line says --auto is not needed, no
+    traceback, and the steps are recorded once (userboot's --auto, in one real process)."""
+    from ddptui.recording.loader import load
+    script = tmp_path / "own.py"
+    script.write_text(AUTO_AND_OWN_CALL)
+    env = _env(DDPTUI_AUTO="1", DDPTUI_RECORD=str(tmp_path / "run"), RANK="0", WORLD_SIZE="1")
+    out = subprocess.run([PY, "-m", "ranks.userboot", str(script), str(tmp_path / "store")],
+                         capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and "instrumented already" not in out.stderr
+    assert out.stderr.count("--auto is not needed") == 1, out.stderr
+    got = load(str(tmp_path / "run"))
+    assert got.store.complete_steps("ddp") == [0, 1, 2]
+    assert got.meta["batch"] == 16
+    assert got.store.ranks[0].device == "cpu"
+
+
+def test_an_error_before_the_first_step_still_names_the_device(pg):
+    """A script's error before its first step (the hello sent then, minimal): the app's
+    `rank N connected:` line names the device, not an empty one."""
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddptui
+    from ddptui.recording.loader import load
+    h = ddptui.instrument(DDP(nn.Linear(4, 2)), record=str(pg / "run"))
+    h.error(RuntimeError("boom"))
+    got = load(str(pg / "run"))
+    assert got.store.ranks[0].device == "cpu"
+    assert any("rank 0 connected: cpu, gloo" in t for _, _, t in got.store.log), got.store.log

@@ -90,7 +90,8 @@ class Intake:
             self._param_bytes = spec.grad_bytes(f.params or [])
         self.meta.take_hello(f, info.device)
         self._meta_changed()
-        self.add_log(f"rank {f.rank} connected: {info.device}, {info.backend}", "info")
+        said = ", ".join(x for x in (info.device, info.backend) if x) or "device unknown"
+        self.add_log(f"rank {f.rank} connected: {said}", "info")
 
     def _on_phase(self, f: frames.Phase) -> None:
         self._rank(f.rank).phase = f.phase
