@@ -181,3 +181,58 @@ def test_a_file_that_is_not_a_recording_raises(tmp_path, content, why):
     with pytest.raises(RecordingError, match=why):
         ReplaySource(str(bad))
 
+
+
+H100 = "demo/gpu-h100-xlarge-2ranks-gloo.ddptui"  # the ranks' start-up: ~11 s, a first step of 7 s
+
+
+def test_the_start_up_before_the_first_complete_step_is_cut(clock):
+    """The H100 recording's ranks took ~11 s to rendezvous, build and finish a first step: the
+    replay played it in real time (7 s of panes saying 'waiting'), at the start and on every
+    loop. The clock now starts just before the first complete step, and says what it cut."""
+    from ddptui.recording.replay import LEAD_NS
+    from ddptui.ui.widgets import statuslines
+
+    src = ReplaySource(H100, loop=True, clock=clock)
+    assert src.skipped_start_ns > 5e9
+    src.start()
+    assert src.position_step == -1
+    clock.advance(LEAD_NS / 1e9 + 0.05)
+    src.poll()
+    assert src.position_step == 0
+    assert f"start-up skipped ({src.skipped_start_ns / 1e9:.1f} s)" in text(statuslines.replay_state(src))
+    clock.advance(60)  # past the end: the loop starts over, the start-up cut again
+    src.poll()
+    assert src.state == "playing" and src.position_step == -1
+    clock.advance(LEAD_NS / 1e9 + 0.05)
+    src.poll()
+    assert src.position_step == 0
+    src.seek(30)  # g N: the figures of a straight read, whatever the clock's cut
+    assert src.position_step == 30 and figs(src.store, 30) == figs(straight_read(H100), 30)
+    assert "start-up skipped" not in text(statuslines.replay_state(src))  # (said over the first steps)
+
+
+def test_replay_finished_goes_once_the_position_moves_back(clock):
+    src = ReplaySource(DEMO, clock=clock)
+    src.start()
+    clock.advance(3600)
+    assert src.poll() and src.message == "replay finished"
+    src.step_by(-1)  # ←
+    assert src.position_step == 28 and src.message == ""
+    src.toggle_play()
+    clock.advance(3600)
+    src.poll()
+    assert src.message == "replay finished"
+    src.seek(12)  # g 12
+    assert src.message == "" and src.state == "paused"
+    src.seek(29)
+    src.toggle_play()
+    clock.advance(3600)
+    src.poll()
+    assert src.state == "finished"
+    src.toggle_play()  # space at the end: from the start
+    assert src.message == "" and src.playing
+
+
+def text(parts) -> str:
+    return "".join(t for t, _ in parts)

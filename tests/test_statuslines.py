@@ -65,6 +65,25 @@ async def test_a_parts_view_draws_each_line_cut_to_its_width_and_control_charact
         first, second, third = (v.render_line(y) for y in range(3))
         assert first.text == "rank 1 failed: Traceback (x)  " and first.cell_length == 30
         assert any(s.style and s.style.bold for s in first)
-        assert second.text == "x" * 30 and third.text == " " * 30
+        assert second.text == "x" * 29 + "…" and third.text == " " * 30  # (too long: an ellipsis)
         v.show([[("ok", theme.style())]])  # new lines: drawn afresh, not from the strips kept
         assert v.render_line(0).text.startswith("ok ")
+
+
+def test_a_line_too_long_is_cut_at_a_field_or_word_with_an_ellipsis():
+    """At 120x40 the H100 replay's title ended '…naive vs interleave' and the who-waits line
+    '(19/2': a line is cut after its last whole field (' · ') or word, then '…'."""
+    from ddptui.ui.widgets.text import fit
+
+    waits = [("who waits", "bold"), (" · naive: rank 0 last 75 % · interleaved: rank 1 last 92 % · ddp: rank 0"
+                                     " last 67 % · gathering evidence (19/20 steps)", "")]
+    assert text(fit(waits, 118)) == ("who waits · naive: rank 0 last 75 % · interleaved: rank 1 last 92 % · ddp: "
+                                     "rank 0 last 67 %…")
+    assert fit(waits, 200) == waits  # fits: unchanged
+    st = SyntheticSource(steps=1, world=2, model="xlarge").store
+    title = statuslines.title(st, ["naive", "interleaved", "ddp", "single"])
+    cut = text(fit(title, 60))
+    assert len(cut) <= 60 and cut.endswith("…") and cut[:-1].rstrip() == cut[:-1]
+    assert text(title).startswith(cut[:-1]) and text(title)[len(cut) - 1] == " "  # (at a boundary)
+    assert text(fit([("one two three", ""), ("     ", "")], 14)) == "one two three     "  # (spaces: cut as they are)
+    assert text(fit([("supercalifragilistic", "")], 8)) == "superca…"  # (one word: cut in it)

@@ -4,8 +4,12 @@ The whole recording is read once at construction and kept as frame bodies with t
 indexes: each frame's time on the recording's clock (ns: `base_ns` of spans frames, `ts` of
 gpu/cpu frames; frames without a time, and invalid ones, take the previous one) and, per
 step, the frame where that step is complete on every rank. Bodies are decoded again only when ingested.
-Playback starts at the first step (start-up chatter is ingested at once) and idle
-stretches longer than MAX_GAP_NS are shortened to it.
+Playback starts at the first step (start-up chatter is ingested at once), idle
+stretches longer than MAX_GAP_NS are shortened to it, and the start-up before the first
+step is complete on every rank (rendezvous, building, a first step of seconds: panes that
+only say "waiting") is cut to its last LEAD_NS: the virtual clock starts just before the
+first complete step, at the start, on every loop and after a rewind; `skipped_start_ns`
+says how much was cut (the status line says so).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from ddptui.model.store import Store
 
 MIN_SPEED, MAX_SPEED = spec.SPEED_LADDER[0], spec.SPEED_LADDER[-1]
 MAX_GAP_NS = 2_000_000_000
+LEAD_NS = 500_000_000  # the start-up played before the first complete step (the rest is cut)
 UPDATE_EVERY = 1000  # frames between store.update() calls while catching up
 
 
@@ -76,10 +81,12 @@ class ReplaySource:
         self.times = array("q")
         self.step_end = StepEnds({})  # step k is complete once step_end[k] frames are ingested
         self._first_step_frame = 0
+        self.skipped_start_ns = 0  # start-up cut before the first complete step (see LEAD_NS)
         self._index(reader)
         self.damage = reader.damage
-        self.message = (f"recording damaged: {self.damage}; replaying what was read before it"
-                        if self.damage else "")
+        self._said = (f"recording damaged: {self.damage}; replaying what was read before it"
+                      if self.damage else "")  # (what the message says when nothing else is)
+        self.message = self._said
         self.state = "ready"  # ready | playing | paused | finished | stopped
         self.pos = 0  # frames ingested
         self.skipped = 0  # invalid frames met while ingesting (skipped, logged)
@@ -114,6 +121,21 @@ class ReplaySource:
             times.append(t)
         self.step_end = StepEnds(ends)
         self._first_step_frame = len(self.bodies) if first_spans is None else first_spans
+        if ends:
+            self._cut_start_up(self.step_end.vals[0] - 1)
+
+    def _cut_start_up(self, done: int) -> None:
+        """Frames before `done` (the one that completes the first step on every rank) take at
+        least its time less LEAD_NS: the wait for the first complete step, however long
+        the ranks took to start, plays in LEAD_NS."""
+        times = self.times
+        floor = times[done] - LEAD_NS
+        start = self._first_step_frame
+        at_start = times[start - 1] if start > 0 else times[0]  # (where the clock started)
+        self.skipped_start_ns = max(0, floor - at_start)
+        for i in range(done):
+            if times[i] < floor:
+                times[i] = floor
 
     @property
     def steps_total(self) -> int:
@@ -192,7 +214,7 @@ class ReplaySource:
         else:
             self.state = "finished"
             self._vt = self._vt_of(self.pos)
-            self.message = self.message or "replay finished"
+            self.message = self._said or "replay finished"
 
     def stop(self, why: str = "") -> None:
         self.state = "stopped"
@@ -207,6 +229,7 @@ class ReplaySource:
             self._rebuild_to(self._first_step_frame)
             self._anchor_at(self._vt_of(self.pos))
             self.state = "playing"
+            self.message = self._said
         elif self.state in ("ready", "paused"):
             if self.state == "ready":
                 self._ingest_to(self._first_step_frame)
@@ -232,6 +255,8 @@ class ReplaySource:
         self._anchor_at(self._vt_of(self.pos))
         if self.state in ("finished", "ready"):
             self.state = "paused"
+        if step < self.steps_total - 1 and self.message == "replay finished":
+            self.message = self._said  # (moved back from the end: there is more to play)
         return step
 
     def step_by(self, n: int) -> int:

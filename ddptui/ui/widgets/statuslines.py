@@ -105,6 +105,10 @@ def live_state(src, latest: int | None, *, stopping: bool = False, paused: bool 
     return parts
 
 
+START_SAID_NS = 1_000_000_000  # a start-up cut this long is said, over the first steps
+START_SAID_STEPS = 3
+
+
 def replay_state(src, busy: bool = False) -> Parts:
     """A replay's badge, speed, position, file, and what it skipped or says."""
     badge = {"playing": " ▶ REPLAY ", "paused": " ⏸ REPLAY ", "finished": " ■ REPLAY "}.get(
@@ -113,6 +117,9 @@ def replay_state(src, busy: bool = False) -> Parts:
     text += f" · {src.name}" + (" · loop" if src.loop else "")
     if busy:
         text += " · seeking…"
+    cut = getattr(src, "skipped_start_ns", 0)  # (the ranks' start-up, cut: recording.replay.LEAD_NS)
+    if cut >= START_SAID_NS and src.position_step < START_SAID_STEPS:
+        text += f" · start-up skipped ({cut / 1e9:.1f} s)"
     parts = [(badge, theme.style("#000000", theme.GOOD if src.playing else theme.WARN, bold=True)),
              (text, theme.style(theme.TEXT))]
     if src.skipped:
