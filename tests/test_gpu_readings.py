@@ -146,7 +146,7 @@ def test_summary_its_json_and_replay_name_the_gpu(tmp_path):
     why = [x for x in r.stdout.splitlines() if x.startswith("why comm dwarfs compute:")]
     assert len(why) == 1 and "208 MB a step" in why[0] and "over gloo" in why[0]
     assert "NVLink (450 GB/s)" in why[0] and "ddptui demo --profile h100-nvlink --model xlarge --gpus 2" in why[0]
-    assert why[0].endswith("ddptui whatif RECORDING --bus-gbps 450")
+    assert why[0].endswith(f"ddptui whatif {GLOO} --bus-gbps 450")  # (the recording named)
     r = run_cli("replay", NCCL, "--headless", "--json", str(js))
     assert r.returncode == 0, r.stderr
     assert f"on 1x {H100} ·" in r.stdout and "share" not in r.stdout and "why comm" not in r.stdout

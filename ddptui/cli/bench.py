@@ -23,7 +23,7 @@ import time
 from ranks import spec
 
 from ddptui import __version__
-from .common import CliError, Parser, check_environment, check_writable_path, sigterm_to_interrupt
+from .common import CliError, Parser, check_environment, check_writable_path, json_target, sigterm_to_interrupt
 from ddptui.model.costmodel import model_figures
 from .options import add_numeric, run_parent
 from ddptui.reports.report import print_bench_tables, write_csv, write_json
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     models = parse_models(a.models)
     strategies = parse_bench_strategies(a.strategies)
-    json_path = check_writable_path(a.json, "--json") if a.json else None
+    json_path = json_target(a.json)
     csv_path = check_writable_path(a.csv, "--csv") if a.csv else None
     if json_path and csv_path and json_path == csv_path:
         raise CliError("--json and --csv name the same file")
@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
               f"{a.steps} steps per strategy, medians after the warm-up step"
               + ("" if state == "finished" else f" · {state.upper()}: partial figures"))
     if rows:
-        print_bench_tables(rows, infos, header)
+        print_bench_tables(rows, infos, header, file=sys.stderr if json_path == "-" else None)
     else:
         say("nothing was measured")
     doc = {
@@ -181,7 +181,8 @@ def main(argv: list[str]) -> int:
     }
     if json_path:
         write_json(json_path, doc)
-        say(f"wrote {json_path}")
+        if json_path != "-":
+            say(f"wrote {json_path}")
     if csv_path:
         write_csv(csv_path, rows, CSV_FIELDS)
         say(f"wrote {csv_path}")

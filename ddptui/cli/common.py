@@ -14,11 +14,43 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    _argv: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):  # one line, no usage dump
         head, _, rest = message.partition(": ")
         if head.startswith("argument ") and rest.startswith(tuple(head[9:].split("/"))):
             message = rest  # "argument --x: --x must be ..." says --x once
+        took = _json_took_input(self._argv) if "required" in message else None
+        if took:  # `summary --json run.ddptui`: the recording taken as the file to write
+            message = (f"--json took {took} as the file to write (--json PATH|-, - for stdout): "
+                       f"name the recording first, then --json ({message})")
         raise CliError(message)
+
+
+def _json_took_input(argv: list[str]) -> str | None:
+    """The existing file or directory that `--json` took as its value, if any."""
+    for i, x in enumerate(argv[:-1]):
+        if x == "--json" and argv[i + 1] != "-" and os.path.exists(argv[i + 1]):
+            return argv[i + 1]
+    return None
+
+
+JSON_METAVAR = "PATH|-"
+
+
+def json_target(value: str | None, what: str = "--json") -> str | None:
+    """Where --json writes: None (not asked), "-" (stdout: the text report goes to stderr
+    then), or a path checked writable."""
+    if not value:
+        return None
+    if value == "-":
+        return "-"
+    return check_writable_path(value, what)
 
 
 def _missing(module: str) -> bool:

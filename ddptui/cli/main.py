@@ -11,7 +11,7 @@ import sys
 from ranks import spec
 
 from ddptui import __version__
-from .common import CliError, Parser, check_environment, check_writable_path, record_path, sigterm_to_interrupt, tune_gc
+from .common import CliError, Parser, check_environment, json_target, record_path, sigterm_to_interrupt, tune_gc
 from .common import open_live_ui, require_terminal
 from .options import add_numeric, run_parent
 
@@ -112,8 +112,7 @@ def build_live(argv: list[str]):
             raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
     steps = a.steps if a.steps is not None else (10 if a.headless else 0)
     record = record_path(a, a.model, plan.ranks)
-    if a.json:
-        check_writable_path(a.json, "--json")
+    a.json = json_target(a.json)
     opts = RunOptions(model=a.model, strategies=strategies, steps=steps, batch_size=a.batch_size,
                       bucket_cap_mb=a.bucket_cap_mb, seed=a.seed, lr=a.lr, pg_timeout=a.pg_timeout,
                       threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10),

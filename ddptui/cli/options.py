@@ -111,7 +111,7 @@ def run_parent() -> argparse.ArgumentParser:
                         "a step is so short that marking its layers would cost more than 1%% of it, "
                         "its length being its time on the GPU where that is longer than the "
                         "host's)")
-    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--json", metavar="PATH|-", help="also write the figures as JSON to PATH (-: to stdout, the text report to stderr)")
     return p
 
 

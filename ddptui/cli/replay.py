@@ -16,7 +16,7 @@ import copy
 from ranks import frames, spec
 
 from . import summary as cmd_summary
-from .common import CliError, check_writable_path, Parser, require_terminal
+from .common import CliError, JSON_METAVAR, json_target, Parser, require_terminal
 from .options import add_numeric
 from ddptui.recording.rankset import open_reader
 from ranks.recfile import RecordingError
@@ -27,7 +27,7 @@ def parser() -> Parser:
     p.add_argument("file", metavar="FILE", help="a .ddptui recording")
     p.add_argument("--headless", action="store_true",
                    help="no UI: print the per-strategy figures of the recording")
-    p.add_argument("--json", metavar="PATH", help="(headless) also write the figures as JSON")
+    p.add_argument("--json", metavar=JSON_METAVAR, help="(headless) also write the figures as JSON to PATH (-: to stdout, the text report to stderr)")
     add_numeric(p, "--speed", default=1.0,
                 help=f"playback speed, {spec.SPEED_LADDER[0]:g}..{spec.SPEED_LADDER[-1]:g} (default 1)")
     p.add_argument("--loop", action="store_true", help="start over at the end (for talks)")
@@ -64,9 +64,7 @@ def main(argv: list[str]) -> int:
     if a.title is not None and ("\n" in a.title or len(a.title) > 200):
         raise CliError("--title must be one line of at most 200 characters")
     if a.headless:
-        if a.json:
-            check_writable_path(a.json, "--json")
-        return cmd_summary.report(cmd_summary.read(a.file), a.json, title=a.title)
+        return cmd_summary.report(cmd_summary.read(a.file), json_target(a.json), title=a.title)
     if a.json:
         raise CliError("--json needs --headless (the UI writes no figures file)")
     check_file(a.file)

@@ -17,7 +17,7 @@ import time
 
 from ranks import spec
 
-from .common import CliError, check_writable_path, Parser, sigterm_to_interrupt, check_environment, record_path
+from .common import CliError, JSON_METAVAR, json_target, Parser, sigterm_to_interrupt, check_environment, record_path
 from .common import open_live_ui, require_terminal
 from .options import add_numeric
 from ddptui.live.output import CHOICES as OUTPUT_CHOICES
@@ -34,7 +34,7 @@ def parser() -> Parser:
     p.add_argument("--no-record", action="store_true", help="do not record this run")
     p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
                    help="where recordings go by default (default ./runs)")
-    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--json", metavar=JSON_METAVAR, help="also write the figures as JSON to PATH (-: to stdout, the text report to stderr)")
     p.add_argument("--auto", action="store_true",
                    help="no code change: instrument every DistributedDataParallel the script builds")
     p.add_argument("--layers", default="auto", metavar="SPEC",
@@ -122,8 +122,7 @@ def build(argv: list[str]):
         raise CliError(str(e).replace("--gpus", "--nproc-per-node")) from None
     plan.note = plan.note.replace("--gpus", "--nproc-per-node")
     record = record_path(a, os.path.splitext(os.path.basename(script))[0], plan.ranks)
-    if a.json:
-        check_writable_path(a.json, "--json")
+    a.json = json_target(a.json)
     opts = RunOptions(model=os.path.basename(script), strategies=[spec.USER_STRATEGY], steps=0,
                       threads=a.threads, record=record, hang_s=120.0)
     env = {"DDPTUI_AUTO": "1", "DDPTUI_LAYERS": a.layers} if a.auto else {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from .common import CliError, check_writable_path, Parser
+from .common import CliError, JSON_METAVAR, json_target, Parser
 from ddptui.recording.loader import Loaded, load
 from ranks.recfile import RecordingError
 from ddptui.live.headless import clock_offsets
@@ -26,7 +26,7 @@ def parser(prog: str = "ddptui summary", description: str = "") -> Parser:
     p = Parser(prog=prog, description=description or
                 "Per-strategy figures of a recording: the table (and JSON) of a live headless run.")
     p.add_argument("file", metavar="FILE", help="a .ddptui recording")
-    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--json", metavar=JSON_METAVAR, help="also write the figures as JSON to PATH (-: to stdout, the text report to stderr)")
     return p
 
 
@@ -73,13 +73,11 @@ def report(got: Loaded, json_path: str | None, title: str | None = None,
                 **clock_offsets(got.store)}
     report_run(got.store, json_path, extra, title=title, out=out, err=err, notes=notes,
                empty=None if got.damage else f"{got.path}: no complete step in this recording",
-               when=" during the recorded run")
+               when=" during the recorded run", recording=got.path)
     return 0
 
 
 def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
-    if a.json:
-        check_writable_path(a.json, "--json")
-    return report(read(a.file), a.json)
+    return report(read(a.file), json_target(a.json))
 

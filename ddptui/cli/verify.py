@@ -23,7 +23,7 @@ from ranks import spec
 from ranks.wire import COMM
 
 from ddptui.reports import verify
-from .common import check_writable_path, Parser
+from .common import JSON_METAVAR, json_target, Parser
 from .options import add_numeric
 
 
@@ -55,7 +55,7 @@ def parser() -> Parser:
                    help="torch threads per CPU rank (default 1)")
     add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                    help="process-group timeout in seconds (default 60)")
-    p.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    p.add_argument("--json", metavar=JSON_METAVAR, help="also write the comparison as JSON to PATH (-: to stdout, the table to stderr)")
     return p
 
 
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
             "--batch-size", str(a.batch_size), "--threads", str(a.threads),
             "--pg-timeout", str(a.pg_timeout)] + (["--ranks", str(a.ranks)] if a.ranks else [])
     _, opts, plan = build_live(live)
-    json_path = check_writable_path(a.json, "--json") if a.json else None
+    json_path = json_target(a.json)
     prof_dir = tempfile.mkdtemp(prefix="ddptui-verify-")  # private (0700)
     try:
         opts.extra_worker_args += ["--profile-steps", f"1:{a.steps}", "--profile-dir", prof_dir]
@@ -96,9 +96,13 @@ def _run(opts, plan, prof_dir: str, json_path: str | None, out=None, err=None) -
     doc, table, notes = compare(store, prof_dir, opts.model, opts.strategies, plan.device)
     for n in notes:
         print(f"ddptui: note: {n}", file=err)
-    print(table, file=out, flush=True)
+    print(table, file=err if json_path == "-" else out, flush=True)
     bad = [f"{r['strategy']} {r['kind']}" for r in doc["compared"] if not r["ok"]]
-    if json_path:
+    if json_path == "-":
+        json.dump(doc, out, indent=1)
+        out.write("\n")
+        out.flush()
+    elif json_path:
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1)
     if not doc["compared"]:

@@ -14,7 +14,7 @@ import sys
 from ranks import spec
 
 from ddptui.model import whatif as whatif_model
-from .common import CliError, Parser, check_writable_path
+from .common import CliError, JSON_METAVAR, Parser, json_target
 from .options import NUMERIC, add_numeric
 
 EPILOG = """\
@@ -85,7 +85,7 @@ def parser() -> Parser:
                    help="predict from the ddp steps run with this cap (default the cap in force last)")
     p.add_argument("--strategy", choices=[s for s in spec.STRATEGIES if s != "single"],
                    help="only this strategy (default: every one that communicates)")
-    p.add_argument("--json", metavar="PATH", help="also write the predictions as JSON ('-': stdout only)")
+    p.add_argument("--json", metavar=JSON_METAVAR, help="also write the predictions as JSON to PATH (-: the JSON alone, on stdout)")
     return p
 
 
@@ -141,8 +141,7 @@ def text(rep: whatif_model.Report) -> list[str]:
 
 def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
-    if a.json and a.json != "-":
-        check_writable_path(a.json, "--json")
+    json_target(a.json)
     caps = a.bucket_cap
     if caps is None and not a.world:
         caps = list(spec.BUCKET_LADDER_MB)

@@ -81,7 +81,7 @@ def _report(store: Store, out, json_path, run: LiveRun, opts: RunOptions, err=No
                                                   **({"recording_error": run.recording_error}
                                                      if run.recording_error else {}),
                                                   **clock_offsets(store)},
-               out=out, err=err)
+               out=out, err=err, recording=opts.record)
     if len(store.hosts()) > 1:  # multi-node: a line per host
         print("per host (last steps of the strategy with collectives; clocks on node 0's axis):", file=out)
         for h in host_rows(store, {}):

@@ -98,10 +98,10 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.0f} MB"
 
 
-def shared_gpu_note(meta, rows: list[dict]) -> list[str]:
+def shared_gpu_doc(meta, rows: list[dict], recording: str | None = None) -> dict | None:
     """Why communication dwarfs compute when ranks share one GPU over gloo, and what NVLink
-    would make of the same bytes: sentences from the fullest to the shortest (empty: not such
-    a run, or no step of a strategy that communicates yet).
+    would make of the same bytes, as figures (None: not such a run, or no step of a strategy
+    that communicates yet); `recording` names the file in the what-if command.
 
     The first H100 pass's talk run: 2 ranks on one H100 over gloo move 208 MB a step through
     the host at ~1.8 GB/s: naive 143 ms, DDP 117 ms, one rank alone 7.4 ms. Gloo copies every
@@ -112,26 +112,41 @@ def shared_gpu_note(meta, rows: list[dict]) -> list[str]:
     g = gpu_info(meta)
     backend = getattr(meta, "backend", None) if not isinstance(meta, dict) else meta.get("backend")
     if g is None or g["count"] != 1 or g["ranks"] < 2 or (backend or "gloo") != "gloo":
-        return []
+        return None
     by = {r["strategy"]: r for r in rows if r.get("steps") and r.get("bytes_per_step")}
     r = by.get("ddp") or by.get("naive") or next(iter(by.values()), None)
     if r is None or not r.get("comm_ms") or not r.get("compute_ms"):
-        return []
+        return None
     nbytes, comm, compute = r["bytes_per_step"], r["comm_ms"], r["compute_ms"]
-    bus = r.get("bus_bw_gbps")
     nv = PROFILES["h100-nvlink"]
     calls = r.get("allreduce_calls_per_step") or 1
     n = r.get("ranks") or g["ranks"]
     nv_ms = calls * (2 * (n - 1) * nv.hop_ms + nv.call_ms) + nbytes * ring_factor(n) / (nv.bus_gbps * 1e9) * 1e3
-    name = g["name"].replace("NVIDIA ", "")
     model = (getattr(meta, "model", None) if not isinstance(meta, dict) else meta.get("model")) or "xlarge"
+    return {"ranks": g["ranks"], "gpu": g["name"], "backend": "gloo", "strategy": r["strategy"],
+            "bytes_per_step": nbytes, "bus_gbps": r.get("bus_bw_gbps"), "comm_ms": comm,
+            "compute_ms": compute, "comm_over_compute": comm / compute,
+            "nvlink_bus_gbps": nv.bus_gbps, "nvlink_ms": nv_ms,
+            "commands": [f"ddptui demo --profile h100-nvlink --model {model} --gpus {n}",
+                         f"ddptui whatif {recording or 'RECORDING'} --bus-gbps {nv.bus_gbps:.0f}"]}
+
+
+def shared_gpu_note(meta, rows: list[dict]) -> list[str]:
+    """`shared_gpu_doc` in words: sentences from the fullest to the shortest (empty: not
+    such a run, or no step of a strategy that communicates yet)."""
+    d = shared_gpu_doc(meta, rows)
+    if d is None:
+        return []
+    nbytes, comm, compute, nv_ms, x = d["bytes_per_step"], d["comm_ms"], d["compute_ms"], d["nvlink_ms"], \
+        d["comm_over_compute"]
+    bus = d["bus_gbps"]
+    name = d["gpu"].replace("NVIDIA ", "")
     rate = f" at {bus:.1f} GB/s" if bus else ""
-    x = comm / compute
     return [
-        f"{g['ranks']} ranks share one {name} over gloo: {_gb(nbytes)} a step through host memory{rate}, "
-        f"{r['strategy']} comm {comm:.0f} ms vs compute {compute:.1f} ms ({x:.0f}x) · NVLink ({nv.bus_gbps:.0f} GB/s) "
-        f"≈ {nv_ms:.1f} ms (ddptui demo --profile h100-nvlink --model {model} --gpus {n})",
-        f"{g['ranks']} ranks share 1 GPU over gloo: {_gb(nbytes)}/step{rate}, comm {comm:.0f} ms vs compute "
+        f"{d['ranks']} ranks share one {name} over gloo: {_gb(nbytes)} a step through host memory{rate}, "
+        f"{d['strategy']} comm {comm:.0f} ms vs compute {compute:.1f} ms ({x:.0f}x) · NVLink "
+        f"({d['nvlink_bus_gbps']:.0f} GB/s) ≈ {nv_ms:.1f} ms ({d['commands'][0]})",
+        f"{d['ranks']} ranks share 1 GPU over gloo: {_gb(nbytes)}/step{rate}, comm {comm:.0f} ms vs compute "
         f"{compute:.1f} ms · NVLink ≈ {nv_ms:.1f} ms",
         f"1 GPU shared over gloo: comm {comm:.0f} ms vs compute {compute:.1f} ms (NVLink ≈ {nv_ms:.1f} ms)",
         f"shared GPU over gloo: comm {x:.0f}x compute",

@@ -12,7 +12,7 @@ from ddptui.model import collectives
 from ddptui.model import figures
 from ddptui.model import hang
 from ddptui.model import stragglers
-from ddptui.model.gpu import gpu_info, gpu_text, shared_gpu_note
+from ddptui.model.gpu import gpu_info, gpu_text, shared_gpu_doc, shared_gpu_note
 from ddptui.model.runinfo import simulated_label
 from ddptui.model.views import sampling_text
 
@@ -200,18 +200,26 @@ def json_doc(rows: list[dict], meta: dict, extra: dict | None = None) -> dict:
 
 
 def write_json(path: str, doc: dict) -> None:
+    """`doc` as JSON to `path`, or to stdout when it is "-"."""
+    if path == "-":
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
 
 
 def report_run(store, json_path: str | None, extra, *, title: str | None = None, out=None, err=None,
-               notes=(), empty: str | None = None, when: str = "") -> None:
+               notes=(), empty: str | None = None, when: str = "", recording: str | None = None) -> None:
     """The one report of a run's figures, live (`--headless`) or recorded (summary, replay
     --headless): `notes` (warnings about the source) on err, the table on out (or the
     `empty` warning when no step is complete), the dropped spans (`when`: during what), and
-    the JSON document, whose run fields are `extra(dropped spans)`."""
-    out, err = out or sys.stdout, err or sys.stderr
+    the JSON document, whose run fields are `extra(dropped spans)`; `json_path` "-": the
+    JSON on stdout, the text on err. `recording`: the file the commands it suggests name."""
+    err = err or sys.stderr
+    out = err if json_path == "-" else out or sys.stdout
     rows = store.summaries()
     meta = store.meta.as_dict()
     ranks = store.rank_snapshot()
@@ -225,9 +233,10 @@ def report_run(store, json_path: str | None, extra, *, title: str | None = None,
         if label is not None and label not in head:  # (a title given: the label still leads)
             head = f"{label} (not measured) · {head}"
         print_summary(rows, meta, file=out, title=head)
+        shared = shared_gpu_doc(meta, rows, recording)
         for why in shared_gpu_note(meta, rows)[:1]:  # (ranks sharing one GPU over gloo)
             print(f"why comm dwarfs compute: {why}; this run's own steps at NVLink's bus: "
-                  f"ddptui whatif RECORDING --bus-gbps 450", file=out, flush=True)
+                  f"{shared['commands'][1]}", file=out, flush=True)
     elif empty:
         print(f"ddptui: warning: {empty}", file=err, flush=True)
     memory = memory_doc(ranks)
@@ -241,6 +250,9 @@ def report_run(store, json_path: str | None, extra, *, title: str | None = None,
         doc = json_doc(rows, meta, extra(dropped))
         if memory:
             doc["memory"] = memory
+        shared = shared_gpu_doc(meta, rows, recording)
+        if shared is not None:
+            doc["shared_gpu"] = shared  # why comm dwarfs compute (ranks sharing one GPU over gloo)
         write_json(json_path, doc)
 
 
