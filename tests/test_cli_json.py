@@ -55,3 +55,17 @@ def test_replay_headless_json_dash(tmp_path):
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["shared_gpu"]["strategy"] == "ddp"
     assert not os.path.exists(tmp_path / "-")
+
+
+def test_whatif_at_another_bus_says_which_bus_and_why_measured_is_blank():
+    got = run_main("whatif", GLOO, "--bus-gbps", "450")
+    assert got.returncode == 0, got.stderr
+    out = got.stdout
+    assert "the bus asked for, 450 GB/s" in out and "not the fitted 1.08 GB/s" in out
+    assert "bus 1.08 GB/s: the fitted per-MB cost" in out
+    assert "measured: none (--bus-gbps 450: a what-if of another bus" in out
+    doc = json.loads(run_main("whatif", GLOO, "--bus-gbps", "450", "--json", "-").stdout)
+    assert doc["fit"]["bus_gbps_used"] == 450
+    got = run_main("whatif", GLOO, "--world", "2,4")  # world 4 was not run: said so
+    assert "measured –: the recording ran 2 ranks, not that many" in got.stdout
+    assert "measured: none" not in got.stdout

@@ -97,7 +97,7 @@ def text(rep: whatif_model.Report) -> list[str]:
     b, f = rep.basis, rep.fit
     cap = (f" at bucket_cap_mb {b['cap_mb']:g}{'' if b['cap_explicit'] else ' (DDP default: first bucket 1 MiB)'}"
            if b.get("cap_mb") is not None else "")
-    bus = f" (bus {f['bus_gbps']:.2f} GB/s)" if f.get("bus_gbps") else ""
+    bus = f" (bus {f['bus_gbps']:.2f} GB/s: the fitted per-MB cost)" if f.get("bus_gbps") else ""
     lines = [f"PREDICTIONS from {b['steps']} {b['strategy']} steps ({b['first_step']}–{b['last_step']}){cap}, "
              f"{b['world']} ranks, {b['backend'] or '?'} ({b['lanes']} collective lane{'s' if b['lanes'] > 1 else ''} per rank)",
              f"collective time = alpha + beta x bytes, fitted to {f['collectives']} collectives "
@@ -105,6 +105,15 @@ def text(rep: whatif_model.Report) -> list[str]:
              f"beta {f['beta_ms_per_mb']:.3f} ms/MB{bus}; fit error {f['err_pct']:.0f} % (RMS, relative)"
              + (f"; ring step latency {f['hop_ms_used'] * 1e3:g} µs as given" if "hop_ms_used" in f else "")
              + (f"; per-call host cost {f['call_ms'] * 1e3:g} µs as given (out of alpha)" if f.get("call_ms") else "")]
+    asked = f.get("bus_gbps_used")
+    if asked:
+        lines.append(f"predicted at the bus asked for, {asked:g} GB/s (--bus-gbps; nccl-tests' bus bandwidth), "
+                     f"not the fitted {_f(f.get('bus_gbps'), '{:.2f}')} GB/s: every collective's bytes at "
+                     f"{asked:g} GB/s, alpha as fitted")
+    other = ([f"--bus-gbps {asked:g}"] if asked else []) + \
+        ([f"--hop-us {f['hop_ms_used'] * 1e3:g}"] if "hop_ms_used" in f else [])
+    no_measure = (f"measured: none ({' and '.join(other)}: a what-if of another bus or link has no "
+                  "measurement in the recording)") if other else None
     c = f.get("contention")
     if c is not None:
         lines.append("contention, fitted to the recording: "
@@ -123,6 +132,10 @@ def text(rep: whatif_model.Report) -> list[str]:
                          f"{_f(p.overlap_pct, '{:.0f}%'):>8}   {_f(m.get('step_ms')):>9} "
                          f"{_f(m.get('exposed_ms')):>10} {_f(m.get('overlap_pct'), '{:.0f}%'):>8} "
                          f"{m.get('steps', '–'):>5}")
+        if no_measure:
+            lines.append(no_measure)
+        elif not all(p.measured for p in rep.caps):
+            lines.append("measured –: the recording ran no ddp steps at that cap")
     if rep.worlds:
         bus = f", bus {rep.worlds[0].bus_gbps:g} GB/s" if rep.worlds[0].bus_gbps else ", fitted beta"
         lines += ["", f"world size (per-rank batch as recorded{bus})        predicted",
@@ -134,6 +147,10 @@ def text(rep: whatif_model.Report) -> list[str]:
                          f"{_f(p.overlap_pct, '{:.0f}%'):>8} {_f(p.efficiency_pct, '{:.0f}%'):>10}   "
                          f"{_f(m.get('step_ms')):>16}")
         lines.append("efficiency: the step with instant collectives / the predicted step")
+        if no_measure:
+            lines.append(no_measure)
+        elif not all(p.measured for p in rep.worlds):
+            lines.append(f"measured –: the recording ran {rep.basis['world']} ranks, not that many")
     if rep.note:
         lines += ["", "note: " + rep.note]
     return lines

@@ -997,6 +997,8 @@ def whatif(store, caps: list[float] | None = None, worlds: list[int] | None = No
     hop_ms = None if hop_us is None else hop_us / 1e3
     if hop_ms is not None:
         rep.fit["hop_ms_used"] = hop_ms
+    if bus_gbps:
+        rep.fit["bus_gbps_used"] = bus_gbps  # (asked: beta replaced by this bus's per-byte cost)
     if caps:
         if "ddp" not in bases:
             raise WhatIfError("--bucket-cap needs ddp steps in the recording")
