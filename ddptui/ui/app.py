@@ -55,6 +55,7 @@ FPS = 15
 # live, frames prepared by the Updater: a frame that shows no newer step (the step counter,
 # GPU samples moved on) is drawn at most this often; a newer step, a key, a resize at once
 MINOR_EVERY_S = 0.25
+NOTE_S = 4.0  # a note on the status line (a key that could not do what it says) stays this long
 SPEEDS = spec.SPEED_LADDER
 # the panels below the lanes, in order of priority: (id, class)
 PANELS: tuple[tuple[str, type[Panel]], ...] = (
@@ -128,6 +129,7 @@ class DdpApp(App):
         self._prepared_shown: dict | None = None  # ... and the steps it made it for
         self._prepared_at = 0.0  # (monotonic) when the last was made
         self._prepared_rows: tuple = (None, None)  # ((steps, prepared frame), the figures' rows)
+        self._note: tuple[str, float] | None = None  # (a note for the status line, until when: monotonic)
 
     # -- composition -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -221,7 +223,7 @@ class DdpApp(App):
         else:  # (following takes up a newer step FOLLOW_EVERY_S after it came: the store may
             # not change again to say so)
             version = (store.version, tuple(self.shown_steps().items()))
-        return id(store), version, self._ui_gen, src.state, self._busy, self.size, sizes
+        return id(store), version, self._ui_gen, src.state, self._busy, self.size, sizes, self._note_text()
 
     def _sizes(self) -> dict:
         """Every pane's and panel's size (Widget.size looks a widget up each time: taken once
@@ -411,9 +413,23 @@ class DdpApp(App):
             if rec_error:
                 why = rec_error.split(" stopped: ", 1)[-1].split(";", 1)[0]
                 state.append((f" · recording stopped: {why}", theme.style(theme.WARN, bold=True)))
+        note = self._note_text()
+        if note:  # (first after the badge: the line may be cut at its end)
+            state.insert(1, (f" {note} ·", theme.style(theme.WARN, bold=True)))
         gist = "" if self.panels["waits"].display else waits.compact(store, self.shown_steps())
         stuck = store.stall()  # (heartbeats: a hung collective, DDP's buckets included)
         return statuslines.status(store, state, gist, stuck.short() if stuck else "")
+
+    def say(self, note: str) -> None:
+        """A note on the status line for NOTE_S (a key that could not do all it says)."""
+        self._note = (note, time.monotonic() + NOTE_S)
+        self.redraw()
+
+    def _note_text(self) -> str:
+        note = self._note
+        if note is None or time.monotonic() >= note[1]:
+            return ""
+        return note[0]
 
     def _draw_banner(self) -> None:
         src = self.source
@@ -471,7 +487,12 @@ class DdpApp(App):
             self.redraw()
 
     def action_zoom(self, d: int) -> None:
+        before = self.vm.zoom
         self.vm.zoom_by(d)
+        if self.vm.zoom == before:  # (at either end of the ladder)
+            self.say(f"zoom {before}× shows the whole step: + zooms in" if d < 0 else
+                     f"zoom {before}× is the closest: − zooms out")
+            return
         self.redraw()
 
     def action_bucket(self, direction: int) -> None:
@@ -513,8 +534,13 @@ class DdpApp(App):
         t = self.transport
 
         def go(step: int | None) -> None:
-            if step is not None:
-                self._transport(lambda: t.seek(step))
+            if step is None:
+                return
+            last = max(0, t.steps_total - 1)
+            self._transport(lambda: t.seek(step))
+            if not 0 <= step <= last:
+                self.say(f"no step {step}: the recording has steps 0–{last}, "
+                         f"went to {'the last' if step > last else 'the first'}")
         self.push_screen(GotoScreen(t.steps_total), go)
 
     def action_screenshot(self) -> None:

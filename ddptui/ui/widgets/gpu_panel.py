@@ -1,12 +1,15 @@
 """Per-GPU NVML figures with history on a fixed 0–100 scale; per-rank CPU without NVML.
 
-Only draws what the sampler put in the store: a None is N/A, never an error.
+Only draws what the sampler put in the store: a None is N/A, never an error; NVLink, which
+a GPU without links never reads (one H100 shared by the ranks), is left out when no sample
+of that GPU on the panel has it. A simulated run has no samples, and says so.
 """
 from __future__ import annotations
 
 from ranks import frames
 
 from ddptui.model import gpu as gpusamples
+from ddptui.model.runinfo import simulated_label
 from ddptui.model.store import Store
 from . import theme
 from .panel import Frame, Panel
@@ -73,8 +76,9 @@ def gpu_lines(samples: list[frames.Gpu], width: int, rows: int, ranks_of: dict |
                     if g.sm_active is not None and label != gpusamples.SM_ACTIVE else []),
                   *([("NVML util 0%  ", theme.style(theme.DIM))] if label == gpusamples.SM_ACTIVE else []),
                   (f"SM {_num(g.sm_clock_mhz, '.0f', ' MHz')}  ", theme.style(theme.TEXT)),
-                  (f"PCIe ↑{_rate(g.pcie_tx_mbs)} ↓{_rate(g.pcie_rx_mbs)}  ", theme.style(theme.TEXT)),
-                  (f"NVLink ↑{_rate(g.nvlink_tx_mbs)} ↓{_rate(g.nvlink_rx_mbs)}", theme.style(theme.TEXT))]
+                  (f"PCIe ↑{_rate(g.pcie_tx_mbs)} ↓{_rate(g.pcie_rx_mbs)}  ", theme.style(theme.TEXT))]
+        if any(h is not None and (h.nvlink_tx_mbs is not None or h.nvlink_rx_mbs is not None) for h in hist):
+            second.append((f"NVLink ↑{_rate(g.nvlink_tx_mbs)} ↓{_rate(g.nvlink_rx_mbs)}", theme.style(theme.TEXT)))
         if per_gpu == 2:
             lines += [first, second]
         else:
@@ -120,6 +124,8 @@ def build(store: Store, width: int, rows: int) -> list[Parts]:
                          max(bound) if bound else None)
     if cpu:
         return cpu_lines(cpu, width)
+    if simulated_label(store.meta) is not None:  # (ddptui demo: a model's figures, no device)
+        return [[("GPU / CPU: simulated: no device samples", theme.style(theme.DIM))]]
     return [[("GPU / CPU: waiting for samples…", theme.style(theme.DIM))]]
 
 

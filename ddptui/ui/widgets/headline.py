@@ -2,7 +2,11 @@
 
 Candidates go from the fullest sentence to the shortest; the first that fits the width is
 shown. The sentence is honest either way: DDP slower than naive says "slower"; a simulated
-run's says SIMULATED first.
+run's says SIMULATED first. It never speaks from the warm-up: the summaries leave a
+window's first step out, and until every strategy shown has SETTLED steps past it (a
+median of them: DDP's own first rebuild of its buckets is one more slow step) the line
+says it waits for them rather than give warm-up figures (an H100 run's first steps read
+"DDP 3.76× faster", then "0.60×", where it runs 1.25×).
 """
 from __future__ import annotations
 
@@ -12,6 +16,15 @@ from . import theme
 from .text import Parts, PartsView
 
 SAME = 0.005  # within this of 1.0: "about the same"
+SETTLED = 3  # steps past a window's first (the warm-up) that a strategy's figures need
+
+
+def warming(rows: list[dict]) -> tuple[int, int] | None:
+    """(steps past the warm-up, SETTLED) of the strategy with the fewest, while one that has a
+    step has fewer than SETTLED; None once all have (or none has a step yet)."""
+    got = [int(r["steps"]) - 1 for r in rows if r.get("steps")]
+    least = min(got, default=SETTLED)
+    return (max(0, least), SETTLED) if least < SETTLED else None
 
 
 def _pct(v: float) -> str:
@@ -81,6 +94,11 @@ def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "", note: str
         cands = [(f"{t} · slow: {slow}", v) for t, v in cands] + [(f"slow: {slow}", "bad")] + cands
     elif note:  # (each sentence with the note, then without: the figures come first)
         cands = [c for t, v in cands for c in ((f"{t} · {note}", v), (t, v))]
+    return fitted(cands, width)
+
+
+def fitted(cands: list[tuple[str, str]], width: int) -> tuple[str, str]:
+    """The first candidate within `width` cells, else the last one cut."""
     for text, verdict in cands:
         if cell_len(text) <= width:
             return text, verdict
@@ -96,12 +114,17 @@ def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = ""
     """`label`: a simulated run's ('SIMULATED · 4x A100 80GB PCIe · 4 GPUs'), said first, whole
     where the sentence keeps 40 cells, else 'SIMULATED' alone."""
     overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
+    warm = warming(rows)
     head: Parts = []
     if label is not None:
         tag = f" {label} " if width - cell_len(label) - 2 >= 40 else " SIMULATED "
         head = [(tag, theme.style("#000000", theme.WARN, bold=True))]
         width -= cell_len(tag)
-    text, verdict = headline(sp, overlap, max(0, width - 2), slow, note, why)
+    if warm is not None:  # (no figure of the warm-up)
+        text, verdict = fitted([(f"waiting for steps past the warm-up to compare ({warm[0]}/{warm[1]})…", "none"),
+                                (f"warming up ({warm[0]}/{warm[1]})…", "none")], max(0, width - 2))
+    else:
+        text, verdict = headline(sp, overlap, max(0, width - 2), slow, note, why)
     return [head + [(" " + text + " ", theme.style("#000000" if verdict != "none" else theme.TEXT,
                                                COLOUR[verdict] if verdict != "none" else theme.BG, bold=True))]]
 
