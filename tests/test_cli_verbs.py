@@ -124,8 +124,10 @@ def _our_workers(mark: str) -> list[psutil.Process]:
 def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
     rec = tmp_path / "killed.ddptui"
     mark = uuid.uuid4().hex
-    proc = start_cli(*LIVE, "--steps", "0", "--record", str(rec), env=dict(NO_GPU, DDPTUI_TEST_SESSION=mark),
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    err_path = tmp_path / "err.txt"
+    with open(err_path, "w") as err_file:
+        proc = start_cli(*LIVE, "--steps", "0", "--record", str(rec), env=dict(NO_GPU, DDPTUI_TEST_SESSION=mark),
+                         stdout=subprocess.DEVNULL, stderr=err_file)
     seen = 0
     try:
         deadline = time.monotonic() + 90
@@ -156,6 +158,8 @@ def test_sigkilled_run_replays_to_its_last_complete_step(tmp_path):
     for p in left:  # clean up before failing
         p.kill()
     assert not left, f"workers left behind: {[p.pid for p in left]}"
+    # --steps 0 says at its start that it runs until Ctrl-C
+    assert "ddptui: --steps 0: running until Ctrl-C (then the report)" in err_path.read_text().splitlines()[:3]
 
     out = tmp_path / "r.json"
     res = ddptui("replay", str(rec), "--headless", "--json", str(out))

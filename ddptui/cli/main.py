@@ -52,7 +52,8 @@ def live_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=",".join(spec.DEFAULT_STRATEGIES), metavar="LIST",
                    help="comma-separated, from " + ", ".join(spec.STRATEGIES) + " (default naive,ddp)")
     add_numeric(p, "--steps", default=None,
-                help="steps per strategy (default: 10 headless, until you quit in the UI)")
+                help="steps per strategy (default: 10 headless, until you quit in the UI; 0: until "
+                     "Ctrl-C, then the report)")
     p.add_argument("--headless", action="store_true", help="no UI: progress on stderr, table on stdout")
     p.add_argument("--record", metavar="PATH", help="record to PATH (default: a new file in --runs-dir)")
     p.add_argument("--no-record", action="store_true", help="do not record this run")

@@ -62,6 +62,8 @@ def run_headless(opts: RunOptions, plan: Plan, json_path: str | None, out=None, 
     prog = Progress(store, err)
     if opts.record:
         prog.say(f"recording to {opts.record}")
+    if not opts.steps:
+        prog.say("--steps 0: running until Ctrl-C (then the report)")
     try:
         watch(run, prog, opts.steps, prog.say)
     except KeyboardInterrupt:
