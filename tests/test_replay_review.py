@@ -111,3 +111,20 @@ async def test_keys_that_cannot_do_all_they_say_say_so_and_the_lines_fit():
         assert title.endswith("…") and title[-2] != " " and len(title) <= 120
         full = text(app.title_line.lines[0])
         assert full.startswith(title[:-1]) and full[len(title) - 1] == " "  # (cut at a boundary)
+
+
+def test_the_screen_page_says_what_the_gpu_panel_title_ends_with_as_the_gpu_page_does():
+    """docs/screen.md said the GPU panel shows 'the clock calibration's residual'; the panel
+    (and docs/gpu.md) end the title with the GPU clock's bound, 'clock ±X µs'."""
+    def bullet(page: str, start: str) -> str:
+        with open(os.path.join(ROOT, "docs", page), encoding="utf-8") as f:
+            body = f.read()
+        return body[body.index(start):].split("\n- ", 1)[0]
+
+    screen = bullet("screen.md", "- **GPU / CPU**")
+    assert "**clock ±X µs**" in screen and "**clock ±X µs**" in open(os.path.join(ROOT, "docs", "gpu.md")).read()
+    assert "calibration's residual" not in screen and "simulated: no device samples" in screen
+    src = ReplaySource(GLOO, clock=still)
+    src.seek(5)
+    title = text(gpu_panel.gpu_lines(src.store.samples()[0], 120, 3, clock_bound_ns=1500)[0])
+    assert title.endswith("clock ±1.5 µs")
