@@ -65,6 +65,7 @@ def test_summary_names_the_rank_the_others_waited_for_most_often():
     assert got["last_arriver_rank"] == 1 and got["last_arriver_pct"] == 87.5
     assert got["culprit"] == "" and got["culprit_layer"] is None and got["culprit_rank"] is None
     assert got["gathering"] and stragglers.gathering_text(got) == "gathering evidence (8/20 steps)"
+    assert stragglers.too_few_text(got) == "too few steps for a culprit (8 of the 20 it needs)"
 
 
 

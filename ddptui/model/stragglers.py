@@ -315,6 +315,14 @@ def gathering_text(got: dict | None) -> str:
     return f"gathering evidence ({got['evidence_steps']}/{got['window_steps']} steps)"
 
 
+def too_few_text(got: dict | None) -> str:
+    """At the end of a run (the final report, a recording's summary), where more steps will
+    never come: 'too few steps for a culprit (19 of the 20 it needs)', else ''."""
+    if not got or not got.get("gathering"):
+        return ""
+    return f"too few steps for a culprit ({got['evidence_steps']} of the {got['window_steps']} it needs)"
+
+
 RECENT = 20  # steps the live figures are over (a live talk: a change shows within seconds)
 _SUMMARIES = Kept(16)
 

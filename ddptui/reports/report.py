@@ -109,8 +109,8 @@ def straggler_line(r: dict) -> str | None:
            f"{ev['window_steps']} steps)") if st.get("culprit_from") == "layers" else ""
     if st.get("culprit"):
         return line + f" · culprit {st['culprit']}{how}"
-    if st.get("gathering"):  # too few steps for a verdict (evidence.WINDOW)
-        return line + f" · no culprit named: {stragglers.gathering_text(st)}"
+    if st.get("gathering"):  # too few steps for a verdict (evidence.WINDOW); the run is over
+        return line + f" · {stragglers.too_few_text(st)}"
     return line + " · no culprit"
 
 
