@@ -1,0 +1,44 @@
+"""What panels say where a first reading misled: the buckets' layer ranges, the single pane's
+layer-mark period, the who-waits bars (real Stores from SyntheticSource, no UI)."""
+from __future__ import annotations
+
+from ddptui.recording.synthetic import SyntheticSource
+from ddptui.ui.widgets import buckets
+
+BERT = ["bert.embeddings"] + [f"bert.encoder.layer.{i}" for i in range(4)] + ["bert.pooler", "classifier"]
+
+
+def _text(lines) -> list[str]:
+    return ["".join(t for t, _ in line) for line in lines]
+
+
+def test_a_bucket_of_every_layer_reads_as_all_of_them_never_cut_mid_name():
+    every = list(range(7))
+    assert buckets.layer_text(every, every, BERT) == "all 7 layers"  # (was 'bert.embeddin')
+    assert buckets.layer_text(every, every, BERT, 40) == "bert.embeddings…classifier (7 layers)"
+    assert buckets.layer_text([1, 2, 3, 4], every, BERT) == "layer.0–3"
+    assert buckets.layer_text([0], every, BERT) == "embeddings"
+    assert buckets.layer_text([0, 6], every, BERT) == "2 layers"
+    fc = ["fc1", "fc2", "fc3", "fc4", "fc5"]
+    assert buckets.layer_text([3, 4], list(range(5)), fc) == "fc4–fc5"
+    assert buckets.layer_text([0, 2], list(range(5)), fc) == "fc1,fc3"
+    for ls in ([0], [1, 2, 3, 4], every, [0, 6], [2, 5]):
+        got = buckets.layer_text(ls, every, BERT)
+        assert len(got) <= buckets.LAYERS_WIDTH
+        assert "bert.embeddin" not in got or "bert.embeddings" in got
+
+
+def test_the_bucket_panel_widens_its_layers_column_where_a_name_needs_it():
+    src = SyntheticSource(steps=6, world=2, model="medium")
+    st = src.store
+    view = st.view("ddp", st.latest_complete("ddp"))
+    narrow = _text(buckets.build(st, view, 10, 52))
+    assert narrow[2].split()[:2] == ["b0", "fc2–fc5"] and narrow[3].split()[:2] == ["b1", "fc1–fc2"]
+    assert _text(buckets.build(st, view, 10, 120)) == narrow  # short names: the same table
+    st.meta.layers = BERT[:5]  # (the same buckets, long names)
+    narrow = _text(buckets.build(st, view, 10, 52))
+    assert narrow[2].split()[:2] == ["b0", "layer.0–3"] and narrow[3].split()[:3] == ["b1", "2", "layers"]
+    wide = _text(buckets.build(st, view, 10, 120))
+    assert wide[2].split()[:4] == ["b0", "bert.encoder.layer.0…bert.encoder.layer.3", "(4", "layers)"]
+    assert wide[3].split()[:2] == ["b1", "bert.embeddings–bert.encoder.layer.0"]
+    assert wide[1].index("MB") + 2 == wide[2].index("10.03") + 5  # the columns stay aligned
