@@ -105,6 +105,7 @@ async def test_keys_that_cannot_do_all_they_say_say_so_and_the_lines_fit():
         for key in ("g", "1", "enter"):
             await pilot.press(key)
         await settle(pilot)
+        assert "no step 99" not in drawn(status)[0] and "step 1/39" in drawn(status)[0]  # (the next key: gone)
         assert "waiting for steps past the warm-up" in drawn(app.query_one("#headline"))[0]
         assert "NVLink" not in "\n".join(drawn(app.query_one("#gpu")))
         title = drawn(app.query_one("#title"))[0].rstrip()

@@ -472,6 +472,7 @@ class DdpApp(App):
         return True
 
     def action_pause(self) -> None:
+        self._note = None  # (a key's note goes at the next key)
         if self.transport:
             self._transport(self.transport.toggle_play)
             return
@@ -479,6 +480,7 @@ class DdpApp(App):
         self.redraw()
 
     def action_step(self, delta: int) -> None:
+        self._note = None
         if self.transport:
             t = self.transport
             self._transport(lambda: t.step_by(delta))
@@ -487,6 +489,7 @@ class DdpApp(App):
             self.redraw()
 
     def action_zoom(self, d: int) -> None:
+        self._note = None
         before = self.vm.zoom
         self.vm.zoom_by(d)
         if self.vm.zoom == before:  # (at either end of the ladder)
@@ -525,6 +528,7 @@ class DdpApp(App):
         self.redraw()
 
     def action_speed(self, d: int) -> None:
+        self._note = None
         t = self.transport
         i = min(range(len(SPEEDS)), key=lambda j: abs(SPEEDS[j] - t.speed))
         nxt = SPEEDS[min(len(SPEEDS) - 1, max(0, i + d))]
@@ -534,6 +538,7 @@ class DdpApp(App):
         t = self.transport
 
         def go(step: int | None) -> None:
+            self._note = None
             if step is None:
                 return
             last = max(0, t.steps_total - 1)
