@@ -3,6 +3,7 @@ layer-mark period, the who-waits bars (real Stores from SyntheticSource, no UI).
 from __future__ import annotations
 
 from ddptui.recording.synthetic import SyntheticSource
+from tests.helpers import run_main
 from ddptui.ui.widgets import buckets
 
 BERT = ["bert.embeddings"] + [f"bert.encoder.layer.{i}" for i in range(4)] + ["bert.pooler", "classifier"]
@@ -42,3 +43,34 @@ def test_the_bucket_panel_widens_its_layers_column_where_a_name_needs_it():
     assert wide[2].split()[:4] == ["b0", "bert.encoder.layer.0…bert.encoder.layer.3", "(4", "layers)"]
     assert wide[3].split()[:2] == ["b1", "bert.embeddings–bert.encoder.layer.0"]
     assert wide[1].index("MB") + 2 == wide[2].index("10.03") + 5  # the columns stay aligned
+
+
+def test_the_pane_and_the_summary_say_the_period_of_layer_marks_in_force():
+    """Layers marked on steps 0 and 32 of 40 (single, the gloo demo): 'layers 1 step in 32'
+    in the pane at any step after 32 and in the summary, not the running ratio of steps to
+    marked steps (15, 18, 20 as the run went on)."""
+    import os
+
+    from ddptui.model.views import sampling_text
+    from ddptui.recording.loader import load
+    from tests.helpers import ROOT
+    st = load(os.path.join(ROOT, "demo", "gpu-h100-xlarge-2ranks-gloo.ddptui")).store
+    assert st.layer_sampling("single") == (2, 40) and st.layer_period("single") == 32
+    assert st.layer_period("ddp") is None  # every step's layers marked
+    v = st.view("single", 39)
+    assert sampling_text(v.sampling, short=True, period=v.period) == "layers 1 step in 32"
+    lm = st.summary("single")["layer_marks"]
+    assert lm["every"] == 32 and lm["steps_marked"] == 2
+
+
+def test_summary_explains_layer_marks_once_and_says_1_rank():
+    import os
+
+    from tests.helpers import ROOT
+    got = run_main("summary", os.path.join(ROOT, "demo", "gpu-h100-xlarge-1rank-nccl.ddptui"))
+    assert got.returncode == 0, got.stderr
+    out = got.stdout
+    assert out.count("forward and backward as a whole on the others") == 1, out
+    for s, every in (("naive", 4), ("interleaved", 8), ("ddp", 16), ("single", 16)):
+        assert f"  {s}: layers marked 1 step in {every} (" in out
+    assert " · 1 rank · nccl" in out and "rank(s)" not in out

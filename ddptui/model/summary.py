@@ -37,6 +37,7 @@ def strategy_summary(store, strategy: str) -> dict:
         sampling = store.layer_sampling(strategy)
         if sampling is not None:  # (runs whose every step's layers were marked say nothing new)
             out["layer_marks"] = {"steps_marked": sampling[0], "steps": sampling[1],
+                                  "every": store.layer_period(strategy),
                                   "why": "layers marked on a sample of steps (steps too short for a mark "
                                          "per layer, or --layer-every), forward and backward as a whole "
                                          "on the others"}

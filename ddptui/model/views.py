@@ -40,6 +40,7 @@ class StepView:
     # (steps with layers marked, steps) of the strategy where its layers are marked on a
     # sample of steps (Store.layer_sampling); None: every step's
     sampling: tuple[int, int] | None = None
+    period: int | None = None  # the period of layer marks in force (Store.layer_period)
 
     def coll_table(self, rank: int) -> dict[int, tuple]:
         """A rank's collectives table (a lane that is no rank's, a band: the first rank's)."""
@@ -50,13 +51,14 @@ class StepView:
 
 
 
-def sampling_text(sampling: tuple[int, int], short: bool = False) -> str:
+def sampling_text(sampling: tuple[int, int], short: bool = False, period: int | None = None) -> str:
     """'layers marked 1 step in 16 (6 of 96)' (short: 'layers 1 step in 16'): layer marks on
-    a sample of steps."""
+    a sample of steps, 1 in `period` (the period in force, Store.layer_period; unknown: the
+    steps over those marked)."""
     marked, total = sampling
     if not marked:
         return f"layers marked on none of {total} steps"
-    every = max(1, round(total / marked))
+    every = period or max(1, round(total / marked))
     return f"layers 1 step in {every}" if short else f"layers marked 1 step in {every} ({marked} of {total})"
 
 
@@ -210,4 +212,5 @@ def step_view(store, strategy: str, step: int) -> StepView | None:
         cap = store.cap_at(step) if strategy == "ddp" else None
         return StepView(strategy, step, spans, figs, dur, cap,
                         len(assignment) if assignment else None, marks, waits,
-                        store.collective_tables(strategy) or None, store.layer_sampling(strategy))
+                        store.collective_tables(strategy) or None, store.layer_sampling(strategy),
+                        store.layer_period(strategy))

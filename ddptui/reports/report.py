@@ -28,7 +28,12 @@ def run_title(meta: dict) -> str:
     gpu = gpu_text(meta)
     on = f" · on {gpu}" if gpu else ""
     return (("" if label is None else f"{label} (not measured) · ")
-            + f"{meta.get('model')} · {meta.get('world')} rank(s) · {meta.get('backend') or ''}{on}{batch}")
+            + f"{meta.get('model')} · {_ranks(meta.get('world'))} · {meta.get('backend') or ''}{on}{batch}")
+
+
+def _ranks(n) -> str:
+    """'1 rank', '2 ranks' ('? ranks' when unknown)."""
+    return f"{'?' if n is None else n} rank{'' if n == 1 else 's'}"
 
 
 def batch_why(meta: dict) -> str:
@@ -155,10 +160,15 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
         console.print(colls)
     for line in speedup_lines(figures.speedups(rows)):
         console.print(line)
-    for r in rows:  # layer marks on a sample of steps: said, with the rate
-        lm = r.get("layer_marks")
-        if lm:
-            console.print(f"{r.get('strategy', '?')}: {sampling_text((lm['steps_marked'], lm['steps']))}: {lm['why']}",
+    marks = [(r.get("strategy", "?"), r["layer_marks"]) for r in rows if r.get("layer_marks")]
+    if len(marks) == 1:  # layer marks on a sample of steps: said, with the period, and why once
+        s, lm = marks[0]
+        console.print(f"{s}: {sampling_text((lm['steps_marked'], lm['steps']), period=lm.get('every'))}: "
+                      f"{lm['why']}", markup=False, highlight=False)
+    elif marks:
+        console.print(f"{marks[0][1]['why']}:", markup=False, highlight=False)
+        for s, lm in marks:
+            console.print(f"  {s}: {sampling_text((lm['steps_marked'], lm['steps']), period=lm.get('every'))}",
                           markup=False, highlight=False)
     hta = [x for x in (hta_line(r) for r in rows) if x]
     if hta:

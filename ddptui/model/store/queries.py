@@ -250,6 +250,18 @@ class Queries:
                 return None
             return got[0], got[0] + got[1]
 
+    def layer_period(self, strategy: str) -> int | None:
+        """The period of layer marks in force (their steps are multiples of it): the gap
+        between a strategy's last two marked steps (rank 0's); None where every step's
+        layers are marked, or fewer than two steps were."""
+        with self.lock:
+            lm = self.layer_marks.get(strategy)
+            got = self.marked.get(strategy)
+            if not lm or not lm[1] or not got or len(got) < 2:
+                return None
+            a, b = sorted(got)[-2:]
+            return b - a
+
     def view_stamp(self, strategy: str) -> tuple[int, int]:
         """Changes when something that shapes view(strategy, k) besides its spans arrives
         (a bucket assignment of rank 0, an event): a view may be kept while this stays."""

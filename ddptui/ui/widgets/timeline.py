@@ -181,7 +181,7 @@ class TimelinePane(Widget):
             text += self._buckets(v)
         out.append((text, theme.style(theme.TEXT, bold=True)))
         if v.sampling is not None:  # layers marked on a sample of steps (short steps)
-            out.append((f" · {sampling_text(v.sampling, short=True)}", theme.style(theme.WARN)))
+            out.append((f" · {sampling_text(v.sampling, short=True, period=v.period)}", theme.style(theme.WARN)))
         if st.cap_note:
             out.append((f" {st.cap_note}", theme.style(theme.WARN, bold=True)))
         g = self.groups()
