@@ -48,6 +48,9 @@ def test_the_headline_gives_no_figure_of_the_warm_up():
         assert f"waiting for steps past the warm-up to compare ({k}/3)…" in line, line
         assert "×" not in line and "NVLink" not in line and "ms" not in line
     assert "warming up (1/3)…" in headline_at(src, 1, 30)
+    rows = figures_panel.compare_rows(src.store, {s: 1 for s in src.store.strategies()})
+    (line,) = build_headline(rows, figures.speedups(rows), 200, slow="rank 1 · fc2 backward +40 ms")
+    assert text(line).strip() == "slow: rank 1 · fc2 backward +40 ms · waiting for steps past the warm-up to compare (1/3)…"
     for k in (3, 20, 39):
         line = headline_at(src, k)
         assert "DDP 1.2" in line and "faster than naive" in line and "NVLink ≈ 0.9 ms" in line, line

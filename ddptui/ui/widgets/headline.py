@@ -121,8 +121,11 @@ def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = ""
         head = [(tag, theme.style("#000000", theme.WARN, bold=True))]
         width -= cell_len(tag)
     if warm is not None:  # (no figure of the warm-up)
-        text, verdict = fitted([(f"waiting for steps past the warm-up to compare ({warm[0]}/{warm[1]})…", "none"),
-                                (f"warming up ({warm[0]}/{warm[1]})…", "none")], max(0, width - 2))
+        wait = [(f"waiting for steps past the warm-up to compare ({warm[0]}/{warm[1]})…", "none"),
+                (f"warming up ({warm[0]}/{warm[1]})…", "none")]
+        if slow:  # (the per-layer evidence's, not a warm-up figure)
+            wait = [(f"slow: {slow} · {t}", "bad") for t, _ in wait] + [(f"slow: {slow}", "bad")] + wait
+        text, verdict = fitted(wait, max(0, width - 2))
     else:
         text, verdict = headline(sp, overlap, max(0, width - 2), slow, note, why)
     return [head + [(" " + text + " ", theme.style("#000000" if verdict != "none" else theme.TEXT,
