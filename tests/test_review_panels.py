@@ -74,3 +74,32 @@ def test_summary_explains_layer_marks_once_and_says_1_rank():
     for s, every in (("naive", 4), ("interleaved", 8), ("ddp", 16), ("single", 16)):
         assert f"  {s}: layers marked 1 step in {every} (" in out
     assert " · 1 rank · nccl" in out and "rank(s)" not in out
+
+
+def test_who_waits_bars_share_one_scale_across_strategies_and_say_ms():
+    """The gloo demo: naive's waits (2.1, 2.0 ms) drew full bars on its own scale and ddp's
+    (2.6, 2.0 ms, beside a 70 ms transfer) empty ones. One scale for all: the longest wait on
+    screen fills a bar, a longer wait draws a longer bar, and the title and values say ms."""
+    import os
+
+    from ddptui.recording.loader import load
+    from ddptui.ui.widgets import waits
+    from tests.helpers import ROOT
+    st = load(os.path.join(ROOT, "demo", "gpu-h100-xlarge-2ranks-gloo.ddptui")).store
+    shown = {s: st.latest_complete(s) for s in st.strategies()}
+    lines = _text(waits.build(st, shown, 160, 8))
+    top = max(v for s in ("naive", "interleaved", "ddp")
+              for v in waits._summary(st, s, shown[s])["wait_ms_median"].values())
+    assert f"bars: one scale, full {top:.1f} ms" in lines[0]
+    bars = {}
+    for head, row in zip(lines[1::2], lines[2::2]):
+        s = head.split()[0]
+        for part in row.split(" r")[1:]:
+            r, rest = part.split(" ", 1)
+            value = float(rest.split(" ms")[0].replace("█", "").strip())
+            bars[s, int(r)] = (rest.count("█"), value)
+        assert row.count(" ms") >= 3  # each wait and the transfer, in ms
+    assert bars["ddp", 0][0] > 0  # (2.6 ms: drawn, on the scale naive's are)
+    by_value = sorted(bars.values(), key=lambda x: x[1])
+    assert [n for n, _ in by_value] == sorted(n for n, _ in by_value)  # longer wait, longer bar
+    assert max(n for n, _ in by_value) == 12
