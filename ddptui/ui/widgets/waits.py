@@ -140,13 +140,13 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
                           (f" · transfer {transfer:.1f} ms", theme.style(theme.DIM))])
             continue
         tail = f"· transfer {transfer:.1f} ms"
-        bar_w = max(1, min(12, (width - 14 - len(tail)) // max(1, len(waits)) - 15))
-        row: Parts = [(f"{'':12}wait ", theme.style(theme.DIM))]
+        bar_w = max(1, min(12, (width - 14 - len(tail)) // max(1, len(waits)) - 12))
+        row: Parts = [(f"{'':8}wait, ms ", theme.style(theme.DIM))]
         for r, v in sorted(waits.items()):
             w = min(bar_w, max(0, round(bar_w * v / top)))  # (under half a cell: none drawn)
             row += [(f"r{r} ", theme.style(theme.TEXT, bold=True)),
                     ("█" * w + " " * (bar_w - w), theme.style(theme.LANE_COLOURS[theme.WAIT])),
-                    (f" {v:5.1f} ms  ", theme.style(theme.TEXT))]
+                    (f" {v:5.1f}  ", theme.style(theme.TEXT))]
         row.append((tail, theme.style(theme.DIM)))
         lines.append(row)
     return lines[:rows]
