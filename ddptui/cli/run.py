@@ -144,7 +144,8 @@ def headless(run: UserRun, opts: RunOptions, json_path: str | None, output: str 
     from ddptui.live.headless import Progress, _report
     from ddptui.live.loop import watch
     from ddptui.live.output import pass_through
-    run.on_output = pass_through(output)
+    # (--json -: stdout is the JSON's alone, the script's own prints go to stderr)
+    run.on_output = pass_through(output, out=sys.stderr if json_path == "-" else None)
     prog = Progress(run.store)
     if opts.record:
         prog.say(f"recording to {opts.record}")
