@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """(GPU pass) The GPU-timer -> host-clock mapping over a long run: every second, a fresh CUDA
-event is recorded on an idle stream between two host readings h0 < h1, and ddptui's mapping
+event is recorded on an idle stream and bracketed by two host readings h0 < h1 (the last poll
+that found it unstamped, the one that found it stamped), and ddptui's mapping
 of it (CudaClock: calibrated offset and drift) is compared with the bracket's midpoint.
 Meanwhile the GPU computes (matmuls on the default stream), as in training.
 
@@ -53,10 +54,16 @@ def main() -> int:
         next_t += 1.0
         ref = clock.ref()
         ev = torch.cuda.Event(enable_timing=True)
+        # the bracket as the clock's calibration takes it: from the last poll that found the
+        # event not yet stamped (on a GPU time-sliced with another process, the whole wait's
+        # midpoint would be early by half of it) to the one that found it stamped
         h0 = time.monotonic_ns()
         ev.record(probe)
-        while not ev.query():
-            pass
+        while True:
+            t = time.monotonic_ns()
+            if ev.query():
+                break
+            h0 = t
         h1 = time.monotonic_ns()
         mapped = clock.resolver(ev, ref)(ev)
         r = (now - t_start, mapped - (h0 + h1) // 2, h1 - h0, (1 / clock.map.rate - 1) * 1e6)
