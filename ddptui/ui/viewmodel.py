@@ -32,12 +32,24 @@ class SpanScale:
         self.span_ms: float | None = None
         self._key: tuple | None = None
         self._recent: deque = deque()  # (time, longest step) per newly shown set of steps
+        # the length was set by warm-up steps (each strategy's first: a replay's loop starts
+        # with them, 5-60x a steady step on the first H100): the first steady step sets it anew
+        self._warm = False
 
-    def update(self, want: float, key: tuple, now: float) -> float:
+    def update(self, want: float, key: tuple, now: float, warm: bool = False) -> float:
+        """`want`: the longest step shown (ms); `key`: which steps; `warm`: every one shown is
+        its strategy's first step (a warm-up)."""
+        if self._warm and not warm and key != self._key:
+            self._warm = False
+            self.span_ms = span_ceil(want * SPAN_HEADROOM)
+            self._recent.clear()
+            self._key = key
+            return self.span_ms
         if self.span_ms is None or want > self.span_ms:
             self.span_ms = span_ceil(want * SPAN_HEADROOM)
             self._recent.clear()
             self._key = key
+            self._warm = warm
             return self.span_ms
         if key != self._key:  # paused or unchanged: no new evidence, the scale stays
             self._key = key
@@ -131,7 +143,8 @@ class ViewModel:
         durs = [v.duration_ms for v in views.values() if v is not None]
         if durs:
             key = (store_id, *((s, v.step) for s, v in sorted(views.items()) if v is not None))
-            self.scale.update(max(durs), key, self.clock())
+            warm = all(v.step == 0 for v in views.values() if v is not None)
+            self.scale.update(max(durs), key, self.clock(), warm)
         return (self.scale.span_ms or 100.0) / self.zoom / max(1, lane_w)
 
 
