@@ -450,3 +450,30 @@ def test_whatif_on_fsdp_alone_says_why_it_predicts_none(tmp_path):
     r = run_main("whatif", str(p))
     assert r.returncode == 2 and "fsdp: no gradient AllReduce to re-bucket" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_watchdog_says_nothing_while_a_strategy_has_not_passed_its_first_step():
+    """A strategy's first step takes its start-up (DDP's wrap; 6 s on a loaded 2-core machine):
+    with naive past its warm-up and ddp's first step alone complete, 20 s without a step and no
+    collective named is not called a stall (a full-disk test counted such a warning), but once
+    every strategy has two steps it is."""
+    from ddptui.live.watchdog import Watchdog
+    run = SyntheticRun("small", 2, ("naive", "ddp"), seed=1)
+    fr = list(run.header_frames())
+    for k in range(4):
+        fr += [f for f in run.step_frames(k) if getattr(f, "strategy", "naive") != "ddp" or k == 0]
+    st = store_of(fr)
+    for f in (frames.Phase(rank=0, phase="training"), hb(0, 53.5, None, 4), hb(1, 53.5, None, 4)):
+        st.ingest(f)
+    w = Watchdog(st, hang_s=60.0, hb_timeout_s=60.0, on_rank_gone=lambda r: None, now=0.0)
+    w.last_progress, w._last_spans = 0.0, st.spans
+    for t in (7.0, 20.0):
+        w.check(t)
+    assert not [t for _, _, t in st.log_lines() if t.startswith("no progress")]
+    for f in run.step_frames(1):  # ddp's second step (and naive's again)
+        if getattr(f, "strategy", None) == "ddp":
+            st.ingest(f)
+    st.update()
+    w.last_progress, w._last_spans = 20.0, st.spans
+    w.check(27.0)
+    assert [t for _, _, t in st.log_lines() if t.startswith("no progress")]

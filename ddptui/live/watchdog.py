@@ -30,12 +30,16 @@ class Watchdog:
             self.last_progress = now
 
     def _typical_step_s(self) -> float:
-        """The median step of the last 20 of each strategy, the longest of them (s; 0: none)."""
+        """The median step of the last 20 of each strategy, the longest of them (s); 0 while a
+        strategy has not completed two steps (its first takes its start-up: DDP's wrap, FSDP2's
+        sharding, seconds on a loaded machine, and the next strategy's first comes after the
+        last one's)."""
         got = 0.0
         for strategy in self.store.strategies():
             ms = sorted(f.step_ms for f in self.store.recent_figures(strategy, n=20))
-            if ms:
-                got = max(got, ms[len(ms) // 2] / 1e3)
+            if len(ms) < 2:
+                return 0.0
+            got = max(got, ms[len(ms) // 2] / 1e3)
         return got
 
     def check(self, now: float) -> str | None:
