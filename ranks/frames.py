@@ -595,6 +595,8 @@ def _event(f: Event, lim: Limits) -> None:
         _cap(f.value)
     elif f.what == "slow_ms":
         _straggler(f.value, f.slow_rank, f.layer, lim)
+    elif f.what == "control_interval" and not 1 <= f.value <= 64:
+        raise FrameError(f"value = {f.value} is out of range")
 
 
 def _set(f: Set, lim: Limits) -> None:

@@ -37,6 +37,11 @@ imports `ddptui` (the app reads its seams from here too).
   GPU, where `--gpus 2` would be refused; the suite passes with ``1`` set for the whole run on
   a machine without CUDA), tests/test_cli_verbs.py, tests/test_verify.py (``0``: CPU ranks)
   and tests/test_pipeline.py (`test_more_gpus_than_exist`).
+- ``DDPTUI_CONTROL_GAP_S`` (`control_gap_s`): seconds the workers' control collective is
+  spread to (`ranks.worker.control_interval`; default 0.02), large so that two CPU ranks,
+  whose iterations take tens of ms, skip it for many iterations as short GPU steps would. Not
+  a positive number: the default. Used by tests/test_layer_sampling.py
+  (`test_ranks_agree_on_the_steps_whose_layers_they_mark`).
 
 Configuration read from the environment (DDPTUI_SOCKET, DDPTUI_TOKEN, DDPTUI_RECORD,
 DDPTUI_RUNS_DIR, DDPTUI_AUTO, DDPTUI_LAYERS) is not a seam: production code sets or documents
@@ -91,3 +96,12 @@ def gpu_count() -> int | None:
     """DDPTUI_GPU_COUNT: the CUDA devices a run may use (None: ask NVML)."""
     env = os.environ.get("DDPTUI_GPU_COUNT")
     return None if env is None else max(0, int(env))
+
+
+def control_gap_s(default: float) -> float:
+    """DDPTUI_CONTROL_GAP_S: seconds between the workers' control collectives (`default`)."""
+    try:
+        got = float(os.environ.get("DDPTUI_CONTROL_GAP_S", "") or default)
+    except ValueError:
+        return default
+    return got if got > 0 else default

@@ -1,9 +1,11 @@
 """Entry point of each torchrun worker: ``python -m torch.distributed.run ... -m ranks.worker``.
 
 Every selected strategy owns a replica of the same initial model. Strategies alternate step
-by step inside the same processes, so they are compared under identical conditions. Before
-each strategy step all ranks agree on control state (stop, bucket size) with one small
-all_reduce on a CPU gloo group; that also lines the ranks up, outside any measured span.
+by step inside the same processes, so they are compared under identical conditions. All ranks
+agree on control state (stop, bucket size, straggler, the period of layer marks) with one small
+all_reduce on a CPU gloo group, outside any measured span: before an iteration's first strategy
+step, every `interval` iterations as agreed (`control_interval`: short steps do not pay it
+every step), and after a strategy that ran on some ranks only (it lines the ranks up again).
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
+from collections import deque
 from datetime import timedelta
 
 from . import frames, seams, spec
@@ -159,6 +163,27 @@ def every_vote(rec, strategy: str, runs_here: bool, every_step: bool, step: int 
         return -1
     cur = rec.layer_every(strategy)
     return -(cur if step % cur else rec.wanted_every(strategy))
+
+
+# how often the control collective runs: an iteration of every strategy's step at the least,
+# and about CONTROL_GAP_S apart where iterations are shorter (up to MAX_CONTROL_INTERVAL
+# iterations): on 8 GPUs an xlarge iteration of four ~1 ms steps paid a gloo all_reduce of
+# 8 ranks (~0.1-0.2 ms) before each step, ~15 % of the run; a stop, a bucket-cap change or a
+# straggler then takes effect up to CONTROL_GAP_S later
+CONTROL_GAP_S = 0.02
+MAX_CONTROL_INTERVAL = 16
+
+
+def control_interval(iteration_s: float | None) -> int:
+    """The iterations between two control collectives this rank would have (a power of two):
+    1 until an iteration has been timed."""
+    if not iteration_s or iteration_s <= 0:
+        return 1
+    gap = seams.control_gap_s(CONTROL_GAP_S)
+    k = 1
+    while k * iteration_s < gap and k < MAX_CONTROL_INTERVAL:
+        k *= 2
+    return k
 
 
 def agreed_every(vote: int, slow_word: int) -> int:
@@ -309,51 +334,83 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             rec.straggle = Straggle(device, s_ms, s_layer)
     sync_dir = seams.sync_debug()
     probe = SyncProbe(sync_dir) if device.type == "cuda" and sync_dir else None
-    ctl = torch.zeros(4, dtype=torch.int64)
+    # the control word: stop, bucket cap word, straggler word, minus the iterations to the next
+    # control (the least any rank wants), and minus each strategy's period of layer marks
+    ctl = torch.zeros(4 + len(strategies), dtype=torch.int64)
+    every_in_force = [1] * len(strategies)
+    next_ctl = 0  # the iteration of the next control collective (every rank's the same)
+    recent_iters: deque = deque(maxlen=8)  # the last iterations' times here (the shortest: the
+    # first ones take the strategies' start-up, DDP's wrap and bucket rebuild, FSDP2's sharding)
+    said_interval = 1
     line_up = LineUp(torch.cuda.synchronize if device.type == "cuda" else None, device, world)
     applied_slow = 0
     applied_word = 0
     em.phase = "training"
     em.send_now(frames.Phase(rank=rank, phase="training"))
+
+    def control_step(k: int, first: bool, next_ctl: int) -> tuple[bool, int]:
+        """The control collective at iteration k: (stop?, the next control's iteration)."""
+        nonlocal applied_word, applied_slow, said_interval
+        with control.lock:
+            ctl[0] = 1 if control.stop else 0
+            ctl[1] = control.word
+            ctl[2] = control.slow_word
+        ctl[3] = -control_interval(min(recent_iters) if recent_iters else None)
+        # the period of layer marks of each strategy: the shortest any rank wants (every rank
+        # marks the same steps); every step while a delay is injected (it runs in the layer
+        # hooks) or under verify (its window matches layer by layer)
+        straggling = rec.straggle is not None and rec.straggle.layer >= 0
+        for j, s_ in enumerate(strategies):
+            ctl[4 + j] = every_vote(rec, s_.name, s_.runs_on(rank), straggling or pw is not None, k)
+        dist.all_reduce(ctl, op=dist.ReduceOp.MAX, group=ctl_group)
+        if ctl[0].item():
+            return True, next_ctl
+        word = int(ctl[1].item())
+        if word > applied_word:
+            applied_word = word
+            cap = (word % SEQ_SHIFT) / 1024
+            for s in strategies:
+                if isinstance(s, DDPStrategy):
+                    s.wrap(cap)
+            em.send_now(frames.Event(rank=rank, step=k, what="bucket_cap_mb", value=cap))
+        slow = int(ctl[2].item())
+        if slow > applied_slow:  # every rank at this step: the straggler on or off
+            applied_slow = slow
+            s_rank, s_layer, s_ms = slow_from_word(slow)
+            if s_rank == rank:
+                rec.straggle = rec.straggle or Straggle(device)
+                rec.straggle.set(s_ms, s_layer)
+            elif rec.straggle is not None:
+                rec.straggle.set(0, -1)
+            em.send_now(frames.Event(rank=rank, step=k, what="slow_ms", value=s_ms,
+                                     slow_rank=s_rank, layer=s_layer))
+        got = ctl.tolist()
+        for j in range(len(strategies)):
+            every_in_force[j] = agreed_every(int(got[4 + j]), applied_slow)
+        if first:  # (the next at a multiple of the interval: every rank the same)
+            interval = max(1, -int(got[3]))
+            next_ctl = (k // interval + 1) * interval
+            if interval != said_interval and rank == 0:  # (recorded: how often control ran)
+                said_interval = interval
+                em.send_now(frames.Event(rank=rank, step=k, what="control_interval", value=interval),
+                            timeout=0.5)
+        return False, next_ctl
+
     steps = itertools.count() if args.steps <= 0 else range(args.steps)
     stopped = False
     for k in steps:
         if pw is not None:
             pw.iteration_start(k)
-        for strat in strategies:
+        t_iter = time.monotonic()
+        for si, strat in enumerate(strategies):
+            partial = line_up.pending  # (the last strategy step ran on some ranks only)
             line_up.before_control()
-            with control.lock:
-                ctl[0] = 1 if control.stop else 0
-                ctl[1] = control.word
-                ctl[2] = control.slow_word
-            # the period of layer marks: the shortest any rank wants (every rank marks the same
-            # steps); every step while a delay is injected (it runs in the layer hooks) or
-            # under verify (its window matches layer by layer)
-            straggling = rec.straggle is not None and rec.straggle.layer >= 0
-            ctl[3] = every_vote(rec, strat.name, strat.runs_on(rank), straggling or pw is not None, k)
-            dist.all_reduce(ctl, op=dist.ReduceOp.MAX, group=ctl_group)
-            if ctl[0].item():
-                stopped = True
-                break
-            word = int(ctl[1].item())
-            if word > applied_word:
-                applied_word = word
-                cap = (word % SEQ_SHIFT) / 1024
-                for s in strategies:
-                    if isinstance(s, DDPStrategy):
-                        s.wrap(cap)
-                em.send_now(frames.Event(rank=rank, step=k, what="bucket_cap_mb", value=cap))
-            slow = int(ctl[2].item())
-            if slow > applied_slow:  # every rank at this step: the straggler on or off
-                applied_slow = slow
-                s_rank, s_layer, s_ms = slow_from_word(slow)
-                if s_rank == rank:
-                    rec.straggle = rec.straggle or Straggle(device)
-                    rec.straggle.set(s_ms, s_layer)
-                elif rec.straggle is not None:
-                    rec.straggle.set(0, -1)
-                em.send_now(frames.Event(rank=rank, step=k, what="slow_ms", value=s_ms,
-                                         slow_rank=s_rank, layer=s_layer))
+            # every rank decides alike: from the agreed interval, and from which ranks run which
+            # strategy (spec.strategy_ranks): never one rank in the collective without the others
+            if partial or (si == 0 and k >= next_ctl):
+                stopped, next_ctl = control_step(k, si == 0, next_ctl)
+                if stopped:
+                    break
             line_up.after(strat.name)
             if not strat.runs_on(rank):
                 continue
@@ -368,7 +425,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             em.step = k
             if probe is not None:
                 probe.before()
-            rec.begin(strat.name, k, every=agreed_every(int(ctl[3].item()), applied_slow))
+            rec.begin(strat.name, k, every=every_in_force[si])
             strat.step(xb, yb)
             rec.end()
             if probe is not None:
@@ -389,6 +446,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             pw.iteration_end(k, force=stopped)
         if stopped:
             break
+        recent_iters.append(time.monotonic() - t_iter)  # (the next control's interval: this rank's say)
     emit(rec.poll(wait=True, lazy=True))
     if probe is not None:
         probe.write(rank, clock)
