@@ -174,12 +174,15 @@ CONTROL_GAP_S = 0.02
 MAX_CONTROL_INTERVAL = 16
 
 
-def control_interval(iteration_s: float | None) -> int:
+def control_interval(iteration_s: float | None, cur: int = 1) -> int:
     """The iterations between two control collectives this rank would have (a power of two):
-    1 until an iteration has been timed."""
+    1 until an iteration has been timed. `cur`, the interval in force, stays while it spaces
+    them between half and twice CONTROL_GAP_S (no flapping at a boundary)."""
     if not iteration_s or iteration_s <= 0:
         return 1
     gap = seams.control_gap_s(CONTROL_GAP_S)
+    if gap / 2 <= cur * iteration_s <= 2 * gap or (cur == MAX_CONTROL_INTERVAL and cur * iteration_s < gap):
+        return cur
     k = 1
     while k * iteration_s < gap and k < MAX_CONTROL_INTERVAL:
         k *= 2
@@ -355,7 +358,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             ctl[0] = 1 if control.stop else 0
             ctl[1] = control.word
             ctl[2] = control.slow_word
-        ctl[3] = -control_interval(min(recent_iters) if recent_iters else None)
+        ctl[3] = -control_interval(min(recent_iters) if recent_iters else None, said_interval)
         # the period of layer marks of each strategy: the shortest any rank wants (every rank
         # marks the same steps); every step while a delay is injected (it runs in the layer
         # hooks) or under verify (its window matches layer by layer)
@@ -390,10 +393,12 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         if first:  # (the next at a multiple of the interval: every rank the same)
             interval = max(1, -int(got[3]))
             next_ctl = (k // interval + 1) * interval
-            if interval != said_interval and rank == 0:  # (recorded: how often control ran)
-                said_interval = interval
-                em.send_now(frames.Event(rank=rank, step=k, what="control_interval", value=interval),
-                            timeout=0.5)
+            if interval != said_interval:
+                said_interval = interval  # (the interval in force, every rank's)
+                if rank == 0:  # recorded: how often control ran (dropped, never waited for,
+                    # when the app is behind: a stalled app must not slow the ranks)
+                    em.put(frames.Event(rank=rank, step=k, what="control_interval", value=interval),
+                           n_spans=0)
         return False, next_ctl
 
     steps = itertools.count() if args.steps <= 0 else range(args.steps)

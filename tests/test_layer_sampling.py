@@ -518,5 +518,9 @@ def test_the_control_collective_runs_about_every_20_ms_of_iterations():
     assert control_interval(None) == 1 and control_interval(0.0) == 1
     assert control_interval(0.3) == 1 and control_interval(0.02) == 1
     assert control_interval(0.004) == 8
-    assert control_interval(0.011) == 2
-    assert control_interval(0.0001) == 16
+    assert control_interval(0.0001) == 16 and control_interval(0.0001, cur=16) == 16
+    # no flapping at a boundary: the interval in force stays while it spaces the collectives
+    # between 10 and 40 ms (iterations whose shortest of 8 wanders around 10 or 20 ms)
+    assert control_interval(0.011) == 1 and control_interval(0.0095, cur=2) == 2
+    assert control_interval(0.012, cur=2) == 2 and control_interval(0.05, cur=2) == 1
+    assert control_interval(0.004, cur=16) == 8 and control_interval(0.0055, cur=4) == 4
