@@ -613,7 +613,7 @@ def main(argv=None) -> int:
         print("p7_hook_cost: --device cuda, but CUDA is not available here", file=sys.stderr)
         return 2
     layers, width = 40, 16
-    old = load_old(a.vs)
+    old = None if a.quick else load_old(a.vs)  # (--quick: that it runs; no comparison)
     # one mark (record + give back), the unit of the hook path's cost
     import timeit
     clk = (instrument.CudaClock(torch.device("cuda", 0)) if cuda else
