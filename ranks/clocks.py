@@ -170,6 +170,8 @@ class CudaClock:
         base = getattr(ev_cls, "__mro__", (ev_cls,))
         self._record = next((c.__dict__["record"] for c in base[1:] if "record" in c.__dict__),
                             ev_cls.record)
+        self._seen: deque = deque(maxlen=GpuTimeMap.WINDOW)  # record to stamped, ns (idle_wait_ns)
+        self._late: list = []  # calibration events given up on, with when they were recorded
         self.calibrate()
 
     # -- hot path -------------------------------------------------------------------
@@ -291,7 +293,7 @@ class CudaClock:
         in four of the recent calibration events (0 with fewer than four; one given up on is
         timed at the next point, its stamp mapped): ~1 µs on a GPU of one's own; on one
         time-sliced with another context, up to the other's slice."""
-        seen = sorted(getattr(self, "_seen", ()))  # (a copy: calibrate() appends on the training thread)
+        seen = sorted(self._seen)  # (a copy: calibrate() appends on the training thread)
         return seen[(3 * len(seen)) // 4] - seen[0] if len(seen) >= 4 else 0
 
     def maybe_calibrate(self) -> None:
@@ -332,9 +334,6 @@ class CudaClock:
         return ev, lo, hi
 
     def calibrate(self, samples: int = 3) -> None:
-        if not hasattr(self, "_seen"):
-            self._seen = deque(maxlen=GpuTimeMap.WINDOW)  # record to stamped, ns (idle_wait_ns)
-            self._late: list = []  # events given up on, with when they were recorded
         best = None
         for i in range(samples):
             got = self._bracket(block=self.cal is None and i == samples - 1 and best is None)
@@ -376,7 +375,7 @@ class CudaClock:
         """How far after the host's reading an event on an idle stream is stamped, as mapped:
         half the shortest time from a calibration event's record to its being seen (the
         submission latency, and the mapping's error) and 2 µs for the record call itself."""
-        seen = tuple(getattr(self, "_seen", ()))  # (a copy in one call: calibrate() appends on the training thread)
+        seen = tuple(self._seen)  # (a copy in one call: calibrate() appends on the training thread)
         return 2_000 + (min(seen) // 2 if seen else 0)
 
     # -- off the hot path -----------------------------------------------------------

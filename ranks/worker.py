@@ -366,9 +366,10 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         for j, s_ in enumerate(strategies):
             ctl[4 + j] = every_vote(rec, s_.name, s_.runs_on(rank), straggling or pw is not None, k)
         dist.all_reduce(ctl, op=dist.ReduceOp.MAX, group=ctl_group)
-        if ctl[0].item():
+        got = ctl.tolist()  # (the agreed word, read once)
+        if got[0]:
             return True, next_ctl
-        word = int(ctl[1].item())
+        word = got[1]
         if word > applied_word:
             applied_word = word
             cap = (word % SEQ_SHIFT) / 1024
@@ -376,7 +377,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                 if isinstance(s, DDPStrategy):
                     s.wrap(cap)
             em.send_now(frames.Event(rank=rank, step=k, what="bucket_cap_mb", value=cap))
-        slow = int(ctl[2].item())
+        slow = got[2]
         if slow > applied_slow:  # every rank at this step: the straggler on or off
             applied_slow = slow
             s_rank, s_layer, s_ms = slow_from_word(slow)
@@ -387,11 +388,10 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                 rec.straggle.set(0, -1)
             em.send_now(frames.Event(rank=rank, step=k, what="slow_ms", value=s_ms,
                                      slow_rank=s_rank, layer=s_layer))
-        got = ctl.tolist()
         for j in range(len(strategies)):
-            every_in_force[j] = agreed_every(int(got[4 + j]), applied_slow)
+            every_in_force[j] = agreed_every(got[4 + j], applied_slow)
         if first:  # (the next at a multiple of the interval: every rank the same)
-            interval = max(1, -int(got[3]))
+            interval = max(1, -got[3])
             next_ctl = (k // interval + 1) * interval
             if interval != said_interval:
                 said_interval = interval  # (the interval in force, every rank's)
