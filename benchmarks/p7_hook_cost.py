@@ -397,7 +397,7 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
     either measured here or charged at the H100's cost:
 
     - ddptui's own Python on this CPU: an instrumented step (the real Recorder, CudaClock and
-      layer hooks on a torch.cuda stand-in that charges nothing: tests/cuda_cost.py) less a
+      layer hooks on a torch.cuda stand-in that counts its calls: tests/cuda_cost.py) less a
       plain one, in turn, median;
     - each CUDA call the step made (counted by the stand-in) at what the H100 charges for it,
       less this CPU's part of a mark (already in the first figure);
@@ -411,11 +411,11 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
     import torch.nn as nn
     import torch.nn.functional as F
 
-    from tests.cuda_cost import free_cuda, h100
+    from tests.cuda_cost import charge, counted_cuda, h100
     costs = h100()
     layers, buckets = MODEL_LAYERS[model], int(costs["buckets"][model])
     step_ns = costs["steps_ms"][model] * 1e6
-    cuda = free_cuda()
+    cuda = counted_cuda()
     clock = instrument.CudaClock("cuda:0", torch_cuda=cuda, host_ns=time.monotonic_ns,
                                  hook_lag_ns=int(costs["hook_dispatch"] * 1000))
     rec = instrument.Recorder(clock, layers, every=every)
@@ -481,9 +481,6 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
             it()
         return t1 - t0
 
-    def quiet_counts():
-        return dict(cuda.calls)
-
     for _ in range(300):
         one(plain, 0); one(timed, 1); one(floor, 2)
     import gc
@@ -491,9 +488,8 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
     gc.disable()
     info["hooks"] = info["marked"] = 0
     k0 = k[0]
-    before = quiet_counts()
+    before = dict(cuda.calls)
     diffs, floors = [], []
-    res_ns = []
     orders = list(itertools.permutations(range(3)))
     for j in range(steps):
         got = [0, 0, 0]
@@ -503,7 +499,7 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
         floors.append(got[2] - got[0])
     gc.enable()
     n = k[0] - k0
-    after = quiet_counts()
+    after = dict(cuda.calls)
     per = {c: (after.get(c, 0) - before.get(c, 0)) / n for c in set(after) | set(before)}
     # resolution alone, as the sender thread does it: this CPU's Python and the H100's calls
     rec2_items = []
@@ -521,10 +517,7 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
     own_us = statistics.median(diffs) / 1000
     floor_us = max(0.0, statistics.median(floors) / 1000 / layers)  # this CPU's dispatch a hook
     hooks = info["hooks"] / n
-    charged = (per.get("record", 0) * (costs["event_record"] - free_mark_us)
-               + per.get("query", 0) * costs["event_query"]
-               + per.get("current_stream", 0) * costs["current_stream"]
-               + per.get("wait", 0) * costs["stream_wait"])  # (elapsed_time: the sender's)
+    charged = charge(per, costs, mark_overhead_us=free_mark_us)  # (elapsed_time: the sender's)
     dispatch = hooks * max(0.0, costs["hook_dispatch"] - floor_us)
     comm = buckets * costs["comm_hook"]
     host = own_us + charged + dispatch + comm
@@ -546,7 +539,7 @@ def h100_model_main(a) -> int:
     rows = []
     for model in ("xlarge", "deep40"):
         now = [measure_h100_model(instrument, strategies, model, steps) for _ in range(1 if a.quick else 3)]
-        got = min(now, key=lambda r: r["host_us"]) if False else sorted(now, key=lambda r: r["host_us"])[len(now) // 2]
+        got = sorted(now, key=lambda r: r["host_us"])[len(now) // 2]  # (the median run)
         then = measure_h100_model(*old, model, steps) if old is not None else None
         # the code before with every layer marked too (--layer-every 1): the same coverage
         then1 = measure_h100_model(*old, model, steps, every=1) if old is not None else None

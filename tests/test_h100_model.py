@@ -1,5 +1,6 @@
-"""ddptui's host cost on a GPU, held on a CPU by the CUDA cost model (tests/cuda_cost.py: the
-first H100's measured costs, benchmarks/h100_costs.json) and the CUDA stand-in (tests/cuda_sim.py):
+"""ddptui's host cost on a GPU, held on a CPU by the CUDA cost model (tests/cuda_cost.py: each
+CUDA call counted, at the first H100's measured costs, benchmarks/h100_costs.json) and the CUDA
+stand-in (tests/cuda_sim.py):
 the CUDA calls a step makes, the calls its resolution makes, and the period of layer marks
 judged on the device's step, not the host's launch time."""
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from ranks.clocks import CudaClock
 from ranks.recorder import Recorder
 from ranks.strategies import attach_layer_hooks
-from tests.cuda_cost import charged_cuda, h100
+from tests.cuda_cost import counted_cuda, h100
 from ranks import wire
 from tests.cuda_sim import SimCuda
 
@@ -46,7 +47,7 @@ def _bucket_hooks(rec, model):
 
 
 def _counted_run(steps: int = 6):
-    cuda = charged_cuda()
+    cuda = counted_cuda()
     rec = Recorder(CudaClock("cuda:0", torch_cuda=cuda, host_ns=time.monotonic_ns, hook_lag_ns=3210), LAYERS,
                    every=1)
     torch.manual_seed(0)
