@@ -109,6 +109,11 @@ def main(argv=None) -> int:
                         "same with the hook collecting each AllReduce's duration): what timing "
                         "buckets without a Python comm hook would cost, and the durations it gives")
     a = p.parse_args(argv)
+    if a.nccl_timing:  # its own benchmark now: four sides, WorkInfo, the hook's delay, the Flight Recorder
+        import gpu_nccl_timing
+        rest = ["--turns", str(a.turns), "--block", str(a.block), "--batch-size", str(a.batch_size),
+                "--model", a.model] + (["--out", a.out] if a.out else [])
+        return gpu_nccl_timing.main(rest)
     import torch
     if a.device == "cuda" and not torch.cuda.is_available():
         print("gpu_cost: no CUDA device here (use --device cpu for a smoke run)", file=sys.stderr)
@@ -134,11 +139,6 @@ def main(argv=None) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     kw = {"device_id": device} if cuda else {}
-    if a.nccl_timing:
-        if not cuda:
-            print("gpu_cost: --nccl-timing needs NCCL (a GPU)", file=sys.stderr)
-            return 2
-        os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"  # (read when the process group is made)
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1, **kw)
     ctl_group = dist.new_group(backend="gloo") if cuda else None
     base = build_model(a.model, seed=42)
@@ -218,20 +218,9 @@ def main(argv=None) -> int:
                     it()
                 self.later = []
 
-    durations: list = []
-    if a.nccl_timing:
-        backend = dist.group.WORLD._get_backend(device)
-        try:
-            backend._register_on_completion_hook(
-                lambda info: durations.append(info.active_duration.total_seconds() * 1e3))
-        except Exception as e:  # noqa: BLE001 (torch's own words: what this build lacks)
-            print(f"gpu_cost: the on-completion hook refused: {e}", file=sys.stderr)
-            return 1
-        sides = {"A plain": Plain(), "G nccl-timed": Plain()}
-    else:
-        sides = {"A plain": Plain(), "B py-hook": Plain(default_hooks.allreduce_hook),
-                 "C comm": Ours(spec.MAX_LAYER_EVERY, False), "D every-layer": Ours(1, False),
-                 "E sender": Ours(1, True), "F control": Control()}
+    sides = {"A plain": Plain(), "B py-hook": Plain(default_hooks.allreduce_hook),
+             "C comm": Ours(spec.MAX_LAYER_EVERY, False), "D every-layer": Ours(1, False),
+             "E sender": Ours(1, True), "F control": Control()}
     names = list(sides)
 
     def turn(name) -> float:
@@ -271,20 +260,6 @@ def main(argv=None) -> int:
             gpu_ms.append(e0.elapsed_time(e1))
     wall = time.monotonic() - t_start
     A = med["A plain"]
-    if a.nccl_timing:
-        time.sleep(0.5)  # (the hook runs once the watchdog has seen the work complete)
-        print(f"gpu_cost --nccl-timing: {a.model}, batch {a.batch_size}, "
-              f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, {wall:.0f} s")
-        for n in names:
-            print(f"  {n:14s} {med[n]:8.3f} ms a step   {1e3 * (med[n] - A):+8.1f} µs vs plain")
-        ds = sorted(durations)
-        print(f"  the on-completion hook saw {len(ds)} collectives; durations (ms): median "
-              f"{statistics.median(ds) if ds else float('nan'):.4f}, max {max(ds) if ds else float('nan'):.4f}")
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump({"sides_ms": med, "durations_ms": ds[:2000], "wall_s": wall}, f, indent=1)
-        dist.destroy_process_group()
-        return 0
     units = unit_costs(torch, device) if cuda else {}
     buckets = len(sides["D every-layer"].s.layout or []) or 1
     print(f"gpu_cost: {a.model}, batch {a.batch_size}, {a.device} "

@@ -32,6 +32,8 @@
 # shared/gpu-wheels or ../shared/gpu-wheels; bin/setup installs them with the index off into
 # .venv, which sees the image's torch. GPU_PASS_PYTHON: that python (default python3).
 #
+# GPU_PASS_SKIP="WORDS": the pass's steps left out, by word (headless-gloo headless-nccl
+# verify-nccl verify-gloo tests-gpu p1 p7 nvml deep40 cost nccl-timing), each said in the summary.
 # GPU_PASS_QUICK=1 rehearses the plumbing (small model, 3 steps, short clock and NVML runs, one
 # test file instead of the suite); on a machine without CUDA the CUDA-only steps say so.
 # GPU_PASS_SUITE="FILES": those test files instead of the whole suite. GPU_PASS_SUITE_MODE=target:
@@ -75,6 +77,10 @@ limit() {
   local l; l=$(left)
   if [ "$l" -lt 15 ]; then note "  SKIPPED $1: the ${BUDGET}s budget is spent" >&2; echo 0; return; fi
   if [ "$2" -lt "$l" ]; then echo "$2"; else echo "$l"; fi
+}
+SKIP=" ${GPU_PASS_SKIP:-} "
+skipped() {  # skipped WORD: true (and a note) when GPU_PASS_SKIP names this step
+  case $SKIP in *" $1 "*) note "  SKIPPED $1 (GPU_PASS_SKIP)"; return 0 ;; esac; return 1
 }
 HAS_CUDA=0 DEV=cpu CPUQ=
 on_cpu_note() {  # without CUDA, the steps that can run on CPU do: the plumbing, not the figures
@@ -212,34 +218,35 @@ phase_pass() {
   local s="naive,interleaved,ddp,single" g
   on_cpu_note "the headless runs"
   # the talk's run: two ranks sharing one GPU over gloo (its recording is demo/'s), then NCCL
-  headless $BIG-2ranks-gloo-$DEV 70 --gpus 1 --ranks 2 --model $BIG --strategies $s --steps "$(n 40)"
-  headless $BIG-1rank-nccl-$DEV 45 --gpus 1 --model $BIG --strategies $s --steps "$(n 20)"
+  skipped headless-gloo || headless $BIG-2ranks-gloo-$DEV 70 --gpus 1 --ranks 2 --model $BIG --strategies $s --steps "$(n 40)"
+  skipped headless-nccl || headless $BIG-1rank-nccl-$DEV 45 --gpus 1 --model $BIG --strategies $s --steps "$(n 20)"
   # world 1 on NCCL: verify says communication is not checked and checks compute
-  verify nccl --gpus 1 --model $BIG --strategies $s --steps 6
+  skipped verify-nccl || verify nccl --gpus 1 --model $BIG --strategies $s --steps 6
   # gloo with CUDA tensors: AllReduce ends are compared with the end of the copy back
-  verify gloo --gpus 1 --ranks 2 --model small --strategies naive,interleaved,ddp --steps 6
-  timed "tests marked gpu" 60 tests-gpu.txt $PY -m pytest -q -m gpu -p no:cacheprovider tests
+  skipped verify-gloo || verify gloo --gpus 1 --ranks 2 --model small --strategies naive,interleaved,ddp --steps 6
+  skipped tests-gpu || timed "tests marked gpu" 60 tests-gpu.txt $PY -m pytest -q -m gpu -p no:cacheprovider tests
   on_cpu_note "P1 and P7"
-  timed "P1 on $BIG (1 rank, NCCL)" 100 p1.txt \
+  skipped p1 || timed "P1 on $BIG (1 rank, NCCL)" 100 p1.txt \
     $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 ${QUICK:+--quick} $CPUQ
-  timed "P7 hook cost and host share with real CUDA events" 60 p7.txt \
+  skipped p7 || timed "P7 hook cost and host share with real CUDA events" 60 p7.txt \
     $PY benchmarks/p7_hook_cost.py --device $DEV ${QUICK:+--quick} $CPUQ
-  if cuda_only "NVML next to nvidia-smi"; then
+  if ! skipped nvml && cuda_only "NVML next to nvidia-smi"; then
     timed "NVML next to nvidia-smi" 35 nvml.txt $PY benchmarks/gpu_nvml.py --seconds $NVML_S --out "$work/nvml.csv"
   fi
   # last before gpu_cost: the step cut first when time is short
   g=deep40; [ -n "$QUICK$CPUQ" ] && g=small-b
-  headless $g-2ranks-gloo-$DEV 55 --gpus 1 --ranks 2 --model "${g%-b}" --strategies naive,ddp --steps "$(n 8)"
+  skipped deep40 || headless $g-2ranks-gloo-$DEV 55 --gpus 1 --ranks 2 --model "${g%-b}" --strategies naive,ddp --steps "$(n 8)"
   # ======== STEP FOR benchmarks/gpu_cost.py: <= 2 minutes, right after the pass; skipped while
   # ======== the file is absent. Called as gpu_clock.py and gpu_nvml.py are (--out FILE); its
   # ======== output goes to the work folder, packed with the rest, its last lines to the summary.
   RESERVE=0
   if [ -f benchmarks/gpu_cost.py ]; then
-    timed "gpu_cost (benchmarks/gpu_cost.py)" 120 gpu-cost.txt \
+    skipped cost || timed "gpu_cost (benchmarks/gpu_cost.py)" 120 gpu-cost.txt \
       $PY benchmarks/gpu_cost.py --out "$work/gpu-cost.json"
-    if cuda_only "gpu_cost --nccl-timing"; then  # PyTorch's own timing of NCCL collectives
-      timed "gpu_cost --nccl-timing" 60 gpu-cost-nccl-timing.txt \
-        $PY benchmarks/gpu_cost.py --nccl-timing --turns 30 --out "$work/gpu-cost-nccl-timing.json"
+    if ! skipped nccl-timing && cuda_only "gpu_nccl_timing"; then  # PyTorch's own timing of NCCL collectives
+      timed "gpu_nccl_timing (PyTorch's own NCCL timing, the completion hook, the Flight Recorder)" 60 \
+        gpu-nccl-timing.txt $PY benchmarks/gpu_nccl_timing.py --out "$work/gpu-nccl-timing.json"
+      grep -E "^register|^  " "$work/gpu-nccl-timing.txt" | head -n 24 >> "$summary"
     fi
   else
     note "  benchmarks/gpu_cost.py: absent, skipped"
