@@ -139,8 +139,17 @@ def main(argv=None) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     kw = {"device_id": device} if cuda else {}
+    if cuda:  # NCCL's own timing and a Flight Recorder buffer, as the launcher sets them: the
+        # default group timed (ddptui's sides), the plain sides on a group made without timing
+        from ddptui.live.launcher import nccl_timing_env
+        nccl_timing_env(os.environ)
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1, **kw)
     ctl_group = dist.new_group(backend="gloo") if cuda else None
+    plain_group = None
+    if cuda:
+        os.environ.pop("TORCH_NCCL_ENABLE_TIMING")
+        plain_group = dist.new_group([0])
+        os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"
     base = build_model(a.model, seed=42)
     n_layers = len(spec.MODEL_WIDTHS[a.model]) - 1
     X, Y = make_dataset(a.batch_size * 2, seed=42, device=device)
@@ -154,7 +163,7 @@ def main(argv=None) -> int:
     class Plain:
         def __init__(self, hook=None):
             self.module = copy.deepcopy(base).to(device)
-            self.ddp = DDP(self.module, **ddp_kw)
+            self.ddp = DDP(self.module, process_group=plain_group, **ddp_kw)
             if hook is not None:
                 self.ddp.register_comm_hook(None, hook)
             self.opt = PlainSGD(list(self.module.parameters()), lr=0.01)
@@ -174,11 +183,14 @@ def main(argv=None) -> int:
             super().step()
 
     class Ours:
-        def __init__(self, every: int, sender: bool):
+        def __init__(self, every: int, sender: bool, timing: str = "comm-hook"):
             clock = CudaClock(device) if cuda else CpuClock()
             self.rec = Recorder(clock, n_layers, every=every)
+            os.environ["DDPTUI_COMM_TIMING"] = timing
             self.s = DDPStrategy(base, self.rec, device, 0.01, 1)
+            os.environ.pop("DDPTUI_COMM_TIMING")
             self.s.prepare()
+            self.fr = self.s.timing == "flight-recorder"
             self.k = 0
             self.q = queue.Queue() if sender else None
             self.later: list = []
@@ -212,7 +224,8 @@ def main(argv=None) -> int:
             if self.q is not None:
                 for it in rest:
                     self.q.put(it)
-                self.q.join()
+                if not self.fr:  # (NCCL's own timing: the sender waits for the watchdog, a
+                    self.q.join()  # latency; its dumps, the cost, are charged after the run)
             else:
                 for it in self.later + rest:
                     it()
@@ -221,6 +234,13 @@ def main(argv=None) -> int:
     sides = {"A plain": Plain(), "B py-hook": Plain(default_hooks.allreduce_hook),
              "C comm": Ours(spec.MAX_LAYER_EVERY, False), "D every-layer": Ours(1, False),
              "E sender": Ours(1, True), "F control": Control()}
+    fr_sides = ()
+    if cuda:  # the buckets timed by NCCL itself (the Flight Recorder), no comm hook
+        sides["N fr"] = Ours(spec.MAX_LAYER_EVERY, True, "flight-recorder")
+        sides["M fr every-layer"] = Ours(1, True, "flight-recorder")
+        fr_sides = ("N fr", "M fr every-layer")
+        if not sides["N fr"].fr:
+            print(f"gpu_cost: the Flight Recorder path is off: {sides['N fr'].s.timing_why}", file=sys.stderr)
     names = list(sides)
 
     def turn(name) -> float:
@@ -242,6 +262,25 @@ def main(argv=None) -> int:
     for k in range(a.turns):
         for i in orders[(k * 7) % len(orders)]:
             got[names[i]].append(turn(names[i]))
+    for n in fr_sides:  # the sender's last waits, then its dumps charged to the side (ms a step)
+        side = sides[n]
+        side.q.join()
+        st = side.rec.fr.stats() if side.rec.fr is not None else None
+        if st:
+            steps = (a.turns + 3) * a.block
+            per = st["dump_ms"] / steps
+            got[n] = [t + per for t in got[n]]
+            print(f"  {n}: {st['dumps']} Flight Recorder dumps, {st['dump_ms']:.1f} ms in all, "
+                  f"{1e3 * per:.1f} µs a step charged; {st['entries']} entries read, "
+                  f"{st['missed']} overwritten unread, {side.rec.fr_untimed} buckets untimed"
+                  + (f"; failed: {st['failed']}" if st.get("failed") else ""))
+            fr, strat = side.rec.fr, side.s
+            fr.refresh(force=True)
+            seqs = sorted(q for g, q in fr._by_key if g == strat.group)
+            print(f"    group {strat.group!r}: the backend's sequence number "
+                  f"{strat.pg_backend._get_sequence_number_for_group()}, the Flight Recorder's last "
+                  f"{seqs[-1] if seqs else None}; bucket bytes {[n for _, _, n in (strat.layout or [])]}, "
+                  f"the recorder's last {[fr._by_key[(strat.group, q)][1] for q in seqs[-len(strat.layout or []):]] if seqs else []}")
     med = {n: statistics.median(v) for n, v in got.items()}
     # is the host ahead of the GPU on the plain step? its launch time against its GPU time
     host_ms, gpu_ms = [], []
@@ -274,6 +313,9 @@ def main(argv=None) -> int:
              "every layer marked (D-C)": med["D every-layer"] - med["C comm"],
              "the sender thread resolving alongside (E-D)": med["E sender"] - med["D every-layer"],
              "the control collective (F-A)": med["F control"] - A}
+    if "N fr" in med:
+        parts["NCCL's own timing instead of the comm hook (N-C)"] = med["N fr"] - med["C comm"]
+        parts["every layer marked, NCCL's timing (M-N)"] = med["M fr every-layer"] - med["N fr"]
     print("  where ddptui's extra goes (µs a step; per bucket where it is per bucket):")
     for k, v in parts.items():
         extra = f"  ({1e3 * v / buckets:.1f} µs a bucket)" if "bucket" in k or "hook" in k else ""

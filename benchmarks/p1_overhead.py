@@ -46,6 +46,10 @@ def main(argv=None) -> int:
                    help="steps back to back per turn (default 1 on CPU, 8 on CUDA: no per-step sync)")
     p.add_argument("--host-bound", action="store_true",
                    help="global batch 16: steps as short as the host's own work (the ~1 ms GPU case)")
+    p.add_argument("--comm-timing", default="auto", choices=("auto", "comm-hook", "flight-recorder"),
+                   help="how ddp's buckets are timed: ddptui's comm hook, or NCCL's own timing read "
+                        "from the Flight Recorder (its environment set for the ranks, as the launcher "
+                        "does; CUDA and NCCL only); auto: as a launched run would")
     a = p.parse_args(argv)
     if a.host_bound:
         a.batch_size = 16 if a.ranks <= 16 else a.ranks
@@ -71,7 +75,13 @@ def main(argv=None) -> int:
                "--device", "cuda" if cuda else "cpu", "--block", str(a.block)]
         for attempt in (1, 2):
             t0 = time.monotonic()
-            proc = subprocess.run(cmd, cwd=ROOT, env=env_for_ranks(1), capture_output=True, text=True)
+            env = env_for_ranks(1)
+            if cuda and a.comm_timing != "comm-hook":  # (as the launcher sets it for a GPU run)
+                from ddptui.live.launcher import nccl_timing_env
+                nccl_timing_env(env)
+            if a.comm_timing != "auto":
+                env["DDPTUI_COMM_TIMING"] = a.comm_timing
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             wall = time.monotonic() - t0
             said = proc.stdout + proc.stderr
             # a rank aborted inside torch.profiler's stop (libkineto: "profiler_stop", then
@@ -128,6 +138,21 @@ def main(argv=None) -> int:
     print(f"  torch.profiler ({acts} activity, shapes) on the plain step: median "
           f"{median(prof) * 1e3:.2f} ms; median of paired ratios to plain {pw:.4f} "
           f"(quartiles {pq[0]:.4f} .. {pq[1]:.4f}); CPU time ratio {pc:.4f}")
+    r0 = doc["ranks"][0]
+    if r0.get("comm_timing"):
+        print(f"  ddp's buckets timed by: {r0['comm_timing']}"
+              + (f" ({r0['comm_timing_why']})" if r0.get("comm_timing_why") else ""))
+    if r0.get("fr"):  # the Flight Recorder's dumps, on the sender thread, charged to ddptui
+        frs = r0["fr"]
+        per = max((r.get("fr", {}).get("dump_ms", 0.0) / max(1, r.get("instr_steps", 1)) for r in doc["ranks"]),
+                  default=0.0) / 1e3
+        print(f"  Flight Recorder: {frs['dumps']} dumps, {frs['dump_ms']:.1f} ms in all "
+              f"({frs['entries']} entries read, {frs['missed']} overwritten unread, buckets untimed "
+              f"{r0.get('fr_untimed', 0)}{', failed: ' + frs['failed'] if frs.get('failed') else ''}); "
+              f"{per * 1e6:.1f} µs a step, added to ddptui's side")
+        inst = [t + per for t in inst]
+        wall, wq = paired(inst, plain)
+        print(f"  with the dumps: median of paired ratios {wall:.4f} (quartiles {wq[0]:.4f} .. {wq[1]:.4f})")
     print(f"  overhead side by side: ddptui {wall:.4f}x   torch.profiler {pw:.4f}x")
     fig = wall
     print(result_line("P1", "overhead", "median_ratio", fig, "<=", goal))

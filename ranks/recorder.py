@@ -25,6 +25,17 @@ _get_ident = threading.get_ident
 NO_COMMS = ()  # a step's collectives before its first (StepRecord)
 
 
+class FrEnd:
+    """A collective's end to be read from PyTorch's own timing (the Flight Recorder, NCCL):
+    its process group's name and sequence number (`Recorder.comm_seal` fills it after the
+    backward: the last n collectives of the group are the step's n buckets)."""
+
+    __slots__ = ("group", "seq")
+
+    def __init__(self, group: str):
+        self.group, self.seq = group, None
+
+
 class StepRecord:
     """Slots for one (strategy, step) on one rank."""
 
@@ -152,6 +163,10 @@ class Recorder:
         # a collective's ready moment taken from the next block boundary's mark where it can be
         # (CUDA, one stream for collectives: NCCL; comm_issue)
         self._defer = bool(clock.cuda and clock.serial_comm)
+        # NCCL timed by PyTorch itself (ranks.flightrec.FlightTimes; DDPStrategy sets it): the
+        # buckets' ends read from the Flight Recorder on the sender thread; how many were not
+        self.fr = None
+        self.fr_untimed = 0
 
     def wanted_every(self, strategy: str) -> int:
         """The period this rank would mark `strategy`'s layers at (1: every step)."""
@@ -302,6 +317,23 @@ class Recorder:
         c.comm_strm.append(None)
         return len(c.comm_idx) - 1
 
+    def comm_issue_fr(self, idx: int, group: str) -> None:
+        """A bucket's AllReduce was handed to NCCL by DDP's reducer (no comm hook): its ready
+        moment marked now (or at the next block boundary, as comm_issue), its end and length
+        read later from PyTorch's own timing of the collective (`fr`, FrEnd)."""
+        slot = self.comm_issue(idx)
+        self.cur.comm_end[slot] = FrEnd(group)
+
+    def comm_seal(self, group: str, last_seq: int) -> None:
+        """After the backward: the group's sequence number now; the step's FrEnd slots of that
+        group, in issue order, are the collectives that end there."""
+        c = self.cur
+        if c is None or c.comm_idx is NO_COMMS:
+            return
+        ends = [e for e in c.comm_end if type(e) is FrEnd and e.group == group and e.seq is None]
+        for j, e in enumerate(ends):
+            e.seq = last_seq - (len(ends) - 1 - j)
+
     def issuing(self, slot: int):
         """A context around the backend call that issues the collective in `slot` (on the
         thread that issues it): its own stream current where the clock needs one (gloo with
@@ -409,7 +441,8 @@ class Recorder:
                     if clock.cuda:
                         if clock.serial_comm:  # (one stream, NCCL: they end in order)
                             last = ends[-1]
-                            if last is not None and not done(last):
+                            # (an end PyTorch times: the step's end waited for it)
+                            if last is not None and type(last) is not FrEnd and not done(last):
                                 break
                         elif not all([t is None or done(t) for t in ends]):
                             break
@@ -440,7 +473,11 @@ class Recorder:
                     t1 = max(t0, idle_end(t1, r.bwd_h[i]))
                 kinds.append(BWD); idxs.append(i); t0s.append(t0); t1s.append(t1)
         ready: list[int] = []
-        if r.comm_idx:
+        if r.comm_idx and self.fr is not None and any(type(t) is FrEnd for t in r.comm_end):
+            ready = [ns(t) for t in r.comm_ready]
+            starts, end = self._fr_place(r.comm_end, ready)
+            kinds += r.comm_kind; idxs += r.comm_idx; t0s += starts; t1s += end
+        elif r.comm_idx:
             ready = [ns(t) for t in r.comm_ready]
             end = [ns(t) if t is not None else rd for t, rd in zip(r.comm_end, ready)]
             free = None
@@ -464,6 +501,29 @@ class Recorder:
             self._spare.append(r)
         return out
 
+    def _fr_place(self, ends: list, ready: list[int]) -> tuple[list[int], list[int]]:
+        """Collectives timed by PyTorch (FrEnd) placed on the device's time axis: one NCCL
+        stream, so each starts when it is ready or when the one before it ended, whichever is
+        later, and lasts its GPU duration. One not seen finished (a wrapped buffer, a dump that
+        failed) is drawn as a moment at its ready time and counted (`fr_untimed`)."""
+        fr = self.fr
+        keys = [(e.group, e.seq) for e in ends if type(e) is FrEnd and e.seq is not None]
+        fr.wait_for(keys)
+        starts, out, prev = [], [], None
+        for e, rd in zip(ends, ready):
+            t0 = rd if prev is None else max(rd, prev)
+            got = fr.get(e.group, e.seq) if type(e) is FrEnd and e.seq is not None else None
+            if got is None:
+                self.fr_untimed += 1
+                t1 = t0
+            else:
+                t1 = t0 + got[0]
+                fr.forget(e.group, e.seq)
+            starts.append(t0)
+            out.append(t1)
+            prev = t1
+        return starts, out
+
     def _give_back(self, r: StepRecord) -> None:
         """A step done with (resolved or dropped): its events back to the pool, and the end of
         a collective still running too, when its callback marks it (`_GivenBack`; swapped in
@@ -479,6 +539,6 @@ class Recorder:
         release = self.clock.release
         for tok in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
                     *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end, *more):
-            if tok is not None and id(tok) not in seen:
+            if tok is not None and id(tok) not in seen and type(tok) is not FrEnd:
                 seen.add(id(tok))
                 release(tok)

@@ -42,6 +42,12 @@ imports `ddptui` (the app reads its seams from here too).
   whose iterations take tens of ms, skip it for many iterations as short GPU steps would. Not
   a positive number: the default. Used by tests/test_layer_sampling.py
   (`test_ranks_agree_on_the_steps_whose_layers_they_mark`).
+- ``DDPTUI_FR_STANDIN`` (`fr_standin`): on CPU (gloo), the ddp strategy takes the path of
+  NCCL's own timing (`ranks.strategies.comm_timing_for`: no comm hook, buckets timed from the
+  Flight Recorder) with gloo's real Flight Recorder as the stand-in for NCCL's: its entries as
+  torch records them, each given the state and the GPU duration NCCL's would have
+  (`ranks.flightrec.gloo_standin_dump`, the value in ms; "1": 0.2). Needs TORCH_FR_BUFFER_SIZE.
+  Used by tests/test_flightrec.py (`test_ddp_buckets_timed_by_the_flight_recorder_path`).
 
 Configuration read from the environment (DDPTUI_SOCKET, DDPTUI_TOKEN, DDPTUI_RECORD,
 DDPTUI_RUNS_DIR, DDPTUI_AUTO, DDPTUI_LAYERS) is not a seam: production code sets or documents
@@ -105,3 +111,15 @@ def control_gap_s(default: float) -> float:
     except ValueError:
         return default
     return got if got > 0 else default
+
+
+def fr_standin() -> float | None:
+    """DDPTUI_FR_STANDIN: the stand-in's duration in ms of every collective (None: off)."""
+    v = os.environ.get("DDPTUI_FR_STANDIN")
+    if not v:
+        return None
+    try:
+        ms = float(v)
+    except ValueError:
+        return None
+    return 0.2 if ms == 1 else ms if ms > 0 else None

@@ -3,7 +3,10 @@
 naive        full backward, then a blocking all_reduce per parameter (not from hooks)
 interleaved  async all_reduce per parameter from post-accumulate-grad hooks, all waited
              on before the optimizer step
-ddp          DistributedDataParallel, bucketed; a comm hook times each bucket
+ddp          DistributedDataParallel, bucketed; on NCCL with PyTorch's own timing on (the
+             launcher's TORCH_NCCL_ENABLE_TIMING and Flight Recorder buffer) DDP keeps its C++
+             AllReduce and each bucket is timed from the Flight Recorder (`comm_timing`
+             "flight-recorder"); elsewhere a comm hook times each bucket ("comm-hook")
 single       one device, whole batch, no communication (runs on rank 0 only)
 fsdp         FSDP2 (fully_shard per block): all-gathers before each block's forward and
              backward, reduce-scatters after its backward, timed by the collective tap
@@ -20,8 +23,70 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import spec
+from . import flightrec, seams, spec
 from .recorder import Recorder
+
+# how DDP's buckets are timed (the `comm_timing` event's value): a Python comm hook, or NCCL's
+# own timing read from the Flight Recorder
+COMM_TIMING = {"comm-hook": 1, "flight-recorder": 2}
+
+
+def comm_timing_for(device) -> tuple[str, str | None]:
+    """("flight-recorder", None) where DDP's buckets can be timed by PyTorch itself (CUDA,
+    NCCL, timing and a Flight Recorder buffer on), else ("comm-hook", why not).
+    DDPTUI_COMM_TIMING=comm-hook|flight-recorder asks for one (the A/B of benchmarks)."""
+    import os
+    want = os.environ.get("DDPTUI_COMM_TIMING", "auto")
+    if want == "comm-hook":
+        return "comm-hook", "DDPTUI_COMM_TIMING=comm-hook"
+    if device.type != "cuda":
+        if seams.fr_standin() is not None and flightrec.buffer_size() > 0:
+            return "flight-recorder", None  # (gloo's Flight Recorder standing in for NCCL's)
+        return "comm-hook", "not CUDA"
+    try:
+        backend = dist.get_backend()
+    except Exception:  # noqa: BLE001
+        backend = None
+    if backend != "nccl":
+        return "comm-hook", f"backend {backend}"
+    why = flightrec.why_not_nccl_timing()
+    return ("comm-hook", why) if why else ("flight-recorder", None)
+
+
+class BucketReady:
+    """Each DDP bucket's ready moment without a comm hook: a post hook on the AccumulateGrad
+    node of the bucket's last parameter (the last whose gradient arrives: DDP's rebuilt
+    buckets hold them in arrival order), registered after DDP's reducer's own hook on that
+    node, so it runs once the reducer has handed the bucket's AllReduce to NCCL. One hook and
+    one mark a bucket (`Recorder.comm_issue_fr`); re-registered when DDP rebuilds its buckets."""
+
+    __slots__ = ("rec", "group", "handles", "keys")
+
+    def __init__(self, rec: Recorder, group: str):
+        self.rec, self.group = rec, group
+        self.handles: list = []
+        self.keys: list = []
+
+    def set(self, buckets: list) -> None:
+        """buckets: [(bucket index, last parameter)] of the layout in force."""
+        keys = [(b, id(p)) for b, p in buckets]
+        if keys == self.keys:
+            return
+        self.clear()
+        self.keys = keys
+        rec, group = self.rec, self.group
+        for b, p in buckets:
+            node = p.view_as(p).grad_fn.next_functions[0][0]  # (as DDP's reducer finds it)
+
+            def ready(gi, go, b=b):
+                if rec.cur is not None:
+                    rec.comm_issue_fr(b, group)
+            self.handles.append(node.register_hook(ready))
+
+    def clear(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles, self.keys = [], []
 
 
 class LayerMarks:
@@ -445,6 +510,10 @@ class DDPStrategy(Strategy):
         self.track_buckets = True
         self.ddp = None  # wrapped at the first DDP step (all ranks reach it together): other
         # strategies' first steps do not wait for DDP's construction
+        # how the buckets are timed (comm_timing_for): a comm hook, or NCCL's own timing
+        self.timing, self.timing_why = comm_timing_for(device)
+        self.ready: BucketReady | None = None
+        self.group = self.pg_backend = None
 
     def prepare(self) -> None:
         if self.ddp is None:
@@ -470,7 +539,20 @@ class DDPStrategy(Strategy):
         # the layer marks after the reducer's hooks (its copy into the bucket is the layer's)
         self.marks.move_after()
         quiet_runtime_stats(self.ddp)
-        self.ddp.register_comm_hook(self, _ddp_hook)
+        if self.timing == "flight-recorder":
+            if self.rec.fr is None:
+                import os
+                standin = seams.fr_standin() if self.device.type != "cuda" else None
+                dump = flightrec.nccl_dump_fn() if standin is None else flightrec.gloo_standin_dump(standin)
+                self.rec.fr = flightrec.FlightTimes(
+                    dump, interval_s=float(os.environ.get("DDPTUI_FR_INTERVAL_S", "0.5")))
+            self.group = self.ddp.process_group.group_name
+            self.pg_backend = self.ddp.process_group._get_backend(self.device)
+            if self.ready is not None:
+                self.ready.clear()
+            self.ready = BucketReady(self.rec, self.group)
+        else:
+            self.ddp.register_comm_hook(self, _ddp_hook)
         self.cap_mb = cap_mb
         self.layout = None
         self.reported: list[int] | None = None
@@ -487,9 +569,35 @@ class DDPStrategy(Strategy):
         loss = (F.cross_entropy(self.model(x), y) / self.world)
         rec.backward_starts()
         loss.backward()
+        if self.ready is not None:  # (NCCL's own timing: which sequence numbers the buckets have)
+            rec.comm_seal(self.group, self.pg_backend._get_sequence_number_for_group())
+            if self.track_buckets:
+                self._layout_from_reducer()
         rec.opt_begin()
         self.opt.step()
         rec.opt_end(last=True)  # (the step's end too)
+
+    def _layout_from_reducer(self) -> None:
+        """The buckets as DDP reports them once rebuilt (no comm hook to see them go by; its
+        logging data: each bucket's parameter indices in arrival order, and its bytes), and
+        each bucket's ready hook on its last parameter. Before the rebuild (the first step):
+        nothing, the step's buckets untimed."""
+        ddp = self.ddp
+        ddp.logger._real.set_runtime_stats_and_log()
+        data = ddp._get_ddp_logging_data()
+        idx = data.get("rebuilt_per_bucket_param_indices") or ""
+        sizes = data.get("rebuilt_bucket_sizes") or ""
+        if not idx or not sizes:
+            return
+        try:
+            per = [[int(x) for x in part.split()] for part in idx.split(",")]
+            nbytes = [int(x) for x in sizes.split(",")]
+        except ValueError:
+            return
+        if len(per) != len(nbytes) or any(not ps or max(ps) >= len(self.params) for ps in per):
+            return
+        self.seen = [(b, ps, n) for b, (ps, n) in enumerate(zip(per, nbytes))]
+        self.ready.set([(b, self.params[ps[-1]]) for b, ps in enumerate(per)])
 
     def reported_sizes(self) -> list[int]:
         """Bucket sizes in bytes as DDP itself reports them (rebuilt ones once rebuilt).
@@ -501,7 +609,7 @@ class DDPStrategy(Strategy):
     def take_layout_change(self) -> tuple[list, list[int]] | None:
         """(bucket layout seen in the last step, sizes DDP reports) when either changed
         since last reported. DDP rebuilds buckets once; after a few stable steps stop looking."""
-        if not self.track_buckets:
+        if not self.track_buckets or not self.seen:  # (NCCL's timing: none before DDP's rebuild)
             return None
         seen = sorted(self.seen)
         reported = self.reported_sizes()

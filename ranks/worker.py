@@ -267,7 +267,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     from .clocks import CpuClock, CudaClock
     from .recorder import Recorder
     from .models import build_model, make_dataset
-    from .strategies import STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
+    from .strategies import COMM_TIMING, STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
 
     names = spec.parse_strategies(args.strategies)
     if args.batch_size % world:
@@ -403,6 +403,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
 
     steps = itertools.count() if args.steps <= 0 else range(args.steps)
     stopped = False
+    said_timing = False
     for k in steps:
         if pw is not None:
             pw.iteration_start(k)
@@ -440,6 +441,10 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                 em.send_now(frames.Colls(rank=rank, strategy=strat.name, rows=colls))
             emit(rec.poll(lazy=True))
             if isinstance(strat, DDPStrategy):
+                if not said_timing:  # how its buckets are timed (the summary says it)
+                    said_timing = True
+                    em.send_now(frames.Event(rank=rank, step=k, what="comm_timing",
+                                             value=COMM_TIMING[strat.timing]))
                 change = strat.take_layout_change()
                 if change is not None:
                     layout, reported = change
@@ -453,6 +458,11 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             break
         recent_iters.append(time.monotonic() - t_iter)  # (the next control's interval: this rank's say)
     emit(rec.poll(wait=True, lazy=True))
+    if rec.fr is not None:  # (after every step is resolved, on the sender thread: how many
+        # buckets NCCL's timing did not cover)
+        last_k = int(getattr(em, "step", 0) or 0)
+        em.send_now(lambda: frames.Event(rank=rank, step=last_k, what="fr_untimed",
+                                         value=min(rec.fr_untimed, 2**31)))
     if probe is not None:
         probe.write(rank, clock)
     if args.save_weights:

@@ -96,9 +96,27 @@ def worker_env(plan: Plan, socket_path: str, token: str, threads: int, one_host:
     else:  # the ranks see exactly the GPUs of the plan, numbered as NVML numbers them
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(plan.gpus, env.get("CUDA_VISIBLE_DEVICES"))
+        nccl_timing_env(env)
     if one_host:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    return env
+
+
+# the Flight Recorder's entries when the user set none: enough for the collectives of a
+# dump's interval (ranks.flightrec.FlightTimes), few enough that a dump (~12 µs an entry,
+# the GIL held) stays short
+FR_BUFFER = 1024
+
+
+def nccl_timing_env(env: dict) -> dict:
+    """NCCL's own timing of collectives on (before any process group is made) and a Flight
+    Recorder buffer, unless the user chose: DDP's buckets are then timed without a Python
+    comm hook (ranks.strategies.comm_timing_for). A user's `TORCH_NCCL_ENABLE_TIMING=0` keeps
+    the comm hook."""
+    env.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
+    if not env.get("TORCH_FR_BUFFER_SIZE") and not env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env["TORCH_FR_BUFFER_SIZE"] = str(FR_BUFFER)
     return env
 
 

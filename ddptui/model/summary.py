@@ -31,6 +31,10 @@ def strategy_summary(store, strategy: str) -> dict:
         waits = store.recent_waits(strategy, n=None)
         marked = store.evidence_waits(strategy) if store.layer_sampling(strategy) is not None else None
         out["stragglers"] = stragglers.summarize(waits, list(store.meta.layers), marked)
+        if strategy == "ddp":
+            timing = store.bucket_timing()
+            if timing is not None:  # (how its buckets were timed: NCCL's own timing, or a hook)
+                out["bucket_timing"] = timing
         colls = collective_rows(store, strategy)
         if colls:  # (a strategy with COLL spans: runs without them say nothing new)
             out["collectives"] = colls

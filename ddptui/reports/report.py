@@ -151,6 +151,13 @@ def stall_lines(r: dict) -> list[str]:
     return out
 
 
+BUCKET_TIMING_TEXT = {
+    "flight-recorder": "buckets timed by NCCL's own timing (PyTorch's Flight Recorder), no Python on their path",
+    "comm-hook": "buckets timed by ddptui's comm hook",
+    "mixed": "buckets timed by NCCL's own timing on some ranks, by ddptui's comm hook on others",
+}
+
+
 def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> None:
     out = file or sys.stdout
     console = Console(file=file, width=None if out.isatty() else 160)
@@ -170,6 +177,12 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
         for s, lm in marks:
             console.print(f"  {s}: {sampling_text((lm['steps_marked'], lm['steps']), period=lm.get('every'))}",
                           markup=False, highlight=False)
+    for r in rows:
+        bt = r.get("bucket_timing")
+        if bt:
+            console.print(f"{r.get('strategy')}: {BUCKET_TIMING_TEXT.get(bt['by'], bt['by'])}"
+                          + (f"; {bt['untimed']} bucket AllReduces not covered by it (drawn as moments)"
+                             if bt.get("untimed") else ""), markup=False, highlight=False)
     hta = [x for x in (hta_line(r) for r in rows) if x]
     if hta:
         console.print("overlap % per rank as HTA computes it (every step but the last, warm-up "

@@ -74,6 +74,10 @@ class Store(Intake, Figuring, Queries):
         self.collectives: dict[tuple[str, int], dict[int, tuple]] = {}
         self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
         self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
+        # how DDP's buckets were timed (event comm_timing): rank -> "comm-hook" or
+        # "flight-recorder"; and buckets PyTorch's timing did not cover (event fr_untimed)
+        self.comm_timing: dict[int, str] = {}
+        self.fr_untimed: dict[int, int] = {}
         self.slow_changes: list[tuple[int, float, int, int]] = []  # (step, ms, rank, layer) as applied
         self.waits: dict[str, OrderedDict[int, stragglers.StepWaits | None]] = {}  # kept like raw spans
         # (strategy, step) -> (start ns, end ns) of a complete step on CLOCK_MONOTONIC, kept like raw spans

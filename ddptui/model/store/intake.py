@@ -21,6 +21,10 @@ from ..columns import whole_passes
 from .rankinfo import RankInfo
 
 
+# strategies.COMM_TIMING by value (ranks.strategies imports torch: not here)
+COMM_TIMING_NAMES = {1: "comm-hook", 2: "flight-recorder"}
+
+
 class Intake:
     """Frames in (a part of Store: the state it changes is declared in Store.__init__)."""
 
@@ -129,6 +133,12 @@ class Intake:
 
     def _on_event(self, f: frames.Event) -> None:
         self._rank(f.rank)
+        if f.what == "comm_timing":
+            self.comm_timing[f.rank] = COMM_TIMING_NAMES.get(int(f.value), "?")
+            return
+        if f.what == "fr_untimed":
+            self.fr_untimed[f.rank] = int(f.value)
+            return
         if f.rank == 0 and f.what == "bucket_cap_mb":
             k, cap = f.step, float(f.value)
             self.cap_changes.append((k, cap))

@@ -250,6 +250,18 @@ class Queries:
                 return None
             return got[0], got[0] + got[1]
 
+    def bucket_timing(self) -> dict | None:
+        """How DDP's buckets were timed: {"by": "flight-recorder" | "comm-hook" | "mixed",
+        "ranks": {rank: way}, "untimed": buckets NCCL's timing did not cover}; None where no
+        rank said (a run before this was recorded, or without DDP)."""
+        with self.lock:
+            if not self.comm_timing:
+                return None
+            ways = set(self.comm_timing.values())
+            return {"by": ways.pop() if len(ways) == 1 else "mixed",
+                    "ranks": {str(r): w for r, w in sorted(self.comm_timing.items())},
+                    "untimed": sum(self.fr_untimed.values())}
+
     def layer_period(self, strategy: str) -> int | None:
         """The period of layer marks in force (their steps are multiples of it): the gap
         between a strategy's last two marked steps (rank 0's); None where every step's

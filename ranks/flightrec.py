@@ -1,0 +1,241 @@
+"""PyTorch's Flight Recorder, read: how long each NCCL collective ran on the GPU, by process
+group and sequence number, from PyTorch's own timing (no Python on the collective's path).
+
+With `TORCH_NCCL_ENABLE_TIMING=1` set before a process group is made, ProcessGroupNCCL records
+a start event beside its end event for every collective; with a Flight Recorder buffer
+(`TORCH_FR_BUFFER_SIZE` > 0) each entry carries, once the watchdog has seen it complete (it
+polls every ~100 ms), `duration_ms` (the GPU's time from start to end event), with its
+`collective_seq_id`, its group (`process_group`: name, description), `input_sizes` and
+`input_dtypes`, `state` and `time_created_ns`. `FlightTimes` dumps the buffer
+(`torch._C._distributed_c10d._dump_nccl_trace`, no stack traces) off the training thread, at
+most every `interval_s` (the dump walks the whole buffer while holding the GIL: ~12 µs an
+entry on an H200's host), and keeps what the steps still need.
+
+(ProcessGroupNCCL's on-completion hook, `_register_on_completion_hook`, which handed over the
+same durations one by one, is gone from torch's Python bindings: torch 2.11's and 2.13's
+ProcessGroupNCCL have neither it nor `_enable_collectives_timing`.)
+
+`load_dump` reads a dump (pickle, as the NCCL watchdog writes it to files too) with an
+unpickler that builds plain data only: a dump crafted to run code is refused.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import threading
+import time
+
+# what a Flight Recorder dump may hold: plain containers and scalars, nothing else
+_SAFE = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str", "int",
+                                    "float", "bool", "bytes", "complex")}
+_SAFE |= {("collections", "OrderedDict")}
+
+
+class DumpError(ValueError):
+    """A dump that is not a Flight Recorder dump of plain data (truncated, corrupt, hostile)."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _SAFE:
+            return super().find_class(module, name)
+        raise DumpError(f"refused: the dump asks for {module}.{name} (a Flight Recorder dump holds plain data only)")
+
+    def persistent_load(self, pid):
+        raise DumpError("refused: the dump uses persistent ids (not a Flight Recorder dump)")
+
+
+def load_dump(raw: bytes) -> dict:
+    """A Flight Recorder dump (pickle bytes) as plain data; DumpError if it is not one."""
+    try:
+        d = _PlainUnpickler(io.BytesIO(raw)).load()
+    except DumpError:
+        raise
+    except Exception as e:  # noqa: BLE001 (whatever a damaged pickle raises)
+        raise DumpError(f"not a readable Flight Recorder dump ({type(e).__name__}: {e})") from None
+    if not isinstance(d, dict) or not isinstance(d.get("entries", []), list):
+        raise DumpError("not a Flight Recorder dump (no 'entries' list)")
+    return d
+
+
+_DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8, "Byte": 1,
+                "Char": 1, "Short": 2, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
+
+
+def entry_bytes(e: dict) -> int:
+    """The bytes an entry's inputs hold (0 where its sizes or dtypes are unknown)."""
+    total = 0
+    for shape, dt in zip(e.get("input_sizes") or (), e.get("input_dtypes") or ()):
+        n = 1
+        for s in shape or ():
+            n *= int(s)
+        total += n * _DTYPE_BYTES.get(str(dt), 0)
+    return total
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def buffer_size() -> int:
+    """The Flight Recorder's buffer as this process's environment sets it (0: off)."""
+    for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        v = os.environ.get(k)
+        if v:
+            try:
+                return max(0, int(v))
+            except ValueError:
+                return 0
+    return 0
+
+
+def nccl_dump_fn():
+    """torch's NCCL Flight Recorder dump, or None where this build has none."""
+    try:
+        import torch
+        fn = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+    except Exception:  # noqa: BLE001
+        return None
+    if fn is None:
+        return None
+    return lambda: fn(True, False, False)  # (collectives, no stack traces, every entry)
+
+
+def gloo_standin_dump(ms: float):
+    """The test seam's stand-in for NCCL's dump (seams.fr_standin): gloo's real Flight Recorder,
+    its entries as torch records them, each given what NCCL's watchdog gives a finished one
+    (state "completed", `duration_ms`) once the collective's own Work finished; as bytes."""
+    import torch
+    fn = torch._C._distributed_c10d._dump_fr_trace
+
+    def dump() -> bytes:
+        d = load_dump(fn(True, False, False))
+        for e in d.get("entries") or ():
+            e["state"] = "completed"
+            e["duration_ms"] = ms
+        return pickle.dumps(d)
+    return dump
+
+
+def why_not_nccl_timing() -> str | None:
+    """None when the NCCL collectives of this process are timed by PyTorch itself (timing on
+    before the groups were made, a Flight Recorder buffer, a build that can dump it), else why."""
+    if not _truthy(os.environ.get("TORCH_NCCL_ENABLE_TIMING")):
+        return "TORCH_NCCL_ENABLE_TIMING is not set"
+    if buffer_size() <= 0:
+        return "no Flight Recorder buffer (TORCH_FR_BUFFER_SIZE)"
+    if nccl_dump_fn() is None:
+        return "this torch has no NCCL Flight Recorder dump"
+    return None
+
+
+class FlightTimes:
+    """Durations of finished collectives, by (group name, sequence number), from the Flight
+    Recorder's dumps; `dump` is the function that returns one (bytes). Thread-safe: asked from
+    the sender thread; `refresh` dumps at most every `interval_s`."""
+
+    def __init__(self, dump, interval_s: float = 0.25, keep: int = 8192, clock=time.monotonic):
+        self._dump = dump
+        self.interval_s = interval_s
+        self._keep = keep
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._by_key: dict = {}  # (group name, seq) -> (duration_ns, bytes)
+        self._last_dump = -1e18
+        self._last_record = -1  # the next dump reads the entries after this record_id
+        self._seen_top = -1  # the highest record_id any dump held
+        self._top: dict = {}  # group name -> the highest sequence number seen finished
+        self.dumps = 0
+        self.dump_ns = 0  # time spent dumping and reading (the GIL held)
+        self.entries_read = 0
+        self.missed = 0  # entries overwritten before a dump saw them (record_id gaps)
+        self.failed: str | None = None  # the first dump that failed, in a line
+
+    def refresh(self, force: bool = False) -> bool:
+        """Dump now if `interval_s` has passed since the last (or `force`); True if it dumped."""
+        with self._lock:
+            now = self._clock()
+            if not force and now - self._last_dump < self.interval_s:
+                return False
+            self._last_dump = now
+            t0 = time.perf_counter_ns()
+            try:
+                d = load_dump(self._dump())
+            except Exception as e:  # noqa: BLE001 (said once; the spans stay untimed)
+                if self.failed is None:
+                    self.failed = f"{type(e).__name__}: {e}"[:200]
+                return False
+            self._take(d.get("entries") or ())
+            self.dumps += 1
+            self.dump_ns += time.perf_counter_ns() - t0
+            return True
+
+    def _take(self, entries) -> None:
+        """Every finished entry past the resume point; the next dump resumes before the first
+        one still running (it may finish in between), or after the last seen."""
+        by_key, resume = self._by_key, self._last_record
+        top, unfinished, first = resume, None, None
+        for e in entries:
+            rid = e.get("record_id", -1)
+            if rid <= resume:
+                continue
+            if first is None:
+                first = rid
+            top = max(top, rid)
+            seq = e.get("collective_seq_id")
+            if seq is None or e.get("is_p2p"):
+                continue
+            dur = e.get("duration_ms")
+            if e.get("state") != "completed" or dur is None:
+                if unfinished is None:
+                    unfinished = rid
+                continue
+            pg = e.get("process_group") or ("",)
+            key = (str(pg[0]), int(seq))
+            if key not in by_key:
+                self.entries_read += 1
+            by_key[key] = (int(float(dur) * 1e6), entry_bytes(e))
+            if key[1] > self._top.get(key[0], -1):
+                self._top[key[0]] = key[1]
+        if first is not None and self._seen_top >= 0 and first > self._seen_top + 1:
+            self.missed += first - self._seen_top - 1  # (overwritten before any dump saw them)
+        self._seen_top = max(self._seen_top, top)
+        self._last_record = top if unfinished is None else unfinished - 1
+        self._prune()
+
+    def _prune(self) -> None:
+        by_key = self._by_key
+        if len(by_key) > self._keep:
+            for k in list(by_key)[: len(by_key) - self._keep // 2]:
+                del by_key[k]
+
+    def get(self, group: str, seq: int):
+        """(duration_ns, bytes) of a finished collective, or None (not seen finished yet)."""
+        got = self._by_key.get((group, seq))
+        return got
+
+    def forget(self, group: str, seq: int) -> None:
+        self._by_key.pop((group, seq), None)
+
+    def settled(self, group: str, seq: int) -> bool:
+        """Seen finished, or never will be: a later collective of its group (one NCCL stream:
+        they finish in order) was seen finished without it (overwritten in the buffer, or
+        timed by nothing)."""
+        return (group, seq) in self._by_key or self._top.get(group, -1) > seq
+
+    def wait_for(self, keys, deadline_s: float = 1.5, sleep=time.sleep) -> bool:
+        """Until every (group, seq) in `keys` is settled, dumping at the interval, up to
+        `deadline_s`; True when all were seen finished."""
+        t_end = self._clock() + deadline_s
+        while True:
+            if all(self.settled(g, q) for g, q in keys):
+                return all(k in self._by_key for k in keys)
+            if self._clock() >= t_end:
+                return False
+            if not self.refresh():
+                sleep(max(0.001, min(self.interval_s / 4, t_end - self._clock())))
+
+    def stats(self) -> dict:
+        return {"dumps": self.dumps, "dump_ms": self.dump_ns / 1e6, "entries": self.entries_read,
+                "missed": self.missed, "failed": self.failed}
