@@ -425,7 +425,7 @@ class Recorder:
             rec = pending[0]
             if wait and clock.cuda:
                 for t in (rec.step_end, *rec.comm_end):
-                    if t is not None and not done(t):
+                    if t is not None and type(t) is not FrEnd and not done(t):
                         t.synchronize()
             else:
                 # comm ends are recorded on the backends' callback streams: wait for them too
