@@ -91,7 +91,7 @@ def buffer_size() -> int:
 
 
 def nccl_dump_fn():
-    """torch's NCCL Flight Recorder dump, or None where this build has none."""
+    """torch's NCCL Flight Recorder dump (pickle bytes), or None where this build has none."""
     try:
         import torch
         fn = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
@@ -100,6 +100,32 @@ def nccl_dump_fn():
     if fn is None:
         return None
     return lambda: fn(True, False, False)  # (collectives, no stack traces, every entry)
+
+
+def nccl_json_dump_fn():
+    """torch's NCCL Flight Recorder dump in its JSON form, decoded by msgspec (no pickle to
+    build in C++ nor to read in Python), or None where this build has none. FlightTimes takes
+    it only if its first dump's entries carry what the pickle's do (`usable_entries`)."""
+    try:
+        import msgspec
+        import torch
+        fn = getattr(torch._C._distributed_c10d, "_dump_nccl_trace_json", None)
+    except Exception:  # noqa: BLE001
+        return None
+    if fn is None:
+        return None
+    decode = msgspec.json.Decoder().decode
+    return lambda: decode(fn(True, False))  # (collectives, every entry)
+
+
+def usable_entries(d: dict) -> bool:
+    """A dump whose entries name their group and sequence number and carry a state (the
+    duration where NCCL timed them): what FlightTimes reads."""
+    es = d.get("entries") if isinstance(d, dict) else None
+    if not isinstance(es, list):
+        return False
+    return all(isinstance(e, dict) and "collective_seq_id" in e and "process_group" in e and "state" in e
+               for e in es[:8])
 
 
 def gloo_standin_dump(ms: float):
@@ -135,9 +161,18 @@ class FlightTimes:
     Recorder's dumps; `dump` is the function that returns one (bytes). Thread-safe: asked from
     the sender thread; `refresh` dumps at most every `interval_s`."""
 
-    def __init__(self, dump, interval_s: float = 0.25, keep: int = 8192, clock=time.monotonic):
+    def __init__(self, dump, interval_s: float = 0.25, keep: int = 8192, clock=time.monotonic,
+                 dump_json=None, buffer: int = 0):
         self._dump = dump
+        # the JSON form first where it reads as the pickle does (nccl_json_dump_fn)
+        self._dump_json = dump_json
         self.interval_s = interval_s
+        self.min_interval_s = interval_s
+        # the buffer's entries (0: unknown): the interval then follows the collectives' rate,
+        # so that each dump reads mostly new entries (a dump costs every entry in the buffer)
+        self._buffer = buffer
+        self._rate_at: tuple | None = None  # (clock, top record_id) at the last dump
+        self.form = "pickle"
         self._keep = keep
         self._clock = clock
         self._lock = threading.Lock()
@@ -159,17 +194,43 @@ class FlightTimes:
             if not force and now - self._last_dump < self.interval_s:
                 return False
             self._last_dump = now
-            t0 = time.perf_counter_ns()
+            # the host's time this thread spent (its CPU time: the GIL held, not waited for)
+            t0 = time.thread_time_ns()
+            d = None
+            if self._dump_json is not None:
+                try:
+                    d = self._dump_json()
+                    if usable_entries(d):
+                        self.form = "json"
+                    else:
+                        d = None
+                except Exception:  # noqa: BLE001 (the pickle form, from now on)
+                    d = None
+                if d is None:
+                    self._dump_json = None
             try:
-                d = load_dump(self._dump())
+                if d is None:
+                    d = load_dump(self._dump())
             except Exception as e:  # noqa: BLE001 (said once; the spans stay untimed)
                 if self.failed is None:
                     self.failed = f"{type(e).__name__}: {e}"[:200]
                 return False
             self._take(d.get("entries") or ())
             self.dumps += 1
-            self.dump_ns += time.perf_counter_ns() - t0
+            self.dump_ns += time.thread_time_ns() - t0
+            self._adapt(now)
             return True
+
+    def _adapt(self, now: float) -> None:
+        """The next interval: the time the buffer takes to fill to three quarters at the rate
+        entries came since the last dump (at least the interval asked for, at most 5 s)."""
+        top = self._seen_top
+        if self._buffer > 0 and self._rate_at is not None:
+            t_was, top_was = self._rate_at
+            if now > t_was and top > top_was:
+                rate = (top - top_was) / (now - t_was)
+                self.interval_s = min(5.0, max(self.min_interval_s, 0.75 * self._buffer / rate))
+        self._rate_at = (now, top)
 
     def _take(self, entries) -> None:
         """Every finished entry past the resume point; the next dump resumes before the first
@@ -238,4 +299,5 @@ class FlightTimes:
 
     def stats(self) -> dict:
         return {"dumps": self.dumps, "dump_ms": self.dump_ns / 1e6, "entries": self.entries_read,
-                "missed": self.missed, "failed": self.failed}
+                "missed": self.missed, "failed": self.failed, "form": self.form,
+                "interval_s": self.interval_s}
