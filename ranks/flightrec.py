@@ -223,13 +223,14 @@ class FlightTimes:
 
     def _adapt(self, now: float) -> None:
         """The next interval: the time the buffer takes to fill to three quarters at the rate
-        entries came since the last dump (at least the interval asked for, at most 5 s)."""
+        entries came since the last dump (at least the interval asked for, at most 1 s: the
+        spans wait for it)."""
         top = self._seen_top
         if self._buffer > 0 and self._rate_at is not None:
             t_was, top_was = self._rate_at
             if now > t_was and top > top_was:
                 rate = (top - top_was) / (now - t_was)
-                self.interval_s = min(5.0, max(self.min_interval_s, 0.75 * self._buffer / rate))
+                self.interval_s = min(1.0, max(self.min_interval_s, 0.75 * self._buffer / rate))
         self._rate_at = (now, top)
 
     def _take(self, entries) -> None:
@@ -285,9 +286,12 @@ class FlightTimes:
         timed by nothing)."""
         return (group, seq) in self._by_key or self._top.get(group, -1) > seq
 
-    def wait_for(self, keys, deadline_s: float = 1.5, sleep=time.sleep) -> bool:
+    def wait_for(self, keys, deadline_s: float | None = None, sleep=time.sleep) -> bool:
         """Until every (group, seq) in `keys` is settled, dumping at the interval, up to
-        `deadline_s`; True when all were seen finished."""
+        `deadline_s` (default: two intervals and a second, the watchdog's retiring included);
+        True when all were seen finished."""
+        if deadline_s is None:
+            deadline_s = 2 * self.interval_s + 1.0
         t_end = self._clock() + deadline_s
         while True:
             if all(self.settled(g, q) for g, q in keys):

@@ -458,6 +458,8 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             break
         recent_iters.append(time.monotonic() - t_iter)  # (the next control's interval: this rank's say)
     emit(rec.poll(wait=True, lazy=True))
+    if rec.fr is not None:  # (the last steps' buckets read now, not at the next interval)
+        rec.fr.refresh(force=True)
     if rec.fr is not None:  # (after every step is resolved, on the sender thread: how many
         # buckets NCCL's timing did not cover)
         last_k = int(getattr(em, "step", 0) or 0)

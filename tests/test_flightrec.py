@@ -1,0 +1,232 @@
+"""NCCL's own timing of DDP's buckets, read from PyTorch's Flight Recorder (ranks/flightrec.py,
+Recorder.comm_issue_fr/comm_seal/_fr_place, DDPStrategy without a comm hook).
+
+Without a GPU the path runs on stand-ins that behave as PyTorch's does: a dump function whose
+entries are shaped as torch 2.10+ writes them (the fields an H200 run printed: record_id,
+process_group (name, desc), collective_seq_id, state, duration_ms once the watchdog retired
+the collective, input_sizes/dtypes) and are completed only a while after the collective, from
+another thread; and, end to end, gloo's real Flight Recorder in real torchrun ranks
+(seam DDPTUI_FR_STANDIN)."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+import time
+
+import pytest
+
+from ranks import flightrec
+from ranks.flightrec import DumpError, FlightTimes, load_dump
+
+
+def entry(rid, seq, group="0", dur_ms=None, state="completed", numel=1000):
+    e = {"record_id": rid, "pg_id": int(group), "process_group": (group, "default_pg"),
+         "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq, "profiling_name": "nccl:all_reduce",
+         "time_created_ns": 1_795_804_695_080_773_534 + rid, "input_sizes": [[numel]],
+         "input_dtypes": ["Float"], "output_sizes": [[numel]], "output_dtypes": ["Float"],
+         "state": state, "retired": state == "completed", "timeout_ms": 600000, "is_p2p": False}
+    if dur_ms is not None:
+        e["duration_ms"] = dur_ms
+    return e
+
+
+class Watchdog:
+    """A stand-in ProcessGroupNCCL + Flight Recorder: collectives enqueued on one stream each
+    take `dur_ms`; the watchdog thread retires finished ones (state completed, duration) every
+    `poll_s`; the buffer keeps the last `size` entries; `dump()` gives the pickle bytes."""
+
+    def __init__(self, size=64, poll_s=0.02, dur_ms=0.5):
+        self.size, self.poll_s, self.dur_ms = size, poll_s, dur_ms
+        self.entries: list = []
+        self.seq: dict = {}
+        self.rid = 0
+        self.lock = threading.Lock()
+        self.stop = False
+        self.t = threading.Thread(target=self._loop, daemon=True)
+        self.t.start()
+
+    def issue(self, group="0", numel=1000) -> int:
+        with self.lock:
+            s = self.seq[group] = self.seq.get(group, 0) + 1
+            self.entries.append((time.monotonic(), entry(self.rid, s, group, None, "scheduled", numel)))
+            self.rid += 1
+            self.entries = self.entries[-self.size:]
+            return s
+
+    def _loop(self):
+        while not self.stop:
+            time.sleep(self.poll_s)
+            now = time.monotonic()
+            with self.lock:
+                for t, e in self.entries:
+                    if e["state"] != "completed" and now - t >= self.dur_ms / 1e3:
+                        e["state"] = "completed"
+                        e["duration_ms"] = self.dur_ms
+
+    def dump(self) -> bytes:
+        with self.lock:
+            return pickle.dumps({"version": "2.10", "pg_config": {}, "pg_status": {},
+                                 "entries": [dict(e) for _, e in self.entries]})
+
+
+def test_a_dump_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+    raw = pickle.dumps({"version": "2.10", "entries": [Evil()]})
+    with pytest.raises(DumpError, match="refused: the dump asks for"):
+        load_dump(raw)
+    assert not marker.exists()
+    good = pickle.dumps({"version": "2.10", "entries": [entry(0, 1, dur_ms=0.1)]})
+    for bad in (good[:len(good) // 2], b"", b"not a pickle", pickle.dumps([1, 2])):
+        with pytest.raises(DumpError):
+            load_dump(bad)
+    assert load_dump(good)["entries"][0]["collective_seq_id"] == 1
+    assert flightrec.entry_bytes(entry(0, 1, numel=1000)) == 4000
+
+
+def test_durations_arrive_after_the_watchdog_and_wrapped_entries_are_counted():
+    wd = Watchdog(size=16, poll_s=0.02, dur_ms=0.5)
+    try:
+        ft = FlightTimes(wd.dump, interval_s=0.01)
+        seqs = [wd.issue() for _ in range(5)]
+        assert ft.refresh(force=True)
+        # (seen before the watchdog retired them: not timed yet, asked again later)
+        keys = [("0", s) for s in seqs]
+        assert ft.wait_for(keys, deadline_s=2.0)
+        assert [ft.get("0", s)[0] for s in seqs] == [500_000] * 5
+        assert ft.get("0", seqs[0])[1] == 4000
+        # 40 more than the buffer holds between two dumps: the first 24 are gone unread
+        more = [wd.issue() for _ in range(40)]
+        time.sleep(0.1)
+        ft.refresh(force=True)
+        assert ft.missed == 40 - 16
+        assert ft.settled("0", more[0]) and ft.get("0", more[0]) is None  # (a later one finished)
+        assert ft.get("0", more[-1]) is not None
+        assert not ft.wait_for([("0", more[0])], deadline_s=0.5)  # (settled: no wait to the end)
+    finally:
+        wd.stop = True
+
+
+def _fake_record(recorder, n_buckets, ready_ns, group="0"):
+    """A step on a CPU Recorder whose clock reads `ready_ns` at each bucket's ready hook."""
+    from ranks.recorder import FrEnd
+    recorder.begin("ddp", 1)
+    for b in range(n_buckets):
+        recorder.comm_issue_fr(b, group)
+    c = recorder.cur
+    assert all(type(e) is FrEnd for e in c.comm_end)
+    c.comm_ready[:] = ready_ns
+    return c
+
+
+def test_buckets_are_placed_after_their_ready_moment_and_never_overlap():
+    from ranks.clocks import CpuClock
+    from ranks.recorder import Recorder
+    rec = Recorder(CpuClock(), 4, every=1)
+    durs = {1: 2.0, 2: 0.5, 3: 1.0}  # ms, by sequence number
+
+    def dump():
+        return pickle.dumps({"entries": [entry(i, s, dur_ms=d) for i, (s, d) in enumerate(durs.items())]})
+    rec.fr = FlightTimes(dump, interval_s=0.0)
+    t0 = 1_000_000_000
+    # bucket 1 ready 0.5 ms after bucket 0 (inside bucket 0's 2 ms); bucket 2 long after
+    c = _fake_record(rec, 3, [t0, t0 + 500_000, t0 + 10_000_000])
+    rec.comm_seal("0", 3)  # (the group's sequence number after the backward: 3)
+    assert [e.seq for e in c.comm_end] == [1, 2, 3]
+    rec.end()
+    (item,) = rec.poll(wait=True)
+    _, _, _, kinds, idxs, t0s, t1s, _ = item
+    comm = [(i, a, b) for k, i, a, b in zip(kinds, idxs, t0s, t1s) if k == 2]
+    starts = [a for _, a, _ in comm]
+    ends = [b for _, _, b in comm]
+    assert [i for i, _, _ in comm] == [0, 1, 2]
+    assert starts[0] == t0 and ends[0] == t0 + 2_000_000
+    assert starts[1] == ends[0], "bucket 1 must wait for bucket 0 on the one NCCL stream"
+    assert ends[1] - starts[1] == 500_000
+    assert starts[2] == t0 + 10_000_000, "bucket 2 starts at its own ready moment"
+    assert all(s >= r for s, r in zip(starts, [t0, t0 + 500_000, t0 + 10_000_000]))
+    assert rec.fr_untimed == 0
+
+
+def test_a_rebuilt_layout_matches_each_bucket_to_its_own_collective():
+    """The step's FrEnd slots are the group's last n collectives: with 4 buckets before DDP's
+    rebuild and 2 after, each step's buckets take their own sequence numbers."""
+    from ranks.clocks import CpuClock
+    from ranks.recorder import Recorder
+    rec = Recorder(CpuClock(), 4, every=1)
+    table = {s: 0.1 * s for s in range(1, 7)}  # seq s lasts 0.1*s ms: which one a bucket got shows
+    rec.fr = FlightTimes(lambda: pickle.dumps({"entries": [entry(s, s, dur_ms=d) for s, d in table.items()]}),
+                         interval_s=0.0)
+    got = []
+    for n, last in ((4, 4), (2, 6)):
+        c = _fake_record(rec, n, [10_000 * (j + 1) for j in range(n)])
+        rec.comm_seal("0", last)
+        rec.end()
+        (item,) = rec.poll(wait=True)
+        _, _, _, kinds, idxs, t0s, t1s, _ = item
+        got.append([round((b - a) / 1e5) for k, a, b in zip(kinds, t0s, t1s) if k == 2])
+    assert got == [[1, 2, 3, 4], [5, 6]]
+
+
+def test_a_bucket_the_recorder_never_saw_is_a_moment_and_counted():
+    from ranks.clocks import CpuClock
+    from ranks.recorder import Recorder
+    rec = Recorder(CpuClock(), 4, every=1)
+    # seq 1 was overwritten; seq 2 finished (so seq 1 is settled: no wait)
+    rec.fr = FlightTimes(lambda: pickle.dumps({"entries": [entry(5, 2, dur_ms=1.0)]}), interval_s=0.0)
+    _fake_record(rec, 2, [100, 200])
+    rec.comm_seal("0", 2)
+    rec.end()
+    t = time.monotonic()
+    (item,) = rec.poll(wait=True)
+    assert time.monotonic() - t < 0.5
+    _, _, _, kinds, idxs, t0s, t1s, _ = item
+    comm = [(a, b) for k, a, b in zip(kinds, t0s, t1s) if k == 2]
+    assert comm[0] == (100, 100) and comm[1] == (200, 200 + 1_000_000)
+    assert rec.fr_untimed == 1
+
+
+def test_the_launcher_turns_nccl_timing_on_for_gpu_runs_and_keeps_the_users_choice():
+    from ddptui.live.launcher import FR_BUFFER, nccl_timing_env
+    env = nccl_timing_env({})
+    assert env == {"TORCH_NCCL_ENABLE_TIMING": "1", "TORCH_FR_BUFFER_SIZE": str(FR_BUFFER)}
+    mine = nccl_timing_env({"TORCH_NCCL_ENABLE_TIMING": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"})
+    assert mine == {"TORCH_NCCL_ENABLE_TIMING": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+
+
+def test_ddp_buckets_timed_by_the_flight_recorder_path(tmp_path):
+    """Real torchrun ranks, DDP with no comm hook: every bucket's AllReduce timed from the
+    Flight Recorder (gloo's, standing in for NCCL's: each lasts the stand-in's 0.3 ms), placed
+    after its ready moment, the summary and its JSON saying which path timed them."""
+    from .helpers import run_cli
+    rec, js = tmp_path / "fr.ddptui", tmp_path / "fr.json"
+    p = run_cli("--headless", "--gpus", "2", "--model", "small", "--strategies", "ddp", "--steps", "6",
+                "--bucket-cap-mb", "0.05", "--record", str(rec), "--json", str(js), timeout=180,
+                env={"DDPTUI_FR_STANDIN": "0.3", "TORCH_FR_BUFFER_SIZE": "512"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "buckets timed by NCCL's own timing" in p.stdout
+    doc = json.loads(js.read_text())
+    (ddp,) = [s for s in doc["strategies"] if s["strategy"] == "ddp"]
+    assert ddp["bucket_timing"] == {"by": "flight-recorder", "ranks": {"0": "flight-recorder",
+                                                                      "1": "flight-recorder"}, "untimed": 0}
+    from ddptui.recording.loader import load
+    from .helpers import spans_of, step_batches
+    got = load(str(rec))
+    batches = step_batches(got)
+    timed = 0
+    for k, by_rank in batches.items():
+        if k < 2:  # (before DDP's rebuild: untimed by design)
+            continue
+        for b in by_rank.values():
+            comm = spans_of(b, 2)
+            assert len(comm) >= 2, "small at a 0.05 MB cap has several buckets"
+            for (_, a0, a1), (_, b0, _) in zip(comm, comm[1:]):
+                assert b0 >= a1, "a bucket overlaps the one before it on the stream"
+            assert all(abs((t1 - t0) - 300) <= 1 for _, t0, t1 in comm)  # (µs, as stored)
+            timed += len(comm)
+    assert timed >= 8 and sorted(batches) == list(range(6)), "every step kept, the last ones too"
