@@ -226,8 +226,12 @@ phase_pass() {
   skipped verify-gloo || verify gloo --gpus 1 --ranks 2 --model small --strategies naive,interleaved,ddp --steps 6
   skipped tests-gpu || timed "tests marked gpu" 60 tests-gpu.txt $PY -m pytest -q -m gpu -p no:cacheprovider tests
   on_cpu_note "P1 and P7"
-  skipped p1 || timed "P1 on $BIG (1 rank, NCCL)" 100 p1.txt \
-    $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 ${QUICK:+--quick} $CPUQ
+  # both ways of timing DDP's buckets, back to back: NCCL's own timing (the default on NCCL)
+  # and the comm hook, each beside torch.profiler
+  skipped p1 || timed "P1 on $BIG (1 rank, NCCL), buckets by NCCL's own timing" 70 p1.txt \
+    $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 --steps 90 ${QUICK:+--quick} $CPUQ
+  skipped p1 || timed "P1 on $BIG (1 rank, NCCL), buckets by the comm hook" 70 p1-hook.txt \
+    $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 --steps 90 --comm-timing comm-hook ${QUICK:+--quick} $CPUQ
   skipped p7 || timed "P7 hook cost and host share with real CUDA events" 60 p7.txt \
     $PY benchmarks/p7_hook_cost.py --device $DEV ${QUICK:+--quick} $CPUQ
   if ! skipped nvml && cuda_only "NVML next to nvidia-smi"; then

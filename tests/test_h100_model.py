@@ -147,3 +147,38 @@ def test_the_layer_period_is_judged_on_the_gpus_step_not_the_hosts_launch():
     # the host's launch time alone (the rule before) says a sample of steps
     rec._dev_ns.clear()
     assert rec.wanted_every("ddp") >= 2
+
+
+def test_charge_prices_each_counted_call_at_its_measured_cost():
+    """The goal's figure (P7 --device h100-model) adds `charge` to ddptui's own Python: each
+    counted CUDA call at what the GPU measured it to cost, a record less this CPU's part of a
+    mark; elapsed_time is the sender thread's and not charged. Doubled, halved or a call
+    dropped, this fails."""
+    from tests.cuda_cost import charge
+    costs = h100()
+    calls = {"record": 26, "query": 2, "current_stream": 1, "wait": 3, "elapsed_time": 25, "event_create": 4}
+    want = 26 * costs["event_record"] + 2 * costs["event_query"] + costs["current_stream"] + 3 * costs["stream_wait"]
+    assert abs(charge(calls, costs) - want) < 1e-9
+    assert abs(charge(calls, costs, mark_overhead_us=1.0) - (want - 26 * 1.0)) < 1e-9
+    # a record cheaper here than the whole mark is charged nothing below zero
+    assert charge({"record": 5}, costs, mark_overhead_us=costs["event_record"] + 1) == 0.0
+    assert charge({}, costs) == 0.0
+    # the figures it charges are the ones benchmarks/h100_costs.json holds
+    assert costs["comm_hook"] == 26.0 and costs["event_record"] == 2.39
+
+
+def test_the_flight_recorder_path_charges_no_comm_hook_and_one_mark_a_bucket():
+    """NCCL's own timing on the cost model: each bucket's ready hook makes one mark and no end
+    mark (the comm hook's path makes two), and nothing is charged for a Python comm hook."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import p7_hook_cost as p7
+    from ranks import instrument, strategies
+    fr = p7.measure_h100_model(instrument, strategies, "xlarge", 30, path="flight-recorder")
+    hook = p7.measure_h100_model(instrument, strategies, "xlarge", 30, path="comm-hook")
+    assert fr["comm_hook_us"] == h100().get("seq_read", 1.0)
+    assert hook["comm_hook_us"] == hook["buckets"] * h100()["comm_hook"]
+    assert fr["every"] == hook["every"] == 1
+    # one record fewer a bucket (the comm hook's end mark), the same layer marks
+    assert round(hook["calls"]["record"] - fr["calls"]["record"]) == hook["buckets"]

@@ -103,10 +103,11 @@ def worker_env(plan: Plan, socket_path: str, token: str, threads: int, one_host:
     return env
 
 
-# the Flight Recorder's entries when the user set none: enough for the collectives of a
-# dump's interval (ranks.flightrec.FlightTimes), few enough that a dump (~12 µs an entry,
-# the GIL held) stays short
-FR_BUFFER = 1024
+# the Flight Recorder's entries when the user set none: a dump reads them all (~12 µs an
+# entry on an H200's host, the GIL held throughout: 1,024 entries held the training thread
+# ~12-36 ms at a time), so few, read often (ranks.flightrec.FlightTimes: every three quarters
+# of the buffer, at the collectives' rate)
+FR_BUFFER = 256
 
 
 def nccl_timing_env(env: dict) -> dict:
