@@ -167,6 +167,9 @@ class Recorder:
         # buckets' ends read from the Flight Recorder on the sender thread; how many were not
         self.fr = None
         self.fr_untimed = 0
+        # strategies whose step starts at their model's forward, not at begin (DDP: its own work
+        # before the forward is not the step's, as the profiler sees it; attach_layer_hooks)
+        self.late_start: set[str] = set()
 
     def wanted_every(self, strategy: str) -> int:
         """The period this rank would mark `strategy`'s layers at (1: every step)."""
@@ -222,7 +225,8 @@ class Recorder:
         if layers:  # (the stream is looked up again on the marked steps: a built-in strategy's
             clock.begin_step()  # steps, the only ones sampled, run on the device's own)
         c.ref = clock.cal  # (the clock's ref(), without the call)
-        c.step_start = clock.mark()
+        # (a strategy whose wrapper works before the model's forward: marked at the forward)
+        c.step_start = None if strategy in self.late_start else clock.mark()
 
     def backward_starts(self) -> None:
         """Right before the step calls backward() (the built-in strategies): a step whose layers
@@ -369,6 +373,8 @@ class Recorder:
         c = self.cur
         if c.step_end is None:
             c.step_end = self.clock.mark()
+        if c.step_start is None:  # (late_start, no forward came: the step as a moment)
+            c.step_start = c.step_end
         if c.defer:  # (a ready moment no block boundary came to fill: the backward's end)
             t = c.bwd_e[0] if c.bwd_e[0] is not None else c.step_end
             for j in c.defer:

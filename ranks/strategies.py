@@ -214,12 +214,9 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
         # the step: Strategy.prepare): the step's start event is the first layer's too. But
         # DDP runs its own work before the model's forward (the reducer's preparation, the
         # buffers' broadcast, ~0.3 ms on a CPU host): there the step starts at the forward,
-        # as the profiler sees it (its first aten::linear), with one mark more
-        if c.fwd_first and restart:
-            old, c.step_start = c.step_start, mark()
-            fs[0] = c.step_start
-            if recycle is not None and old is not None:
-                recycle(old)
+        # as the profiler sees it (its first aten::linear): Recorder.begin marks nothing
+        if c.fwd_first and c.step_start is None:  # (Recorder.late_start: marked here, once)
+            c.step_start = fs[0] = mark()
         else:
             fs[0] = c.step_start if c.fwd_first else mark()
         c.fwd_first = False
@@ -246,7 +243,8 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
 
     model.forward = forward
     host, recycle = rec.host_ns, rec._recycle
-    restart = strategy == "ddp"  # (a wrapper's own work before the model's forward: DDP's)
+    if strategy == "ddp":  # (a wrapper's own work before the model's forward: DDP's)
+        rec.late_start.add(strategy)
     marks = LayerMarks(on=strategy is None)  # (switched: off until the steps are timed)
     dones = []
     for i, block in enumerate(blocks):
@@ -555,7 +553,7 @@ class DDPStrategy(Strategy):
                 standin = seams.fr_standin() if self.device.type != "cuda" else None
                 dump = flightrec.nccl_dump_fn() if standin is None else flightrec.gloo_standin_dump(standin)
                 self.rec.fr = flightrec.FlightTimes(
-                    dump, interval_s=float(os.environ.get("DDPTUI_FR_INTERVAL_S", "0.1")),
+                    dump, interval_s=float(os.environ.get("DDPTUI_FR_INTERVAL_S", "0.25")),
                     # (the JSON form, measured on an H200: ~35 µs an entry, the pickle ~12)
                     dump_json=flightrec.nccl_json_dump_fn() if os.environ.get("DDPTUI_FR_FORM") == "json" else None,
                     buffer=flightrec.buffer_size())

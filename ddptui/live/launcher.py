@@ -103,11 +103,12 @@ def worker_env(plan: Plan, socket_path: str, token: str, threads: int, one_host:
     return env
 
 
-# the Flight Recorder's entries when the user set none: a dump reads them all (~12 µs an
-# entry on an H200's host, the GIL held throughout: 1,024 entries held the training thread
-# ~12-36 ms at a time), so few, read often (ranks.flightrec.FlightTimes: every three quarters
-# of the buffer, at the collectives' rate)
-FR_BUFFER = 256
+# the Flight Recorder's entries when the user set none (torch's own suggestion, 2,000): a
+# dump costs ~15-20 ms of the sender thread (the GIL held) whatever the buffer holds (an H200:
+# 256 entries 19 ms, 2,000 entries 25 ms and 8 ms to read), so few dumps of a large buffer
+# (ranks.flightrec.FlightTimes: every three quarters of it, at most every second); 256 entries
+# read every second let 1.5 % of the buckets be overwritten unread at xlarge
+FR_BUFFER = 2000
 
 
 def nccl_timing_env(env: dict) -> dict:
