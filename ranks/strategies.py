@@ -538,6 +538,8 @@ class DDPStrategy(Strategy):
             # stay before the new reducer's hooks. Every reference to those nodes dropped (ours,
             # the old reducer's), the new DDP makes new ones, and the marks go after it.
             self.marks.release_nodes()
+            if self.ready is not None:  # (its hooks on the old nodes too)
+                self.ready.clear()
             del old
             gc.collect()
         kw = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
@@ -559,8 +561,6 @@ class DDPStrategy(Strategy):
                     buffer=flightrec.buffer_size())
             self.group = self.ddp.process_group.group_name
             self.pg_backend = self.ddp.process_group._get_backend(self.device)
-            if self.ready is not None:
-                self.ready.clear()
             self.ready = BucketReady(self.rec, self.group)
         else:
             self.ddp.register_comm_hook(self, _ddp_hook)

@@ -84,6 +84,7 @@ def test_the_period_follows_what_a_marked_step_is_seen_to_cost(monkeypatch, extr
     assert rec.layer_every("ddp") == every and max(seen[65:]) == every, sorted(set(seen))
 
 
+@pytest.mark.serial  # the period follows a ~1 ms step's time: neighbours' ranks stretch it
 def test_short_steps_mark_their_layers_on_a_sample_of_steps():
     """40 tiny blocks at batch 1 (a step of ~1 ms here, as a host-bound GPU step): after the
     first step the period grows to keep the marks within 0.5 % of the step; a marked step
@@ -344,6 +345,7 @@ def test_a_recording_with_whole_passes_reads_back(tmp_path):
 
 
 @pytest.mark.slow  # (real torchrun)
+@pytest.mark.serial  # the periods follow the steps' times: neighbours' ranks stretch them
 def test_ranks_agree_on_the_steps_whose_layers_they_mark(tmp_path):
     """`--layer-every 2` on a real 2-rank run: both ranks mark the layers of the same steps
     (the even ones) and the whole passes of the others, every collective on every step; the
