@@ -27,7 +27,7 @@ def main() -> int:
     a = p.parse_args()
     import torch
 
-    from ranks.instrument import CudaClock
+    from ranks.core.instrument import CudaClock
     if not torch.cuda.is_available():
         print("gpu_clock: no CUDA device", file=sys.stderr)
         return 2

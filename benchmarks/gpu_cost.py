@@ -127,10 +127,10 @@ def main(argv=None) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ranks import spec
-    from ranks.clocks import CpuClock, CudaClock
-    from ranks.models import build_model, make_dataset
-    from ranks.recorder import Recorder
-    from ranks.strategies import DDPStrategy, PlainSGD
+    from ranks.core.clocks import CpuClock, CudaClock
+    from ranks.builtin.models import build_model, make_dataset
+    from ranks.core.recorder import Recorder
+    from ranks.builtin.strategies import DDPStrategy, PlainSGD
     t_start = time.monotonic()
     cuda = a.device == "cuda"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

@@ -82,8 +82,8 @@ def main(argv=None) -> int:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ranks.models import build_model, make_dataset
-    from ranks.strategies import PlainSGD
+    from ranks.builtin.models import build_model, make_dataset
+    from ranks.builtin.strategies import PlainSGD
     doc: dict = {"torch": torch.__version__}
     t_start = time.monotonic()
 

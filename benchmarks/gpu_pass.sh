@@ -158,7 +158,7 @@ EOF
 preflight() {
   step "preflight: the project imports and the suite collects"
   local bad=0
-  $PY -c "import ddptui.cli.main, ddptui.recording.kineto, ddptui.cli.serve, ranks.worker, msgspec, ijson" \
+  $PY -c "import ddptui.cli.main, ddptui.recording.kineto, ddptui.cli.serve, ranks.builtin.worker, msgspec, ijson" \
     > "$work/preflight.txt" 2>&1 || bad=1
   timeout 120 $PY -m pytest -q --collect-only -p no:cacheprovider tests > "$work/collect.txt" 2>&1 || bad=1
   note "  $(tail -n 1 "$work/collect.txt")"

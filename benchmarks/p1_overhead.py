@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """P1 — instrumentation overhead: instrumented vs uninstrumented step time.
 
-Real torchrun, real strategies and Recorder (ranks/bench_overhead.py): an instrumented
+Real torchrun, real strategies and Recorder (ranks/builtin/bench_overhead.py): an instrumented
 replica (layer hooks + comm hook + Recorder + span encoding), a plain replica (no hooks) and
 a plain replica stepped under torch.profiler (for comparison) of the same model train on the
 same batches in the same processes, taking turns step by step.
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="ddptui-p1-") as tmp:
         out = os.path.join(tmp, "times.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(a.ranks), "-m", "ranks.bench_overhead",
+               "--nproc-per-node", str(a.ranks), "-m", "ranks.builtin.bench_overhead",
                "--model", model, "--strategy", a.strategy, "--batch-size", str(a.batch_size),
                "--steps", str(steps), "--warmup", "2" if a.quick else "4", "--out", out,
                "--device", "cuda" if cuda else "cpu", "--block", str(a.block)]

@@ -10,7 +10,7 @@ first alternates); a step lasts as long as its slowest rank. Figure: the median 
 instrumented / plain step time. Goal: <= 1.03 on CPU.
 
 --fsdp: the same with FSDP2 instead of DDP (fully_shard per encoder layer, then the root):
-ddptui times every all-gather and reduce-scatter as well (ranks.colltap); while the plain
+ddptui times every all-gather and reduce-scatter as well (ranks.core.colltap); while the plain
 replica steps, ddptui's collective tap is off, so the plain one pays nothing of it.
 
     python benchmarks/p6_user_overhead.py            # 200 pairs (60 read 0.99-1.03 run to run)

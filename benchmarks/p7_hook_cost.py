@@ -3,7 +3,7 @@
 
 On a GPU, what ddptui's hooks cost the host shows once steps are short (~1 ms for xlarge on
 8 GPUs or in bf16): the host then launches kernels no faster than it runs hooks. This
-measures that cost without a GPU: the real layer hooks (ranks.strategies.attach_layer_hooks),
+measures that cost without a GPU: the real layer hooks (ranks.builtin.strategies.attach_layer_hooks),
 the real Recorder and CudaClock, with the CUDA calls replaced by stand-ins of the same Python
 shape as torch.cuda's (torch.cuda.Event is a Python subclass of a C class whose `record` goes
 through a Python method that may look up the current stream; torch.cuda.current_stream is a
@@ -116,7 +116,7 @@ def _load(rev: str, path: str, name: str, d: str, own: dict | None = None):
         src = src.replace(f"from .{mod} import", f"from {as_name} import")
     for a, b in (("from .clock", "from ranks.clock"), ("from .wire", "from ranks.wire"),
                  ("from . import spec", "from ranks import spec"), ("from .spec", "from ranks.spec"),
-                 ("from .instrument import", "from ranks.instrument import")):
+                 ("from .instrument import", "from ranks.core.instrument import")):
         src = src.replace(a, b)
     file = os.path.join(d, f"{name}.py")
     with open(file, "w") as f:
@@ -136,8 +136,8 @@ def load_old(rev: str):
         try:
             _load(rev, "ranks/spec.py", f"spec_{tag}", d)
             own = {"spec": f"spec_{tag}"}
-            return (_load(rev, "ranks/instrument.py", f"instrument_{tag}", d, own),
-                    _load(rev, "ranks/strategies.py", f"strategies_{tag}", d, own))
+            return (_load(rev, "ranks/core/instrument.py", f"instrument_{tag}", d, own),
+                    _load(rev, "ranks/builtin/strategies.py", f"strategies_{tag}", d, own))
         except (OSError, subprocess.CalledProcessError):
             return None
 
@@ -351,12 +351,12 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
 def measure_handoff(steps: int, step_us: int = 1000, work_us: int = 20):
     """Handing a step to the sender thread, on the training thread: queue.Queue.put_nowait
     (what the sinks used: a lock, and a wake-up of the waiting sender every step) against
-    ranks.emitter.Handoff's (a deque append; the sender looks every few ms), in turn, a
+    ranks.core.emitter.Handoff's (a deque append; the sender looks every few ms), in turn, a
     consumer doing `work_us` of Python per item and `step_us` of busy compute between puts.
     Returns {name: (median µs, mean µs)}."""
     import queue
     import threading
-    from ranks.emitter import Handoff
+    from ranks.core.emitter import Handoff
     pc = time.perf_counter_ns
 
     def busy(us):
@@ -444,7 +444,7 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
     if fr:  # (its spans resolved from a Flight Recorder whose every collective lasted 0.1 ms)
         import pickle
 
-        from ranks.flightrec import FlightTimes
+        from ranks.core.flightrec import FlightTimes
 
         def dump():
             n = k[0] * len(at) + len(at)
@@ -568,7 +568,8 @@ def h100_model_main(a) -> int:
     """--device h100-model: the host share the first H100 would show, now and before."""
     import torch
     torch.set_num_threads(1)
-    from ranks import instrument, strategies
+    from ranks.core import instrument
+    from ranks.builtin import strategies
     steps = 60 if a.quick else a.steps
     old = load_old(a.share_vs or SESSION_REV)
     rows = []
@@ -648,7 +649,8 @@ def main(argv=None) -> int:
         steps, rounds, sampled_steps = min(steps, 200), 2, 512
     import torch
     torch.set_num_threads(1)
-    from ranks import instrument, strategies
+    from ranks.core import instrument
+    from ranks.builtin import strategies
     cuda = a.device == "cuda"
     if cuda and not torch.cuda.is_available():
         print("p7_hook_cost: --device cuda, but CUDA is not available here", file=sys.stderr)

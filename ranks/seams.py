@@ -15,16 +15,16 @@ imports `ddptui` (the app reads its seams from here too).
   corrects it). Negative or not an int: 0. Read once when ddptui.cli.join is imported. Used
   by tests/test_multinode.py (`test_two_nodes_one_corrected_axis`, "+250ms-asymmetric-path").
 - ``DDPTUI_SOCKET_SNDBUF`` (`socket_sndbuf`): the kernel send buffer of a rank's socket to
-  the app (`ranks.emitter.Emitter`), small so that a stalled app's backlog overflows at once.
+  the app (`ranks.core.emitter.Emitter`), small so that a stalled app's backlog overflows at once.
   Not an int: ValueError. Used by tests/test_faults.py
   (`test_app_stalled_training_goes_on_and_drops_are_counted`).
 - ``DDPTUI_VERIFY_SHIFT`` (`verify_shift`): e.g. ``backward:3,step:1``: the worker moves its
-  spans of those kinds later by that many ms (`ranks.profwin.parse_shift`), so that `ddptui
+  spans of those kinds later by that many ms (`ranks.builtin.profwin.parse_shift`), so that `ddptui
   verify` must fail naming them. Used by tests/test_verify.py
   (`test_verify_fails_naming_a_shifted_kind`).
 - ``DDPTUI_SYNC_DEBUG`` (`sync_debug`): a directory; on CUDA the worker turns torch.cuda's
   sync debug mode on inside measured steps and writes every host-device synchronize it saw
-  there (`ranks.worker.SyncProbe`). Used by the GPU pass, benchmarks/gpu_pass.sh (no pytest
+  there (`ranks.builtin.worker.SyncProbe`). Used by the GPU pass, benchmarks/gpu_pass.sh (no pytest
   test: it needs a GPU).
 - ``DDPTUI_TAB_STALL_S`` (`tab_stall_s`): seconds a `ddptui serve` tab whose output is
   blocked waits before it exits (default 30, at least 1; not a number: 30). Read once when
@@ -38,15 +38,15 @@ imports `ddptui` (the app reads its seams from here too).
   a machine without CUDA), tests/test_cli_verbs.py, tests/test_verify.py (``0``: CPU ranks)
   and tests/test_pipeline.py (`test_more_gpus_than_exist`).
 - ``DDPTUI_CONTROL_GAP_S`` (`control_gap_s`): seconds the workers' control collective is
-  spread to (`ranks.worker.control_interval`; default 0.02), large so that two CPU ranks,
+  spread to (`ranks.builtin.worker.control_interval`; default 0.02), large so that two CPU ranks,
   whose iterations take tens of ms, skip it for many iterations as short GPU steps would. Not
   a positive number: the default. Used by tests/test_layer_sampling.py
   (`test_ranks_agree_on_the_steps_whose_layers_they_mark`).
 - ``DDPTUI_FR_STANDIN`` (`fr_standin`): on CPU (gloo), the ddp strategy takes the path of
-  NCCL's own timing (`ranks.strategies.comm_timing_for`: no comm hook, buckets timed from the
+  NCCL's own timing (`ranks.builtin.strategies.comm_timing_for`: no comm hook, buckets timed from the
   Flight Recorder) with gloo's real Flight Recorder as the stand-in for NCCL's: its entries as
   torch records them, each given the state and the GPU duration NCCL's would have
-  (`ranks.flightrec.gloo_standin_dump`, the value in ms; "1": 0.2). Needs TORCH_FR_BUFFER_SIZE.
+  (`ranks.core.flightrec.gloo_standin_dump`, the value in ms; "1": 0.2). Needs TORCH_FR_BUFFER_SIZE.
   Used by tests/test_flightrec.py (`test_ddp_buckets_timed_by_the_flight_recorder_path`).
 
 Configuration read from the environment (DDPTUI_SOCKET, DDPTUI_TOKEN, DDPTUI_RECORD,

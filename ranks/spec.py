@@ -115,7 +115,7 @@ def parse_slow_rank(text: str, model: str, world: int | None = None) -> tuple[in
     return rank, ms, layer
 
 
-# Layer marks on a sample of steps (ranks.instrument): the longest period (the per-layer
+# Layer marks on a sample of steps (ranks.core.instrument): the longest period (the per-layer
 # evidence judges windows of 20 steps with their layers marked: the app keeps the last 20
 # complete ones among its 400 steps however old, Store.stays; at 128, 20 of them span ~2.6 s
 # of 1 ms steps), and what --layer-every takes (powers of two: every rank marks the same

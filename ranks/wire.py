@@ -32,7 +32,7 @@ PROTOCOL_VERSION = 2  # 2: PASS spans (layers marked on a sample of steps) and C
 # rank's collectives table (a `colls` frame: ranks.collectives) that says what it was.
 # Both carry an issue time (the iss column) and are communication in every figure.
 # PASS: a whole forward (idx 0) or backward (idx 1) of a step whose layers were not marked one
-# by one (layer marks on a sample of steps: ranks.sampling.LAYER_SHARE); compute in every
+# by one (layer marks on a sample of steps: ranks.core.sampling.LAYER_SHARE); compute in every
 # figure, in no per-layer one.
 FWD, BWD, COMM, OPT, STEP, OTHER, COLL, PASS = 0, 1, 2, 3, 4, 5, 6, 7
 KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other", "collective", "pass")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ranks import frames, spec, wire
-from ranks.instrument import CudaClock, Recorder
+from ranks.core.instrument import CudaClock, Recorder
 from tests.cuda_sim import SimCuda, SimStream
 
 MAIN, AUTOGRAD = 1000, 2000
@@ -120,7 +120,7 @@ class KinetoRank:
     def node(self, name: str, seq: int | None = None):
         return self.op(f"autograd::engine::evaluate_function: {name}", AUTOGRAD, seq=seq)
 
-    # -- one step, as ranks/strategies.py runs it ---------------------------------------
+    # -- one step, as ranks/builtin/strategies.py runs it ---------------------------------------
     def step(self, strategy: str, k: int) -> None:
         rec, sim, L = self.rec, self.sim, self.n_layers
         batch = 512
@@ -209,7 +209,7 @@ class KinetoRank:
 
     def batches(self, shift: dict | None = None) -> list:
         """ddptui's spans as the app decodes them (µs columns), `shift` {kind: ns} applied."""
-        from ranks.profwin import shift_item
+        from ranks.builtin.profwin import shift_item
         out = []
         for item in self.items:
             if shift:

@@ -21,12 +21,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
 
 
-WORKERS = ("ranks.worker", "torch.distributed.run")
+WORKERS = ("ranks.builtin.worker", "torch.distributed.run")
 
 
 def worker_procs(needles=WORKERS, tag: str | None = None) -> list[psutil.Process]:
     """Every process started by this test session (or worker of a parallel session) still
-    alive whose command line holds one of `needles` (by default ranks.worker and torchrun):
+    alive whose command line holds one of `needles` (by default ranks.builtin.worker and torchrun):
     they are told apart by the environment variable DDPTUI_TEST_SESSION they inherit
     (`tag`: that value instead, e.g. one a single test set on the processes it started)."""
     out = []

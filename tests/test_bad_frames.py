@@ -26,7 +26,7 @@ from ddptui.recording.replay import ReplaySource
 from ddptui.model.store import Store
 from ddptui.recording.synthetic import SyntheticRun
 from ranks import frames, wire
-from ranks.emitter import Emitter
+from ranks.core.emitter import Emitter
 
 from .bad_frames import MODEL, STRATEGIES, TYPES, WORLD, bad_frame, valid
 

@@ -140,7 +140,7 @@ def test_benchmarks_quick_print_their_figures(half):
     assert "FAILED" not in table
     if "P10" in only:
         assert re.search(r"^P10a stragglers\s.*\sSMOKE\s", table, re.M), table
-    assert worker_procs(("ranks.bench_overhead", "trivial_worker.py")) == []
+    assert worker_procs(("ranks.builtin.bench_overhead", "trivial_worker.py")) == []
 
 
 def test_p3_versus_takes_frames_in_turn_from_each_revisions_own_loop(tmp_path):

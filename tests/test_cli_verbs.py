@@ -116,8 +116,8 @@ def test_recording_header_describes_the_run(live):
 
 
 def _our_workers(mark: str) -> list[psutil.Process]:
-    """ranks.worker processes started by this test (they carry its mark as their tag)."""
-    return worker_procs(("ranks.worker",), tag=mark)
+    """ranks.builtin.worker processes started by this test (they carry its mark as their tag)."""
+    return worker_procs(("ranks.builtin.worker",), tag=mark)
 
 
 @pytest.mark.slow

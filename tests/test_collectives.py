@@ -371,14 +371,14 @@ def test_a_functional_collective_ends_where_its_result_is_waited_on(tmp_path):
 import gc, os, torch, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
 dist.init_process_group("gloo", rank=0, world_size=1)
-from ranks import colltap
+from ranks.core import colltap
 import torch.distributed._functional_collectives as funcol
 class Rec:
     cur = None
     def comm_issue(self, *a): return 0
 tap = colltap.CollTap(Rec()); tap.activate()
 pg = dist.group.WORLD
-from ranks.colltap import _fc_waits
+from ranks.core.colltap import _fc_waits
 r = funcol.all_reduce(torch.ones(1 << 20), "sum", pg)   # dropped unwaited: no hang to report
 del r; gc.collect()
 assert not tap.inflight and len(_fc_waits) == 1, (tap.inflight, _fc_waits)

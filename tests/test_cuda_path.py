@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ranks.instrument import CudaClock, Recorder
-from ranks.strategies import Straggle, sleep_cycles_per_ms
+from ranks.core.instrument import CudaClock, Recorder
+from ranks.builtin.strategies import Straggle, sleep_cycles_per_ms
 from ranks import wire
 from ranks.wire import BWD, COMM
 from tests.cuda_sim import POOL, SimCuda, SimDevice
@@ -286,7 +286,7 @@ def test_gpus_are_lined_up_only_after_a_strategy_some_ranks_did_not_take():
     """worker.LineUp: a synchronize before the control word only after `single` (rank 0 alone):
     after the others every GPU ran the same step, and a synchronize would start every step on
     an idle GPU (its STEP and first forward taking the launch ramp; P1 timing another loop)."""
-    from ranks.worker import LineUp
+    from ranks.builtin.worker import LineUp
     for world, want in ((2, 2), (1, 0)):
         calls = []
         lu = LineUp(lambda dev: calls.append(dev), "cuda:0", world)
@@ -309,7 +309,7 @@ def test_a_step_that_cannot_be_resolved_is_dropped_and_counted_and_sending_goes_
     import time
 
     from ranks import frames, wire
-    from ranks.emitter import Emitter
+    from ranks.core.emitter import Emitter
 
     path = os.path.join(str(tmp_path), "s.sock")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -404,7 +404,7 @@ def test_resolving_on_the_sender_thread_lets_a_hook_have_the_gil_back(monkeypatc
     mark's release of the GIL. (Other processes on the cores stretch a wait now and then and
     can end the sender before many marks: judged on the best of three tries; the check that
     it fails without letting go is below.)"""
-    from ranks import recorder as instrument  # (where the Recorder reads YIELD_EVERY)
+    from ranks.core import recorder as instrument  # (where the Recorder reads YIELD_EVERY)
 
     tries = []
     for _ in range(3):
@@ -426,7 +426,7 @@ def test_a_dropped_steps_events_go_back_to_the_pool():
     """A stalled app: the queue is full and every step is dropped on the training thread. Its
     events go back to the pool unresolved; before, each dropped step's marks were lost to it
     and every step made new events (the pool would grow for as long as the app stalls)."""
-    from ranks.emitter import FrameQueue
+    from ranks.core.emitter import FrameQueue
     sim = SimCuda()
     clock = _clock(sim)
     rec = Recorder(clock, 4)
@@ -452,7 +452,7 @@ def test_steps_whose_layers_are_not_marked_give_their_events_back():
     import torch
     from torch import nn
 
-    from ranks.strategies import attach_layer_hooks
+    from ranks.builtin.strategies import attach_layer_hooks
     sim = SimCuda()
     clock = _clock(sim)
     rec = Recorder(clock, 4, every=8)

@@ -537,7 +537,7 @@ def test_sigterm_to_join_ends_its_ranks(tmp_path, token_file):
 
     node0, join, _, _ = _two_nodes(tmp_path, token_file, 0, steps=0)
     try:
-        assert wait_for(lambda: len([p for p in worker_procs() if "ranks.worker" in " ".join(p.cmdline())]) >= 2,
+        assert wait_for(lambda: len([p for p in worker_procs() if "ranks.builtin.worker" in " ".join(p.cmdline())]) >= 2,
                         90, 0.2)
         mine = [p for p in psutil.Process(join.pid).children(recursive=True)]
         theirs = psutil.Process(node0.pid).children(recursive=True)

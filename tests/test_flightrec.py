@@ -1,4 +1,4 @@
-"""NCCL's own timing of DDP's buckets, read from PyTorch's Flight Recorder (ranks/flightrec.py,
+"""NCCL's own timing of DDP's buckets, read from PyTorch's Flight Recorder (ranks/core/flightrec.py,
 Recorder.comm_issue_fr/comm_seal/_fr_place, DDPStrategy without a comm hook).
 
 Without a GPU the path runs on stand-ins that behave as PyTorch's does: a dump function whose
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from ranks import flightrec
-from ranks.flightrec import DumpError, FlightTimes, load_dump
+from ranks.core import flightrec
+from ranks.core.flightrec import DumpError, FlightTimes, load_dump
 
 
 def entry(rid, seq, group="0", dur_ms=None, state="completed", numel=1000):
@@ -114,7 +114,7 @@ def test_durations_arrive_after_the_watchdog_and_wrapped_entries_are_counted():
 
 def _fake_record(recorder, n_buckets, ready_ns, group="0"):
     """A step on a CPU Recorder whose clock reads `ready_ns` at each bucket's ready hook."""
-    from ranks.recorder import FrEnd
+    from ranks.core.recorder import FrEnd
     recorder.begin("ddp", 1)
     for b in range(n_buckets):
         recorder.comm_issue_fr(b, group)
@@ -125,8 +125,8 @@ def _fake_record(recorder, n_buckets, ready_ns, group="0"):
 
 
 def test_buckets_are_placed_after_their_ready_moment_and_never_overlap():
-    from ranks.clocks import CpuClock
-    from ranks.recorder import Recorder
+    from ranks.core.clocks import CpuClock
+    from ranks.core.recorder import Recorder
     rec = Recorder(CpuClock(), 4, every=1)
     durs = {1: 2.0, 2: 0.5, 3: 1.0}  # ms, by sequence number
 
@@ -156,8 +156,8 @@ def test_buckets_are_placed_after_their_ready_moment_and_never_overlap():
 def test_a_rebuilt_layout_matches_each_bucket_to_its_own_collective():
     """The step's FrEnd slots are the group's last n collectives: with 4 buckets before DDP's
     rebuild and 2 after, each step's buckets take their own sequence numbers."""
-    from ranks.clocks import CpuClock
-    from ranks.recorder import Recorder
+    from ranks.core.clocks import CpuClock
+    from ranks.core.recorder import Recorder
     rec = Recorder(CpuClock(), 4, every=1)
     table = {s: 0.1 * s for s in range(1, 7)}  # seq s lasts 0.1*s ms: which one a bucket got shows
     rec.fr = FlightTimes(lambda: pickle.dumps({"entries": [entry(s, s, dur_ms=d) for s, d in table.items()]}),
@@ -174,8 +174,8 @@ def test_a_rebuilt_layout_matches_each_bucket_to_its_own_collective():
 
 
 def test_a_bucket_the_recorder_never_saw_is_a_moment_and_counted():
-    from ranks.clocks import CpuClock
-    from ranks.recorder import Recorder
+    from ranks.core.clocks import CpuClock
+    from ranks.core.recorder import Recorder
     rec = Recorder(CpuClock(), 4, every=1)
     # seq 1 was overwritten; seq 2 finished (so seq 1 is settled: no wait)
     rec.fr = FlightTimes(lambda: pickle.dumps({"entries": [entry(5, 2, dur_ms=1.0)]}), interval_s=0.0)

@@ -1,5 +1,5 @@
 """Frameworks' models under `ddptui run --auto`, unchanged scripts: the models people train,
-opened into their blocks (`ranks.userlayers.auto_layers`), with the global batch read from
+opened into their blocks (`ranks.scripts.userlayers.auto_layers`), with the global batch read from
 their inputs.
 
 The layer choice alone, on models built from configs (nothing downloaded): BERT, RoBERTa,
@@ -179,7 +179,7 @@ FAMILIES = ("bert", "roberta", "distilbert", "t5", "bart", "whisper", "gpt2", "l
 @pytest.mark.parametrize("family", FAMILIES)
 def test_auto_opens_each_family_to_its_blocks(family):
     T = pytest.importorskip("transformers", reason=f"transformers {WHY}")
-    from ranks.userlayers import choose_layers
+    from ranks.scripts.userlayers import choose_layers
     make, want = _configs(T)[family]
     assert [n for n, _ in choose_layers(make())] == want
 
@@ -187,7 +187,7 @@ def test_auto_opens_each_family_to_its_blocks(family):
 def test_auto_opens_a_lightning_wrapped_model_to_its_blocks():
     T = pytest.importorskip("transformers", reason=f"transformers {WHY}")
     L = pytest.importorskip("lightning", reason=f"Lightning {WHY}")
-    from ranks.userlayers import choose_layers
+    from ranks.scripts.userlayers import choose_layers
     make, want = _configs(T)["bert"]
 
     class Classifier(L.LightningModule):

@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ranks.clocks import CudaClock
-from ranks.recorder import Recorder
-from ranks.strategies import attach_layer_hooks
+from ranks.core.clocks import CudaClock
+from ranks.core.recorder import Recorder
+from ranks.builtin.strategies import attach_layer_hooks
 from tests.cuda_cost import counted_cuda, h100
 from ranks import wire
 from tests.cuda_sim import SimCuda
@@ -174,7 +174,8 @@ def test_the_flight_recorder_path_charges_no_comm_hook_and_one_mark_a_bucket():
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     import p7_hook_cost as p7
-    from ranks import instrument, strategies
+    from ranks.core import instrument
+    from ranks.builtin import strategies
     fr = p7.measure_h100_model(instrument, strategies, "xlarge", 30, path="flight-recorder")
     hook = p7.measure_h100_model(instrument, strategies, "xlarge", 30, path="comm-hook")
     assert fr["comm_hook_us"] == h100().get("seq_read", 1.0)

@@ -1,4 +1,4 @@
-"""The frame sinks' queue (ranks.emitter.Handoff): the training thread's put_nowait never wakes
+"""The frame sinks' queue (ranks.core.emitter.Handoff): the training thread's put_nowait never wakes
 the consumer (queue.Queue's wakes it every step: a futex call, and a thread that then wants
 the GIL while the step goes on); what must arrive, a backlog, or the end wake it at once;
 nothing is lost or reordered, and a full queue drops and counts."""
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ranks.emitter import FrameQueue, Handoff
+from ranks.core.emitter import FrameQueue, Handoff
 
 
 class CountingHandoff(Handoff):

@@ -8,7 +8,7 @@ import struct
 import pytest
 import torch
 
-from ranks.instrument import CudaClock, GpuTimeMap, Recorder, comm_starts
+from ranks.core.instrument import CudaClock, GpuTimeMap, Recorder, comm_starts
 from ranks.wire import BWD
 
 
@@ -92,7 +92,7 @@ def test_a_calibration_never_shows_a_half_updated_fit_to_the_resolving_thread():
     new offset with an old rate (the fit was two attributes set one after the other: off by
     the change in drift times the GPU time since the first point)."""
     import sys
-    from ranks.instrument import GpuTimeMap
+    from ranks.core.instrument import GpuTimeMap
     m = GpuTimeMap()
     g = 0.0
     for i in range(8):  # a drift of 50 ppm, then the point that changes it
@@ -179,9 +179,9 @@ def test_ddp_runtime_stats_never_logged_inside_a_step(tmp_path):
     bucket assignment; after that, DDP's logging data stops moving."""
     import torch.distributed as dist
 
-    from ranks.instrument import CpuClock
-    from ranks.models import build_model
-    from ranks.strategies import DDPStrategy
+    from ranks.core.instrument import CpuClock
+    from ranks.builtin.models import build_model
+    from ranks.builtin.strategies import DDPStrategy
 
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -212,8 +212,8 @@ def test_interleaved_completion_keeps_the_tensors_for_the_optimizer_to_wait_on(t
     and the optimizer would race the kernel). CPU seam: the value is there, the span ends."""
     import torch.distributed as dist
 
-    from ranks.instrument import CpuClock
-    from ranks.strategies import _done
+    from ranks.core.instrument import CpuClock
+    from ranks.builtin.strategies import _done
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
     try:
@@ -233,7 +233,7 @@ def test_interleaved_completion_keeps_the_tensors_for_the_optimizer_to_wait_on(t
 def test_engine_runs_a_blocks_weight_accumulation_last():
     """What attach_layer_hooks rests on: in backward, a Linear+ReLU block's bias, then its
     weight, are accumulated before the block below starts (its output's node runs)."""
-    from ranks.models import build_model
+    from ranks.builtin.models import build_model
     model = build_model("small")
     blocks = list(model.children())
     order = []
@@ -253,9 +253,9 @@ def test_engine_runs_a_blocks_weight_accumulation_last():
 def test_layer_marks_fill_every_span_once_per_moment():
     """The hooks of the built-in models: every layer's forward and backward span, forward
     spans end-to-end (one mark between two layers), backward spans likewise."""
-    from ranks.instrument import CpuClock
-    from ranks.models import build_model
-    from ranks.strategies import attach_layer_hooks
+    from ranks.core.instrument import CpuClock
+    from ranks.builtin.models import build_model
+    from ranks.builtin.strategies import attach_layer_hooks
     from ranks.wire import FWD
     model = build_model("small")
     rec = Recorder(CpuClock(), 4)
@@ -285,9 +285,9 @@ def test_a_strategys_work_on_a_gradient_is_in_its_layer(tmp_path, name):
     was ready (issued) before its block's backward ended."""
     import torch.distributed as dist
 
-    from ranks.instrument import CpuClock
-    from ranks.models import build_model
-    from ranks.strategies import STRATEGY_CLASSES
+    from ranks.core.instrument import CpuClock
+    from ranks.builtin.models import build_model
+    from ranks.builtin.strategies import STRATEGY_CLASSES
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
     try:
@@ -338,8 +338,8 @@ def test_naive_allreduce_ends_where_it_completes_not_where_the_training_thread_w
 
     import torch.distributed as dist
 
-    from ranks.instrument import CpuClock
-    from ranks.strategies import Naive
+    from ranks.core.instrument import CpuClock
+    from ranks.builtin.strategies import Naive
 
     store = str(tmp_path / "store")
     other = mp.get_context("spawn").Process(target=_late_rank, args=(store, 0.3))

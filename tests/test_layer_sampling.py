@@ -1,4 +1,4 @@
-"""Layer marks on a sample of steps (ranks.instrument.LAYER_SHARE): a step too short for a mark
+"""Layer marks on a sample of steps (ranks.core.instrument.LAYER_SHARE): a step too short for a mark
 per layer has its layers marked one step in `every`, the forward and backward as a whole
 (PASS spans) on the others, every collective on every step; and what the app makes of it."""
 from __future__ import annotations
@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from ranks import frames as fr
-from ranks import instrument, recorder, wire
-from ranks.instrument import CpuClock, Recorder, every_for
-from ranks.strategies import attach_layer_hooks
+from ranks.core import instrument, recorder
+from ranks import wire
+from ranks.core.instrument import CpuClock, Recorder, every_for
+from ranks.builtin.strategies import attach_layer_hooks
 from ranks.wire import BWD, COMM, FWD, PASS
 
 from .helpers import store_of, synthetic_frames
@@ -224,8 +225,8 @@ def test_ddps_work_on_a_gradient_stays_in_its_block_across_a_rewrap(tmp_path, ev
     marked ones every layer, the others the whole passes."""
     import torch.distributed as dist
 
-    from ranks.models import build_model
-    from ranks.strategies import DDPStrategy
+    from ranks.builtin.models import build_model
+    from ranks.builtin.strategies import DDPStrategy
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
     try:
@@ -390,7 +391,7 @@ def test_the_ranks_say_in_the_period():
     """The worker's control collective keeps the largest say: a rank where the strategy does
     not run (single, on the other ranks) has no say; an injected delay or verify wants every
     step; a delay switched on by the straggler word marks that very step on every rank."""
-    from ranks.worker import agreed_every, every_vote
+    from ranks.builtin.worker import agreed_every, every_vote
 
     class Rec:
         in_force = 1
@@ -409,7 +410,7 @@ def test_the_ranks_say_in_the_period():
     assert [every_vote(r, "ddp", True, False, k) for k in (4, 5, 6, 7, 8)] == [-8, -4, -4, -4, -8]
     votes = [every_vote(Rec(), "single", True, False), every_vote(Rec(), "single", False, False)]
     assert agreed_every(max(votes), 0) == 8  # rank 0's, not rank 1's (which never times single)
-    from ranks.worker import SEQ_SHIFT, slow_from_word
+    from ranks.builtin.worker import SEQ_SHIFT, slow_from_word
     on = (1 * 256 + 2) * SEQ_SHIFT + 40
     assert slow_from_word(on) == (1, 2, 40)
     assert agreed_every(-8, on) == 1 and agreed_every(-8, (1 * 256 + 2) * SEQ_SHIFT) == 8
@@ -515,7 +516,7 @@ def test_the_control_collective_runs_about_every_20_ms_of_iterations():
     apart: every iteration while an iteration takes 20 ms or more (or is not timed yet), every
     8 for xlarge's four ~1 ms steps on 8 GPUs (it was before every step: a gloo all_reduce of 8
     ranks, ~15 % of such a run), 16 at the most."""
-    from ranks.worker import CONTROL_GAP_S, MAX_CONTROL_INTERVAL, control_interval
+    from ranks.builtin.worker import CONTROL_GAP_S, MAX_CONTROL_INTERVAL, control_interval
     assert CONTROL_GAP_S == 0.02 and MAX_CONTROL_INTERVAL == 16
     assert control_interval(None) == 1 and control_interval(0.0) == 1
     assert control_interval(0.3) == 1 and control_interval(0.02) == 1

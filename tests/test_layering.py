@@ -147,6 +147,25 @@ def stage_violations(imports: list[Import], modules: dict[str, str]) -> list[str
     return out
 
 
+# ranks/'s rooms, lowest first: the protocol (its top-level modules), the instrument core, the
+# built-in workers, users' scripts; a room imports its own and those below it
+ROOMS = ("ranks", "ranks.core", "ranks.builtin", "ranks.scripts")
+
+
+def room_of(module: str) -> int | None:
+    found = [i for i, r in enumerate(ROOMS) if _under(module, r)]
+    return max(found) if found else None
+
+
+def room_violations(imports: list[Import]) -> list[str]:
+    out = []
+    for i in imports:
+        a, b = room_of(i.module), room_of(i.target)
+        if a is not None and b is not None and b > a:
+            out.append(f"{i.where()}  ({ROOMS[a]} imports {i.target}, a room above it)")
+    return out
+
+
 def textual_violations(imports: list[Import]) -> list[str]:
     out = []
     for i in imports:
@@ -223,6 +242,18 @@ def test_stages_import_only_downward(tree):
     found = stage_violations(IMPORTS, MODULES)
     assert not found, _fail(f"a stage imports only its own and those below it ({' < '.join(STAGES)})",
                             found)
+
+
+def test_ranks_rooms_import_only_downward(tree):
+    MODULES, IMPORTS = tree
+    assert {"ranks.core.recorder", "ranks.builtin.worker", "ranks.scripts.user"} <= set(MODULES)
+    found = room_violations(IMPORTS)
+    assert not found, _fail(f"ranks/'s rooms import only their own and those below ({' < '.join(ROOMS)})",
+                            found)
+    # (and the rule catches one that does not)
+    bad = Import("ranks.core.recorder", "ranks/core/recorder.py", 1, "ranks.builtin.strategies",
+                 "from ranks.builtin import strategies", True)
+    assert room_violations([bad])
 
 
 def test_only_the_ui_imports_textual(tree):

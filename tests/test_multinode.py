@@ -449,7 +449,7 @@ def test_join_exits_when_node0_goes_away(tmp_path, token_file):
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # wait for both ranks to train
-            if len([p for p in worker_procs() if "ranks.worker" in " ".join(p.cmdline())]) >= 2:
+            if len([p for p in worker_procs() if "ranks.builtin.worker" in " ".join(p.cmdline())]) >= 2:
                 break
             time.sleep(0.2)
         time.sleep(2)

@@ -166,7 +166,7 @@ def test_all_strategies_reach_the_same_weights(run):
             assert torch.allclose(w0[s][name], t, rtol=1e-4, atol=1e-5), (s, name)
             assert torch.allclose(w1[s][name], w0[s][name], rtol=1e-5, atol=1e-6), (s, name)
     # and training moved them at all
-    from ranks.models import build_model
+    from ranks.builtin.models import build_model
     init = build_model(MODEL, seed=42).state_dict()
     assert not torch.allclose(init["fc1.0.weight"], ref["fc1.0.weight"])
 

@@ -142,7 +142,7 @@ def test_a_full_disk_leaves_the_run_and_its_json_untouched(tmp_path, small_fs):
 
 @pytest.mark.slow
 def test_a_scripts_own_files_under_plain_torchrun_stop_alone(tmp_path, small_fs):
-    """`ddptui.instrument` under plain torchrun writes a file per rank (ranks.user.FileSink):
+    """`ddptui.instrument` under plain torchrun writes a file per rank (ranks.scripts.user.FileSink):
     onto 8 KiB they stop part way, one line on each rank's stderr, and training finishes."""
     import sys
 

@@ -68,7 +68,7 @@ def workers_of(pid: int) -> list[psutil.Process]:
 
 def _is_worker(p: psutil.Process) -> bool:
     try:
-        return "ranks.worker" in " ".join(p.cmdline())
+        return "ranks.builtin.worker" in " ".join(p.cmdline())
     except psutil.Error:
         return False
 

@@ -1,4 +1,4 @@
-"""ddptui.instrument (ranks.user), per-rank recordings read as one run, and `ddptui run`."""
+"""ddptui.instrument (ranks.scripts.user), per-rank recordings read as one run, and `ddptui run`."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ def _env(**kw):
 
 
 def test_import_does_not_load_textual():
-    code = ("import sys, ddptui; f = ddptui.instrument; import ranks.user; "
+    code = ("import sys, ddptui; f = ddptui.instrument; import ranks.scripts.user; "
             "assert callable(f); print('textual' in sys.modules, 'ddptui.ui.app' in sys.modules)")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
     assert out.returncode == 0, out.stderr
@@ -74,7 +74,7 @@ def _nets():
 
 
 def test_choose_layers_auto_depth_names():
-    from ranks.user import choose_layers
+    from ranks.scripts.user import choose_layers
     net = _nets()()
     assert [n for n, _ in choose_layers(net)] == ["embed", "blocks.0", "blocks.1", "shared", "head"]
     assert [n for n, _ in choose_layers(net, 3)][:3] == ["embed", "blocks.0.attn", "blocks.0.ff"]
@@ -91,7 +91,7 @@ def test_choose_layers_auto_depth_names():
 def pg(tmp_path):
     import torch.distributed as dist
 
-    from ranks import commhook, user
+    from ranks.scripts import commhook, user
     real = dist.all_reduce
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     yield tmp_path
@@ -153,7 +153,7 @@ def test_a_scripts_steps_are_resolved_off_the_training_thread(pg, monkeypatch):
     be resolved is dropped and counted, and the recording goes on."""
     import threading
 
-    from ranks.userlayers import UserRecorder
+    from ranks.scripts.userlayers import UserRecorder
     where, real = [], UserRecorder._resolve
     fail = {"at": 2}
 
@@ -182,7 +182,7 @@ def test_a_recording_goes_on_past_a_step_that_cannot_be_encoded(tmp_path):
     """A rank's own recording (no app): a step whose span cannot be encoded (ends more than
     2^32 µs after its base) is dropped and counted, and the recording goes on and closes."""
     from ranks import frames
-    from ranks.user import FileSink
+    from ranks.scripts.user import FileSink
     from ddptui.recording.loader import load
     s = FileSink(str(tmp_path / "rank0.ddptui"), 0, {"ddptui": "0.1.0", "world": 1, "user": True})
     s.send_now(frames.Hello(rank=0, world=1, layers=["a"]))
@@ -205,9 +205,9 @@ def test_a_recording_goes_on_past_a_step_that_cannot_be_encoded(tmp_path):
 def test_a_users_micro_steps_let_go_of_the_gil_as_they_are_resolved(monkeypatch):
     """Resolved off the training thread, a step lets go of the GIL every YIELD_EVERY marks, its
     earlier micro-steps' marks included (with accumulation, most of them)."""
-    from ranks import resolve as instrument  # (where _let_go lives)
-    from ranks.instrument import CpuClock
-    from ranks.userlayers import UserRecorder
+    from ranks.core import resolve as instrument  # (where _let_go lives)
+    from ranks.core.instrument import CpuClock
+    from ranks.scripts.userlayers import UserRecorder
     calls = [0]
     monkeypatch.setattr(instrument, "_let_go", lambda: calls.__setitem__(0, calls[0] + 1))
     layers, micro = 10, 8
@@ -365,7 +365,7 @@ def test_auto_layers_open_wrappers_to_blocks():
     an HF *ForCausalLM holding `model`/`transformer`) to a level of >= 4 blocks."""
     import torch.nn as nn
 
-    from ranks.user import choose_layers
+    from ranks.scripts.user import choose_layers
 
     class Block(nn.Module):
         def __init__(self):
@@ -424,7 +424,7 @@ def test_auto_layers_repeated_blocks_at_any_depth():
     module holding no parameters is no layer."""
     import torch.nn as nn
 
-    from ranks.user import choose_layers
+    from ranks.scripts.user import choose_layers
 
     class Block(nn.Module):
         def __init__(self, d=16):
@@ -624,8 +624,8 @@ def test_user_recorder_on_the_cuda_path_micro_steps_and_fewer_calls():
     keep their spans, in order, against the step's start; a layer that makes fewer backward
     calls than the last time it ran keeps a span (its end marked at its first call); a
     dropped step and resolved steps hand every event back (the pool stays flat)."""
-    from ranks.instrument import CudaClock
-    from ranks.userlayers import UserRecorder
+    from ranks.core.instrument import CudaClock
+    from ranks.scripts.userlayers import UserRecorder
     from ranks.wire import BWD, FWD, STEP
     from tests.cuda_sim import SimCuda
     sim = SimCuda()
@@ -674,7 +674,7 @@ def test_a_scripts_bucket_cap_reads_as_it_gave_it():
     bytes is the script's number."""
     from types import SimpleNamespace
 
-    from ranks.user import _cap_mb
+    from ranks.scripts.user import _cap_mb
     for mb in (0.05, 25, 1.5, 0.001, 3.7, 100, 0.25):
         assert _cap_mb(SimpleNamespace(bucket_bytes_cap=int(mb * 1024 * 1024))) == mb
     assert _cap_mb(SimpleNamespace(bucket_bytes_cap=0)) is None and _cap_mb(object()) is None
@@ -708,7 +708,7 @@ def test_auto_steps_aside_for_a_scripts_own_instrument_call(tmp_path):
     script = tmp_path / "own.py"
     script.write_text(AUTO_AND_OWN_CALL)
     env = _env(DDPTUI_AUTO="1", DDPTUI_RECORD=str(tmp_path / "run"), RANK="0", WORLD_SIZE="1")
-    out = subprocess.run([PY, "-m", "ranks.userboot", str(script), str(tmp_path / "store")],
+    out = subprocess.run([PY, "-m", "ranks.scripts.userboot", str(script), str(tmp_path / "store")],
                          capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and "instrumented already" not in out.stderr

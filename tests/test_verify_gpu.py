@@ -126,7 +126,7 @@ def test_gpu_verify_at_world_1_checks_compute_only():
 
 
 def _as_profwin(doc: dict, cupti_from: int = 1, unlinked: bool = False) -> verify.Profile:
-    """A Kineto trace as ranks/profwin.py writes torch.profiler's own events
+    """A Kineto trace as ranks/builtin/profwin.py writes torch.profiler's own events
     (`kineto_results.events()`): CPU ops with their correlation id and no link; the CUDA
     runtime's calls (cudaLaunchKernel) on the thread of the op that made them (torch gives a
     Kineto event its parent's thread), their correlation id CUPTI's, linked to that op;
@@ -181,12 +181,12 @@ def test_a_runtime_calls_cupti_id_never_links_another_ops_kernels(cupti_from, un
 def _compare_run(tmp_path, bound_ns, shift_ns: int = 0):
     """`ddptui verify`'s comparison (cli/verify.compare) of a one-rank CUDA run: its spans in a
     Store as the app takes them (hello, spans, the heartbeat with the clock's bound), its
-    profile as ranks/profwin.py writes it; every span moved by `shift_ns` (the GPU timer's
+    profile as ranks/builtin/profwin.py writes it; every span moved by `shift_ns` (the GPU timer's
     map off by that much)."""
     from ddptui.cli.verify import compare
     from ddptui.model.store import Store
     from ranks import frames, spec
-    from ranks.profwin import shift_item
+    from ranks.builtin.profwin import shift_item
 
     r = _run(steps=4, world=1)
     st = Store()
@@ -298,10 +298,10 @@ def test_gpu_verify_two_ranks_sharing_one_gpu(tmp_path):
 
 
 def test_profwin_writes_a_runtime_calls_cupti_id_as_none_and_keeps_its_link(tmp_path):
-    """ranks/profwin.py on torch.profiler's events: an op keeps its correlation id; a CUDA
+    """ranks/builtin/profwin.py on torch.profiler's events: an op keeps its correlation id; a CUDA
     runtime call (Kineto's 'cuda_runtime', 'cuda_driver') has CUPTI's, written as 0, its link
     to its op kept; a kernel keeps both."""
-    from ranks.profwin import ProfileWindow
+    from ranks.builtin.profwin import ProfileWindow
 
     class Ev:
         def __init__(self, name, act, dev, corr, linked):

@@ -28,9 +28,9 @@ def test_buckets_equal_a_real_ddps_at_every_cap(tmp_path, model):
     them), at DDP's default cap and at each cap of the ladder, is what assign_buckets says."""
     import torch.distributed as dist
 
-    from ranks.instrument import CpuClock, Recorder
-    from ranks.models import build_model
-    from ranks.strategies import DDPStrategy
+    from ranks.core.instrument import CpuClock, Recorder
+    from ranks.builtin.models import build_model
+    from ranks.builtin.strategies import DDPStrategy
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
     try:

@@ -2,7 +2,7 @@
 [--auto] [--layers SPEC] -- SCRIPT ARGS...`: your own training script under torchrun, live.
 
 The script builds its DistributedDataParallel model and calls `ddptui.instrument` (or, with
---auto, is left unchanged: ranks.userboot instruments every DDP it constructs). Its ranks
+--auto, is left unchanged: ranks.scripts.userboot instruments every DDP it constructs). Its ranks
 stream to the app like the built-in workers: one pane (the `ddp` strategy), lanes per rank,
 layers named by module name, buckets with parameter names, the same figures, straggler
 figures and recordings. Exit status: 0 when the script finished, 1 when it failed (the
@@ -52,7 +52,7 @@ def parser() -> Parser:
 
 
 class UserRun(LiveRun):
-    """A LiveRun whose ranks are the user's script (ranks.userboot) rather than ranks.worker;
+    """A LiveRun whose ranks are the user's script (ranks.scripts.userboot) rather than ranks.builtin.worker;
     what the model is (layers, parameters, batch) comes from the ranks' hello."""
 
     def __init__(self, opts: RunOptions, plan, script: str, script_args: list[str], env: dict):
@@ -70,7 +70,7 @@ class UserRun(LiveRun):
 
     def command(self, worker_args: list[str]) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(self.plan.ranks), "-m", "ranks.userboot",
+                "--nproc-per-node", str(self.plan.ranks), "-m", "ranks.scripts.userboot",
                 self.script, *self.script_args]
 
     def start(self) -> None:

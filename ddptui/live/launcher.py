@@ -106,7 +106,7 @@ def worker_env(plan: Plan, socket_path: str, token: str, threads: int, one_host:
 # the Flight Recorder's entries when the user set none (torch's own suggestion, 2,000): a
 # dump costs ~15-20 ms of the sender thread (the GIL held) whatever the buffer holds (an H200:
 # 256 entries 19 ms, 2,000 entries 25 ms and 8 ms to read), so few dumps of a large buffer
-# (ranks.flightrec.FlightTimes: every three quarters of it, at most every second); 256 entries
+# (ranks.core.flightrec.FlightTimes: every three quarters of it, at most every second); 256 entries
 # read every second let 1.5 % of the buckets be overwritten unread at xlarge
 FR_BUFFER = 2000
 
@@ -114,7 +114,7 @@ FR_BUFFER = 2000
 def nccl_timing_env(env: dict) -> dict:
     """NCCL's own timing of collectives on (before any process group is made) and a Flight
     Recorder buffer, unless the user chose: DDP's buckets are then timed without a Python
-    comm hook (ranks.strategies.comm_timing_for). A user's `TORCH_NCCL_ENABLE_TIMING=0` keeps
+    comm hook (ranks.builtin.strategies.comm_timing_for). A user's `TORCH_NCCL_ENABLE_TIMING=0` keeps
     the comm hook."""
     env.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
     if not env.get("TORCH_FR_BUFFER_SIZE") and not env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
@@ -123,7 +123,7 @@ def nccl_timing_env(env: dict) -> dict:
 
 
 def worker_args(opts, device: str) -> list[str]:
-    """The command line of ranks.worker for a run's options (a session.RunOptions)."""
+    """The command line of ranks.builtin.worker for a run's options (a session.RunOptions)."""
     args = ["--model", opts.model, "--strategies", ",".join(opts.strategies), "--steps", str(opts.steps),
             "--batch-size", str(opts.batch_size), "--seed", str(opts.seed), "--lr", str(opts.lr),
             "--pg-timeout", str(opts.pg_timeout), "--device", device]
@@ -134,7 +134,7 @@ def worker_args(opts, device: str) -> list[str]:
 
 def torchrun_cmd(ranks: int, worker_args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(ranks), "-m", "ranks.worker", *worker_args]
+            "--nproc-per-node", str(ranks), "-m", "ranks.builtin.worker", *worker_args]
 
 
 _FAIL = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)

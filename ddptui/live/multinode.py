@@ -40,7 +40,7 @@ def torchrun_cmd(nnodes: int, node_rank: int, nproc: int, endpoint: str, run_id:
            "--rdzv-id", run_id]
     if is_host is not None:
         cmd += ["--rdzv-conf", f"is_host={int(is_host)}"]
-    return [*cmd, "-m", "ranks.worker", *worker_args]
+    return [*cmd, "-m", "ranks.builtin.worker", *worker_args]
 
 
 def join_settings(m: MultiNode, worker_args: list[str], device: str, threads: int) -> dict:

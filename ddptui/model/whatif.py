@@ -346,7 +346,7 @@ def synthetic_basis(params: list[tuple[int, int]], bytes_per: int, compute_ms: f
 
 def ddp_modules(assignment) -> list[tuple[int, int]]:
     """The DDP modules a bucket assignment holds, as (first, last) bucket index: a rank's
-    second DDP module numbers its buckets from its first parameter's index (ranks.commhook
+    second DDP module numbers its buckets from its first parameter's index (ranks.scripts.commhook
     CommState.offset), so a gap in the indices starts a module (one bucket a parameter in
     every module but the last would hide it: then one)."""
     idx = sorted({int(b[0]) for b in assignment})

@@ -238,7 +238,7 @@ def coll_op(name) -> str | None:
 
 def _input_bytes(a) -> int:
     """Bytes of a c10d op's buffer: the larger of its first two inputs (the gathered output of
-    an all-gather, the input of a reduce-scatter; as ranks/colltap.py counts them)."""
+    an all-gather, the input of a reduce-scatter; as ranks/core/colltap.py counts them)."""
     dims = a.dims if a is not None else None
     if not isinstance(dims, list):
         return 0

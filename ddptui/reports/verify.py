@@ -1,6 +1,6 @@
 """`ddptui verify`: every ddptui span matched to torch.profiler's own record of the same work.
 
-Pure functions (no torch, no processes): the rank side (ranks/profwin.py) wrote, per rank, the
+Pure functions (no torch, no processes): the rank side (ranks/builtin/profwin.py) wrote, per rank, the
 events torch.profiler collected over a window of loop iterations, on the host
 CLOCK_MONOTONIC axis; the app has ddptui's spans of the same steps in its Store. Here each
 span is paired with profiler records STRUCTURALLY, never by looking for the nearest event in
@@ -9,7 +9,7 @@ range ddptui opened itself (ddptui adds none to the profile):
 
 - steps: a measured step is ``zero_grad`` (``aten::_foreach_zero_``) ... forward ... backward
   ... optimizer (``aten::_foreach_add_``) on the training thread (PlainSGD in
-  ranks/strategies.py); the gradients are zeroed before ddptui's step (Strategy.prepare), which
+  ranks/builtin/strategies.py); the gradients are zeroed before ddptui's step (Strategy.prepare), which
   starts with the forward's first ``aten::linear`` and ends with the optimizer. The i-th such pair of a rank's window is the i-th ddptui STEP span of
   that rank in time order (all strategies together); different counts leave the rank's
   spans unmatched.
@@ -104,7 +104,7 @@ class VerifyError(Exception):
 
 @dataclass
 class ProfEvent:
-    """One torch.profiler record (fields as ranks/profwin.py writes them)."""
+    """One torch.profiler record (fields as ranks/builtin/profwin.py writes them)."""
     name: str
     tid: int
     t0: int  # ns, host monotonic axis
@@ -337,7 +337,7 @@ def profile_steps(prof: Profile, n_layers: int) -> list[ProfiledStep]:
             bwd_ops.setdefault(layer, []).extend(_compute_ops(by_tid, [e, *kids]))
         for j, layer_nodes in bwd_nodes.items():
             # a block's backward ends with its (last) parameter's AccumulateGrad node, hooks
-            # included: ddptui marks after them (ranks/strategies.attach_layer_hooks)
+            # included: ddptui marks after them (ranks/builtin/strategies.attach_layer_hooks)
             end = max(e.t1 for e in layer_nodes)
             step.bwd[j] = (min(e.t0 for e in layer_nodes), end)
         for j in sorted(step.bwd):

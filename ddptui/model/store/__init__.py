@@ -92,7 +92,7 @@ class Store(Intake, Figuring, Queries):
         self.cpu: deque[frames.Cpu] = deque(maxlen=600)  # the latest CPU samples
         self.spans = 0  # span events ever stored
         # strategy -> [steps with layers marked, steps without] (rank 0's; layer marks on a
-        # sample of steps: ranks.sampling.LAYER_SHARE)
+        # sample of steps: ranks.core.sampling.LAYER_SHARE)
         self.layer_marks: dict[str, list[int]] = {}
         # strategy -> the last steps whose layers were marked (rank 0's; 3 x stragglers.RECENT:
         # some may never complete): where layers are marked on a sample of steps, the last

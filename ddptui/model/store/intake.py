@@ -21,7 +21,7 @@ from ..columns import whole_passes
 from .rankinfo import RankInfo
 
 
-# strategies.COMM_TIMING by value (ranks.strategies imports torch: not here)
+# strategies.COMM_TIMING by value (ranks.builtin.strategies imports torch: not here)
 COMM_TIMING_NAMES = {1: "comm-hook", 2: "flight-recorder"}
 
 

@@ -1,11 +1,11 @@
 """Timing of layers, collectives, optimizer and steps, inside each rank: the public face of the
 rooms it is built of (import from here, or from the room itself):
 
-- `ranks.clocks`    CpuClock, CudaClock (marks; calibration between steps), measure_hook_lag
-- `ranks.timemap`   GpuTimeMap, CalPoint (GPU timer -> host CLOCK_MONOTONIC)
-- `ranks.recorder`  Recorder, StepRecord, Pending (slots a step's marks go into, handed over)
-- `ranks.resolve`   comm_starts, letting_go (marks -> spans, on the sender thread)
-- `ranks.sampling`  every_for, LAYER_SHARE (layer marks on a sample of steps)
+- `ranks.core.clocks`    CpuClock, CudaClock (marks; calibration between steps), measure_hook_lag
+- `ranks.core.timemap`   GpuTimeMap, CalPoint (GPU timer -> host CLOCK_MONOTONIC)
+- `ranks.core.recorder`  Recorder, StepRecord, Pending (slots a step's marks go into, handed over)
+- `ranks.core.resolve`   comm_starts, letting_go (marks -> spans, on the sender thread)
+- `ranks.core.sampling`  every_for, LAYER_SHARE (layer marks on a sample of steps)
 
 Hot path rule: hooks only take a timestamp (CPU) or record a pooled CUDA event (GPU) into
 preallocated slots. Turning slots into spans happens later, off the critical path: on CUDA a
@@ -19,12 +19,12 @@ keeps sub-µs resolution), and the start event is mapped to host time through `G
 """
 from __future__ import annotations
 
-from .clocks import CpuClock, CudaClock, measure_hook_lag
-from .recorder import NO_COMMS, Pending, Recorder, StepRecord
-from .resolve import HANDOFF_NS, YIELD_EVERY, comm_starts, letting_go
-from .sampling import (LAYER_HOOK_NS, LAYER_SHARE, MARKS_SHARE, MAX_EVERY, POLL_BATCH, SPARE,
+from ranks.core.clocks import CpuClock, CudaClock, measure_hook_lag
+from ranks.core.recorder import NO_COMMS, Pending, Recorder, StepRecord
+from ranks.core.resolve import HANDOFF_NS, YIELD_EVERY, comm_starts, letting_go
+from ranks.core.sampling import (LAYER_HOOK_NS, LAYER_SHARE, MARKS_SHARE, MAX_EVERY, POLL_BATCH, SPARE,
                        every_for)
-from .timemap import CalPoint, GpuTimeMap
+from ranks.core.timemap import CalPoint, GpuTimeMap
 
 __all__ = ["CalPoint", "CpuClock", "CudaClock", "GpuTimeMap", "HANDOFF_NS", "LAYER_HOOK_NS",
            "LAYER_SHARE", "MARKS_SHARE", "MAX_EVERY", "NO_COMMS", "POLL_BATCH", "Pending",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .instrument import Recorder, StepRecord, letting_go
-from .wire import BWD, FWD, OTHER
+from ranks.core.instrument import Recorder, StepRecord, letting_go
+from ranks.wire import BWD, FWD, OTHER
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 UNCALLED = (nn.ModuleList, nn.ModuleDict)

@@ -1,13 +1,13 @@
 """`ddptui run`'s entry point in each torchrun worker: runs the user's script as __main__.
 
-    python -m torch.distributed.run ... -m ranks.userboot SCRIPT ARGS...
+    python -m torch.distributed.run ... -m ranks.scripts.userboot SCRIPT ARGS...
 
 An exception that ends the script is sent to the app with this rank (an `error` frame,
 through the script's ddptui.instrument handle, or a connection of its own when the script
 never got that far), printed, and the process exits 1. With DDPTUI_AUTO=1 (`ddptui run
 --auto`) every DistributedDataParallel the script builds is instrumented as it is
 constructed (layers from DDPTUI_LAYERS, default auto; several DDP modules of a rank drawn
-as one model, ranks.user.RankSession), and every torch optimizer's step is timed through
+as one model, ranks.scripts.user.RankSession), and every torch optimizer's step is timed through
 torch's global optimizer hooks: no change to the script.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _auto() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    from . import user
+    from ranks.scripts import user
     real_init = DDP.__init__
     spec = os.environ.get("DDPTUI_LAYERS", "auto")
     layers = int(spec) if spec.isdigit() else spec if spec == "auto" else spec.split(",")
@@ -58,7 +58,7 @@ def _auto_fsdp(layers) -> None:
         from torch.distributed.fsdp import FSDPModule
     except Exception:  # noqa: BLE001 - a torch without FSDP2
         return
-    from . import user
+    from ranks.scripts import user
     handle = None
 
     def pre(module, args):
@@ -83,15 +83,15 @@ def _auto_fsdp(layers) -> None:
 
 
 def _report(exc: BaseException) -> None:
-    from . import user
+    from ranks.scripts import user
     if user._handles:
         user.report_error(exc)
         return
     sock = os.environ.get("DDPTUI_SOCKET")
     if not sock:
         return
-    from . import frames
-    from .emitter import Emitter
+    from ranks import frames
+    from ranks.core.emitter import Emitter
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
         em = Emitter(sock, os.environ.get("DDPTUI_TOKEN", ""), rank)
@@ -105,7 +105,7 @@ def _report(exc: BaseException) -> None:
 
 def main() -> None:
     if len(sys.argv) < 2:
-        print("ranks.userboot: no script given", file=sys.stderr)
+        print("ranks.scripts.userboot: no script given", file=sys.stderr)
         os._exit(2)
     script = os.path.abspath(sys.argv[1])
     sys.argv = [script, *sys.argv[2:]]
@@ -123,7 +123,7 @@ def main() -> None:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
-    from . import user
+    from ranks.scripts import user
     if os.environ.get("DDPTUI_AUTO") == "1" and not user._handles:
         print("ddptui: the script built no DistributedDataParallel and no FSDP2 (fully_shard) "
               "model, or never ran one: nothing was timed", file=sys.stderr, flush=True)

@@ -15,8 +15,8 @@ import threading
 import time
 from collections import deque
 
-from . import frames, seams, wire
-from .clock import now_ns
+from ranks import frames, seams, wire
+from ranks.clock import now_ns
 
 EXIT_APP_GONE = 3
 
@@ -284,7 +284,7 @@ class Emitter(FrameQueue):
                         raise frames.FrameError(f"unexpected frame type {msg.type!r}")
                     frames.check(msg)
                 except Exception as e:  # noqa: BLE001 - undecodable or against the protocol
-                    print(f"ranks.worker: rank {self.rank}: ignored a control frame ({e})",
+                    print(f"ddptui rank {self.rank}: ignored a control frame ({e})",
                           file=sys.stderr, flush=True)
                     continue
                 if self.on_control is not None:

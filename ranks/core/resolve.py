@@ -6,7 +6,7 @@ from __future__ import annotations
 import select
 import time
 
-from .clock import now_ns
+from ranks.clock import now_ns
 
 
 def comm_starts(ready: list[int], end: list[int], thr: list, serial: bool,

@@ -1,12 +1,12 @@
 """Worker of benchmark P1 (instrumentation overhead); run under torchrun:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m ranks.bench_overhead \\
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m ranks.builtin.bench_overhead \\
         --model medium --batch-size 1024 --steps 40 --out times.json
 
 Two replicas of the same initial model train side by side in the same processes, on the
 same batches, alternating step by step (ABBA order, so neither always goes first):
 
-  instrumented  the real strategy from ranks.strategies (layer hooks, per-parameter or DDP
+  instrumented  the real strategy from ranks.builtin.strategies (layer hooks, per-parameter or DDP
                 comm hook, Recorder on the real clock), plus what the real worker does after
                 each step: Recorder.poll(lazy=True) on the training thread, and the step's
                 resolution (slots -> spans) and frame encoding (frames.spans_frame +
@@ -42,11 +42,11 @@ import os
 import time
 from datetime import timedelta
 
-from . import spec
+from ranks import spec
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="ranks.bench_overhead")
+    p = argparse.ArgumentParser(prog="ranks.builtin.bench_overhead")
     p.add_argument("--model", default="medium", choices=spec.MODELS)
     p.add_argument("--strategy", default="ddp", choices=("ddp", "naive", "interleaved"))
     p.add_argument("--batch-size", type=int, default=1024, help="global batch, split across ranks")
@@ -65,7 +65,7 @@ class Plain:
     def __init__(self, strategy: str, base, device, lr: float, world: int):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from .strategies import PlainSGD
+        from ranks.builtin.strategies import PlainSGD
 
         self.strategy = strategy
         self.world = world
@@ -107,11 +107,11 @@ def main(argv=None) -> None:
     import torch
     import torch.distributed as dist
 
-    from . import frames, wire
-    from .clocks import CpuClock, CudaClock
-    from .recorder import Recorder
-    from .models import build_model, make_dataset
-    from .strategies import STRATEGY_CLASSES, DDPStrategy
+    from ranks import frames, wire
+    from ranks.core.clocks import CpuClock, CudaClock
+    from ranks.core.recorder import Recorder
+    from ranks.builtin.models import build_model, make_dataset
+    from ranks.builtin.strategies import STRATEGY_CLASSES, DDPStrategy
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))

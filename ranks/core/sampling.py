@@ -3,7 +3,7 @@ its share of a step, the step's length taken on the device it runs on (a GPU ste
 not the host's launch time: see `Recorder.end` and `Recorder._resolve`)."""
 from __future__ import annotations
 
-from .spec import MAX_LAYER_EVERY
+from ranks.spec import MAX_LAYER_EVERY
 
 
 # Layer marks on a sample of steps. A marked layer costs the training thread PyTorch's dispatch
@@ -30,7 +30,7 @@ SPARE = 8  # such steps' records kept for reuse once resolved (Recorder._spare)
 MARKS_SHARE = LAYER_SHARE
 MAX_EVERY = MAX_LAYER_EVERY
 # a marked layer's hook, the period's first guess where the device's is not measured (a CPU
-# run): a pre-hook registered in its forward and called in its backward (ranks.strategies.
+# run): a pre-hook registered in its forward and called in its backward (ranks.builtin.strategies.
 # LayerMarks; ~4 µs on a CPU here, where a hook registered once costs ~1.1-1.4 µs of PyTorch's
 # call). On a GPU the clock measures its host's dispatch (CudaClock.hook_lag_ns; 3.2 µs on the
 # first H100). Once layers are sampled, what a marked step takes over the others

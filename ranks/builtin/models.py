@@ -6,7 +6,7 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 
-from .spec import MODEL_WIDTHS
+from ranks.spec import MODEL_WIDTHS
 
 N_FEATURES, N_CLASSES = 784, 10
 

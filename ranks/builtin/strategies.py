@@ -23,8 +23,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import flightrec, seams, spec
-from .recorder import Recorder
+from ranks.core import flightrec
+from ranks import seams, spec
+from ranks.core.recorder import Recorder
 
 # how DDP's buckets are timed (the `comm_timing` event's value): a Python comm hook, or NCCL's
 # own timing read from the Flight Recorder
@@ -638,7 +639,7 @@ class FSDPStrategy(Strategy):
     step, every rank together). Each block's parameters are all-gathered before its forward
     and again before its backward, its gradients reduce-scattered after it (FSDP2's
     defaults: reshard after forward, implicit prefetching); every collective is timed by the
-    collective tap (ranks.colltap: COLL spans, attributed to the block FSDP2 gathers or
+    collective tap (ranks.core.colltap: COLL spans, attributed to the block FSDP2 gathers or
     scatters), on only while this strategy steps. Layers are timed by module hooks (FSDP2
     replaces the parameters, so the other strategies' parameter hooks cannot be used): a
     block's forward from its pre-hook (after FSDP2 waited for its all-gather) to its
@@ -662,7 +663,7 @@ class FSDPStrategy(Strategy):
     def _shard(self) -> None:
         from torch.distributed.fsdp import fully_shard
 
-        from .colltap import CollTap
+        from ranks.core.colltap import CollTap
         blocks = list(self.module.children())
         for b in blocks:
             fully_shard(b)

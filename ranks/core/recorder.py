@@ -13,11 +13,11 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from .clock import now_ns
-from .clocks import _NULL
-from .resolve import YIELD_EVERY, comm_starts, letting_go
-from .sampling import LAYER_HOOK_NS, POLL_BATCH, SPARE, every_for
-from .wire import BWD, COMM, FWD, OPT, PASS, PASS_BWD, PASS_FWD, STEP
+from ranks.clock import now_ns
+from ranks.core.clocks import _NULL
+from ranks.core.resolve import YIELD_EVERY, comm_starts, letting_go
+from ranks.core.sampling import LAYER_HOOK_NS, POLL_BATCH, SPARE, every_for
+from ranks.wire import BWD, COMM, FWD, OPT, PASS, PASS_BWD, PASS_FWD, STEP
 
 _get_ident = threading.get_ident
 
@@ -163,7 +163,7 @@ class Recorder:
         # a collective's ready moment taken from the next block boundary's mark where it can be
         # (CUDA, one stream for collectives: NCCL; comm_issue)
         self._defer = bool(clock.cuda and clock.serial_comm)
-        # NCCL timed by PyTorch itself (ranks.flightrec.FlightTimes; DDPStrategy sets it): the
+        # NCCL timed by PyTorch itself (ranks.core.flightrec.FlightTimes; DDPStrategy sets it): the
         # buckets' ends read from the Flight Recorder on the sender thread; how many were not
         self.fr = None
         self.fr_untimed = 0

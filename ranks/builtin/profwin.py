@@ -33,7 +33,7 @@ import json
 import os
 import time
 
-from .wire import KIND_NAMES
+from ranks.wire import KIND_NAMES
 
 
 def clock_offset_ns(tries: int = 64) -> tuple[int, int]:

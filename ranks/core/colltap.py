@@ -26,7 +26,7 @@ the layer running when it was issued (`UserRecorder.at`), else none.
 
 For a hang: every collective entered and not yet left is kept (`inflight`), with the
 group's sequence number as this rank counts it; the heartbeat names the oldest. DDP's bucket
-AllReduces, timed by ddptui's comm hook as COMM spans (ranks/commhook.py), are in flight too
+AllReduces, timed by ddptui's comm hook as COMM spans (ranks/scripts/commhook.py), are in flight too
 (`enter_bucket`), with their bucket (`bucket_of`): a rank blocked in DDP's reducer is inside one.
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .clock import now_ns
-from .wire import COLL, COMM
+from ranks.clock import now_ns
+from ranks.wire import COLL, COMM
 
 # ProcessGroup method -> the collective it is (spec.COLL_OPS)
 METHOD_OPS = {

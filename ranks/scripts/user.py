@@ -9,7 +9,7 @@
             opt.step()
     handle.close()
 
-What is timed, through the same Recorder as the built-in workers (ranks.instrument: host
+What is timed, through the same Recorder as the built-in workers (ranks.core.instrument: host
 CLOCK_MONOTONIC on CPU, pooled CUDA events mapped by GpuTimeMap on GPU; `comm_starts` for
 gloo's concurrent collectives):
 - forward and backward of the chosen modules (`layers`): "auto" (the model opened to its
@@ -62,12 +62,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import frames, spec, wire
-from .emitter import FrameQueue
-from .colltap import CollTap
-from .commhook import CommState, timed_hook
-from .instrument import CpuClock, CudaClock
-from .userlayers import UserRecorder, attach_module_hooks, choose_layers
+from ranks import frames, spec, wire
+from ranks.core.emitter import FrameQueue
+from ranks.core.colltap import CollTap
+from ranks.scripts.commhook import CommState, timed_hook
+from ranks.core.instrument import CpuClock, CudaClock
+from ranks.scripts.userlayers import UserRecorder, attach_module_hooks, choose_layers
 
 STRATEGY = spec.USER_STRATEGY  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
 
@@ -119,7 +119,7 @@ class FileSink(FrameQueue):
         self._t.join(timeout)
 
     def _loop(self) -> None:
-        from .recfile import RecordWriter
+        from ranks.recfile import RecordWriter
         while True:
             item = self.q.get()
             if item is None:
@@ -244,7 +244,7 @@ class RankSession:
     def _open_sink(self, record):
         sock = os.environ.get("DDPTUI_SOCKET")
         if sock and record is None:
-            from .emitter import Emitter
+            from ranks.core.emitter import Emitter
             em = Emitter(sock, os.environ.get("DDPTUI_TOKEN", ""), self.rank,
                          on_control=self._on_control)
             em.collectives = self._collectives
@@ -720,7 +720,7 @@ class Handle:
             # the comm hook: ours, around the user's (given now, or registered later)
             self.comm = CommState(s.rec, s.world, self.pindex, comm_hook, comm_state, offset=self.pbase,
                                   owner=s.param_owner, pg=ddp.process_group)
-            from .strategies import quiet_runtime_stats
+            from ranks.builtin.strategies import quiet_runtime_stats
             quiet_runtime_stats(ddp)
             ddp.register_comm_hook(self.comm, timed_hook)
             ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
@@ -804,7 +804,7 @@ class Handle:
 
     def layout_update(self) -> bool:
         """This module's buckets as seen in the step just ended: True if they changed."""
-        from .strategies import ddp_reported_sizes
+        from ranks.builtin.strategies import ddp_reported_sizes
         seen = sorted(self.comm.seen)
         reported = ddp_reported_sizes(self.ddp)
         if seen == self.layout and reported == self.reported:

@@ -1,6 +1,6 @@
 """The clocks the Recorder marks with: `CpuClock` (the host's CLOCK_MONOTONIC, read by the hooks)
 and `CudaClock` (pooled CUDA events on the training stream, mapped to host time through
-`ranks.timemap.GpuTimeMap`). A mark is the one call a hook makes; everything else a clock does
+`ranks.core.timemap.GpuTimeMap`). A mark is the one call a hook makes; everything else a clock does
 (calibration, resolution) happens between steps or on the sender thread.
 
 Hot path rule: a mark takes a timestamp (CPU) or records a pooled CUDA event (GPU) through the
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from functools import partial
 
-from .clock import now_ns
-from .timemap import CalPoint, GpuTimeMap
+from ranks.clock import now_ns
+from ranks.core.timemap import CalPoint, GpuTimeMap
 
 
 class CpuClock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from . import colltap
+from ranks.core import colltap
 
 
 class CommState:

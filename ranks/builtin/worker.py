@@ -1,4 +1,4 @@
-"""Entry point of each torchrun worker: ``python -m torch.distributed.run ... -m ranks.worker``.
+"""Entry point of each torchrun worker: ``python -m torch.distributed.run ... -m ranks.builtin.worker``.
 
 Every selected strategy owns a replica of the same initial model. Strategies alternate step
 by step inside the same processes, so they are compared under identical conditions. All ranks
@@ -20,15 +20,15 @@ import traceback
 from collections import deque
 from datetime import timedelta
 
-from . import frames, seams, spec
-from .emitter import Emitter
+from ranks import frames, seams, spec
+from ranks.core.emitter import Emitter
 
 SEQ_SHIFT = 1 << 24  # control word = seq * SEQ_SHIFT + bucket_cap_kb
 # straggler word = ((seq * 256 + rank) * 256 + layer) * SEQ_SHIFT + delay in ms
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="ranks.worker")
+    p = argparse.ArgumentParser(prog="ranks.builtin.worker")
     p.add_argument("--model", default="small", choices=spec.MODELS)
     p.add_argument("--strategies", default=",".join(spec.DEFAULT_STRATEGIES))
     p.add_argument("--steps", type=int, default=0, help="steps per strategy; 0 = until stopped")
@@ -47,7 +47,7 @@ def parse_args(argv=None):
                         "time within 1%% of a step, on the device's step where that is longer)")
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
     p.add_argument("--save-weights", default=None, help="(tests) save final weights here")
-    # --- ddptui verify (ranks/profwin.py) ---
+    # --- ddptui verify (ranks/builtin/profwin.py) ---
     p.add_argument("--profile-steps", default=None, metavar="A:B",
                    help="(verify) run torch.profiler over loop iterations A..B-1")
     p.add_argument("--profile-dir", default=None, help="(verify) where each rank writes its profile")
@@ -242,7 +242,7 @@ def main(argv=None) -> None:
     sock_path = os.environ.get("DDPTUI_SOCKET")
     token = os.environ.get("DDPTUI_TOKEN", "")
     if not sock_path:
-        print("ranks.worker: DDPTUI_SOCKET is not set (start workers through ddptui)", file=sys.stderr)
+        print("ranks.builtin.worker: DDPTUI_SOCKET is not set (start workers through ddptui)", file=sys.stderr)
         os._exit(2)
     control = Control()
     em = Emitter(sock_path, token, rank, maxsize=args.queue_size, on_control=control.on_message)
@@ -264,10 +264,10 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     import torch
     import torch.distributed as dist
 
-    from .clocks import CpuClock, CudaClock
-    from .recorder import Recorder
-    from .models import build_model, make_dataset
-    from .strategies import COMM_TIMING, STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
+    from ranks.core.clocks import CpuClock, CudaClock
+    from ranks.core.recorder import Recorder
+    from ranks.builtin.models import build_model, make_dataset
+    from ranks.builtin.strategies import COMM_TIMING, STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
 
     names = spec.parse_strategies(args.strategies)
     if args.batch_size % world:
@@ -315,12 +315,12 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     # --- ddptui verify: profiler window and the span-shift test seam (off: nothing runs) ---
     pw = shift = None
     if args.profile_steps:
-        from .profwin import ProfileWindow, parse_window
+        from ranks.builtin.profwin import ProfileWindow, parse_window
         pw = ProfileWindow(parse_window(args.profile_steps), args.profile_dir or ".", rank,
                            device.type == "cuda")
     shift_spec = seams.verify_shift()
     if shift_spec:
-        from .profwin import ShiftLazy, parse_shift
+        from ranks.builtin.profwin import ShiftLazy, parse_shift
         shift = parse_shift(shift_spec)
 
     def emit(items):
@@ -330,7 +330,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             em.put(ShiftLazy(item, shift) if shift else item)
     # --- end verify ---
 
-    from .strategies import Straggle
+    from ranks.builtin.strategies import Straggle
     if args.slow_rank:
         s_rank, s_ms, s_layer = spec.parse_slow_rank(args.slow_rank, args.model, world)
         if s_rank == rank:

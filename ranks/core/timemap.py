@@ -1,6 +1,6 @@
 """GPU timer -> host CLOCK_MONOTONIC: a linear fit (offset and drift) of bracketed calibrations
 (`GpuTimeMap`), and a calibration point's place on the chained GPU axis (`CalPoint`).
-`ranks.clocks.CudaClock` takes the calibrations, between steps, never inside one."""
+`ranks.core.clocks.CudaClock` takes the calibrations, between steps, never inside one."""
 from __future__ import annotations
 
 from collections import deque
