@@ -211,12 +211,13 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
             return x
         mark = rec.clock.mark
         fs, fe = c.fwd_s, c.fwd_e
-        # the forward starts where the step did (the strategies zero their gradients before
-        # the step: Strategy.prepare): the step's start event is the first layer's too. But
-        # DDP runs its own work before the model's forward (the reducer's preparation, the
-        # buffers' broadcast, ~0.3 ms on a CPU host): there the step starts at the forward,
-        # as the profiler sees it (its first aten::linear): Recorder.begin marks nothing
-        if c.fwd_first and c.step_start is None:  # (Recorder.late_start: marked here, once)
+        # the step starts where its forward does, as the profiler sees it (its first
+        # aten::linear; the strategies zero their gradients before the step: Strategy.prepare),
+        # one event for both, marked here (Recorder.late_start: begin marks nothing): what
+        # runs before the model's forward is not the step's: the strategy's own Python (~0.1
+        # ms on a CPU host, before the first layer's start moved with it), DDP's preparation
+        # and buffers' broadcast (~0.3 ms)
+        if c.fwd_first and c.step_start is None:  # (marked here, once)
             c.step_start = fs[0] = mark()
         else:
             fs[0] = c.step_start if c.fwd_first else mark()
@@ -244,7 +245,7 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
 
     model.forward = forward
     host, recycle = rec.host_ns, rec._recycle
-    if strategy == "ddp":  # (a wrapper's own work before the model's forward: DDP's)
+    if strategy is not None:  # the step starts at the model's forward (see forward())
         rec.late_start.add(strategy)
     marks = LayerMarks(on=strategy is None)  # (switched: off until the steps are timed)
     dones = []
