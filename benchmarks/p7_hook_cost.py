@@ -136,8 +136,13 @@ def load_old(rev: str):
         try:
             _load(rev, "ranks/spec.py", f"spec_{tag}", d)
             own = {"spec": f"spec_{tag}"}
-            return (_load(rev, "ranks/core/instrument.py", f"instrument_{tag}", d, own),
-                    _load(rev, "ranks/builtin/strategies.py", f"strategies_{tag}", d, own))
+            out = []
+            for room, name in (("core", "instrument"), ("builtin", "strategies")):
+                try:  # (ranks/ in rooms since the Flight Recorder's session; flat before)
+                    out.append(_load(rev, f"ranks/{room}/{name}.py", f"{name}_{tag}", d, own))
+                except (OSError, subprocess.CalledProcessError):
+                    out.append(_load(rev, f"ranks/{name}.py", f"{name}_{tag}", d, own))
+            return tuple(out)
         except (OSError, subprocess.CalledProcessError):
             return None
 
