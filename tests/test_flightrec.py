@@ -89,6 +89,19 @@ def test_a_dump_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
     assert flightrec.entry_bytes(entry(0, 1, numel=1000)) == 4000
 
 
+def test_a_dump_that_fails_keeps_no_step_waiting():
+    calls = [0]
+
+    def broken():
+        calls[0] += 1
+        raise RuntimeError("NCCL communicator aborted")
+    ft = FlightTimes(broken, interval_s=0.05)
+    t = time.monotonic()
+    assert ft.wait_for([("0", 1), ("0", 2)], deadline_s=5.0) is False
+    assert time.monotonic() - t < 0.5 and calls[0] == 1
+    assert ft.stats()["failed"] == "RuntimeError: NCCL communicator aborted"
+
+
 def test_durations_arrive_after_the_watchdog_and_wrapped_entries_are_counted():
     wd = Watchdog(size=16, poll_s=0.02, dur_ms=0.5)
     try:

@@ -181,6 +181,7 @@ class FlightTimes:
         self._last_record = -1  # the next dump reads the entries after this record_id
         self._seen_top = -1  # the highest record_id any dump held
         self._top: dict = {}  # group name -> the highest sequence number seen finished
+        self._broken = False  # the last dump failed: no step waits for the next
         self.dumps = 0
         self.dump_ns = 0  # time spent dumping and reading (the GIL held)
         self.entries_read = 0
@@ -214,7 +215,9 @@ class FlightTimes:
             except Exception as e:  # noqa: BLE001 (said once; the spans stay untimed)
                 if self.failed is None:
                     self.failed = f"{type(e).__name__}: {e}"[:200]
+                self._broken = True  # (nothing waits for it: settled() says so)
                 return False
+            self._broken = False
             self._take(d.get("entries") or ())
             self.dumps += 1
             self.dump_ns += time.thread_time_ns() - t0
@@ -283,8 +286,9 @@ class FlightTimes:
     def settled(self, group: str, seq: int) -> bool:
         """Seen finished, or never will be: a later collective of its group (one NCCL stream:
         they finish in order) was seen finished without it (overwritten in the buffer, or
-        timed by nothing)."""
-        return (group, seq) in self._by_key or self._top.get(group, -1) > seq
+        timed by nothing), or the last dump failed."""
+        return ((group, seq) in self._by_key or self._top.get(group, -1) > seq
+                or self._broken)
 
     def wait_for(self, keys, deadline_s: float | None = None, sleep=time.sleep) -> bool:
         """Until every (group, seq) in `keys` is settled, dumping at the interval, up to
