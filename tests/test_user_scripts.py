@@ -118,3 +118,19 @@ def test_layer_used_every_other_step_keeps_its_spans(mlp_run):
             bwd = {i for i, _, _ in _spans(b, BWD)}
             assert fwd == bwd, (k, r, sorted(fwd), sorted(bwd))
             assert (extra in fwd) == (k % 2 == 0), (k, r, fwd)
+
+
+def test_a_compiled_models_layers_are_named_as_the_user_named_them():
+    """torch.compile keeps the user's module under `_orig_mod`: ddptui's names leave it out, and
+    a layer given by the user's name is found in the compiled model."""
+    import torch
+    import torch.nn as nn
+    from ranks.scripts.userlayers import choose_layers, shown_name
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
+    compiled = torch.compile(model)  # (not run: nothing compiles until it is called)
+    assert shown_name("_orig_mod.2.0") == "2.0" and shown_name("module._orig_mod.2.weight") == "module.2.weight"
+    assert shown_name("transformer.h.0") == "transformer.h.0" and shown_name("_orig_mod") == "_orig_mod"
+    got = choose_layers(compiled, ["2.0", "0"])
+    assert [m for _, m in got] == [model[2][0], model[0]]
+    auto = [shown_name(n) for n, _ in choose_layers(compiled)]
+    assert auto and not any("_orig_mod" in n for n in auto)

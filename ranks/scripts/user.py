@@ -67,7 +67,7 @@ from ranks.core.emitter import FrameQueue
 from ranks.core.colltap import CollTap
 from ranks.scripts.commhook import CommState, timed_hook
 from ranks.core.instrument import CpuClock, CudaClock
-from ranks.scripts.userlayers import UserRecorder, attach_module_hooks, choose_layers
+from ranks.scripts.userlayers import UserRecorder, attach_module_hooks, choose_layers, shown_name
 
 STRATEGY = spec.USER_STRATEGY  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
 
@@ -301,7 +301,7 @@ class RankSession:
     def join(self, h: "Handle", chosen, named) -> tuple[int, int]:
         """A module's layers and parameters appended: (its first layer, its first parameter)."""
         base, pbase = len(self.names), len(self.param_names)
-        self.names += [n for n, _ in chosen]
+        self.names += [shown_name(n) for n, _ in chosen]  # (as the user named them: no _orig_mod.)
         if h.auto:
             self.auto_idx.update(range(base, base + len(chosen)))
         for i, (_, mod) in enumerate(chosen, base):
@@ -309,7 +309,7 @@ class RankSession:
                 self._mod_layer.setdefault(id(m), i)
         self.rec.add_layers(len(chosen))
         for n, p in named:
-            self.param_names.append(n)
+            self.param_names.append(shown_name(n))
             self.param_numel.append(int(p.numel()))
         self.mods.append(h)
         return base, pbase

@@ -152,6 +152,19 @@ def auto_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return out or _today_layers(model)
 
 
+# the attribute torch.compile's OptimizedModule keeps the user's module under: not part of
+# the names the user wrote
+_COMPILED = "_orig_mod"
+
+
+def shown_name(name: str) -> str:
+    """A module's or parameter's name as the user wrote it: torch.compile's `_orig_mod.`
+    segments left out (`_orig_mod.transformer.h.0` -> `transformer.h.0`)."""
+    if _COMPILED not in name:
+        return name
+    return ".".join(p for p in name.split(".") if p != _COMPILED) or name
+
+
 def choose_layers(model: nn.Module, layers="auto") -> list[tuple[str, nn.Module]]:
     """(name, module) of the modules to time, in registration order; ValueError if none or
     a name is unknown. One module reachable under several names is chosen once."""
@@ -174,6 +187,8 @@ def choose_layers(model: nn.Module, layers="auto") -> list[tuple[str, nn.Module]
             out = [("model", model)]
     elif isinstance(layers, (list, tuple)) and layers and all(isinstance(n, str) for n in layers):
         known = dict(model.named_modules(remove_duplicate=False))
+        for k, m in list(known.items()):  # (a compiled model's modules by the user's names too)
+            known.setdefault(shown_name(k), m)
         for n in layers:
             if n not in known:
                 near = [k for k in known if k and k.split(".")[-1] == n.split(".")[-1]][:3]
