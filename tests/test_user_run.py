@@ -732,3 +732,17 @@ def test_an_error_before_the_first_step_still_names_the_device(pg):
     got = load(str(pg / "run"))
     assert got.store.ranks[0].device == "cpu"
     assert any("rank 0 connected: cpu, gloo" in t for _, _, t in got.store.log), got.store.log
+
+
+@pytest.mark.slow
+def test_a_device_mesh_groups_backend_is_named(tmp_path):
+    """init_device_mesh makes the process group without naming a backend (dist.get_backend():
+    "undefined"): the ranks say the backend their collectives run on."""
+    js = tmp_path / "m.json"
+    out = _ddptui(["run", "--auto", "--headless", "--nproc-per-node", "2", "--no-record", "--json", str(js),
+                   "--", "tests/scripts/mesh_ddp.py", "--iters", "6"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "connected: cpu, gloo" in out.stderr and "undefined" not in out.stderr
+    d = json.loads(js.read_text())
+    assert d["backend"] == "gloo" and d["strategies"][0]["steps"] >= 5
+    assert_no_leftovers()

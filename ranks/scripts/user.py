@@ -197,8 +197,8 @@ class RankSession:
 
     def __init__(self, first: "Handle", record, batch, name):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.backend = dist.get_backend()
         self.device = first.device
+        self.backend = backend_name(self.device)
         self.clock = CudaClock(self.device, comm_on_host=self.backend == "gloo") \
             if self.device.type == "cuda" else CpuClock()
         self.rec = UserRecorder(self.clock, 0)
@@ -967,6 +967,19 @@ def opt_step_pre(begin):
             return args, dict(kwargs, closure=timed_closure)
         return (args[0], timed_closure, *args[2:]), kwargs
     return pre
+
+
+def backend_name(device) -> str:
+    """The backend this rank's collectives on `device` run on: dist.get_backend(), or where it
+    says "undefined" (a group made per device type, as init_device_mesh and an
+    init_process_group without a backend make it) the default group's backend for the device."""
+    name = dist.get_backend()
+    if name and name != "undefined":
+        return name
+    try:
+        return str(dist.group.WORLD._get_backend(torch.device(device.type)).name())
+    except Exception:  # noqa: BLE001 (a build or group without it: what torch said)
+        return name or "undefined"
 
 
 def _class_name(model) -> str:
