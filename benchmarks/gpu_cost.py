@@ -270,7 +270,7 @@ def main(argv=None) -> int:
             steps = (a.turns + 3) * a.block
             per = st["dump_ms"] / steps
             got[n] = [t + per for t in got[n]]
-            print(f"  {n}: {st['dumps']} Flight Recorder dumps ({st.get('form')}, every {st.get('interval_s', 0):.2f} s), "
+            print(f"  {n}: {st['dumps']} Flight Recorder dumps (every {st.get('interval_s', 0):.2f} s), "
                   f"{st['dump_ms']:.1f} ms of the sender's CPU time in all, "
                   f"{1e3 * per:.1f} µs a step charged; {st['entries']} entries read, "
                   f"{st['missed']} overwritten unread, {side.rec.fr_untimed} buckets untimed"

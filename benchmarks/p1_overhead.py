@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         frs = r0["fr"]
         per = max((r.get("fr", {}).get("dump_ms", 0.0) / max(1, r.get("instr_steps", 1)) for r in doc["ranks"]),
                   default=0.0) / 1e3
-        print(f"  Flight Recorder ({frs.get('form', '?')} form, every {frs.get('interval_s', 0):.2f} s at the end): "
+        print(f"  Flight Recorder (every {frs.get('interval_s', 0):.2f} s at the end): "
               f"{frs['dumps']} dumps, {frs['dump_ms']:.1f} ms of the sender thread's CPU time in all "
               f"({frs['entries']} entries read, {frs['missed']} overwritten unread, buckets untimed "
               f"{r0.get('fr_untimed', 0)}{', failed: ' + frs['failed'] if frs.get('failed') else ''}); "

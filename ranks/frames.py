@@ -597,7 +597,7 @@ def _event(f: Event, lim: Limits) -> None:
         _straggler(f.value, f.slow_rank, f.layer, lim)
     elif f.what == "control_interval" and not 1 <= f.value <= 64:
         raise FrameError(f"value = {f.value} is out of range")
-    elif f.what == "comm_timing" and f.value not in (1, 2):  # (strategies.COMM_TIMING)
+    elif f.what == "comm_timing" and f.value not in spec.COMM_TIMING_NAMES:
         raise FrameError(f"value = {f.value} is not a way of timing buckets")
     elif f.what == "fr_untimed" and not 0 <= f.value <= 2**31:
         raise FrameError(f"value = {f.value} is out of range")

@@ -122,3 +122,9 @@ def parse_slow_rank(text: str, model: str, world: int | None = None) -> tuple[in
 # steps, those a multiple of the period)
 MAX_LAYER_EVERY = 128
 LAYER_EVERY = ("auto",) + tuple(str(2 ** i) for i in range(MAX_LAYER_EVERY.bit_length()))
+
+
+# how DDP's buckets were timed (the `comm_timing` event's value): ddptui's Python comm hook, or
+# NCCL's own timing read from PyTorch's Flight Recorder (ranks.builtin.strategies.comm_timing_for)
+COMM_TIMING = {"comm-hook": 1, "flight-recorder": 2}
+COMM_TIMING_NAMES = {v: k for k, v in COMM_TIMING.items()}

@@ -243,3 +243,45 @@ def test_ddp_buckets_timed_by_the_flight_recorder_path(tmp_path):
             assert all(abs((t1 - t0) - 300) <= 1 for _, t0, t1 in comm)  # (µs, as stored)
             timed += len(comm)
     assert timed >= 8 and sorted(batches) == list(range(6)), "every step kept, the last ones too"
+
+
+def test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap(tmp_path, monkeypatch):
+    """A bucket cap changed mid-run re-wraps DDP: the ready hooks of the old buckets go with the
+    old DDP, the new buckets get theirs, and every bucket after the change is timed."""
+    from ranks.wire import COMM
+    from .helpers import assert_no_leftovers
+    from ddptui.live.launcher import plan
+    from ddptui.live.session import LiveRun, RunOptions
+    monkeypatch.setenv("DDPTUI_FR_STANDIN", "0.3")
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "512")
+    run = LiveRun(RunOptions(model="small", strategies=["ddp"], steps=16, batch_size=256,
+                             bucket_cap_mb=0.05, record=str(tmp_path / "cap.ddptui")), plan(2, None, "cpu"))
+    run.start()
+    deadline, changed = time.monotonic() + 150, False
+    try:
+        while not run.poll():
+            assert time.monotonic() < deadline, "the run did not finish"
+            if not changed and len(run.store.complete_steps("ddp")) >= 4:
+                run.set_bucket_cap(1.0)
+                changed = True
+            time.sleep(0.05)
+    finally:
+        if run.state in ("running", "starting"):
+            run.stop("test timeout")
+    assert changed
+    assert run.store.bucket_timing() == {"by": "flight-recorder", "ranks": {"0": "flight-recorder",
+                                                                          "1": "flight-recorder"}, "untimed": 0}
+    caps = [c for _, c in run.store.cap_changes]
+    assert caps and caps[-1] == 1.0
+    k_cap = run.store.cap_changes[-1][0]
+    per_step = {}
+    for k, by_rank in run.store.span_batches()["ddp"].items():
+        for b in by_rank.values():
+            comm = [(b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == COMM]
+            per_step.setdefault(k, []).append(len(comm))
+            assert all(abs((t1 - t0) - 300) <= 1 for t0, t1 in comm)
+    before = {n for k, ns in per_step.items() if 2 <= k < k_cap for n in ns}
+    after = {n for k, ns in per_step.items() if k >= k_cap + 2 for n in ns}
+    # (0.05 MB: three buckets of small's gradients; 1 MB: two, DDP's first bucket kept small)
+    assert before == {3} and after == {2}, per_step
+    assert_no_leftovers()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import time
 
 import torch
@@ -27,16 +28,10 @@ from ranks.core import flightrec
 from ranks import seams, spec
 from ranks.core.recorder import Recorder
 
-# how DDP's buckets are timed (the `comm_timing` event's value): a Python comm hook, or NCCL's
-# own timing read from the Flight Recorder
-COMM_TIMING = {"comm-hook": 1, "flight-recorder": 2}
-
-
 def comm_timing_for(device) -> tuple[str, str | None]:
     """("flight-recorder", None) where DDP's buckets can be timed by PyTorch itself (CUDA,
     NCCL, timing and a Flight Recorder buffer on), else ("comm-hook", why not).
     DDPTUI_COMM_TIMING=comm-hook|flight-recorder asks for one (the A/B of benchmarks)."""
-    import os
     want = os.environ.get("DDPTUI_COMM_TIMING", "auto")
     if want == "comm-hook":
         return "comm-hook", "DDPTUI_COMM_TIMING=comm-hook"
@@ -553,13 +548,10 @@ class DDPStrategy(Strategy):
         quiet_runtime_stats(self.ddp)
         if self.timing == "flight-recorder":
             if self.rec.fr is None:
-                import os
                 standin = seams.fr_standin() if self.device.type != "cuda" else None
                 dump = flightrec.nccl_dump_fn() if standin is None else flightrec.gloo_standin_dump(standin)
                 self.rec.fr = flightrec.FlightTimes(
                     dump, interval_s=float(os.environ.get("DDPTUI_FR_INTERVAL_S", "0.25")),
-                    # (the JSON form, measured on an H200: ~35 µs an entry, the pickle ~12)
-                    dump_json=flightrec.nccl_json_dump_fn() if os.environ.get("DDPTUI_FR_FORM") == "json" else None,
                     buffer=flightrec.buffer_size())
             self.group = self.ddp.process_group.group_name
             self.pg_backend = self.ddp.process_group._get_backend(self.device)
@@ -584,20 +576,16 @@ class DDPStrategy(Strategy):
         loss.backward()
         if self.ready is not None:  # (NCCL's own timing: which sequence numbers the buckets have)
             rec.comm_seal(self.group, self.pg_backend._get_sequence_number_for_group())
-            if self.track_buckets:
-                self._layout_from_reducer()
         rec.opt_begin()
         self.opt.step()
         rec.opt_end(last=True)  # (the step's end too)
 
     def _layout_from_reducer(self) -> None:
         """The buckets as DDP reports them once rebuilt (no comm hook to see them go by; its
-        logging data: each bucket's parameter indices in arrival order, and its bytes), and
-        each bucket's ready hook on its last parameter. Before the rebuild (the first step):
-        nothing, the step's buckets untimed."""
-        ddp = self.ddp
-        ddp.logger._real.set_runtime_stats_and_log()
-        data = ddp._get_ddp_logging_data()
+        logging data, its runtime stats just taken by reported_sizes: each bucket's parameter
+        indices in arrival order, and its bytes), and each bucket's ready hook on its last
+        parameter. Before the rebuild (the first step): nothing, the step's buckets untimed."""
+        data = self.ddp._get_ddp_logging_data()
         idx = data.get("rebuilt_per_bucket_param_indices") or ""
         sizes = data.get("rebuilt_bucket_sizes") or ""
         if not idx or not sizes:
@@ -622,10 +610,14 @@ class DDPStrategy(Strategy):
     def take_layout_change(self) -> tuple[list, list[int]] | None:
         """(bucket layout seen in the last step, sizes DDP reports) when either changed
         since last reported. DDP rebuilds buckets once; after a few stable steps stop looking."""
-        if not self.track_buckets or not self.seen:  # (NCCL's timing: none before DDP's rebuild)
+        if not self.track_buckets:
+            return None
+        reported = self.reported_sizes()
+        if self.ready is not None:  # (NCCL's own timing: the layout from DDP, between steps)
+            self._layout_from_reducer()
+        if not self.seen:  # (none before DDP's rebuild)
             return None
         seen = sorted(self.seen)
-        reported = self.reported_sizes()
         if seen == self.layout and reported == self.reported:
             self.stable += 1
             if self.stable >= 3:

@@ -267,7 +267,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     from ranks.core.clocks import CpuClock, CudaClock
     from ranks.core.recorder import Recorder
     from ranks.builtin.models import build_model, make_dataset
-    from ranks.builtin.strategies import COMM_TIMING, STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
+    from ranks.builtin.strategies import STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
 
     names = spec.parse_strategies(args.strategies)
     if args.batch_size % world:
@@ -444,7 +444,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                 if not said_timing:  # how its buckets are timed (the summary says it)
                     said_timing = True
                     em.send_now(frames.Event(rank=rank, step=k, what="comm_timing",
-                                             value=COMM_TIMING[strat.timing]))
+                                             value=spec.COMM_TIMING[strat.timing]))
                 change = strat.take_layout_change()
                 if change is not None:
                     layout, reported = change
@@ -458,10 +458,9 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             break
         recent_iters.append(time.monotonic() - t_iter)  # (the next control's interval: this rank's say)
     emit(rec.poll(wait=True, lazy=True))
-    if rec.fr is not None:  # (the last steps' buckets read now, not at the next interval)
+    if rec.fr is not None:  # the last steps' buckets read now, not at the next interval; after
+        # every step is resolved (on the sender thread), how many NCCL's timing did not cover
         rec.fr.refresh(force=True)
-    if rec.fr is not None:  # (after every step is resolved, on the sender thread: how many
-        # buckets NCCL's timing did not cover)
         last_k = int(getattr(em, "step", 0) or 0)
         em.send_now(lambda: frames.Event(rank=rank, step=last_k, what="fr_untimed",
                                          value=min(rec.fr_untimed, 2**31)))

@@ -8,8 +8,9 @@ polls every ~100 ms), `duration_ms` (the GPU's time from start to end event), wi
 `collective_seq_id`, its group (`process_group`: name, description), `input_sizes` and
 `input_dtypes`, `state` and `time_created_ns`. `FlightTimes` dumps the buffer
 (`torch._C._distributed_c10d._dump_nccl_trace`, no stack traces) off the training thread, at
-most every `interval_s` (the dump walks the whole buffer while holding the GIL: ~12 µs an
-entry on an H200's host), and keeps what the steps still need.
+most every `interval_s`, and keeps what the steps still need. A dump holds the GIL throughout
+(~15-25 ms on an H200's host, hardly more for 2,000 entries than for 256; its JSON form,
+`_dump_nccl_trace_json`, took ~3x as long): few dumps of a large buffer.
 
 (ProcessGroupNCCL's on-completion hook, `_register_on_completion_hook`, which handed over the
 same durations one by one, is gone from torch's Python bindings: torch 2.11's and 2.13's
@@ -102,32 +103,6 @@ def nccl_dump_fn():
     return lambda: fn(True, False, False)  # (collectives, no stack traces, every entry)
 
 
-def nccl_json_dump_fn():
-    """torch's NCCL Flight Recorder dump in its JSON form, decoded by msgspec (no pickle to
-    build in C++ nor to read in Python), or None where this build has none. FlightTimes takes
-    it only if its first dump's entries carry what the pickle's do (`usable_entries`)."""
-    try:
-        import msgspec
-        import torch
-        fn = getattr(torch._C._distributed_c10d, "_dump_nccl_trace_json", None)
-    except Exception:  # noqa: BLE001
-        return None
-    if fn is None:
-        return None
-    decode = msgspec.json.Decoder().decode
-    return lambda: decode(fn(True, False))  # (collectives, every entry)
-
-
-def usable_entries(d: dict) -> bool:
-    """A dump whose entries name their group and sequence number and carry a state (the
-    duration where NCCL timed them): what FlightTimes reads."""
-    es = d.get("entries") if isinstance(d, dict) else None
-    if not isinstance(es, list):
-        return False
-    return all(isinstance(e, dict) and "collective_seq_id" in e and "process_group" in e and "state" in e
-               for e in es[:8])
-
-
 def gloo_standin_dump(ms: float):
     """The test seam's stand-in for NCCL's dump (seams.fr_standin): gloo's real Flight Recorder,
     its entries as torch records them, each given what NCCL's watchdog gives a finished one
@@ -162,17 +137,14 @@ class FlightTimes:
     the sender thread; `refresh` dumps at most every `interval_s`."""
 
     def __init__(self, dump, interval_s: float = 0.25, keep: int = 8192, clock=time.monotonic,
-                 dump_json=None, buffer: int = 0):
+                 buffer: int = 0):
         self._dump = dump
-        # the JSON form first where it reads as the pickle does (nccl_json_dump_fn)
-        self._dump_json = dump_json
         self.interval_s = interval_s
         self.min_interval_s = interval_s
         # the buffer's entries (0: unknown): the interval then follows the collectives' rate,
-        # so that each dump reads mostly new entries (a dump costs every entry in the buffer)
+        # so that each dump reads mostly new entries
         self._buffer = buffer
         self._rate_at: tuple | None = None  # (clock, top record_id) at the last dump
-        self.form = "pickle"
         self._keep = keep
         self._clock = clock
         self._lock = threading.Lock()
@@ -197,21 +169,8 @@ class FlightTimes:
             self._last_dump = now
             # the host's time this thread spent (its CPU time: the GIL held, not waited for)
             t0 = time.thread_time_ns()
-            d = None
-            if self._dump_json is not None:
-                try:
-                    d = self._dump_json()
-                    if usable_entries(d):
-                        self.form = "json"
-                    else:
-                        d = None
-                except Exception:  # noqa: BLE001 (the pickle form, from now on)
-                    d = None
-                if d is None:
-                    self._dump_json = None
             try:
-                if d is None:
-                    d = load_dump(self._dump())
+                d = load_dump(self._dump())
             except Exception as e:  # noqa: BLE001 (said once; the spans stay untimed)
                 if self.failed is None:
                     self.failed = f"{type(e).__name__}: {e}"[:200]
@@ -277,8 +236,7 @@ class FlightTimes:
 
     def get(self, group: str, seq: int):
         """(duration_ns, bytes) of a finished collective, or None (not seen finished yet)."""
-        got = self._by_key.get((group, seq))
-        return got
+        return self._by_key.get((group, seq))
 
     def forget(self, group: str, seq: int) -> None:
         self._by_key.pop((group, seq), None)
@@ -307,5 +265,4 @@ class FlightTimes:
 
     def stats(self) -> dict:
         return {"dumps": self.dumps, "dump_ms": self.dump_ns / 1e6, "entries": self.entries_read,
-                "missed": self.missed, "failed": self.failed, "form": self.form,
-                "interval_s": self.interval_s}
+                "missed": self.missed, "failed": self.failed, "interval_s": self.interval_s}

@@ -134,7 +134,7 @@ class Intake:
     def _on_event(self, f: frames.Event) -> None:
         self._rank(f.rank)
         if f.what == "comm_timing":
-            self.comm_timing[f.rank] = COMM_TIMING_NAMES.get(int(f.value), "?")
+            self.comm_timing[f.rank] = spec.COMM_TIMING_NAMES.get(int(f.value), "?")
             return
         if f.what == "fr_untimed":
             self.fr_untimed[f.rank] = int(f.value)
