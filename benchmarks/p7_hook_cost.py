@@ -407,11 +407,15 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
       plain one, in turn, median;
     - each CUDA call the step made (counted by the stand-in) at what the H100 charges for it,
       less this CPU's part of a mark (already in the first figure);
-    - each hook PyTorch dispatched at the H100's dispatch, less this CPU's (a no-op hook's);
+    - each hook PyTorch dispatched at the H100's dispatch in place of this CPU's (a no-op
+      hook's, in the first figure: this CPU's slower dispatch is taken out, a faster one topped
+      up); the marks are node post hooks after the reducer's, as under DDP (`move_after`);
     - each bucket's Python comm hook at its measured cost (DDP calling Python, over its C++
       AllReduce; benchmarks/gpu_cost.py); or, `path` "flight-recorder" (NCCL's own timing, no
-      comm hook): each bucket's ready hook dispatched and its one mark, and the group's
-      sequence number read once a step (the Flight Recorder's dumps are the sender thread's);
+      comm hook): the group's sequence number read once a step (the Flight Recorder's dumps
+      are the sender thread's), and where the layers are marked on a sample of steps only,
+      each bucket's ready hook dispatched and its one mark (every step marked: none, each
+      bucket ready at its block's mark);
     and the period the Recorder chose for its layer marks, the step's length on the device
     being the H100's (in a run the sender thread takes it from the resolved steps). Returns
     the figures, `share_pct` the host time over the H100's step."""
@@ -457,27 +461,46 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
                                               "state": "completed", "duration_ms": 0.1} for q in range(max(1, n - 400), n + 1)]})
         rec.fr = FlightTimes(dump, interval_s=0.0)
         seq = [0]
-    for b, i in enumerate(at):
-        if fr:
-            def issue(p, b=b):  # (BucketReady's hook: one mark, no end)
-                if rec.cur is not None:
-                    rec.comm_issue_fr(b, "0")
-        else:
+    buckets = len(at)
+    ready = None
+    if not fr:
+        for b, i in enumerate(at):
             def issue(p, b=b):
                 cur = rec.cur
                 if cur is None:
                     return
                 slot = rec.comm_issue(b)
                 rec.comm_done(cur, slot)
-        next(blocks[i].parameters()).register_post_accumulate_grad_hook(issue)
-    buckets = len(at)
-    strategies.attach_layer_hooks(timed, rec, "ddp")
+            next(blocks[i].parameters()).register_post_accumulate_grad_hook(issue)
+    marks = strategies.attach_layer_hooks(timed, rec, "ddp")
+    if hasattr(marks, "move_after"):  # (as under DDP: the marks after the reducer's node hooks)
+        marks.move_after()
+    if fr and hasattr(strategies.BucketReady, "enable"):  # (DDPStrategy's: the ready hooks
+        ready = strategies.BucketReady(rec, "0", active=not marks.on)  # only while sampled)
+        ready.set([(b, next(blocks[i].parameters())) for b, i in enumerate(at)])
+
+        def switch(on):
+            marks.set(on)
+            ready.enable(not on)
+        rec.switches["ddp"] = switch
+    elif fr:  # (the code before: a ready hook a bucket on every step)
+        for b, i in enumerate(at):
+            def issue(p, b=b):
+                if rec.cur is not None:
+                    rec.comm_issue_fr(b, "0")
+            next(blocks[i].parameters()).register_post_accumulate_grad_hook(issue)
+
+    def seal(n):  # (DDPStrategy.step: the group's sequence number after the backward)
+        if ready is None:
+            rec.comm_seal("0", n)
+        else:
+            rec.comm_seal("0", n, list(at) if marks.on else None)
     noop_hooks(floor)
     x, y = torch.randn(1, width), torch.zeros(1, dtype=torch.long)
     import timeit
     free_mark_us = min(timeit.repeat(lambda: clock.release(clock.mark()), number=5000, repeat=5)) / 5000 * 1e6
     k = [0]
-    info = {"hooks": 0, "marked": 0}
+    info = {"hooks": 0, "marked": 0, "bucket_hooks": 0}
 
     def one(m, side: int) -> int:
         t0 = time.perf_counter_ns()
@@ -491,9 +514,10 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
         loss.backward()
         if side != 1:
             return time.perf_counter_ns() - t0
-        if fr:  # (DDPStrategy.step: the group's sequence number after the backward)
+        if fr:
             seq[0] += buckets
-            rec.comm_seal("0", seq[0])
+            seal(seq[0])
+            info["bucket_hooks"] += buckets if ready is None or ready.active else 0
         rec.opt_begin()
         try:
             rec.opt_end(last=True)
@@ -514,7 +538,7 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
     import gc
     gc.collect()
     gc.disable()
-    info["hooks"] = info["marked"] = 0
+    info["hooks"] = info["marked"] = info["bucket_hooks"] = 0
     k0 = k[0]
     before = dict(cuda.calls)
     diffs, floors = [], []
@@ -536,7 +560,7 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
         loss = F.cross_entropy(timed(x), y); rec.backward_starts(); loss.backward()
         if fr:
             seq[0] += buckets
-            rec.comm_seal("0", seq[0])
+            seal(seq[0])
         rec.opt_begin(); rec.end()
         rec2_items += rec.poll(wait=True, lazy=True)
     e0 = cuda.calls["elapsed_time"]
@@ -546,22 +570,26 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
     res_py_us = (time.perf_counter_ns() - t) / len(rec2_items) / 1000
     res_calls = (cuda.calls["elapsed_time"] - e0) / len(rec2_items)
     own_us = statistics.median(diffs) / 1000
-    floor_us = max(0.0, statistics.median(floors) / 1000 / layers)  # this CPU's dispatch a hook
+    # this CPU's dispatch a hook: the floor model's hooks (a post-accumulate hook a block and
+    # the loss's pre-hook) less the plain step, each
+    floor_us = max(0.0, statistics.median(floors) / 1000 / (layers + 1))
     hooks = info["hooks"] / n
     charged = charge(per, costs, mark_overhead_us=free_mark_us)  # (elapsed_time: the sender's)
-    if fr:  # the ready hooks (their marks are counted records), the sequence number a step
-        hooks += buckets
+    if fr:  # the ready hooks where registered (their marks are counted records), the
+        hooks += info["bucket_hooks"] / n  # sequence number a step
         comm = costs.get("seq_read", 1.0)
     else:
         comm = buckets * costs["comm_hook"]
-    dispatch = hooks * max(0.0, costs["hook_dispatch"] - floor_us)
+    # each hook dispatched at the H100's cost in place of this CPU's (in own_us), either way
+    dispatch = hooks * (costs["hook_dispatch"] - floor_us)
     host = own_us + charged + dispatch + comm
     return {"model": model, "layers": layers, "buckets": buckets, "step_ms": step_ns / 1e6, "path": path,
             "every": rec.layer_every("ddp"), "marked_frac": info["marked"] / n,
             "own_us": own_us, "charged_us": charged, "dispatch_us": dispatch, "comm_hook_us": comm,
             "host_us": host, "share_pct": 100 * host / (step_ns / 1000), "calls": per,
             "resolve_us": res_py_us + res_calls * costs["elapsed_time"], "resolve_calls": res_calls,
-            "free_mark_us": free_mark_us, "cpu_dispatch_us": floor_us}
+            "free_mark_us": free_mark_us, "cpu_dispatch_us": floor_us,
+            "bucket_hooks": info["bucket_hooks"] / n}
 
 
 def costs_comm_hook() -> float:

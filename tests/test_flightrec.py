@@ -186,6 +186,54 @@ def test_a_rebuilt_layout_matches_each_bucket_to_its_own_collective():
     assert got == [[1, 2, 3, 4], [5, 6]]
 
 
+def test_every_step_marked_each_bucket_is_ready_at_its_blocks_mark_with_no_hook():
+    """The layer marks registered once (every step marked): no bucket hook is registered; each
+    bucket's ready moment is the backward end of the block holding its last gradient, the very
+    mark, and its span starts there or after the bucket before it. Sampled: the hooks are back."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from ranks.builtin.strategies import BucketReady, attach_layer_hooks
+    from ranks.core.clocks import CpuClock
+    from ranks.core.recorder import Recorder
+    rec = Recorder(CpuClock(), 4, every=1)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4)])
+    marks = attach_layer_hooks(model, rec, "ddp")
+    marks.move_after()
+    weights = [next(b.parameters()) for b in model.children()]
+    ready = BucketReady(rec, "0", active=not marks.on)
+    ready.set([(0, weights[3]), (1, weights[1]), (2, weights[0])])
+    assert len(ready.handles) == 3  # (sampled until the steps are timed: a hook a bucket)
+
+    def switch(on):
+        marks.set(on)
+        ready.enable(not on)
+    rec.switches["ddp"] = switch
+    switch(True)
+    assert marks.on and ready.handles == [], "every step marked: no bucket hook at all"
+    rec.fr = FlightTimes(lambda: pickle.dumps({"entries": [entry(s, s, dur_ms=0.001) for s in (1, 2, 3)]}),
+                         interval_s=0.0)
+    rec.begin("ddp", 0, every=1)
+    F.cross_entropy(model(torch.randn(2, 8)), torch.zeros(2, dtype=torch.long)).backward()
+    c = rec.cur
+    assert c.comm_idx == (), "no hook issued a bucket"
+    rec.comm_seal("0", 3, [3, 1, 0])
+    assert [c.comm_ready[j] is c.bwd_e[i] for j, i in enumerate((3, 1, 0))] == [True] * 3
+    assert [e.seq for e in c.comm_end] == [1, 2, 3]
+    rec.opt_begin(); rec.opt_end(last=True); rec.end()
+    (item,) = rec.poll(wait=True)
+    _, _, _, kinds, idxs, t0s, t1s, _ = item
+    bwd_end = {i: b for k, i, b in zip(kinds, idxs, t1s) if k == 1}
+    comm = [(i, a, b) for k, i, a, b in zip(kinds, idxs, t0s, t1s) if k == 2]
+    assert [i for i, _, _ in comm] == [0, 1, 2] and rec.fr_untimed == 0
+    for (i, a, b), blk in zip(comm, (3, 1, 0)):
+        assert a >= bwd_end[blk], f"bucket {i} placed before its block's backward ended"
+        assert b - a == 1_000
+    switch(False)
+    assert len(ready.handles) == 3, "layers sampled: the ready hooks are back"
+
+
 def test_a_bucket_the_recorder_never_saw_is_a_moment_and_counted():
     from ranks.core.clocks import CpuClock
     from ranks.core.recorder import Recorder

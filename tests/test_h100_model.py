@@ -167,9 +167,10 @@ def test_charge_prices_each_counted_call_at_its_measured_cost():
     assert costs["comm_hook"] == 26.0 and costs["event_record"] == 2.39
 
 
-def test_the_flight_recorder_path_charges_no_comm_hook_and_one_mark_a_bucket():
-    """NCCL's own timing on the cost model: each bucket's ready hook makes one mark and no end
-    mark (the comm hook's path makes two), and nothing is charged for a Python comm hook."""
+def test_the_flight_recorder_path_charges_no_comm_hook_and_no_mark_a_bucket():
+    """NCCL's own timing on the cost model, every step marked: no bucket hook and no mark a
+    bucket (each is ready at its block's mark; the comm hook's path marks each end, and the
+    ready moment of the bucket issued in the first block), nothing charged for a comm hook."""
     import os
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -181,5 +182,7 @@ def test_the_flight_recorder_path_charges_no_comm_hook_and_one_mark_a_bucket():
     assert fr["comm_hook_us"] == h100().get("seq_read", 1.0)
     assert hook["comm_hook_us"] == hook["buckets"] * h100()["comm_hook"]
     assert fr["every"] == hook["every"] == 1
-    # one record fewer a bucket (the comm hook's end mark), the same layer marks
-    assert round(hook["calls"]["record"] - fr["calls"]["record"]) == hook["buckets"]
+    # the comm hook's path: an end mark a bucket and the first block's bucket's ready mark
+    # (the others' are the block boundaries'); NCCL's own timing: the layer marks alone
+    assert round(hook["calls"]["record"] - fr["calls"]["record"]) == hook["buckets"] + 1
+    assert fr["bucket_hooks"] == 0

@@ -50,18 +50,24 @@ def comm_timing_for(device) -> tuple[str, str | None]:
 
 
 class BucketReady:
-    """Each DDP bucket's ready moment without a comm hook: a post hook on the AccumulateGrad
-    node of the bucket's last parameter (the last whose gradient arrives: DDP's rebuilt
-    buckets hold them in arrival order), registered after DDP's reducer's own hook on that
-    node, so it runs once the reducer has handed the bucket's AllReduce to NCCL. One hook and
-    one mark a bucket (`Recorder.comm_issue_fr`); re-registered when DDP rebuilds its buckets."""
+    """Each DDP bucket's ready moment without a comm hook, where the layers are not marked on
+    every step (sampled: a step may have no block boundaries to read it from): a post hook on
+    the AccumulateGrad node of the bucket's last parameter (the last whose gradient arrives:
+    DDP's rebuilt buckets hold them in arrival order), registered after DDP's reducer's own
+    hook on that node, so it runs once the reducer has handed the bucket's AllReduce to NCCL.
+    One hook and one mark a bucket (`Recorder.comm_issue_fr`); re-registered when DDP rebuilds
+    its buckets. While every step's layers are marked (`active` false) no hook at all: each
+    bucket is ready at the backward end of its last gradient's block (`Recorder.comm_seal`'s
+    `ready_at`), a mark the step makes anyway."""
 
-    __slots__ = ("rec", "group", "handles", "keys")
+    __slots__ = ("rec", "group", "handles", "keys", "buckets", "active")
 
-    def __init__(self, rec: Recorder, group: str):
+    def __init__(self, rec: Recorder, group: str, active: bool = True):
         self.rec, self.group = rec, group
         self.handles: list = []
         self.keys: list = []
+        self.buckets: list = []
+        self.active = active
 
     def set(self, buckets: list) -> None:
         """buckets: [(bucket index, last parameter)] of the layout in force."""
@@ -69,9 +75,24 @@ class BucketReady:
         if keys == self.keys:
             return
         self.clear()
-        self.keys = keys
+        self.keys, self.buckets = keys, list(buckets)
+        if self.active:
+            self._register()
+
+    def enable(self, active: bool) -> None:
+        """The hooks on (active) or off (every step marked: ready moments from the marks)."""
+        if active == self.active:
+            return
+        self.active = active
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if active:
+            self._register()
+
+    def _register(self) -> None:
         rec, group = self.rec, self.group
-        for b, p in buckets:
+        for b, p in self.buckets:
             node = p.view_as(p).grad_fn.next_functions[0][0]  # (as DDP's reducer finds it)
 
             def ready(gi, go, b=b):
@@ -82,7 +103,7 @@ class BucketReady:
     def clear(self) -> None:
         for h in self.handles:
             h.remove()
-        self.handles, self.keys = [], []
+        self.handles, self.keys, self.buckets = [], [], []
 
 
 class LayerMarks:
@@ -112,7 +133,7 @@ class LayerMarks:
         weight, done = self.entries[i]
         if self.nodes is None:
             return weight.register_post_accumulate_grad_hook(done)
-        return self.nodes[i].register_hook(lambda gi, go, done=done, w=weight: done(w))
+        return self.nodes[i].register_hook(done)  # (done(grad_inputs, grad_outputs): one frame)
 
     def add(self, weight, done) -> None:
         i = len(self.entries)
@@ -247,8 +268,9 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
     for i, block in enumerate(blocks):
         weight = next(block.parameters())
         if i > 0:
-            def done(p, i=i):  # Recorder.bwd_between(i - 1), inlined (p: the weight, or the
-                # gradients of block i - 1's output, a pre-hook's: either way None is returned)
+            def done(*_, i=i):  # Recorder.bwd_between(i - 1), inlined (called with the weight,
+                # the gradients of block i - 1's output (a pre-hook), or a node's gradients (a
+                # post hook): whichever, None is returned)
                 c = rec.cur
                 if c is not None:
                     c.bwd_h[i] = host()  # (CUDA: is the stream idle at the mark? idle_end)
@@ -264,7 +286,7 @@ def attach_layer_hooks(model: nn.Sequential, rec: Recorder, strategy: str | None
                     if s is not None and s.layer == i - 1:
                         s.delay()
         else:
-            def done(p):
+            def done(*_):
                 c = rec.cur
                 if c is None:
                     return
@@ -518,7 +540,19 @@ class DDPStrategy(Strategy):
         # how the buckets are timed (comm_timing_for): a comm hook, or NCCL's own timing
         self.timing, self.timing_why = comm_timing_for(device)
         self.ready: BucketReady | None = None
+        self.ready_at: list[int] | None = None  # each bucket's block (NCCL's own timing)
+        # each parameter's block (the model's parameters are its blocks' in order)
+        self.pblock = [i for i, block in enumerate(self.module.children()) for _ in block.parameters()]
         self.group = self.pg_backend = None
+        if self.timing == "flight-recorder":  # (the layer marks' switch drives the ready hooks)
+            rec.switches[self.name] = self._switch
+
+    def _switch(self, on: bool) -> None:
+        """Every step's layers marked (on) or a sample: the layer marks registered once and no
+        bucket hooks, or the bucket hooks (Recorder.begin, through `rec.switches`)."""
+        self.marks.set(on)
+        if self.ready is not None:
+            self.ready.enable(not on)
 
     def prepare(self) -> None:
         if self.ddp is None:
@@ -555,7 +589,8 @@ class DDPStrategy(Strategy):
                     buffer=flightrec.buffer_size())
             self.group = self.ddp.process_group.group_name
             self.pg_backend = self.ddp.process_group._get_backend(self.device)
-            self.ready = BucketReady(self.rec, self.group)
+            self.ready = BucketReady(self.rec, self.group, active=not self.marks.on)
+            self.ready_at = None
         else:
             self.ddp.register_comm_hook(self, _ddp_hook)
         self.cap_mb = cap_mb
@@ -575,7 +610,8 @@ class DDPStrategy(Strategy):
         rec.backward_starts()
         loss.backward()
         if self.ready is not None:  # (NCCL's own timing: which sequence numbers the buckets have)
-            rec.comm_seal(self.group, self.pg_backend._get_sequence_number_for_group())
+            rec.comm_seal(self.group, self.pg_backend._get_sequence_number_for_group(),
+                          self.ready_at if self.marks.on else None)
         rec.opt_begin()
         self.opt.step()
         rec.opt_end(last=True)  # (the step's end too)
@@ -599,6 +635,12 @@ class DDPStrategy(Strategy):
             return
         self.seen = [(b, ps, n) for b, (ps, n) in enumerate(zip(per, nbytes))]
         self.ready.set([(b, self.params[ps[-1]]) for b, ps in enumerate(per)])
+        # (DDP launches its buckets in order: one is ready once those before it are)
+        at, low = [], len(self.pblock)
+        for ps in per:
+            low = min(low, min(self.pblock[i] for i in ps))
+            at.append(low)
+        self.ready_at = at
 
     def reported_sizes(self) -> list[int]:
         """Bucket sizes in bytes as DDP itself reports them (rebuilt ones once rebuilt).

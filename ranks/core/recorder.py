@@ -328,12 +328,29 @@ class Recorder:
         slot = self.comm_issue(idx)
         self.cur.comm_end[slot] = FrEnd(group)
 
-    def comm_seal(self, group: str, last_seq: int) -> None:
+    def comm_seal(self, group: str, last_seq: int, ready_at: list[int] | None = None) -> None:
         """After the backward: the group's sequence number now; the step's FrEnd slots of that
-        group, in issue order, are the collectives that end there."""
+        group, in issue order, are the collectives that end there. `ready_at`: each bucket's
+        block, the one holding its last gradient to arrive, where no hook marked the buckets
+        (the layer marks registered once, every step marked): the step's slots made here, in
+        bucket order, each ready at its block's backward end, the very mark (the block is done
+        when its weight's gradient is in the bucket: after its bias's, after DDP's hooks).
+        No hook, no event and no Python per bucket on the training thread."""
         c = self.cur
-        if c is None or c.comm_idx is NO_COMMS:
+        if c is None:
             return
+        if c.comm_idx is NO_COMMS:
+            if ready_at is None or not c.layers:
+                return
+            bwd_e = c.bwd_e
+            n = len(ready_at)
+            c.comm_idx, c.comm_kind = list(range(n)), [COMM] * n
+            c.comm_ready = [bwd_e[i] for i in ready_at]
+            if None in c.comm_ready:  # (a block not marked: ready at the backward's end, end())
+                c.defer = [j for j, t in enumerate(c.comm_ready) if t is None]
+            c.comm_end = [FrEnd(group) for _ in range(n)]
+            c.comm_hend, c.comm_thr, c.comm_strm = [None] * n, [None] * n, [None] * n
+            c.synced += n
         ends = [e for e in c.comm_end if type(e) is FrEnd and e.group == group and e.seq is None]
         for j, e in enumerate(ends):
             e.seq = last_seq - (len(ends) - 1 - j)
