@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ranks.core import markop
 from ranks.core.instrument import Recorder, StepRecord, letting_go
 from ranks.wire import BWD, FWD, OTHER
 
@@ -430,6 +431,11 @@ def attach_module_hooks(chosen, rec: Recorder, base: int = 0, param_ends=()) -> 
     accumulated (a callable for a parameter several layers hold: tied weights)."""
     handles = []
     grad_on = torch.is_grad_enabled
+    compiling = torch.compiler.is_compiling
+    # the layers whose backward's end an op in a compiled graph marks: their parameters'
+    # gradients are accumulated once the whole compiled backward is done, no layer's end there
+    # (a layer whose input needs no gradient, an embedding's, keeps its parameters' mark)
+    in_graph: set[int] = set()
     for i, (_name, mod) in enumerate(chosen, base):
         def bwd_end(g, i=i):
             rec.bwd_end(i)
@@ -437,7 +443,17 @@ def attach_module_hooks(chosen, rec: Recorder, base: int = 0, param_ends=()) -> 
         def bwd_begin(g, i=i):
             rec.bwd_begin(i)
 
-        def pre(m, args, i=i, bwd_end=bwd_end):
+        # traced by torch.compile: the same marks as ops in the graph (ranks.core.markop), no
+        # graph break; the start's gradient is the backward's end, the end's its start
+        def op_bwd_end(i=i):
+            in_graph.add(i)
+            rec.bwd_end(i)
+        pre_code = markop.register(lambda i=i: rec.fwd_begin(i), op_bwd_end)
+        post_code = markop.register(lambda i=i: rec.fwd_end(i), lambda i=i: rec.bwd_begin(i))
+
+        def pre(m, args, i=i, bwd_end=bwd_end, code=pre_code):
+            if compiling():
+                return markop.marked(args, code)
             if rec.cur is None:
                 return
             rec.fwd_begin(i)
@@ -445,7 +461,9 @@ def attach_module_hooks(chosen, rec: Recorder, base: int = 0, param_ends=()) -> 
                 for x in _tensors(args, []):
                     x.register_hook(bwd_end)
 
-        def post(m, args, out, i=i, bwd_begin=bwd_begin):
+        def post(m, args, out, i=i, bwd_begin=bwd_begin, code=post_code):
+            if compiling():
+                return markop.marked(out, code)
             if rec.cur is None:
                 return
             rec.fwd_end(i)
@@ -459,8 +477,14 @@ def attach_module_hooks(chosen, rec: Recorder, base: int = 0, param_ends=()) -> 
             handles.append(target.register_forward_hook(post))
     for p, i in param_ends:
         if callable(i):
-            handles.append(p.register_post_accumulate_grad_hook(lambda p, f=i: rec.bwd_end(f())))
+            def end(p, f=i):
+                j = f()
+                if j not in in_graph:
+                    rec.bwd_end(j)
         else:
-            handles.append(p.register_post_accumulate_grad_hook(lambda p, i=i: rec.bwd_end(i)))
+            def end(p, i=i):
+                if i not in in_graph:
+                    rec.bwd_end(i)
+        handles.append(p.register_post_accumulate_grad_hook(end))
     return handles
 

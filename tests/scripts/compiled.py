@@ -1,0 +1,79 @@
+"""(tests) A small GPT-like model under torch.compile, trained with DDP on gloo, the ways real
+scripts do it: nanoGPT compiles the model and wraps the compiled model in DDP ("inside");
+others compile the DDP module ("outside"). Rank 0 prints, at the end, what torch._dynamo
+counted: `GRAPH_BREAKS n` and `GRAPHS n` (frames compiled). Nothing of ddptui (run it under
+`ddptui run --auto`, or alone with torchrun: the counts must be the same).
+
+    --iters N       optimizer steps (default 8)
+    --wrap W        inside (default): DDP(torch.compile(model)); outside: torch.compile(DDP(model));
+                    none: torch.compile(model), no DDP (the gradients all-reduced by hand)
+    --backend B     torch.compile's backend (default inductor)
+"""
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.proj(F.gelu(self.fc(self.ln(x))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab=512, d=64, n=4):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.h = nn.ModuleList([Block(d) for _ in range(n)])
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx)
+        for b in self.h:
+            x = b(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+p = argparse.ArgumentParser()
+p.add_argument("--iters", type=int, default=8)
+p.add_argument("--wrap", choices=("inside", "outside", "none"), default="inside")
+p.add_argument("--backend", default="inductor")
+a = p.parse_args()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = TinyGPT()
+if a.wrap == "inside":
+    model = DDP(torch.compile(model, backend=a.backend))
+elif a.wrap == "outside":
+    model = torch.compile(DDP(model), backend=a.backend)
+else:
+    model = torch.compile(model, backend=a.backend)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(rank)
+idx = torch.randint(0, 512, (4, 33), generator=g)
+for it in range(a.iters):
+    loss = model(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+    loss.backward()
+    if a.wrap == "none":
+        for q in model.parameters():
+            dist.all_reduce(q.grad)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+if rank == 0:
+    from torch._dynamo.utils import counters
+    print(f"GRAPH_BREAKS {sum(counters['graph_break'].values())}")
+    print(f"GRAPHS {counters['stats']['unique_graphs']}")
+    for why, n in counters["graph_break"].items():
+        print(f"BREAK {n} {why[:200]!r}")
+dist.destroy_process_group()
