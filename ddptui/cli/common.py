@@ -41,6 +41,11 @@ def _json_took_input(argv: list[str]) -> str | None:
 
 
 JSON_METAVAR = "PATH|-"
+# what summary, replay and export read (ddptui.recording.rankset.open_reader)
+FILE_HELP = ("a .ddptui recording, or a directory of one per rank: rank<N>.ddptui recordings, "
+             "torch.profiler traces (*.json), or PyTorch Flight Recorder dumps (<prefix><rank>, "
+             "pickle or JSON, as NCCL's watchdog writes them: the first collective each process "
+             "group's ranks disagree on, docs/flight-recorder.md)")
 
 
 def json_target(value: str | None, what: str = "--json") -> str | None:

@@ -13,8 +13,9 @@ import os
 import re
 import sys
 
-from .common import CliError, check_writable_path, Parser
+from .common import FILE_HELP, CliError, check_writable_path, Parser
 from ranks.recfile import RecordingError
+from ddptui.model import frverdict
 from ddptui.reports.trace import export
 
 
@@ -23,7 +24,7 @@ def parser() -> Parser:
                 description="Write a recording as a Chrome trace (Trace Event Format JSON) for "
                             "Perfetto and chrome://tracing, or (--format kineto) as one "
                             "torch.profiler trace per rank for Holistic Trace Analysis (HTA).")
-    p.add_argument("file", metavar="FILE", help="a .ddptui recording")
+    p.add_argument("file", metavar="FILE", help=FILE_HELP)
     p.add_argument("-o", "--output", metavar="PATH",
                    help="chrome: the trace to write (default: FILE with .trace.json; '-' for "
                         "stdout); kineto: the directory to write rank<N>.json into (default: "
@@ -92,7 +93,11 @@ def main(argv: list[str]) -> int:
         raise CliError(str(e)) from None
     except OSError as e:
         raise CliError(f"-o {out}: cannot write ({e.strerror or e})") from None
-    if got.damage:
+    fr = frverdict.of_run(got.store.meta)
+    if fr is not None:  # (Flight Recorder dumps: a line for each that could not be read)
+        for why in (fr.get("unreadable") or {}).values():
+            print(f"ddptui: warning: {a.file}: {why}", file=sys.stderr, flush=True)
+    elif got.damage:
         print(f"ddptui: warning: {a.file}: {got.damage}; exported what was read: {got.steps_text()}",
               file=sys.stderr, flush=True)
     if got.rejected:

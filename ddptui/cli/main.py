@@ -24,6 +24,7 @@ commands:
   ddptui replay FILE               replay a recording in the same UI (--headless: figures)
   ddptui export FILE -o trace.json Chrome/Perfetto trace of a recording
   ddptui summary FILE [--json P]   per-strategy figures of a recording
+  ddptui summary DIR               Flight Recorder dumps: who never issued which collective
   ddptui bench [options]           the seeds' benchmark table with the cost model
   ddptui verify [options]          check every span against torch.profiler on this machine
   ddptui serve FILE | --attach     the UI in a browser: a replay, or a read-only view of a live run

@@ -28,8 +28,9 @@ def rank_files(path: str) -> list[str]:
         raise RecordingError(f"{path}: cannot list ({e.strerror})") from None
     found = sorted((int(m.group(1)), n) for n in names if (m := _RANK_FILE.fullmatch(n)))
     if not found:
-        raise RecordingError(f"{path}: a directory without per-rank recordings (rank<N>.ddptui) "
-                              f"or torch.profiler traces (*.json, *.json.gz)")
+        raise RecordingError(f"{path}: a directory without per-rank recordings (rank<N>.ddptui), "
+                              f"PyTorch Flight Recorder dumps (<prefix><rank>) or torch.profiler "
+                              f"traces (*.json, *.json.gz)")
     return [os.path.join(path, n) for _, n in found]
 
 
@@ -88,10 +89,15 @@ class RankSetReader(Reader):
 
 def open_reader(path: str, chunk: int = 1 << 20) -> Reader:
     """The reader of a recording: a file's Reader, a directory of per-rank files as one, or a
-    directory of torch.profiler traces (recording/kineto.py)."""
+    directory of PyTorch Flight Recorder dumps (recording/frdump.py) or of torch.profiler
+    traces (recording/kineto.py)."""
     if isinstance(path, str) and os.path.isdir(path):
-        from .kineto import KinetoReader, trace_files
-        if trace_files(path) and not any(_RANK_FILE.fullmatch(n) for n in os.listdir(path)):
-            return KinetoReader(path)  # torch.profiler traces, one per rank
+        if not any(_RANK_FILE.fullmatch(n) for n in os.listdir(path)):
+            from .frdump import FrDumpReader, dump_files
+            if dump_files(path) is not None:
+                return FrDumpReader(path)  # type: ignore[return-value]  # one dump per rank
+            from .kineto import KinetoReader, trace_files
+            if trace_files(path):
+                return KinetoReader(path)  # type: ignore[return-value]  # torch.profiler traces, one per rank
         return RankSetReader(path, chunk)
     return Reader(path, chunk)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ddptui.model import collectives
 from ddptui.model import figures
+from ddptui.model import frverdict
 from ddptui.model import hang
 from ddptui.model import stragglers
 from ddptui.model.gpu import gpu_info, gpu_text, shared_gpu_doc, shared_gpu_note
@@ -203,6 +204,25 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
             console.print("  " + line, markup=False, highlight=False)
 
 
+def print_flight_recorder(fr: dict, meta: dict, file=None) -> None:
+    """Flight Recorder dumps' report (model/frverdict.py): what was read, then the verdict."""
+    out = file or sys.stdout
+    dumps = fr.get("dumps") or {}
+    versions = sorted({d.get("version") for d in dumps.values() if d.get("version")})
+    entries = sum(int(d.get("entries") or 0) for d in dumps.values())
+    print(f"Flight Recorder dumps · {_ranks(meta.get('world'))} ({len(dumps)} dumped) · "
+          f"{fr.get('backend') or 'backend unknown'} · {len(fr.get('groups') or ())} process group(s) · "
+          f"{entries} collectives · files {fr.get('prefix')}<rank>"
+          + (f" · format {', '.join(versions)}" if versions else ""), file=out)
+    lines = fr.get("lines") or [fr.get("verdict", "")]
+    print(f"verdict: {lines[0]}", file=out)
+    for line in lines[1:]:
+        print(line, file=out)
+    for note in fr.get("notes") or ():
+        print(f"note: {note}", file=out)
+    out.flush()
+
+
 def json_doc(rows: list[dict], meta: dict, extra: dict | None = None) -> dict:
     doc = {
         "model": meta.get("model"), "world_size": meta.get("world"), "batch": meta.get("batch"),
@@ -250,7 +270,11 @@ def report_run(store, json_path: str | None, extra, *, title: str | None = None,
         meta["backend"] = ranks[min(ranks)].backend
     for note in notes:
         print(f"ddptui: warning: {note}", file=err, flush=True)
-    if any(r.get("steps") for r in rows):
+    fr = frverdict.of_run(store.meta)  # (Flight Recorder dumps: the verdict, no step figures)
+    if fr is not None:
+        rows = []
+        print_flight_recorder(fr, meta, file=out)
+    elif any(r.get("steps") for r in rows):
         head = title or run_title(meta)
         label = simulated_label(meta)
         if label is not None and label not in head:  # (a title given: the label still leads)
@@ -271,6 +295,8 @@ def report_run(store, json_path: str | None, extra, *, title: str | None = None,
               file=err, flush=True)
     if json_path:
         doc = json_doc(rows, meta, extra(dropped))
+        if fr is not None:
+            doc["flight_recorder"] = fr
         if memory:
             doc["memory"] = memory
         shared = shared_gpu_doc(meta, rows, recording)

@@ -20,7 +20,7 @@ from ranks import spec
 from .jobs import JobQueue
 from .source import BucketControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
-from ddptui.model import figures
+from ddptui.model import figures, frverdict
 from ddptui.model.gpu import shared_gpu_note
 from ddptui.model.runinfo import simulated_label
 from ddptui.model.views import Lane
@@ -314,8 +314,10 @@ class DdpApp(App):
                 panel.draw(frame)
         slow = waits.culprit_gist(store, shown)
         note = "" if slow else waits.gathering(store, shown)  # (no verdict before a full window)
+        fr = frverdict.of_run(store.meta)  # (Flight Recorder dumps: their verdict, not figures)
         self.headline.show(headline.build(rows, figures.speedups(rows), self.size.width, slow, note,
-                                          simulated_label(store.meta), shared_gpu_note(store.meta, rows)))
+                                          simulated_label(store.meta), shared_gpu_note(store.meta, rows),
+                                          verdict=frverdict.headlines(fr) if fr is not None else None))
         self.title_line.show([statuslines.title(store, strategies, self.talk_title)])
         ops, grads = _coll_ops(views)
         self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width, ops, allreduce=grads)])
@@ -418,7 +420,9 @@ class DdpApp(App):
             state.insert(1, (f" {note} ·", theme.style(theme.WARN, bold=True)))
         gist = "" if self.panels["waits"].display else waits.compact(store, self.shown_steps())
         stuck = store.stall()  # (heartbeats: a hung collective, DDP's buckets included)
-        return statuslines.status(store, state, gist, stuck.short() if stuck else "")
+        fr = frverdict.of_run(store.meta)  # (Flight Recorder dumps: the first disagreement)
+        said = stuck.short() if stuck else fr["short"] if fr is not None and frverdict.headlines(fr)[1] else ""
+        return statuslines.status(store, state, gist, said)
 
     def say(self, note: str) -> None:
         """A note on the status line for NOTE_S (a key that could not do all it says)."""

@@ -110,9 +110,15 @@ COLOUR = {"good": theme.GOOD, "bad": theme.ERROR, "same": theme.WARN, "none": th
 
 
 def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = "",
-          label: str | None = None, why: list[str] | tuple = ()) -> list[Parts]:
+          label: str | None = None, why: list[str] | tuple = (),
+          verdict: tuple[list[str], bool] | None = None) -> list[Parts]:
     """`label`: a simulated run's ('SIMULATED · 4x A100 80GB PCIe · 4 GPUs'), said first, whole
-    where the sentence keeps 40 cells, else 'SIMULATED' alone."""
+    where the sentence keeps 40 cells, else 'SIMULATED' alone. `verdict`: Flight Recorder dumps'
+    (model/frverdict.headlines: its sentences, fullest first, and whether they name a hang),
+    said instead of any figure (dumps have no steps to compare)."""
+    if verdict is not None:
+        text, v = fitted([(t, "bad" if verdict[1] else "good") for t in verdict[0] if t], max(0, width - 2))
+        return [[(" " + text + " ", theme.style("#000000", COLOUR[v], bold=True))]]
     overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
     warm = warming(rows)
     head: Parts = []

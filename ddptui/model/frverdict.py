@@ -1,0 +1,669 @@
+"""A hang named from PyTorch's Flight Recorder dumps: for each process group, the first
+collective its ranks disagree on, and where each rank is.
+
+A dump (one per rank, plain data: ranks/core/flightrec.load_dump, or its JSON form) holds a
+ring buffer of `entries`, every collective of every process group the rank issued (its group
+`process_group` (name, description), its `collective_seq_id` in that group, `profiling_name`
+such as "nccl:all_reduce", sizes and dtypes, `state`, times), and `pg_status` (per group id:
+the last collective enqueued, started, completed), `pg_config` (per group: its ranks; gloo
+leaves it empty) and its `version`. `rank_dump` reads one, tolerant of the format versions
+torch 2.11 to 2.15 write (fields missing, numbers as text in the JSON form).
+
+`verdict(dumps, world)` then, per group (its ranks from pg_config, else the ranks whose dumps
+name it, the default group: every rank), walks its sequence numbers upward and stops at the
+first one where its ranks disagree, as PyTorch's analyzer (`fr_trace`) does: the ranks that
+never issued it (their last collective of the group is before it), the ranks that issued
+another op, other sizes (inputs, except an all_to_all's or a scatter's; outputs, except an
+all_to_all's or a gather's) or other dtypes, and last, the ranks whose entry is in another
+state. The reference is what most ranks issued (a tie: the lowest rank's). A rank whose
+buffer wrapped before a sequence number knows nothing of it (never counted as missing).
+Each rank's last completed collective and the ones in flight are said beside it; an entry
+"completed" is one its state says so, or, where the backend keeps no state (gloo: every entry
+"scheduled"), one it retired or pg_status counts as completed: a collective that ended
+without all its group's ranks having issued it ended by an error (gloo: its timeout).
+Point-to-point entries (send, recv) are drawn and said in flight, not matched.
+
+Pure: plain data in, a `Verdict` out (`doc()` for JSON, `lines()` and `headline()` for text).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ranks.core.flightrec import entry_bytes
+
+DEFAULT_DESC = "default_pg"
+NO_STATE_BACKENDS = ("gloo",)  # backends whose entries stay "scheduled" (no start or end seen)
+SHOWN = 8  # ranks named in a line before "and N more"
+DUMP_SLACK_NS = 60 * 1_000_000_000  # a dump's file written this long after its timeout: still its moment
+
+
+class DumpFormatError(ValueError):
+    """Plain data that is not a Flight Recorder dump (no entries list, entries of no shape)."""
+
+
+@dataclass(frozen=True)
+class FrEntry:
+    """One entry of a rank's buffer, as read (times: the host's wall clock, ns)."""
+    rank: int
+    record_id: int
+    group: str  # the process group's name (`process_group`[0])
+    desc: str  # its description ("default_pg", "undefined", a user's)
+    pg_id: int | None
+    seq: int  # collective_seq_id; a point-to-point entry's: p2p_seq_id
+    p2p: bool
+    op: str  # "all_reduce", "send 0->1": profiling_name less its backend
+    backend: str  # "nccl", "gloo", ...
+    in_sizes: tuple = ()
+    in_dtypes: tuple = ()
+    out_sizes: tuple = ()
+    out_dtypes: tuple = ()
+    state: str = ""  # "scheduled", "started", "completed" as recorded
+    retired: bool | None = None
+    created_ns: int | None = None
+    started_ns: int | None = None  # as the watchdog discovered it (it polls)
+    completed_ns: int | None = None
+    duration_ms: float | None = None  # the GPU's time (TORCH_NCCL_ENABLE_TIMING)
+    timeout_ms: int | None = None
+    where: str = ""  # the innermost frame outside torch.distributed: "train.py:42 (step)"
+
+    @property
+    def name(self) -> str:
+        """'all_reduce #4'."""
+        return f"{self.op} #{self.seq}"
+
+    @property
+    def nbytes(self) -> int:
+        """The larger of its inputs' and outputs' bytes (an all-gather's gathered output)."""
+        return max(entry_bytes({"input_sizes": self.in_sizes, "input_dtypes": self.in_dtypes}),
+                   entry_bytes({"input_sizes": self.out_sizes, "input_dtypes": self.out_dtypes}))
+
+
+@dataclass
+class RankDump:
+    """One rank's dump, read: its entries by record_id, what it says of its groups."""
+    rank: int
+    version: str = ""
+    entries: list[FrEntry] = field(default_factory=list)
+    group_ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # pg_config's, where given
+    group_desc: dict[str, str] = field(default_factory=dict)
+    status: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # group -> (enqueued, started, completed)
+    skipped: int = 0  # entries of no readable shape
+    dumped_ns: int | None = None  # when the dump was written (its file's time), if known
+
+    @property
+    def wrapped(self) -> bool:
+        """The buffer wrapped: its first entries are gone (the first record_id is not 0)."""
+        return bool(self.entries) and self.entries[0].record_id > 0
+
+    @property
+    def backend(self) -> str:
+        got = Counter(e.backend for e in self.entries)
+        return got.most_common(1)[0][0] if got else ""
+
+    def latest_ns(self) -> int | None:
+        """The latest time its entries hold."""
+        got = [t for e in self.entries for t in (e.created_ns, e.started_ns, e.completed_ns) if t]
+        return max(got, default=None)
+
+    def end_ns(self) -> int | None:
+        """The moment of the dump, as far as it can be told: its file's time where that is at
+        or after its latest entry and within its longest timeout (and a minute) of it (a file
+        copied later has a later time); else its latest entry's time."""
+        latest = self.latest_ns()
+        if latest is None:
+            return self.dumped_ns
+        slack = max([e.timeout_ms or 0 for e in self.entries] + [0]) * 1_000_000 + DUMP_SLACK_NS
+        if self.dumped_ns is not None and latest <= self.dumped_ns <= latest + slack:
+            return self.dumped_ns
+        return latest
+
+    def done(self, e: FrEntry) -> bool:
+        """Whether an entry ended (module docstring: state, else retired or pg_status)."""
+        if e.state == "completed":
+            return True
+        if e.state == "started" or e.backend not in NO_STATE_BACKENDS and e.state:
+            return False
+        st = self.status.get(e.group)
+        return bool(e.retired) or (not e.p2p and st is not None and e.seq <= st[2])
+
+
+def _int(v, default=None):
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v == v:
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            return default
+    return default
+
+
+def _float(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f else None
+
+
+def _sizes(v) -> tuple:
+    if not isinstance(v, (list, tuple)):
+        return ()
+    return tuple(tuple(x for x in (_int(d, 0) for d in s)) if isinstance(s, (list, tuple)) else ()
+                 for s in v)
+
+
+def _strs(v) -> tuple:
+    return tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else ()
+
+
+def _ranks_of(v) -> tuple[int, ...]:
+    """pg_config's `ranks`: '[0, 1]' (text), or a list."""
+    if isinstance(v, str):
+        v = [x for x in v.strip().strip("[]").replace(",", " ").split() if x]
+    if not isinstance(v, (list, tuple)):
+        return ()
+    got = [_int(x) for x in v]
+    return tuple(sorted({x for x in got if x is not None and x >= 0}))
+
+
+def _where(frames) -> str:
+    """The innermost frame outside torch.distributed (the caller's code): 'train.py:42 (step)'."""
+    if not isinstance(frames, (list, tuple)):
+        return ""
+    for f in frames:
+        if not isinstance(f, dict):
+            continue
+        path = str(f.get("filename") or "")
+        if "torch/distributed/" in path or "c10d_logger" in path or path.endswith("typing_extensions.py"):
+            continue
+        base = path.rsplit("/", 1)[-1]
+        return f"{base}:{_int(f.get('line'), '?')} ({f.get('name') or '?'})"[:200]
+    return ""
+
+
+def _entry(rank: int, e) -> FrEntry | None:
+    if not isinstance(e, dict):
+        return None
+    name = e.get("profiling_name")
+    if not isinstance(name, str) or not name:
+        return None
+    backend, _, op = name.partition(":")
+    if not op:
+        backend, op = "", backend
+    pg = e.get("process_group")
+    gname, desc = (str(pg[0]), str(pg[1])) if isinstance(pg, (list, tuple)) and len(pg) >= 2 else \
+        (str(_int(e.get("pg_id"), "?")), "")
+    p2p = e.get("is_p2p")
+    p2p = bool(p2p) if isinstance(p2p, bool) else op.split(" ")[0] in ("send", "recv")
+    seq = _int(e.get("p2p_seq_id") if p2p else e.get("collective_seq_id"))
+    rid = _int(e.get("record_id"))
+    if seq is None or rid is None:
+        return None
+    ret = e.get("retired")
+    return FrEntry(rank=rank, record_id=rid, group=gname, desc=desc, pg_id=_int(e.get("pg_id")), seq=seq,
+                   p2p=p2p, op=op.strip(), backend=backend.strip(), in_sizes=_sizes(e.get("input_sizes")),
+                   in_dtypes=_strs(e.get("input_dtypes")), out_sizes=_sizes(e.get("output_sizes")),
+                   out_dtypes=_strs(e.get("output_dtypes")), state=str(e.get("state") or ""),
+                   retired=ret if isinstance(ret, bool) else None, created_ns=_int(e.get("time_created_ns")),
+                   started_ns=_int(e.get("time_discovered_started_ns")),
+                   completed_ns=_int(e.get("time_discovered_completed_ns")),
+                   duration_ms=_float(e.get("duration_ms")), timeout_ms=_int(e.get("timeout_ms")),
+                   where=_where(e.get("frames")))
+
+
+def rank_dump(raw, rank: int, dumped_ns: int | None = None) -> RankDump:
+    """One rank's dump (plain data: the pickle's or the JSON's) read; DumpFormatError when it
+    is not a Flight Recorder dump. Entries of no readable shape are skipped (counted)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("entries", None), list):
+        raise DumpFormatError("not a Flight Recorder dump (no 'entries' list)")
+    out = RankDump(rank=rank, version=str(raw.get("version") or ""), dumped_ns=dumped_ns)
+    for e in raw["entries"]:
+        got = _entry(rank, e)
+        if got is None:
+            out.skipped += 1
+        else:
+            out.entries.append(got)
+    if raw["entries"] and not out.entries:
+        raise DumpFormatError(f"none of its {len(raw['entries'])} entries has a Flight Recorder entry's shape")
+    out.entries.sort(key=lambda x: x.record_id)
+    cfg = raw.get("pg_config")
+    if isinstance(cfg, dict):
+        for key, c in cfg.items():
+            if not isinstance(c, dict):
+                continue
+            name = str(c.get("name") or key)
+            ranks = _ranks_of(c.get("ranks"))
+            if name and ranks:
+                out.group_ranks[name] = ranks
+            if name and c.get("desc"):
+                out.group_desc[name] = str(c["desc"])
+    names = {e.pg_id: e.group for e in out.entries if e.pg_id is not None}
+    st = raw.get("pg_status")
+    if isinstance(st, dict):
+        for key, s in st.items():
+            if not isinstance(s, dict):
+                continue
+            k = _int(key)
+            name = names.get(k, str(key))
+            out.status[name] = tuple(_int(s.get(f), -1) for f in (  # type: ignore[assignment]
+                "last_enqueued_collective", "last_started_collective", "last_completed_collective"))
+    return out
+
+
+# -- the verdict -----------------------------------------------------------------------------
+@dataclass
+class RankAt:
+    """Where one rank is in one group."""
+    rank: int
+    last_issued: int | None  # the group's last sequence number it issued (entries or pg_status)
+    last_done: FrEntry | None  # its last collective of the group that completed
+    in_flight: list[FrEntry] = field(default_factory=list)  # issued, not ended (point-to-point too)
+    failed: list[FrEntry] = field(default_factory=list)  # ended without every rank of the group
+    known_from: int = 1  # its buffer holds the group's sequence numbers from this one on
+
+
+@dataclass
+class Disagreement:
+    """The first collective of a group its ranks disagree on."""
+    seq: int
+    ref: FrEntry  # what most ranks issued
+    issued: list[int]
+    agree: list[int] = field(default_factory=list)  # the ranks that issued `ref` as it is
+    never: list[int] = field(default_factory=list)
+    other_op: dict[int, FrEntry] = field(default_factory=dict)
+    other_sizes: dict[int, FrEntry] = field(default_factory=dict)
+    other_dtypes: dict[int, FrEntry] = field(default_factory=dict)
+    other_state: dict[int, FrEntry] = field(default_factory=dict)
+    unknown: list[int] = field(default_factory=list)  # no dump, or its buffer wrapped past it
+
+    @property
+    def kinds(self) -> list[str]:
+        """'never', 'op', 'sizes', 'dtypes', 'state': what disagrees."""
+        return [k for k, v in (("never", self.never), ("op", self.other_op), ("sizes", self.other_sizes),
+                               ("dtypes", self.other_dtypes), ("state", self.other_state)) if v]
+
+
+@dataclass
+class GroupVerdict:
+    name: str
+    desc: str
+    ranks: list[int]
+    ranks_from: str  # "pg_config", "world" (the default group), "entries" (whose dumps name it)
+    first: Disagreement | None
+    at: dict[int, RankAt]
+    last_agreed: int | None  # the last sequence number every rank issued alike, before `first`
+    no_dump: list[int] = field(default_factory=list)
+    ends: dict[int, int | None] = field(default_factory=dict)  # rank -> its dump's moment (RankDump.end_ns)
+
+    @property
+    def label(self) -> str:
+        """'default_pg', 'group 1', 'tp (group 3)'."""
+        if self.desc == DEFAULT_DESC:
+            return DEFAULT_DESC
+        if self.desc and self.desc != "undefined":
+            return f"{self.desc} (group {self.name})"
+        return f"group {self.name}"
+
+    @property
+    def in_flight(self) -> dict[int, list[FrEntry]]:
+        return {r: a.in_flight for r, a in self.at.items() if a.in_flight}
+
+
+@dataclass
+class Verdict:
+    groups: list[GroupVerdict]
+    ranks: list[int]  # the ranks with a dump
+    world: int
+    no_dump: dict[int, str] = field(default_factory=dict)  # rank -> why (unreadable, absent)
+    empty: list[int] = field(default_factory=list)  # ranks whose dump holds no entry
+    wrapped: list[int] = field(default_factory=list)
+
+    def states(self) -> tuple[set[int], set[int]]:
+        """The ids (id()) of the entries in flight and of those that ended by an error."""
+        flying = {id(e) for g in self.groups for a in g.at.values() for e in a.in_flight}
+        failed = {id(e) for g in self.groups for a in g.at.values() for e in a.failed}
+        return flying, failed
+
+    def culprit(self) -> GroupVerdict | None:
+        """The group whose first disagreement came first (its reference entry created first)."""
+        bad = [g for g in self.groups if g.first is not None]
+        return min(bad, key=lambda g: (g.first.ref.created_ns or 0, g.name)) if bad else None
+
+    def headline(self) -> str:
+        """The verdict in a sentence."""
+        g = self.culprit()
+        if g is not None:
+            return f"{g.label} {_ranks_text(g.ranks, 'ranks')}: {_disagreement(g.first)}"
+        hung = [g for g in self.groups if g.in_flight]
+        if hung:
+            g = hung[0]
+            firsts = {r: es[0] for r, es in g.in_flight.items()}
+            seqs = sorted({e.seq for e in firsts.values()})
+            e = min(firsts.values(), key=lambda x: x.seq)
+            who = _ranks_text(sorted(firsts))
+            return (f"{g.label}: no disagreement; {who} inside {e.name}" + (" and later" if len(seqs) > 1 else "")
+                    + (", every rank" if len(firsts) == len(g.ranks) else "") + ", not completed")
+        if not any(g.at for g in self.groups):
+            return "the dumps hold no collective"
+        return "no hang in the dumps: every group's ranks agree and every collective completed"
+
+    def short(self) -> str:
+        """For a status line: 'FR: group 1 all_reduce #4: r1 never issued it'."""
+        g = self.culprit()
+        if g is None:
+            return "Flight Recorder: " + self.headline()
+        d = g.first
+        bits = []
+        if d.never:
+            bits.append(f"{_rs(d.never)} never issued it")
+        for k, v in (("another op", d.other_op), ("other sizes", d.other_sizes), ("other dtypes", d.other_dtypes),
+                     ("another state", d.other_state)):
+            if v:
+                bits.append(f"{_rs(sorted(v))} {k}")
+        return f"Flight Recorder: {g.label} {d.ref.name}: " + " · ".join(bits)
+
+    def lines(self) -> list[str]:
+        """The whole verdict, a line each: each group's, then its ranks' (ranks alike merged)."""
+        out = [self.headline()]
+        for r, why in sorted(self.no_dump.items()):
+            out.append(f"rank {r}: no readable dump ({why})")
+        if self.empty:
+            out.append(f"{_ranks_text(self.empty)}: the dump holds no collective "
+                       f"(the Flight Recorder off? TORCH_FR_BUFFER_SIZE)")
+        if self.wrapped:
+            out.append(f"{_ranks_text(self.wrapped)}: the buffer wrapped (its first entries gone; "
+                       f"a larger TORCH_FR_BUFFER_SIZE keeps more)")
+        for g in self.groups:
+            out.append(f"{g.label} {_ranks_text(g.ranks, 'ranks')}: " + (
+                _disagreement(g.first) if g.first is not None else _agreed(g)))
+            for text in _rank_lines(g):
+                out.append("  " + text)
+        return out
+
+    def doc(self) -> dict:
+        """The verdict as JSON (summary --json's `flight_recorder`)."""
+        return {"verdict": self.headline(), "short": self.short(), "world": self.world, "ranks": self.ranks,
+                "no_dump": {str(r): w for r, w in sorted(self.no_dump.items())}, "empty": self.empty,
+                "wrapped": self.wrapped, "groups": [_group_doc(g) for g in self.groups], "lines": self.lines()}
+
+
+def of_run(meta) -> dict | None:
+    """The verdict a run's description carries (a directory of dumps read: recording/frdump.py),
+    as `Verdict.doc()` made it, or None: meta is a RunInfo (its `extra`) or a header's dict."""
+    extra = meta.get("flight_recorder") if isinstance(meta, dict) else getattr(meta, "extra", {}).get("flight_recorder")
+    return extra if isinstance(extra, dict) and isinstance(extra.get("verdict"), str) else None
+
+
+def headlines(doc: dict) -> tuple[list[str], bool]:
+    """The verdict's sentences for a headline, fullest first, and whether it names a hang."""
+    short = str(doc.get("short") or "")
+    bad = any(g.get("first_disagreement") or any(a.get("in_flight") for a in (g.get("ranks_at") or {}).values())
+              for g in doc.get("groups") or ())
+    return [f"Flight Recorder: {doc['verdict']}", short, short.split(": ", 1)[-1]], bad
+
+
+def _rs(ranks) -> str:
+    """'r1 r3', 'r0 … r63 (64)'."""
+    ranks = list(ranks)
+    if len(ranks) <= SHOWN:
+        return " ".join(f"r{r}" for r in ranks)
+    return f"r{ranks[0]} … r{ranks[-1]} ({len(ranks)})"
+
+
+def _ranks_text(ranks, word: str = "") -> str:
+    """'rank 1', 'ranks 0, 1', 'ranks 0-63' (a run), '[ranks 0, 1]' for a group (word 'ranks')."""
+    ranks = sorted(ranks)
+    if not ranks:
+        return "[no rank]" if word else "no rank"
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        body = f"{ranks[0]}-{ranks[-1]}"
+    elif len(ranks) <= SHOWN:
+        body = ", ".join(map(str, ranks))
+    else:
+        body = ", ".join(map(str, ranks[:SHOWN])) + f" and {len(ranks) - SHOWN} more"
+    if word:
+        return f"[{'rank' if len(ranks) == 1 else 'ranks'} {body}]"
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {body}"
+
+
+def _what(e: FrEntry) -> str:
+    """'all_reduce (256 B, Float[64])'."""
+    nb = e.nbytes
+    size = f"{nb / 1e6:.1f} MB" if nb >= 1e5 else f"{nb:,} B"
+    shapes = ", ".join(f"{dt}{list(s)}" for s, dt in zip(e.in_sizes, e.in_dtypes))
+    return f"{e.op} ({size}{', ' + shapes if shapes else ''})"
+
+
+def _disagreement(d: Disagreement) -> str:
+    bits = []
+    if d.never:
+        bits.append(f"{_ranks_text(d.never)} never issued it")
+    if d.other_op:
+        bits += [f"rank {r} issued {e.op} instead" for r, e in sorted(d.other_op.items())][:SHOWN]
+    if d.other_sizes:
+        bits += [f"rank {r} other sizes ({_sizes_text(e)})" for r, e in sorted(d.other_sizes.items())][:SHOWN]
+    if d.other_dtypes:
+        bits += [f"rank {r} other dtypes ({_dtypes_text(e)})" for r, e in sorted(d.other_dtypes.items())][:SHOWN]
+    if d.other_state:
+        bits += [f"rank {r} has it {e.state or 'in no state'}" for r, e in sorted(d.other_state.items())][:SHOWN]
+    state = f", {d.ref.state}" if d.other_state else ""
+    said = f"first disagreement at {d.ref.name}: {_ranks_text(d.agree)} issued {_what(d.ref)}{state}; "
+    tail = f"; {_ranks_text(d.unknown)}: unknown (no dump, or its buffer wrapped past it)" if d.unknown else ""
+    return said + "; ".join(bits) + tail
+
+
+def _sizes_text(e: FrEntry) -> str:
+    return f"in {[list(s) for s in e.in_sizes]}, out {[list(s) for s in e.out_sizes]}"
+
+
+def _dtypes_text(e: FrEntry) -> str:
+    return f"in {list(e.in_dtypes)}, out {list(e.out_dtypes)}"
+
+
+def _agreed(g: GroupVerdict) -> str:
+    if not g.at:
+        return "no collective in the dumps"
+    tops = [a.last_issued for a in g.at.values() if a.last_issued is not None]
+    top = max(tops, default=None)
+    flying = g.in_flight
+    if flying:
+        return f"no disagreement up to #{top}; {_ranks_text(sorted(flying))} with a collective in flight"
+    return f"no disagreement; every collective completed (last #{top})" if top is not None else "no disagreement"
+
+
+def _rank_lines(g: GroupVerdict) -> list[str]:
+    """Each rank's last completed and in-flight collective of the group, ranks alike merged."""
+    said: dict[str, list[int]] = {}
+    for r, a in sorted(g.at.items()):
+        end = g.ends.get(r)
+        done = f"last completed {a.last_done.name}" if a.last_done is not None else "none completed in the buffer"
+        bits = [done]
+        for e in a.failed[:2]:
+            bits.append(f"{e.name} ended, not on every rank (by an error: its timeout?)" + _at(e))
+        for e in a.in_flight[:2]:
+            state = "" if e.backend in NO_STATE_BACKENDS or not e.state else f", {e.state}"
+            since = f" {(end - e.created_ns) / 1e9:.1f} s at the dump" if end and e.created_ns and \
+                end - e.created_ns >= 100_000_000 else ""
+            bits.append(f"{e.name} in flight{since}{state}" + _at(e))
+        if len(a.in_flight) > 2:
+            bits.append(f"{len(a.in_flight) - 2} more in flight")
+        if not a.in_flight and not a.failed:
+            bits.append("nothing in flight")
+        said.setdefault("; ".join(bits), []).append(r)
+    out = [f"{_ranks_text(rs)}: {text}" for text, rs in said.items()]
+    if g.no_dump:
+        out.append(f"{_ranks_text(g.no_dump)}: no dump")
+    return out
+
+
+def _at(e: FrEntry) -> str:
+    return f", issued at {e.where}" if e.where else ""
+
+
+def _entry_doc(e: FrEntry | None) -> dict | None:
+    if e is None:
+        return None
+    return {"seq": e.seq, "op": e.op, "record_id": e.record_id, "state": e.state, "bytes": e.nbytes,
+            "input_sizes": [list(s) for s in e.in_sizes], "input_dtypes": list(e.in_dtypes),
+            "output_sizes": [list(s) for s in e.out_sizes], "output_dtypes": list(e.out_dtypes),
+            "time_created_ns": e.created_ns, "where": e.where or None}
+
+
+def _group_doc(g: GroupVerdict) -> dict:
+    d = g.first
+    first = None
+    if d is not None:
+        first = {"seq": d.seq, "op": d.ref.op, "kinds": d.kinds, "expected": _entry_doc(d.ref), "issued_by": d.issued, "agree": d.agree,
+                 "never_issued": d.never, "unknown": d.unknown,
+                 **{k: {str(r): _entry_doc(e) for r, e in sorted(v.items())}
+                    for k, v in (("other_op", d.other_op), ("other_sizes", d.other_sizes),
+                                 ("other_dtypes", d.other_dtypes), ("other_state", d.other_state))}}
+    return {"group": g.name, "desc": g.desc, "label": g.label, "ranks": g.ranks, "ranks_from": g.ranks_from,
+            "first_disagreement": first, "last_agreed": g.last_agreed, "no_dump": g.no_dump,
+            "ranks_at": {str(r): {"last_issued": a.last_issued, "last_completed": _entry_doc(a.last_done),
+                                  "in_flight": [_entry_doc(e) for e in a.in_flight],
+                                  "failed": [_entry_doc(e) for e in a.failed], "known_from": a.known_from}
+                         for r, a in sorted(g.at.items())}}
+
+
+def _signature(entries: list[FrEntry]) -> tuple:
+    return tuple((e.op, e.in_sizes, e.out_sizes, e.in_dtypes, e.out_dtypes) for e in entries)
+
+
+def _sizes_differ(a: FrEntry, b: FrEntry) -> bool:
+    """As fr_trace's match: inputs (not an all_to_all's or a scatter's), outputs (not an
+    all_to_all's or a gather's)."""
+    op = a.op.split(" ")[0]
+    a2a = op.startswith(("all_to_all", "alltoall"))
+    return ((not a2a and op != "scatter" and a.in_sizes != b.in_sizes)
+            or (not a2a and op != "gather" and a.out_sizes != b.out_sizes))
+
+
+def _dtypes_differ(a: FrEntry, b: FrEntry) -> bool:
+    op = a.op.split(" ")[0]
+    return ((op not in ("scatter", "broadcast") and set(a.in_dtypes) != set(b.in_dtypes) and a.in_sizes and b.in_sizes)
+            or (op != "gather" and set(a.out_dtypes) != set(b.out_dtypes) and a.out_sizes and b.out_sizes))
+
+
+def _members(name: str, desc: str, dumps: dict[int, RankDump], world: int) -> tuple[list[int], str]:
+    for d in dumps.values():
+        got = d.group_ranks.get(name)
+        if got:
+            return [r for r in got if r < max(world, max(got) + 1)], "pg_config"
+    if desc == DEFAULT_DESC or (name == "0" and not desc):
+        return list(range(world)), "world"
+    named = sorted(r for r, d in dumps.items() if name in d.status or any(e.group == name for e in d.entries))
+    return named, "entries"
+
+
+def _rank_at(d: RankDump, name: str, mine: list[FrEntry], bad_from: int | None, ended: int) -> RankAt:
+    """Where a rank is: `bad_from`, the group's first sequence number that cannot have
+    succeeded on every rank (its first disagreement, else the first some rank never issued):
+    an entry from there on that ended without a state saying "completed" ended by an error.
+    `ended`: the group's last collective another rank saw end (before `bad_from`): a backend
+    that keeps no state retires an entry just after the call returns, so a dump taken then
+    holds it unretired, though it ended on every rank."""
+    colls = [e for e in mine if not e.p2p]
+    st = d.status.get(name)
+    top = max([e.seq for e in colls] + ([st[0]] if st is not None and st[0] >= 0 else []), default=None)
+    if d.wrapped:
+        known = min((e.seq for e in colls), default=(top + 1 if top is not None else 1))
+    else:
+        known = 1
+    at = RankAt(d.rank, top, None, known_from=known)
+    for e in mine:
+        if d.done(e) or (e.backend in NO_STATE_BACKENDS and not e.p2p and e.seq <= ended):
+            if not e.p2p and bad_from is not None and e.seq >= bad_from and e.state != "completed":
+                at.failed.append(e)  # (someone in the group never issued it: it cannot have succeeded)
+            else:
+                at.last_done = e if at.last_done is None or e.record_id > at.last_done.record_id else at.last_done
+        else:
+            at.in_flight.append(e)
+    return at
+
+
+def _group(name: str, desc: str, dumps: dict[int, RankDump], world: int) -> GroupVerdict:
+    ranks, source = _members(name, desc, dumps, world)
+    have = [r for r in ranks if r in dumps]
+    by_rank = {r: [e for e in dumps[r].entries if e.group == name] for r in have}
+    seqs_of: dict[int, dict[int, list[FrEntry]]] = {}
+    tops: dict[int, int | None] = {}
+    for r in have:
+        m: dict[int, list[FrEntry]] = {}
+        for e in by_rank[r]:
+            if not e.p2p:  # (a coalesced group: its entries share one number)
+                m.setdefault(e.seq, []).append(e)
+        seqs_of[r] = m
+        st = dumps[r].status.get(name)
+        tops[r] = max(list(m) + ([st[0]] if st is not None and st[0] >= 0 else []), default=None)
+    g = GroupVerdict(name, desc, ranks, source, None, {}, None, no_dump=[r for r in ranks if r not in dumps])
+    for s in sorted({s for m in seqs_of.values() for s in m}):
+        present = {r: seqs_of[r][s] for r in have if s in seqs_of[r]}
+        # never issued it: beyond its last (a buffer that wrapped and says nothing of the group: unknown)
+        never = [r for r in have if s not in seqs_of[r] and (
+            s > tops[r] if tops[r] is not None else not dumps[r].wrapped)]
+        unknown = sorted(set(ranks) - set(present) - set(never))
+        sigs = Counter(_signature(es) for es in present.values())
+        best = max(sigs.values())
+        ref_rank = min(r for r, es in present.items() if sigs[_signature(es)] == best)
+        ref = present[ref_rank]
+        d = Disagreement(s, ref[-1], sorted(present), never=never, unknown=unknown)
+        for r, es in sorted(present.items()):
+            if r == ref_rank:
+                continue
+            a, b = ref[-1], es[-1]
+            ops_a, ops_b = [e.op for e in ref], [e.op for e in es]
+            if ops_a != ops_b:
+                d.other_op[r] = b
+            elif any(_sizes_differ(x, y) for x, y in zip(ref, es)):
+                d.other_sizes[r] = b
+            elif any(_dtypes_differ(x, y) for x, y in zip(ref, es)):
+                d.other_dtypes[r] = b
+            elif a.state != b.state:
+                d.other_state[r] = b
+        d.agree = sorted(r for r, es in present.items() if _signature(es) == _signature(ref)
+                         and r not in d.other_state)
+        if d.kinds:
+            g.first = d
+            break
+        g.last_agreed = s
+    # (a rank that never issued any and kept all its entries: its last is 0)
+    floors = [t if t is not None else 0 for r, t in tops.items() if t is not None or not dumps[r].wrapped]
+    bad_from = g.first.seq if g.first is not None else (min(floors) + 1 if floors else None)
+    ended = max((e.seq for r in have for e in by_rank[r] if not e.p2p and dumps[r].done(e)
+                 and (bad_from is None or e.seq < bad_from)), default=0)
+    g.at = {r: _rank_at(dumps[r], name, by_rank[r], bad_from, ended) for r in have if by_rank[r] or tops[r] is not None}
+    g.ends = {r: dumps[r].end_ns() for r in g.at}
+    return g
+
+
+def verdict(dumps: dict[int, RankDump], world: int | None = None,
+            no_dump: dict[int, str] | None = None) -> Verdict:
+    """The verdict of a job's dumps (module docstring): dumps by rank; world: the job's ranks
+    (default: the highest rank with a dump or named by pg_config, plus one); no_dump: the
+    ranks whose dump could not be read, and why."""
+    no_dump = dict(no_dump or {})
+    named = [r for d in dumps.values() for rs in d.group_ranks.values() for r in rs]
+    world = max([world or 0, *(r + 1 for r in dumps), *(r + 1 for r in no_dump), *(r + 1 for r in named)])
+    groups: dict[str, str] = {}
+    for d in dumps.values():
+        for e in d.entries:
+            groups.setdefault(e.group, e.desc)
+        for name, desc in d.group_desc.items():
+            if name in groups and not groups[name]:
+                groups[name] = desc
+    for r in range(world):
+        if r not in dumps and r not in no_dump:
+            no_dump[r] = "no file of this rank"
+
+    def order(name: str):
+        return (groups[name] != DEFAULT_DESC, _int(name, 1 << 62), name)
+    out = [_group(n, groups[n], dumps, world) for n in sorted(groups, key=order)]
+    return Verdict(out, sorted(dumps), world, no_dump, empty=sorted(r for r, d in dumps.items() if not d.entries),
+                   wrapped=sorted(r for r, d in dumps.items() if d.wrapped))
