@@ -106,17 +106,15 @@ class RankDump:
         got = [t for e in self.entries for t in (e.created_ns, e.started_ns, e.completed_ns) if t]
         return max(got, default=None)
 
-    def end_ns(self) -> int | None:
-        """The moment of the dump, as far as it can be told: its file's time where that is at
-        or after its latest entry and within its longest timeout (and a minute) of it (a file
-        copied later has a later time); else its latest entry's time."""
+    def moment(self) -> int | None:
+        """When the dump was written, where that can be told: its file's time, when at or after
+        its latest entry and within its longest timeout (and a minute) of it (a file copied
+        later, or checked out, has a later time); else None."""
         latest = self.latest_ns()
-        if latest is None:
-            return self.dumped_ns
+        if latest is None or self.dumped_ns is None:
+            return None
         slack = max([e.timeout_ms or 0 for e in self.entries] + [0]) * 1_000_000 + DUMP_SLACK_NS
-        if self.dumped_ns is not None and latest <= self.dumped_ns <= latest + slack:
-            return self.dumped_ns
-        return latest
+        return self.dumped_ns if latest <= self.dumped_ns <= latest + slack else None
 
     def done(self, e: FrEntry) -> bool:
         """Whether an entry ended (module docstring: state, else retired or pg_status)."""
@@ -299,7 +297,7 @@ class GroupVerdict:
     at: dict[int, RankAt]
     last_agreed: int | None  # the last sequence number every rank issued alike, before `first`
     no_dump: list[int] = field(default_factory=list)
-    ends: dict[int, int | None] = field(default_factory=dict)  # rank -> its dump's moment (RankDump.end_ns)
+    ends: dict[int, int | None] = field(default_factory=dict)  # rank -> its dump's moment (RankDump.moment)
 
     @property
     def label(self) -> str:
@@ -639,7 +637,7 @@ def _group(name: str, desc: str, dumps: dict[int, RankDump], world: int) -> Grou
     ended = max((e.seq for r in have for e in by_rank[r] if not e.p2p and dumps[r].done(e)
                  and (bad_from is None or e.seq < bad_from)), default=0)
     g.at = {r: _rank_at(dumps[r], name, by_rank[r], bad_from, ended) for r in have if by_rank[r] or tops[r] is not None}
-    g.ends = {r: dumps[r].end_ns() for r in g.at}
+    g.ends = {r: dumps[r].moment() for r in g.at}
     return g
 
 

@@ -19,8 +19,9 @@ as its "layer", its process group: the lanes say 'AR group 1', the groups are th
 layers). It is drawn from its creation (`time_created_ns`: issued), started where the
 backend records it (NCCL's watchdog, `time_discovered_started_ns`), to its end
 (`time_discovered_completed_ns`, or its start plus `duration_ms`); a collective still in
-flight, to the dump's moment (model/frverdict.RankDump.end_ns); one that ended by an error,
-to its timeout; one that ended where the backend records no times (gloo), a moment. Steps:
+flight, to the dump's moment (its file's time: model/frverdict.RankDump.moment; not known, the
+latest time of any dump); one that ended by an error, to its timeout; one that ended where the
+backend records no times (gloo), a moment. Steps:
 the collectives (every rank's entries of one group's sequence number are one) in the order
 they were first issued, STEP_COLLS a step, and the ones from the first that went wrong
 (in flight, or at a group's first disagreement) on in a last step of their own: the hang.
@@ -210,18 +211,19 @@ class FrDumpReader:
         return steps
 
     @staticmethod
-    def _span(e: frverdict.FrEntry, flying: set, failed: set, end: int | None) -> tuple[int, int, int]:
-        """(issued, start, end) of an entry, ns (module docstring)."""
+    def _span(e: frverdict.FrEntry, flying: set, failed: set, moment: int | None, latest: int) -> tuple[int, int, int]:
+        """(issued, start, end) of an entry, ns (module docstring); moment: its dump's, if known."""
         iss = e.created_ns or 0
         t0 = max(iss, e.started_ns or iss)
         if e.completed_ns:
             t1 = max(t0, e.completed_ns)
         elif e.duration_ms is not None and id(e) not in flying and id(e) not in failed:
             t1 = t0 + int(e.duration_ms * 1e6)
-        elif id(e) in failed and e.timeout_ms:
-            t1 = iss + e.timeout_ms * 1_000_000 if end is None else min(end, iss + e.timeout_ms * 1_000_000)
+        elif id(e) in failed and e.timeout_ms:  # (ended by its timeout)
+            t1 = iss + e.timeout_ms * 1_000_000
+            t1 = t1 if moment is None else min(moment, t1)
         elif id(e) in flying or id(e) in failed:
-            t1 = end if end is not None else t0
+            t1 = moment if moment is not None else latest
         else:
             t1 = t0
         return iss, t0, max(t0, min(t1, t0 + MAX_SPAN_NS))
@@ -239,7 +241,10 @@ class FrDumpReader:
             yield frames.Phase(rank=r, phase="dumped" if r in self.dumps else "no dump")
         flying, failed = self.verdict.states()
         size = {g.name: max(1, min(len(g.ranks), world)) for g in self.groups}
-        ends = {r: d.end_ns() for r, d in self.dumps.items()}
+        # a collective in flight: to its rank's dump, or, where its moment is not known, to the
+        # latest time of any dump (every dump was written after it)
+        latest = max((t for d in self.dumps.values() if (t := d.latest_ns()) is not None), default=0)
+        moments = {r: d.moment() for r, d in self.dumps.items()}
         origin = self.meta["flight_recorder"]["time_origin_ns"]
         by_key: dict[int, dict[tuple, list]] = {r: {} for r in self.dumps}
         for r, d in self.dumps.items():
@@ -257,7 +262,7 @@ class FrDumpReader:
                             continue  # (a coalesced group's closing entry, an op of no known kind)
                         row = (op, 0 if op == "barrier" else e.nbytes, size.get(e.group, world),
                                layers[self.group_index[e.group]], self.group_index[e.group], "step", True)
-                        got.append((row, *(t - origin for t in self._span(e, flying, failed, ends[r]))))
+                        got.append((row, *(t - origin for t in self._span(e, flying, failed, moments[r], latest))))
                 per[r] = got
             spans = [s for got in per.values() for s in got]
             if not spans:
