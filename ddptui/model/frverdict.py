@@ -289,6 +289,7 @@ class Disagreement:
 
 @dataclass
 class GroupVerdict:
+    """One process group: its ranks, its first disagreement (None: none), where each rank is."""
     name: str
     desc: str
     ranks: list[int]
@@ -315,6 +316,7 @@ class GroupVerdict:
 
 @dataclass
 class Verdict:
+    """A job's dumps judged: every group's verdict (the default group first), what was missing."""
     groups: list[GroupVerdict]
     ranks: list[int]  # the ranks with a dump
     world: int
@@ -553,7 +555,7 @@ def _members(name: str, desc: str, dumps: dict[int, RankDump], world: int) -> tu
     for d in dumps.values():
         got = d.group_ranks.get(name)
         if got:
-            return [r for r in got if r < max(world, max(got) + 1)], "pg_config"
+            return list(got), "pg_config"
     if desc == DEFAULT_DESC or (name == "0" and not desc):
         return list(range(world)), "world"
     named = sorted(r for r, d in dumps.items() if name in d.status or any(e.group == name for e in d.entries))
