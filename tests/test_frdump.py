@@ -188,7 +188,9 @@ def test_a_rank_that_never_arrives(jobs):
     assert d["expected"]["bytes"] == 64 * 4 and d["expected"]["input_sizes"] == [[64]]
     assert g["ranks"] == [0, 1] and g["ranks_from"] == "entries" and g["last_agreed"] == 3
     r0, r1 = g["ranks_at"]["0"], g["ranks_at"]["1"]
-    assert r0["last_completed"]["seq"] == 3 and [e["seq"] for e in r0["in_flight"]] == [4]
+    # (dumped 0.2 s after it was issued: in flight, or, on a machine too busy to dump within its
+    # 2 s, ended by its timeout)
+    assert r0["last_completed"]["seq"] == 3 and [e["seq"] for e in r0["in_flight"] + r0["failed"]] == [4]
     assert r1["last_completed"]["seq"] == 3 and r1["in_flight"] == [] and r1["last_issued"] == 3
     default = _group(doc, "0")
     assert default["first_disagreement"] is None and default["ranks_from"] == "world" and default["last_agreed"] == 5
@@ -202,7 +204,8 @@ def test_a_rank_that_never_arrives(jobs):
     lines = p.stdout.splitlines()
     assert lines[0].startswith("Flight Recorder dumps · 2 ranks (2 dumped) · gloo · 2 process group(s)")
     assert lines[1] == "verdict: " + fr["verdict"]
-    assert any(x.startswith("  rank 0: last completed all_reduce #3; all_reduce #4 in flight") for x in lines)
+    assert any(x.startswith(("  rank 0: last completed all_reduce #3; all_reduce #4 in flight",
+                             "  rank 0: last completed all_reduce #3; all_reduce #4 ended")) for x in lines)
     assert "  rank 1: last completed all_reduce #3; nothing in flight" in lines
 
 
