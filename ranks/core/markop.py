@@ -19,28 +19,29 @@ from __future__ import annotations
 
 import torch
 
-_TABLE: list = []  # code -> (forward mark, backward mark): callables of no argument
+_TABLE: list = []  # code -> (forward mark, backward mark): callables of the tensor passing
 
 
 def register(fwd, bwd) -> int:
-    """A pair of marks (either None) for the ops to run: returns its code."""
+    """A pair of marks (either None; each called with the tensor the op passes: the forward's
+    input or output, or its gradient) for the ops to run: returns its code."""
     _TABLE.append((fwd, bwd))
     return len(_TABLE) - 1
 
 
-def _run(code: int, which: int) -> None:
+def _run(code: int, which: int, x) -> None:
     try:
         f = _TABLE[code][which]
     except IndexError:
         return
     if f is not None:
-        f()
+        f(x)
 
 
 @torch.library.custom_op("ddptui::mark", mutates_args=())
 def mark(x: torch.Tensor, code: int) -> torch.Tensor:
     """The forward's mark `code` (a layer boundary); returns a copy of x for the layer after it."""
-    _run(code, 0)
+    _run(code, 0, x)
     return x.clone()
 
 
@@ -52,7 +53,7 @@ def _mark_fake(x, code):
 @torch.library.custom_op("ddptui::bmark", mutates_args=())
 def bmark(g: torch.Tensor, code: int) -> torch.Tensor:
     """The backward's mark `code`: the gradient passing the boundary `mark` marked forward."""
-    _run(code, 1)
+    _run(code, 1, g)
     return g.clone()
 
 

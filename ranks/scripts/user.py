@@ -64,6 +64,7 @@ import torch.nn as nn
 
 from ranks import frames, spec, wire
 from ranks.core.emitter import FrameQueue
+from ranks.core import markop
 from ranks.core.colltap import CollTap
 from ranks.scripts.commhook import CommState, timed_hook
 from ranks.core.instrument import CpuClock, CudaClock
@@ -322,14 +323,15 @@ class RankSession:
         handles.append(opt.register_step_post_hook(self.after_opt))
 
     # -- step boundaries ----------------------------------------------------------------
-    def forward_pre(self, ddp, args=(), kwargs=None) -> None:
-        """A DDP module's forward begins (its forward pre-hook, with what it is called with)."""
+    def forward_pre(self, ddp, args=(), kwargs=None, grad: bool | None = None) -> None:
+        """A DDP module's forward begins (its forward pre-hook, with what it is called with;
+        `grad`: whether autograd is on, where the caller knows it better: an op's)."""
         rec = self.rec
         if self.stash is not None:  # (an evaluation forward that raised)
             rec.cur, self.stash = self.stash, None
         self._drop_other_start()
         c = rec.cur
-        if not torch.is_grad_enabled():  # an evaluation: no step, kept as OTHER time
+        if not (torch.is_grad_enabled() if grad is None else grad):  # an evaluation: no step, kept as OTHER time
             if c is not None:
                 if c.synced and not self.explicit and not self.opt_seen:
                     self._end()  # the step was complete (no optimizer step to end it)
@@ -713,6 +715,7 @@ class Handle:
         self.reported: list[int] | None = None
         self.stable = 0
         ddp._ddptui = self
+        self._register_op_codes(ddp)
         if fsdp:
             # FSDP2's own pre-forward hook on the root all-gathers: the step begins before it
             self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, prepend=True, with_kwargs=True))
@@ -786,13 +789,37 @@ class Handle:
         self._tied = []
 
     def _forward_pre(self, module, args, kwargs=None):
+        if torch.compiler.is_compiling():  # (the module compiled: its hooks traced, no graph
+            # break: the same at run time, from an op on its first input; ranks.core.markop)
+            got = markop.marked(args, self._op_codes(module)[0 if torch.is_grad_enabled() else 1])
+            return None if got is None else (got, kwargs or {})
         self.session.forward_pre(module, args, kwargs)
 
     def _forward_post(self, module, args, out):
+        if torch.compiler.is_compiling():
+            return markop.marked(out, self._op_codes(module)[2 if torch.is_grad_enabled() else 3])
+        self._forward_ended(torch.is_grad_enabled())
+
+    def _forward_ended(self, grad: bool) -> None:
         s = self.session
         s.forward_post()
-        if self._tied and s.rec.cur is not None and torch.is_grad_enabled():
+        if self._tied and s.rec.cur is not None and grad:
             self._fix_tied()
+
+    def _op_codes(self, module) -> tuple[int, int, int, int]:
+        """The ops' codes of this module's forward start and end, with autograd on and off
+        (known while compiling; an op runs where autograd is off). Registered with the hooks,
+        never while Dynamo traces (its side effects are replayed, its closures rebuilt)."""
+        return self._codes
+
+    def _register_op_codes(self, ddp) -> None:
+        s = self.session
+
+        def start(grad):
+            return lambda x: s.forward_pre(ddp, (x,), None, grad=grad)
+        self._codes = (markop.register(start(True), None), markop.register(start(False), None),
+                       markop.register(lambda x: self._forward_ended(True), None),
+                       markop.register(lambda x: self._forward_ended(False), None))
 
     def _set_user_hook(self, state, hook) -> None:
         """ddp.register_comm_hook after instrument(): the hook runs inside ddptui's."""

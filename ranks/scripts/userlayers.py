@@ -445,11 +445,11 @@ def attach_module_hooks(chosen, rec: Recorder, base: int = 0, param_ends=()) -> 
 
         # traced by torch.compile: the same marks as ops in the graph (ranks.core.markop), no
         # graph break; the start's gradient is the backward's end, the end's its start
-        def op_bwd_end(i=i):
+        def op_bwd_end(_g, i=i):
             in_graph.add(i)
             rec.bwd_end(i)
-        pre_code = markop.register(lambda i=i: rec.fwd_begin(i), op_bwd_end)
-        post_code = markop.register(lambda i=i: rec.fwd_end(i), lambda i=i: rec.bwd_begin(i))
+        pre_code = markop.register(lambda _x, i=i: rec.fwd_begin(i), op_bwd_end)
+        post_code = markop.register(lambda _x, i=i: rec.fwd_end(i), lambda _g, i=i: rec.bwd_begin(i))
 
         def pre(m, args, i=i, bwd_end=bwd_end, code=pre_code):
             if compiling():

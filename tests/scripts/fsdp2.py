@@ -9,6 +9,9 @@ layer; AdamW. Plain FSDP2, nothing of ddptui.
     --blocks N      transformer blocks (default 4)
     --clip X        clip_grad_norm_ to X before the optimizer (as torchtitan does: on FSDP2's
                     sharded DTensor gradients, the norm is all_reduced by a functional collective)
+    --compile       each block compiled before it is sharded (torchtitan's way), backend
+                    --backend (default inductor); rank 0 prints `GRAPH_BREAKS n` and `GRAPHS n`
+                    at the end (torch._dynamo's counts)
     --stall-at N    at iteration N, rank 1 sleeps --sleep seconds between its forward and its
                     backward (rank 0 waits inside FSDP2's collective of the backward)
 """
@@ -58,6 +61,8 @@ p.add_argument("--blocks", type=int, default=4)
 p.add_argument("--clip", type=float, default=None)
 p.add_argument("--stall-at", type=int, default=-1)
 p.add_argument("--sleep", type=float, default=6.0)
+p.add_argument("--compile", action="store_true")
+p.add_argument("--backend", default="inductor")
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -66,6 +71,9 @@ model = Transformer(blocks=a.blocks)
 kw = {}
 if a.mixed:
     kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+if a.compile:
+    for i, b in enumerate(model.layers):
+        model.layers[i] = torch.compile(b, backend=a.backend)
 for b in model.layers:
     fully_shard(b, **kw)
 fully_shard(model, **kw)
@@ -93,4 +101,8 @@ for it in range(a.iters):
     opt.zero_grad()
     if rank == 0 and it % 8 == 0:
         print(f"iter {it}")
+if a.compile and rank == 0:
+    from torch._dynamo.utils import counters
+    print(f"GRAPH_BREAKS {sum(counters['graph_break'].values())}")
+    print(f"GRAPHS {counters['stats']['unique_graphs']}")
 dist.destroy_process_group()

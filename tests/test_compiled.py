@@ -1,0 +1,117 @@
+"""Compiled models under ddptui: the layer marks are ops torch.compile keeps in its graph
+(ranks/core/markop.py), so a compiled model gets no graph break of ddptui's, and its layers
+are timed, in its forward and its compiled backward, named as the user named them.
+
+Real torchrun ranks on gloo, the scripts run alone and under `ddptui run --auto`, each
+printing torch._dynamo's own counts (graph breaks, graphs compiled). Dynamo's counts do not
+depend on the backend: most runs use `aot_eager` (Dynamo and AOTAutograd, no code
+generation: seconds), one runs Inductor end to end (its C++ build, a fresh cache)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .helpers import ROOT, SPAN_BWD, SPAN_FWD, cli_env, run_script, spans_of, step_batches
+
+pytestmark = [pytest.mark.slow]
+
+
+def counts(text: str) -> tuple[int, int, list[str]]:
+    """(graph breaks, graphs, the breaks' reasons) a script's rank 0 printed."""
+    b = re.search(r"GRAPH_BREAKS (\d+)", text)
+    g = re.search(r"GRAPHS (\d+)", text)
+    assert b and g, text[-3000:]
+    return int(b.group(1)), int(g.group(1)), re.findall(r"BREAK \d+ (.*)", text)
+
+
+def alone(tmp_path, script: str, *args: str) -> str:
+    """The script run alone under torchrun (2 ranks, gloo): what it printed."""
+    env = cli_env({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-alone")})
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        os.path.join(ROOT, "tests", "scripts", script), *args],
+                       capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout + r.stderr
+
+
+def layers_timed(got, strategy: str, n_layers: int) -> None:
+    """Every step after the first has a forward and a backward span of every layer, the
+    backward's in reverse order, one after another."""
+    batches = step_batches(got, strategy)
+    assert len(batches) >= 4
+    for k, by_rank in batches.items():
+        if k == 0:
+            continue
+        for b in by_rank.values():
+            fwd = spans_of(b, SPAN_FWD)
+            bwd = spans_of(b, SPAN_BWD)
+            assert sorted(i for i, _, _ in fwd) == list(range(n_layers)), (k, fwd)
+            assert sorted(i for i, _, _ in bwd) == list(range(n_layers)), (k, bwd)
+            order = sorted(bwd, key=lambda s: s[1])
+            assert [i for i, _, _ in order] == list(range(n_layers - 1, -1, -1)), (k, order)
+            for (_, a0, a1), (_, b0, _) in zip(order, order[1:]):
+                # (µs; where one layer's output is the next one's input, the eager hooks on that
+                # one gradient mark the lower layer's start a moment before the upper's end)
+                assert b0 >= a1 - 100, f"step {k}: backward spans overlap ({order})"
+
+
+def test_a_compiled_model_in_ddp_gets_no_graph_break_of_ddptuis(tmp_path):
+    """nanoGPT's way, DDP(torch.compile(model)): as many breaks and graphs under ddptui as
+    alone (before: 5 breaks at ddptui's hooks, 4 graphs), every layer timed, named without
+    `_orig_mod.`."""
+    args = ("--backend", "aot_eager", "--iters", "8")
+    base = counts(alone(tmp_path, "compiled.py", *args))
+    doc, got, out = run_script(tmp_path / "under", "compiled.py", *args)
+    under = counts(out)
+    assert under[:2] == base[:2] == (0, 1), (base, under)
+    names = got.store.meta.layers
+    assert names and not any("_orig_mod" in n for n in names), names
+    assert "h.0" in names and "lm_head" in names, names
+    layers_timed(got, "ddp", len(names))
+
+
+def test_a_compiled_ddp_module_breaks_only_where_ddp_itself_does(tmp_path):
+    """torch.compile(DDP(model)): DDP's own forward breaks the graph (its reducer, its
+    `_inside_ddp_forward`); under ddptui no break is ddptui's (before: 8 more, at
+    `time.monotonic_ns` in ddptui's hooks) and its buckets are still timed."""
+    args = ("--backend", "aot_eager", "--iters", "8", "--wrap", "outside")
+    base = counts(alone(tmp_path, "compiled.py", *args))
+    doc, got, out = run_script(tmp_path / "under", "compiled.py", *args)
+    under = counts(out)
+    assert base[0] >= 1, "DDP compiled whole breaks its own graph"
+    ddps = ("Reducer", "Logger", "DistributedDataParallel")
+    assert all(any(w in why for w in ddps) for why in under[2]), under[2]
+    assert not any("monotonic" in why or "ranks/" in why for why in under[2]), under[2]
+    layers_timed(got, "ddp", len(got.store.meta.layers))
+    (ddp,) = [s for s in doc["strategies"] if s["strategy"] == "ddp"]
+    assert ddp["steps"] == 8
+
+
+def test_compiled_blocks_under_fsdp2_get_no_graph_break_of_ddptuis(tmp_path):
+    """torchtitan's way: each block compiled, then sharded: the same counts alone and under
+    ddptui, and every block's forward and backward timed."""
+    args = ("--compile", "--backend", "aot_eager", "--iters", "6")
+    base = counts(alone(tmp_path, "fsdp2.py", *args))
+    doc, got, out = run_script(tmp_path / "under", "fsdp2.py", *args)
+    assert counts(out)[:2] == base[:2], (base, counts(out))
+    names = got.store.meta.layers
+    assert "layers.0" in names and not any("_orig_mod" in n for n in names), names
+    layers_timed(got, "fsdp", len(names))
+
+
+def test_inductor_end_to_end(tmp_path):
+    """Inductor's real build (a fresh cache: none of an earlier run's graphs): the compiled
+    model under ddptui with its marks in the generated code, no graph break (alone: none, as
+    the aot_eager run above counts: Dynamo's counts are the backend's to neither add nor take),
+    every layer timed."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    try:
+        doc, got, out = run_script(tmp_path / "under", "compiled.py", "--iters", "6")
+    finally:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert counts(out)[:2] == (0, 1)
+    layers_timed(got, "ddp", len(got.store.meta.layers))
