@@ -55,6 +55,11 @@ def parser() -> Parser:
                    help="torch threads per CPU rank (default 1)")
     add_numeric(p, "--pg-timeout", default=60.0, metavar="S",
                    help="process-group timeout in seconds (default 60)")
+    p.add_argument("--compile", metavar="BACKEND", choices=("inductor", "aot_eager", "eager"),
+                   help="compile each block of the model with torch.compile(backend=BACKEND): "
+                        "inductor, aot_eager or eager (the first step then compiles: give it "
+                        "--pg-timeout to spare); the spans are checked against the profiler's "
+                        "compiled regions and their backward nodes")
     p.add_argument("--json", metavar=JSON_METAVAR, help="also write the comparison as JSON to PATH (-: to stdout, the table to stderr)")
     return p
 
@@ -73,6 +78,8 @@ def main(argv: list[str]) -> int:
     prof_dir = tempfile.mkdtemp(prefix="ddptui-verify-")  # private (0700)
     try:
         opts.extra_worker_args += ["--profile-steps", f"1:{a.steps}", "--profile-dir", prof_dir]
+        if a.compile:
+            opts.extra_worker_args += ["--compile", a.compile]
         return _run(opts, plan, prof_dir, json_path)
     finally:
         shutil.rmtree(prof_dir, ignore_errors=True)

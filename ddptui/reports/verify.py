@@ -253,6 +253,12 @@ def _compute_ops(by_tid: dict, ops: list[ProfEvent]) -> list[ProfEvent]:
     return [o for o in ops if id(o) not in drop]
 
 
+# the step's first op: a block's aten::linear, or (each block compiled) Dynamo's cache lookup
+# before its first compiled region
+FIRST_OPS = frozenset(("aten::linear", "TorchDynamo Cache Lookup"))
+COMPILED_REGION = "Torch-Compiled Region"
+
+
 def profile_steps(prof: Profile, n_layers: int) -> list[ProfiledStep]:
     """The steps of one rank's profile, each with its layers, allreduces and optimizer."""
     events = prof.events
@@ -287,16 +293,30 @@ def profile_steps(prof: Profile, n_layers: int) -> list[ProfiledStep]:
             continue
         # the gradients are zeroed before the step (Strategy.prepare, outside measurement):
         # the step starts with its forward, its first aten::linear
-        first = next((e for e in mainev if e.name == "aten::linear" and e.t0 >= zero.t1
+        first = next((e for e in mainev if e.name in FIRST_OPS and e.t0 >= zero.t1
                       and e.t1 <= add.t0), None)
         t0 = first.t0 if first is not None else zero.t1
         step = ProfiledStep(t0, add.t1, (add.t0, add.t1))
         inside = [e for e in mainev if e.t0 >= t0 and e.t1 <= add.t1]
         linears = [e for e in inside if e.name == "aten::linear"]
         relus = [e for e in inside if e.name == "aten::relu"]
+        regions = [e for e in inside if e.name.startswith(COMPILED_REGION)]
         seq_layer: dict[int, int] = {}
         fwd_ops: dict[int, list] = {}
-        if len(linears) == n_layers:
+        if regions and not linears:  # each block compiled (`--compile`): layer j is the j-th
+            # compiled region (its cache lookup before it: the block's call), its backward the
+            # CompiledFunctionBackward node linked to the region's CompiledFunction
+            if len(regions) == n_layers:
+                for j, region in enumerate(regions):
+                    ops = [e for e in inside if e.t0 >= region.t0 and e.t1 <= region.t1]
+                    fwd_ops[j] = ops
+                    step.fwd[j] = (region.t0, region.t1)
+                    for e in ops:
+                        if e.seq >= 0:
+                            seq_layer.setdefault(e.seq, j)
+            else:
+                step.notes.append(f"{len(regions)} compiled regions in the step, the model has {n_layers} layers")
+        elif len(linears) == n_layers:
             for j, linear in enumerate(linears):
                 end = linear.t1
                 if j < n_layers - 1:

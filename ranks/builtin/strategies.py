@@ -381,8 +381,16 @@ class Strategy:
     name = "?"
     communicates = True
 
+    # torch.compile's backend for each block (`--compile`), or None: eager. A block compiled
+    # alone, as torchtitan compiles its blocks: the marks between blocks stay outside the
+    # compiled code (no graph break), its backward is one compiled node per block
+    compile_backend: str | None = None
+
     def __init__(self, base: nn.Module, rec: Recorder, device, lr: float, world: int):
         self.module = copy.deepcopy(base).to(device)
+        if self.compile_backend:
+            for name, block in list(self.module.named_children()):
+                setattr(self.module, name, torch.compile(block, backend=self.compile_backend))
         self.rec = rec
         self.world = world
         self.device = device

@@ -41,6 +41,8 @@ def parse_args(argv=None):
                    help="delay rank R's backward of LAYER by MS ms every step")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--compile", default=None, metavar="BACKEND",
+                   help="each block compiled with torch.compile(backend=BACKEND) (inductor, aot_eager)")
     p.add_argument("--layer-every", default="auto", metavar="N|auto",
                    choices=spec.LAYER_EVERY,
                    help="mark each layer on one step in N (auto: as few steps as keep ddptui's host "
@@ -267,7 +269,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     from ranks.core.clocks import CpuClock, CudaClock
     from ranks.core.recorder import Recorder
     from ranks.builtin.models import build_model, make_dataset
-    from ranks.builtin.strategies import STRATEGY_CLASSES, DDPStrategy, FSDPStrategy
+    from ranks.builtin.strategies import STRATEGY_CLASSES, DDPStrategy, FSDPStrategy, Strategy
 
     names = spec.parse_strategies(args.strategies)
     if args.batch_size % world:
@@ -301,6 +303,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     clock = CudaClock(device, comm_on_host=backend == "gloo") if device.type == "cuda" else CpuClock()
     rec = Recorder(clock, n_layers, every=None if args.layer_every == "auto" else int(args.layer_every))
     strategies = []
+    Strategy.compile_backend = args.compile
     for n in names:
         cls = STRATEGY_CLASSES[n]
         if n == "ddp":
