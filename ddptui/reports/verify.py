@@ -194,6 +194,16 @@ class ProfiledStep:
     bwd: dict = field(default_factory=dict)
     comm: list = field(default_factory=list)  # (t0, t1, numel or None), issue order
     notes: list = field(default_factory=list)
+    # each block compiled: layer -> ((start lo, hi), (end lo, hi)), the profiler's bounds of a
+    # boundary it has no record of (the Python between two blocks' compiled regions); and the
+    # step's start's (lo, hi). A ddptui mark inside its bounds is 0 off, else off the nearest
+    fwd_within: dict = field(default_factory=dict)
+    t0_within: tuple | None = None
+
+
+def off(t: int, lo: int, hi: int) -> int:
+    """How far t is outside [lo, hi] (negative: before it; 0: inside)."""
+    return t - lo if t < lo else (t - hi if t > hi else 0)
 
 
 def _device_span(cpu_ops: list[ProfEvent], by_linked: dict) -> tuple | None:
@@ -255,7 +265,8 @@ def _compute_ops(by_tid: dict, ops: list[ProfEvent]) -> list[ProfEvent]:
 
 # the step's first op: a block's aten::linear, or (each block compiled) Dynamo's cache lookup
 # before its first compiled region
-FIRST_OPS = frozenset(("aten::linear", "TorchDynamo Cache Lookup"))
+CACHE_LOOKUP = "TorchDynamo Cache Lookup"
+FIRST_OPS = frozenset(("aten::linear", CACHE_LOOKUP))
 COMPILED_REGION = "Torch-Compiled Region"
 
 
@@ -304,16 +315,27 @@ def profile_steps(prof: Profile, n_layers: int) -> list[ProfiledStep]:
         seq_layer: dict[int, int] = {}
         fwd_ops: dict[int, list] = {}
         if regions and not linears:  # each block compiled (`--compile`): layer j is the j-th
-            # compiled region (its cache lookup before it: the block's call), its backward the
-            # CompiledFunctionBackward node linked to the region's CompiledFunction
+            # compiled region, its backward the CompiledFunctionBackward node linked to the
+            # region's CompiledFunction. Between two blocks' regions the profiler records
+            # nothing of the Python that returns from one and calls the next, where ddptui's
+            # one mark is: a boundary is held to that stretch, from the region before it ends
+            # to Dynamo's cache lookup for the next block (after the last: the loss's first op)
             if len(regions) == n_layers:
+                lookups = [e for e in inside if e.name == CACHE_LOOKUP]
+                calls = [max((e.t0 for e in lookups if e.t1 <= r.t0), default=r.t0)
+                         for r in regions]  # (each region's own lookup: where its call shows)
+                after = next((e.t0 for e in inside if e.t0 >= regions[-1].t1), regions[-1].t1)
                 for j, region in enumerate(regions):
                     ops = [e for e in inside if e.t0 >= region.t0 and e.t1 <= region.t1]
                     fwd_ops[j] = ops
                     step.fwd[j] = (region.t0, region.t1)
+                    start = (zero.t1, calls[0]) if j == 0 else (regions[j - 1].t1, calls[j])
+                    end = (region.t1, calls[j + 1] if j + 1 < n_layers else after)
+                    step.fwd_within[j] = (start, end)
                     for e in ops:
                         if e.seq >= 0:
                             seq_layer.setdefault(e.seq, j)
+                step.t0_within = step.fwd_within[0][0]
             else:
                 step.notes.append(f"{len(regions)} compiled regions in the step, the model has {n_layers} layers")
         elif len(linears) == n_layers:
@@ -441,15 +463,19 @@ def match_rank(span_steps: list[SpanStep], profiled_steps: list[ProfiledStep], c
     for ours, theirs in zip(span_steps, profiled_steps):
         s = ours.strategy
         notes.extend(f"{s} step {ours.step}: {n}" for n in theirs.notes)
-        pairs.append(SpanPair(s, STEP, ours.t0 - theirs.t0, ours.t1 - theirs.t1, theirs.t1 - theirs.t0))
+        d0 = ours.t0 - theirs.t0 if theirs.t0_within is None else off(ours.t0, *theirs.t0_within)
+        pairs.append(SpanPair(s, STEP, d0, ours.t1 - theirs.t1, theirs.t1 - theirs.t0))
         if ours.opt:
             pairs.append(SpanPair(s, OPT, ours.opt[0] - theirs.opt[0], ours.opt[1] - theirs.opt[1],
                                   theirs.opt[1] - theirs.opt[0]))
         for kind, ours_of, theirs_of in ((FWD, ours.fwd, theirs.fwd), (BWD, ours.bwd, theirs.bwd)):
             for j, (t0, t1) in sorted(ours_of.items()):
                 got = theirs_of.get(j)
+                within = theirs.fwd_within.get(j) if kind == FWD else None
                 if got is None:
                     miss(s, kind)
+                elif within is not None:
+                    pairs.append(SpanPair(s, kind, off(t0, *within[0]), off(t1, *within[1]), got[1] - got[0]))
                 else:
                     pairs.append(SpanPair(s, kind, t0 - got[0], t1 - got[1], got[1] - got[0]))
         if not check_comm:

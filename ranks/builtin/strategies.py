@@ -142,6 +142,21 @@ class LayerMarks:
         if i == 0 or self.on:
             self.handles[i] = self._register(i)
 
+    def retarget(self, i: int, param) -> None:
+        """Block i's mark moved to `param`'s accumulation: the block's last gradient to arrive
+        where that is not its weight's (each block compiled: the engine accumulates the
+        gradients a compiled backward node gives in its own order; Strategy.warm_up finds it)."""
+        weight, done = self.entries[i]
+        if param is weight:
+            return
+        h = self.handles[i]
+        if h is not None:
+            h.remove()
+        self.entries[i] = (param, done)
+        if self.nodes is not None:
+            self.nodes[i] = param.view_as(param).grad_fn.next_functions[0][0]
+        self.handles[i] = self._register(i) if h is not None else None
+
     def set(self, on: bool) -> None:
         """Every block's mark registered once (on), or the first block's alone (off)."""
         if on == self.on:
@@ -402,6 +417,24 @@ class Strategy:
     def own_hooks(self) -> None:
         """The strategy's own post-accumulate hooks (registered before the layer marks)."""
 
+    def warm_up(self, x, y) -> None:
+        """A forward and backward of the bare module (no step, no collective: the Recorder has
+        no step open, so nothing is marked), its gradients zeroed after: where the blocks are
+        compiled, they compile here (the wrapper a strategy adds later calls the same ones)."""
+        order: list[int] = []  # the parameters in the order their gradients are accumulated
+        hooks = [p.register_post_accumulate_grad_hook(lambda p, j=j: order.append(j))
+                 for j, p in enumerate(self.params)]
+        F.cross_entropy(self.module(x), y).backward()
+        for h in hooks:
+            h.remove()
+        self.opt.zero_grad(set_to_none=False)
+        if self.compile_backend:  # each block's mark where its last gradient arrives
+            pos = {j: k for k, j in enumerate(order)}
+            index = {id(p): j for j, p in enumerate(self.params)}
+            for i, block in enumerate(self.module.children()):
+                last = max(block.parameters(), key=lambda p: pos.get(index[id(p)], -1))
+                self.marks.retarget(i, last)
+
     def prepare(self) -> None:
         """Called on every rank before each of this strategy's steps, outside measurement: the
         gradients zeroed here, so that the step's first mark is its forward's start too (one
@@ -473,6 +506,8 @@ class Interleaved(Strategy):
     def _reduce(self, i: int, p) -> None:
         rec = self.rec
         cur = rec.cur
+        if cur is None:  # (a backward outside the steps: Strategy.warm_up's)
+            return
         p.grad.div_(self.world)
         slot = rec.comm_issue(i)
         with rec.issuing(slot):

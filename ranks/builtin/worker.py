@@ -314,6 +314,11 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     n_batches = 4
     X, Y = make_dataset(args.batch_size * n_batches, seed=args.seed, device=device)
     local = args.batch_size // world
+    if args.compile:  # every strategy's blocks compiled before the steps (not in the first:
+        em.phase = "compiling"  # a minute of Inductor on a CPU is no hang), on a batch of the
+        em.send_now(frames.Phase(rank=rank, phase="compiling"))  # steps' shape
+        for strat in strategies:
+            strat.warm_up(X[:local], Y[:local])
 
     # --- ddptui verify: profiler window and the span-shift test seam (off: nothing runs) ---
     pw = shift = None
