@@ -152,7 +152,9 @@ class Buckets(Frame, tag="buckets", kw_only=True):
 
 CollOpT = Literal[spec.COLL_OPS]  # type: ignore[valid-type]
 LayerRef = Annotated[int, Meta(ge=-1, le=0xFFFF)]  # a layer (forward order), -1: none
-# (id, op, bytes, group size, group, issuing layer, phase, async): one row of a collectives table
+# (id, op, bytes, group size, group, issuing layer, phase, async): one row of a collectives table;
+# group: `world`, a mesh dimension's `mesh_tp`, or one of a dimension's groups of some of the
+# ranks `mesh_tp@2` (its lowest rank; ranks/core/colltap.py CollTap._group)
 CollRow = tuple[U16, CollOpT, Count, Annotated[int, Meta(ge=1, le=MAX_RANK + 1)],
                 Annotated[str, Meta(max_length=64)], LayerRef,
                 Literal[spec.COLL_PHASES], bool]  # type: ignore[valid-type]

@@ -363,7 +363,7 @@ def test_a_functional_collective_ends_where_its_result_is_waited_on(tmp_path):
     """The tap ends a functional collective's span at the wait_tensor that first needs its
     result: one the script drops unwaited stays open (torch's own work registry holds it; its
     step resolves it at its issue) without the rank counting as inside it (no false hang), one
-    used ends there; compiled (traced) calls pass through untimed."""
+    used ends there, also when what is used is a view of it (DTensor's to_local); compiled (traced) calls pass through untimed."""
     import subprocess
     import sys
     script = tmp_path / "fc.py"
@@ -385,6 +385,11 @@ assert not tap.inflight and len(_fc_waits) == 1, (tap.inflight, _fc_waits)
 s = funcol.all_reduce(torch.ones(4), "sum", pg)
 assert len(_fc_waits) == 2 and not tap.inflight
 (s + 1).sum()                                          # waited where it is used: its span ends
+assert len(_fc_waits) == 1 and not tap.inflight
+u = funcol.all_reduce(torch.ones(8), "sum", pg)
+v = u.view_as(u)                                       # (DTensor's to_local: another tensor on its storage)
+assert len(_fc_waits) == 2
+(v + 1).sum()                                          # waited on through the view: ends there too
 assert len(_fc_waits) == 1 and not tap.inflight
 f = torch.compile(lambda x: funcol.all_reduce(x, "sum", pg) * 2, backend="eager", fullgraph=True)
 before = tap.entered

@@ -96,8 +96,11 @@ def hta_steps(sk: Stacked, rs: dict) -> dict:
     return out
 
 
-def step_waits(sk: Stacked, step_ms: float) -> stragglers.StepWaits | None:
-    """stragglers.step_waits of the stacked step (one host: one clock)."""
+def step_waits(sk: Stacked, step_ms: float, groups: dict | None = None) -> stragglers.StepWaits | None:
+    """stragglers.step_waits of the stacked step (one host: one clock); with collectives on
+    other groups than the default one (`groups`: a device mesh), stragglers.step_waits itself."""
+    if groups:
+        return stragglers.step_waits(dict(zip(sk.ranks, sk.batches)), step_ms, groups=groups)
     place, ranks = sk.place, sk.ranks
     mp = place.comm
     if not mp:

@@ -15,13 +15,19 @@ its layer is the one whose backward ran longest against the other ranks' median 
 
 Times are put on one axis by `to_common(rank, ns)` first: identity on one host (one
 CLOCK_MONOTONIC); per-host clock offsets plug in there.
+
+A collective on a group of some of the ranks (a device mesh dimension's: the `tp` group of
+ranks 0 and 1, another of ranks 2 and 3) is the same table row on each, but as many
+collectives as the dimension has groups: `split_by_group` matches it within each group
+(`groups`: rank -> row id -> (the group's lowest rank, its label), Store.coll_group_rows), and
+each rank's wait is said per group too (`StepWaits.wait_by_group`: tp, dp).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from statistics import median
 
-from ranks.wire import BWD, COMM
+from ranks.wire import BWD, COLL, COMM
 
 from . import evidence as layer_evidence
 from .columns import layers_marked, placement
@@ -47,6 +53,8 @@ class Collective:
     last: int  # the last arriver
     last_ready: int
     kind: int = COMM  # COMM (idx: a parameter or bucket) or COLL (idx: a collectives table row)
+    group: int | None = None  # on a group of some of the ranks: its lowest rank (split_by_group)
+    label: str = ""  # its group's label (collectives.group_label), where not the default group
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -74,6 +82,9 @@ class StepWaits:
     step: int = -1
     t_ns: int = 0  # the step's start (earliest rank)
     batches: dict | None = field(default=None, repr=False)  # rank -> span batch, for the evidence
+    # with collectives on other groups than the default one (a device mesh): group label ->
+    # rank -> its wait in that group's collectives (ms); None without
+    wait_by_group: dict[str, dict[int, float]] | None = None
     _evidence: tuple | None = field(default=None, repr=False, compare=False)  # (made from batches)
 
     def _sections_excess_ref(self) -> tuple[tuple, dict, dict]:
@@ -163,6 +174,55 @@ def collectives(batches: dict, to_common=same_clock) -> list[Collective]:
     return out
 
 
+def split_by_group(cols: list[Collective], groups: dict | None) -> list[Collective] | None:
+    """`cols` with each collective on another group than the default one labelled with it,
+    and each run on groups of some of the ranks made one per group (its ranks' ready and end,
+    its own last arriver; `group`: its lowest rank); None when no collective is on another
+    group (a run without a device mesh: `groups` empty). groups: rank -> row id -> (the
+    group's lowest rank or None, its label)."""
+    if not groups:
+        return None
+    out: list[Collective] = []
+    for c in cols:
+        if c.kind != COLL:
+            out.append(c)
+            continue
+        parts: dict = {}
+        for r in c.ready:
+            parts.setdefault(groups.get(r, {}).get(c.idx), []).append(r)
+        if len(parts) == 1:  # (one group, or none said)
+            got = next(iter(parts))
+            if got is not None:
+                c.label = got[1]
+            out.append(c)
+            continue
+        for got, rs in parts.items():
+            ready = {r: c.ready[r] for r in rs}
+            last = max(rs, key=lambda r: (ready[r], -r))
+            out.append(Collective(c.idx, c.nth, ready, {r: c.end[r] for r in rs}, last, ready[last], c.kind,
+                                  got[0] if got is not None else None, got[1] if got is not None else ""))
+    return out
+
+
+def arrival_key(c: Collective) -> tuple:
+    """What names a collective's arrival (views.RankSpans): its key, with its group's lowest
+    rank where it ran on groups of some of the ranks (`rank_arrival_keys`)."""
+    return c.key if c.group is None else (*c.key, c.group)
+
+
+def rank_arrival_keys(keys, mine: dict | None) -> list[tuple]:
+    """A rank's collectives' keys (columns.Placement.comm_keys) as `arrival_key` says them:
+    mine: id -> (its group's lowest rank or None, label), of the rank's rows on other groups
+    than the default one (Store.coll_group_rows)."""
+    if not mine:
+        return list(keys)
+    out = []
+    for k in keys:
+        got = mine.get(k[1]) if k[0] == COLL else None
+        out.append(k if got is None or got[0] is None else (*k, got[0]))
+    return out
+
+
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
     total, cur_a, cur_z = 0, None, None
     for a, z in sorted(intervals):
@@ -191,15 +251,28 @@ def _step_start_ns(b) -> int:
     return b.base_ns if i is None else b.base_ns + b.t0[i] * 1000
 
 
-def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits | None:
-    """None for a step without collectives on two or more ranks."""
+def step_waits(batches: dict, step_ms: float, to_common=same_clock, groups: dict | None = None) -> StepWaits | None:
+    """None for a step without collectives on two or more ranks. groups: rank -> row id ->
+    (its group's lowest rank or None, its label), of the rows on other groups than the
+    default one (split_by_group)."""
     if len(batches) < 2:
         return None
     cols = collectives(batches, to_common)
     if not cols:
         return None
     ranks = sorted(batches)
-    wait = {r: _union_ns([(c.ready[r], c.last_ready) for c in cols]) / 1e6 for r in ranks}
+    split = split_by_group(cols, groups)
+    by_group = None
+    if split is None:
+        wait = {r: _union_ns([(c.ready[r], c.last_ready) for c in cols]) / 1e6 for r in ranks}
+    else:
+        cols = split
+        wait = {r: _union_ns([(c.ready[r], c.last_ready) for c in cols if r in c.ready]) / 1e6 for r in ranks}
+        by_group = {}
+        for label in dict.fromkeys(c.label or "world" for c in cols):
+            mine = [c for c in cols if (c.label or "world") == label]
+            by_group[label] = {r: _union_ns([(c.ready[r], c.last_ready) for c in mine if r in c.ready]) / 1e6
+                               for r in ranks if any(r in c.ready for c in mine)}
     caused = {r: 0.0 for r in ranks}
     for c in cols:
         worst = (c.last_ready - min(c.ready.values())) / 1e6
@@ -207,6 +280,7 @@ def step_waits(batches: dict, step_ms: float, to_common=same_clock) -> StepWaits
     last = max(ranks, key=lambda r: (caused[r], -r))
     transfer = median(c.transfer_ns for c in cols) / 1e6
     sw = StepWaits(cols, wait, caused, transfer, last if caused[last] > 0 else None)
+    sw.wait_by_group = by_group
     any_b = next(iter(batches.values()))
     sw.step, sw.t_ns = any_b.step, min(to_common(r, _step_start_ns(b)) for r, b in batches.items())
     sw.batches = dict(batches)
@@ -259,7 +333,8 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str],
     `transfer_ms_median`, `culprit_layer` (that rank's most frequent culprit layer, among the
     steps where it clearly held the others up) and `culprit` (in words) — only when that rank
     was last in at least MIN_CULPRIT_STEPS_PCT % of the steps —, `named_pct` (share of steps
-    where a culprit was clear). `evidence`: the per-layer evidence (see `evidence()`); when it
+    where a culprit was clear), `wait_ms_median_by_group` (a device mesh: group label -> rank
+    -> its median wait in that group's collectives). `evidence`: the per-layer evidence (see `evidence()`); when it
     names a slow rank and section, that is the culprit (`culprit_from` "layers", else
     "arrival"), `culprit_rank` its rank.
 
@@ -279,6 +354,9 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str],
         "culprit_layer": None, "culprit": "", "culprit_rank": None, "culprit_from": None, "steps": len(steps),
         "named_pct": round(100.0 * sum(1 for s in steps if s.culprit) / len(steps), 1),
     }
+    by_group = _group_medians(steps)
+    if by_group:  # (a device mesh: the waits in each dimension's collectives)
+        out["wait_ms_median_by_group"] = by_group
     ev = evidence(steps if evidence_steps is None else evidence_steps, layer_names)
     out["evidence"] = ev
     have = ev["steps"] if ev else len(steps)
@@ -295,6 +373,21 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str],
         c = ev["culprit"]
         out.update(culprit=c["text"], culprit_layer=c["layer"], culprit_rank=c["rank"], culprit_from="layers")
     return out
+
+
+def _group_medians(steps: list[StepWaits]) -> dict[str, dict[str, float]] | None:
+    """group label -> rank -> its median wait in that group's collectives over the steps
+    (each step's wait_by_group; None where no step has other groups than the default one)."""
+    got: dict[str, dict[str, list[float]]] = {}
+    for s in steps:
+        for label, waits in (s.wait_by_group or {}).items():
+            g = got.setdefault(label, {})
+            for r, v in waits.items():
+                g.setdefault(str(r), []).append(v)
+    if not got:
+        return None
+    return {label: {r: round(median(v), 3) for r, v in sorted(g.items(), key=lambda x: int(x[0]))}
+            for label, g in got.items()}
 
 
 def _wait_medians(steps: list[StepWaits], ranks: list[int]) -> dict[str, float]:

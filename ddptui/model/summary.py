@@ -103,7 +103,7 @@ def bucket_rows(store, strategy: str) -> list[dict] | None:
 
 
 def collective_rows(store, strategy: str) -> list[dict] | None:
-    """A strategy's collectives by (op, phase), and by layer under each (model/collectives.py),
+    """A strategy's collectives by (op, group, phase), and by layer under each (model/collectives.py),
     over its kept complete steps but the first (warm-up); None when none holds a COLL span."""
     with store.lock:
         ks = store.complete_steps(strategy)

@@ -124,8 +124,10 @@ class RankSpans(Mapping):
     """rank -> its spans (a Lane) of one step, made when a rank is first asked for: a pane
     draws the ranks that fit (with 64 ranks, a few), so the others' lanes are never made."""
 
-    def __init__(self, batches: dict, origin: int, arrivals: dict):
+    def __init__(self, batches: dict, origin: int, arrivals: dict, groups: dict | None = None):
         self._batches, self._origin, self._arrivals = batches, origin, arrivals
+        # rank -> row id -> (its group's lowest rank, label) (a device mesh: stragglers.arrival_key)
+        self._groups = groups or {}
         self._made: dict[int, Lane] = {}
         self._others_of: dict = {}
         self._arrived_of: dict = {}
@@ -136,21 +138,23 @@ class RankSpans(Mapping):
             b = self._batches[r]  # (KeyError for a rank not in the step)
             off = (b.base_ns - self._origin) / 1e6
             place = placement(b)
-            others, lasts = self._arrived(place)
+            others, lasts = self._arrived(place, r)
             got = self._made[r] = Lane(
                 b.kind, b.idx, [off + a / 1e3 for a in b.t0], [off + z / 1e3 for z in b.t1],
                 [off + x / 1e3 for x in b.iss], others, [last == r for last in lasts], place)
         return got
 
-    def _arrived(self, place: Placement) -> tuple[list, list]:
+    def _arrived(self, place: Placement, r: int) -> tuple[list, list]:
         """The last rank's ready time (ms after the origin, or None: not known) and that rank
         (or None) of each AllReduce of a placement (the same on every rank with the same
-        AllReduces, so made once for them)."""
-        got = self._arrived_of.get(place)
+        AllReduces and groups, so made once for them)."""
+        mine = self._groups.get(r)
+        key = place if not mine else (place, tuple(sorted(mine.items())))
+        got = self._arrived_of.get(key)
         if got is None:
-            arrived = list(map(self._arrivals.get, place.comm_keys))
-            got = self._arrived_of[place] = ([None if a is None else a[0] for a in arrived],
-                                           [None if a is None else a[1] for a in arrived])
+            arrived = list(map(self._arrivals.get, stragglers.rank_arrival_keys(place.comm_keys, mine)))
+            got = self._arrived_of[key] = ([None if a is None else a[0] for a in arrived],
+                                         [None if a is None else a[1] for a in arrived])
         return got
 
     def get(self, r: int, default=None):
@@ -174,9 +178,11 @@ class RankSpans(Mapping):
         """The last rank's ready time of each AllReduce of a batch (µs; the same on every rank
         with the same AllReduces, so made once for them)."""
         place = placement(b)
-        got = self._others_of.get(place)
+        mine = self._groups.get(b.rank)
+        key = place if not mine else (place, tuple(sorted(mine.items())))
+        got = self._others_of.get(key)
         if got is None:
-            got = self._others_of[place] = [None if ms is None else ms * 1e3 for ms in self._arrived(place)[0]]
+            got = self._others_of[key] = [None if ms is None else ms * 1e3 for ms in self._arrived(place, b.rank)[0]]
         return got
 
     def __iter__(self):
@@ -200,13 +206,13 @@ def step_view(store, strategy: str, step: int) -> StepView | None:
         dur = 0.0
         waits = store.step_waits(strategy, step)
         # (kind, idx, nth) -> (last arriver's ready, ms after origin; the last arriver)
-        arrivals = {c.key: ((c.last_ready - origin) / 1e6, c.last)
+        arrivals = {stragglers.arrival_key(c): ((c.last_ready - origin) / 1e6, c.last)
                     for c in (waits.collectives if waits else [])}
         for r, b in batches.items():
             if len(b.t1):
                 dur = max(dur, (b.base_ns - origin) / 1e6 + max(b.t1) / 1e3)
             figs[r] = store.rank_figures(strategy, step, r)
-        spans = RankSpans(batches, origin, arrivals)
+        spans = RankSpans(batches, origin, arrivals, store.coll_groups(strategy) if arrivals else None)
         assignment = store.bucket_assignment(strategy, step) if strategy == "ddp" else None
         marks = store.marks(strategy, step)
         cap = store.cap_at(step) if strategy == "ddp" else None

@@ -9,6 +9,7 @@ import os
 from ranks import frames, spec, wire
 
 from ddptui.model.clocksync import HostClocks
+from ddptui.model.collectives import group_label, group_parts, with_group
 from ddptui.model.runinfo import simulated_label
 from ranks.recfile import RecordingError
 
@@ -49,13 +50,17 @@ def coll_kernel(row, label_of) -> tuple[str, dict]:
         return "ncclDevKernel_Generic(ddptui: unknown collective)", {"Collective name": "unknown"}
     _id, op, nbytes, group, gname, layer, phase, is_async = row
     kernel, cname = COLL_KERNELS.get(op, ("ncclDevKernel_Generic", op))
-    label = f"{op} {label_of(layer)}" if layer >= 0 else op
+    gname, dim = group_parts(gname)[0], group_label(gname)
+    what = with_group(op, dim)
+    label = f"{what} {label_of(layer)}" if layer >= 0 else what
     full = nbytes // 4
     shard = full // group if group > 0 else full
     n_in, n_out = (shard, full) if op == "all_gather" else (full, shard) if op == "reduce_scatter" else (full, full)
     args = {"Collective name": cname, "In msg nelems": n_in, "Out msg nelems": n_out, "Group size": group,
-            "dtype": "Float", "bytes": nbytes, "Process Group Name": gname, "op": op, "phase": phase,
-            "async": is_async}
+            "dtype": "Float", "bytes": nbytes, "Process Group Name": gname,
+            "Process Group Description": gname, "op": op, "phase": phase, "async": is_async}
+    if dim != gname:  # (a device mesh's dimension, by its name)
+        args["mesh_dim"] = dim
     if layer >= 0:
         args["layer"] = label_of(layer)
     return f"{kernel}(ddptui: {label})", args

@@ -71,7 +71,8 @@ def _calls(r: dict) -> str:
 
 def collectives_table(rows: list[dict]) -> Table | None:
     """Every collective of the strategies that issued more than gradient AllReduces, per (op,
-    phase) (model/collectives.py): None when no strategy did."""
+    group, phase) (model/collectives.py; the group said unless the default one:
+    `all_reduce@tp (forward)`): None when no strategy did."""
     rows = [r for r in rows if r.get("collectives")]
     if not rows:
         return None
@@ -101,7 +102,8 @@ def speedup_lines(sp: dict) -> list[str]:
 
 def straggler_line(r: dict) -> str | None:
     """'ddp: rank 1 arrived last in 92 % of steps · wait r0 41.0 ms, r1 0.2 ms (median) ·
-    transfer 19.9 ms · culprit rank 1 · fc2 backward +40 ms'."""
+    transfer 19.9 ms · culprit rank 1 · fc2 backward +40 ms'; on a device mesh the waits in
+    each dimension's collectives after the wait: '· tp r0 1.2, r1 0.3, ... · dp r0 ...'."""
     st = r.get("stragglers")
     if not st:
         return None
@@ -109,7 +111,11 @@ def straggler_line(r: dict) -> str | None:
         if len(st["wait_ms_median"]) <= stragglers.WAITS_LISTED_MAX else stragglers.wait_spread(st["wait_ms_median"])
     who = (f"rank {st['last_arriver_rank']} arrived last in {st['last_arriver_pct']:.0f} % of steps"
            if st["last_arriver_rank"] is not None else "nobody arrived last")
-    line = f"{r['strategy']}: {who} · wait {waits} (median) · transfer {st['transfer_ms_median']:.1f} ms"
+    line = f"{r['strategy']}: {who} · wait {waits} (median)"
+    for label, got in (st.get("wait_ms_median_by_group") or {}).items():  # (a device mesh: per dimension)
+        line += f" · {label} " + (", ".join(f"r{k} {v:.1f}" for k, v in got.items())
+                                  if len(got) <= stragglers.WAITS_LISTED_MAX else stragglers.wait_spread(got))
+    line += f" · transfer {st['transfer_ms_median']:.1f} ms"
     ev = st.get("evidence") or {}
     how = (f" (per-layer evidence: {ev['windows_naming_culprit']} of {ev['windows']} windows of "
            f"{ev['window_steps']} steps)") if st.get("culprit_from") == "layers" else ""

@@ -8,7 +8,8 @@ Perfetto (ui.perfetto.dev, trace_processor), chrome://tracing and HTA-style tool
   by a ``process_name`` metadata event "rank N (device)", ordered by ``process_sort_index``;
 - a thread per lane: "step", "compute" (forward and backward per layer), "communication"
   (one slice per collective: an AllReduce of a parameter or bucket, or any other collective,
-  named by its op and issuing layer, "all_gather h.3"), "optimizer" (``thread_name``/``thread_sort_index`` metadata;
+  named by its op, its device mesh dimension if any, and issuing layer, "all_gather h.3",
+  "all_reduce@tp layers.0"), "optimizer" (``thread_name``/``thread_sort_index`` metadata;
   ``tid`` = pid * 100 + lane, unique across processes). A slice that would partly overlap
   the one before it on its lane goes on an extra lane ("communication 2"), so slices on a
   thread always nest properly;
@@ -16,7 +17,8 @@ Perfetto (ui.perfetto.dev, trace_processor), chrome://tracing and HTA-style tool
   (the host's CLOCK_MONOTONIC, 0 = the first span of the recording) and ``args``: rank,
   strategy, step, and layer (compute), parameter or bucket with its parameter names and
   bytes (communication; any other collective: op, bytes, group, group_size, layer, phase,
-  async, from its rank's collectives table), queued_us (ready to start of an AllReduce), last_arriver (the rank
+  async, from its rank's collectives table, and on a device mesh mesh_dim and
+  group_first_rank, which of the dimension's groups), queued_us (ready to start of an AllReduce), last_arriver (the rank
   ready last), wait_us (last arriver's ready - this rank's), transfer_us (end - last ready);
 - instant events (``ph: "i"``, thread scope, on a "ddp events" lane, at the start of the DDP
   step they apply to) for bucket-cap changes and for each new DDP bucket assignment.
@@ -36,12 +38,13 @@ from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, PASS, PASS_NAMES, STEP
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
+from ddptui.model.collectives import group_label, group_parts, with_group
 from ddptui.model.runinfo import simulated_label
 from ddptui.recording.loader import load
 from ddptui.recording.rankset import open_reader
 from ranks.recfile import FORMAT_VERSION, RecordingError
 from ddptui.model.store import in_force
-from ddptui.model.stragglers import comm_spans
+from ddptui.model.stragglers import comm_spans, rank_arrival_keys
 
 # lane: (tid offset, thread name, category)
 LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "communication"),
@@ -72,7 +75,8 @@ class Scan:
         self.origin_ns: int | None = None
         self.lanes: dict[int, set[str]] = {}
         self.ddp_base: dict[tuple[int, int], int] = {}  # (rank, step) -> start of a DDP step
-        # (strategy, step, kind, idx, n-th time) -> (last ready ns, the rank ready last): who waits
+        # (strategy, step, kind, idx, n-th time[, its group's lowest rank]) -> (last ready ns, the
+        # rank ready last): who waits (on a device mesh, within each group: stragglers.arrival_key)
         self.arrivals: dict[tuple, tuple[int, int]] = {}
         self._assignments: dict[tuple[int, str], list] = {}
 
@@ -96,7 +100,9 @@ class Scan:
     def _arrivals(self, f: frames.Spans) -> None:
         b = wire.decode_spans(f)
         base = self.clocks.to_common(b.rank, b.base_ns)
-        for _, ready_us, ckey in comm_spans(b):
+        spans = list(comm_spans(b))
+        ckeys = rank_arrival_keys([c for _, _, c in spans], self.store.rank_coll_groups(b.strategy, b.rank))
+        for (_, ready_us, _), ckey in zip(spans, ckeys):
             ready = base + ready_us * 1000
             key = (b.strategy, b.step, *ckey)
             got = self.arrivals.get(key)
@@ -252,8 +258,15 @@ class TraceWriter:
             args.update(op="unknown", collective=idx)
             return "collective (unknown)"
         _id, op, nbytes, group_size, group, layer, phase, is_async = row
-        args.update(op=op, bytes=nbytes, group=group, group_size=group_size,
+        base, low = group_parts(group)
+        label = group_label(group)
+        args.update(op=op, bytes=nbytes, group=base, group_size=group_size,
                     layer=self._lname(layer) if layer >= 0 else None, phase=phase, **{"async": is_async})
+        if label != base:  # (a device mesh's dimension, by its name: tp, dp, dp_shard)
+            args["mesh_dim"] = label
+        if low is not None:  # (one of the group's instances: its lowest rank)
+            args["group_first_rank"] = low
+        op = with_group(op, label)
         return f"{op} {self._lname(layer)}" if layer >= 0 else op
 
     def _sublane(self, rank: int, lane: str, a: int, z: int) -> int:
@@ -273,8 +286,10 @@ class TraceWriter:
         r, s, k = b.rank, b.strategy, b.step
         off = self.clocks.to_common(r, b.base_ns) - self.origin
         buckets = self.scan.buckets_at(r, s, k) if s == "ddp" else None
+        spans = list(comm_spans(b))
+        keys = rank_arrival_keys([c for _, _, c in spans], self.scan.store.rank_coll_groups(s, r))
         comm = {i: (off + ready_us * 1000, self.scan.arrivals.get((s, k, *key)))
-                for i, ready_us, key in comm_spans(b)}
+                for (i, ready_us, _), key in zip(spans, keys)}
         items = []
         for i in range(len(b)):
             kind = b.kind[i]

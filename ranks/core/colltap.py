@@ -147,6 +147,9 @@ def _unit_wrapper(orig, kind: str):
             return orig(self, *args, **kwargs)
         prev = tap.unit
         tap.unit = (self.modules, kind)
+        info = getattr(self, "mesh_info", None)  # (its mesh names the groups it runs on)
+        if info is not None:
+            tap.learn_mesh(getattr(info, "mesh", None))
         if kind == "reduce" and tap.on_reduce is not None:
             tap.on_reduce(self.modules)
         try:
@@ -170,7 +173,13 @@ FUNCOL_OPS = {  # torch.distributed._functional_collectives function -> the coll
     "all_to_all_single": "all_to_all", "all_to_all_single_autograd": "all_to_all",
 }
 _fc_state = threading.local()  # .depth: inside a wrapped functional collective (one calls another)
-_fc_waits: dict = {}  # id(the op's output tensor) -> (Entered, a weak reference to it): ended by wait_tensor
+# id(the storage of the op's output) -> (Entered, a weak reference to that storage, its in-flight
+# entry): ended by the first wait_tensor of a tensor on that storage. By storage, not tensor, as
+# the backend's own registry of works: what is waited on is often a view of the result made by
+# AsyncCollectiveTensor's dispatch (DTensor's to_local(): `view_as`, RowwiseParallel's
+# forward output), a tensor object of its own. A storage's Python object lives exactly as long
+# as the storage (PyTorch preserves it), so a weak reference to it says the key is still it.
+_fc_waits: dict = {}
 _FC_WAITS_MAX = 256  # (results never waited on are dropped past this; their spans end at issue)
 
 
@@ -217,6 +226,9 @@ def _funcol_wrapper(funcol, name: str, op: str, orig):
             pg = dist.distributed_c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
         except Exception:  # noqa: BLE001 (a group form not known here): not timed
             return orig(*args, **kwargs)
+        mesh = group[0] if isinstance(group, tuple) and group else group  # (DTensor's: (mesh, dim))
+        if hasattr(mesh, "mesh_dim_names"):
+            tap.learn_mesh(mesh)
         # the collective's buffer, as for the process group's methods: the gathered output of
         # an all-gather, the input of a reduce-scatter, the tensor of the others
         n = (_nbytes(args[0]) if args else 0) * (pg.size() if op == "all_gather" else 1)
@@ -244,7 +256,11 @@ def _funcol_wrapper(funcol, name: str, op: str, orig):
         # rank is blocked in): in flight again only while a wait_tensor blocks on it
         entry = tap.inflight.pop(token.key, None)
         for e in elems:  # (weakly: a result never waited on is not kept alive by ddptui)
-            _fc_waits[id(e)] = (token, weakref.ref(e), entry)
+            try:
+                st = e.untyped_storage()
+            except Exception:  # noqa: BLE001 (a result without storage): ends at issue
+                continue
+            _fc_waits[id(st)] = (token, weakref.ref(st), entry)
         return out
     wrapper.__name__ = name
     wrapper.__qualname__ = f"_functional_collectives.{name}"
@@ -255,8 +271,14 @@ def _funcol_wrapper(funcol, name: str, op: str, orig):
 
 def _wait_wrapper(orig):
     def wait_tensor(tensor):
-        got = _fc_waits.pop(id(tensor), None) if _fc_waits else None
-        if got is None or got[1]() is not tensor:
+        if not _fc_waits:
+            return orig(tensor)
+        try:
+            st = tensor.untyped_storage()
+        except Exception:  # noqa: BLE001 (no storage: not a result ddptui saw)
+            return orig(tensor)
+        got = _fc_waits.pop(id(st), None)
+        if got is None or got[1]() is not st:
             return orig(tensor)
         token = got[0]
         for k, v in list(_fc_waits.items()):  # a coalesced call's others (a copy: threads)
@@ -310,6 +332,8 @@ class CollTap:
         self.unit = None  # (FSDP unit's modules, "gather" | "reduce") while FSDP2 issues
         self.suspended = False  # inside ddptui's own DDP comm hook: its bucket is a COMM span
         self._names: dict[int, tuple[int, str]] = {}  # id(group) -> (size, name)
+        self._dims: dict[int, str] = {}  # id(group) -> the mesh dimension it is (learn_mesh)
+        self._meshes: set[int] = set()  # id() of the device meshes learnt
 
     def activate(self) -> None:
         global _tap
@@ -321,17 +345,54 @@ class CollTap:
         if _tap is self:
             _tap = None
 
+    def learn_mesh(self, mesh) -> None:
+        """The process groups of a device mesh (and of its root mesh, flattened dimensions
+        included) by the names of their dimensions: a dimension over every rank runs on the
+        default group (DeviceMesh reuses it), which says nothing of its dimension itself. Once
+        a mesh (the first FSDP2 unit or DTensor collective on it); any failure: not learnt."""
+        if mesh is None or id(mesh) in self._meshes:
+            return
+        self._meshes.add(id(mesh))
+        try:
+            root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else None
+            meshes = [root, mesh] if root is not None and root is not mesh else [mesh]
+            if root is not None:
+                meshes += list(getattr(root, "_flatten_mapping", {}).values())
+            for m in meshes:
+                for i, dim in enumerate(m.mesh_dim_names or ()):
+                    gid = id(m.get_group(i))
+                    if gid not in self._dims:
+                        self._dims[gid] = str(dim)
+                        self._names.pop(gid, None)  # (named anew by its dimension from now)
+        except Exception:  # noqa: BLE001 (another layout of DeviceMesh: its groups' own names)
+            pass
+
     def _group(self, pg) -> tuple[int, str]:
+        """(size, name) of a process group: `mesh_<dim>` for a device mesh's dimension (as
+        DeviceMesh describes its groups), else its description, `world` for the default group
+        or another over every rank, `group<n>` for an undescribed one. A group of some of the
+        ranks (a mesh dimension's: one of several of the same name) ends in `@<its lowest
+        rank>`, which tells its instances apart across ranks (model/collectives.group_parts)."""
         got = self._names.get(id(pg))
         if got is None:
+            size, world = int(pg.size()), dist.get_world_size()
+            dim = self._dims.get(id(pg))
             try:
                 name = pg.group_desc if hasattr(pg, "group_desc") else ""
                 name = name or getattr(pg, "group_name", "") or ""
             except Exception:  # noqa: BLE001
                 name = ""
-            if name in ("default_pg", "undefined", ""):
-                name = "world" if pg.size() == dist.get_world_size() else f"group{len(self._names)}"
-            got = self._names[id(pg)] = (int(pg.size()), str(name)[:64])
+            if dim:
+                name = f"mesh_{dim}"
+            elif name in ("default_pg", "undefined", "", "mesh_default"):
+                name = "world" if size == world else f"group{len(self._names)}"
+            name = str(name)[:56]
+            if size < world:
+                try:
+                    name += f"@{min(dist.get_process_group_ranks(pg))}"
+                except Exception:  # noqa: BLE001 (its ranks unknown: its instances not told apart)
+                    pass
+            got = self._names[id(pg)] = (size, name)
         return got
 
     def enter(self, op: str, nbytes: int, pg, is_async: bool = True) -> Entered:
@@ -362,8 +423,9 @@ class CollTap:
         if rid is None:
             rid = self.table[sig] = len(self.rows)
             self.rows.append(sig)
-        # FSDP's reduce-scatter after a unit's backward synchronises gradients (a step's mark)
-        synced = unit is not None and unit[1] == "reduce" and op == "reduce_scatter"
+        # FSDP's reduce-scatter after a unit's backward synchronises gradients (a step's mark),
+        # and so does its all-reduce (HSDP's across replicas: alone where a shard is one rank)
+        synced = unit is not None and unit[1] == "reduce" and op in ("reduce_scatter", "all_reduce")
         slot = rec.comm_issue(rid, COLL, synced)
         return Entered(self, cur, slot, key)
 

@@ -72,6 +72,11 @@ class Store(Intake, Figuring, Queries):
         # every other collective a rank issued (COLL spans' idx): (strategy, rank) -> id -> its
         # row (id, op, bytes, group size, group, layer, phase, async), as the colls frames said
         self.collectives: dict[tuple[str, int], dict[int, tuple]] = {}
+        # of those rows, the ones on a group other than the default one: (strategy, rank) -> id
+        # -> (the lowest rank of its group where that is some of the ranks and says so (a device
+        # mesh dimension's: 'mesh_tp@2'), else None; its group_label: 'tp'); who waits for whom
+        # matches those within their group, and says the waits per group
+        self.coll_group_rows: dict[tuple[str, int], dict[int, tuple[int | None, str]]] = {}
         self.events: list[tuple[int, str, str]] = []  # (step, strategy, text)
         self.cap_changes: list[tuple[int, float]] = []  # (step, bucket_cap_mb) as applied
         # how DDP's buckets were timed (event comm_timing): rank -> "comm-hook" or

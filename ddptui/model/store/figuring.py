@@ -102,7 +102,9 @@ class Figuring:
         chosen under the lock, computed outside it (span batches never change once in), and
         published under it (a step evicted meanwhile is dropped). The Updater thread calls
         this while a run is live; readers that need figures now may call it too."""
-        todo = []  # (strategy, step, {rank: batch}, {rank: (comm_bytes, coll_row)}, ranks in the ring)
+        # (strategy, step, {rank: batch}, {rank: (comm_bytes, coll_row)}, ranks in the ring,
+        # {rank: {row id: (its group's lowest rank, its label)}} or None: stragglers.split_by_group)
+        todo = []
         with self.lock:
             for strategy, dirty in self._dirty.items():
                 per = self.raw.get(strategy, {})
@@ -112,26 +114,28 @@ class Figuring:
                     ranks = per.get(k)
                     if ranks is None or len(ranks) < want or k in figs:
                         continue
+                    inst = self.coll_group_rows
+                    inst = {r: dict(inst[(strategy, r)]) for r in ranks if (strategy, r) in inst} if inst else None
                     todo.append((strategy, k, dict(sorted(ranks.items())),
                                  {r: (self.comm_bytes_fn(strategy, r, k), self.coll_row_fn(strategy, r))
-                                  for r in ranks}, want))
+                                  for r in ranks}, want, inst))
                     dirty.discard(k)
         done = []
-        for strategy, k, ranks, comm, want in todo:
+        for strategy, k, ranks, comm, want, inst in todo:
             place = columnwise.usable(ranks)
             if place is not None:  # every rank the same columns: all ranks at once (numpy)
                 sk = columnwise.Stacked(ranks, place)
                 rs = columnwise.rank_steps(sk, comm, want)
                 hta = columnwise.hta_steps(sk, rs)
                 step = figures.combine(k, list(rs.values()))
-                waits = columnwise.step_waits(sk, step.step_ms)
+                waits = columnwise.step_waits(sk, step.step_ms, inst)
                 if waits is not None and place.layered and len(sk.ranks) >= columnwise.EAGER_EVIDENCE_FROM:
                     waits.set_evidence(columnwise.sections_excess(ranks, sk))
             else:
                 rs = {r: figures.rank_step(b, *comm[r], want) for r, b in ranks.items()}
                 hta = {r: figures.hta_step(ranks[r], got) for r, got in rs.items()}
                 step = figures.combine(k, list(rs.values()))
-                waits = stragglers.step_waits(ranks, step.step_ms)
+                waits = stragglers.step_waits(ranks, step.step_ms, groups=inst)
             done.append((strategy, k, ranks, rs, step, waits, figures.step_interval(ranks.values()), hta))
         with self.lock:
             for strategy, k, ranks, rs, step, waits, interval, hta in done:
@@ -238,6 +242,8 @@ class Figuring:
         if not here or not by_node:
             return
         for c in w.collectives:
+            if c.group is not None:  # (one group of a mesh dimension's: not every host's)
+                continue
             r0, e0 = [c.ready[r] for r in here], [c.end[r] for r in here]
             for node, rs in by_node.items():
                 got = self._coll.get(node)

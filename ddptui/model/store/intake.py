@@ -16,6 +16,7 @@ from ranks.frames import FrameError, Frame
 from ranks.wire import SpanBatch
 
 from .. import gpu as gpusamples, stragglers
+from ..collectives import WORLD, group_label, group_parts
 from ..columns import whole_passes
 
 from .rankinfo import RankInfo
@@ -169,6 +170,9 @@ class Intake:
         table = self.collectives.setdefault((f.strategy, f.rank), {})
         for row in f.rows:
             table[row[0]] = tuple(row)
+            low, label = group_parts(row[4])[1], group_label(row[4])
+            if low is not None or label != WORLD:
+                self.coll_group_rows.setdefault((f.strategy, f.rank), {})[row[0]] = (low, label)
 
     def _on_gpu(self, f: frames.Gpu) -> None:  # (PCIe rates across a counter's wrap mended)
         self.gpu.append(gpusamples.unwrap(self.gpu[-1] if self.gpu else None, f))

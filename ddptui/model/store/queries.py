@@ -221,6 +221,18 @@ class Queries:
         with self.lock:
             return {r: dict(t) for (s, r), t in self.collectives.items() if s == strategy}
 
+    def coll_groups(self, strategy: str) -> dict[int, dict[int, tuple[int | None, str]]]:
+        """rank -> id -> (the lowest rank of its group, where that is some of the ranks and
+        says so, else None; the group's label: 'tp') of the rows of its collectives table on a
+        group other than the default one (Store.coll_group_rows); empty for a run without (a copy)."""
+        with self.lock:
+            return {r: dict(t) for (s, r), t in self.coll_group_rows.items() if s == strategy}
+
+    def rank_coll_groups(self, strategy: str, rank: int) -> dict[int, tuple[int | None, str]]:
+        """coll_groups of one rank (a copy; empty: none)."""
+        with self.lock:
+            return dict(self.coll_group_rows.get((strategy, rank), ()))
+
     def cap_at(self, step: int) -> float | None:
         """DDP's bucket_cap_mb in force at `step`."""
         with self.lock:

@@ -15,6 +15,7 @@ from rich.segment import Segment
 from ranks import spec
 from ranks.wire import BWD, COMM, FWD, OPT, OTHER, PASS, PASS_BWD, PASS_FWD
 
+from ddptui.model.collectives import group_label, with_group
 from ddptui.model.views import Lane
 from . import theme
 
@@ -121,11 +122,12 @@ def overlaps(comms: list[Comm]) -> list[tuple[float, float]]:
 
 def coll_look(row, layer_names: list[str]) -> tuple[int, str]:
     """(first colour id, label) of a COLL span from its collectives table row (None: not
-    described: the unknown colour, '?'): 'AG h.0', 'RS h.3', 'A2A' (no issuing layer)."""
+    described: the unknown colour, '?'): 'AG h.0', 'RS h.3', 'A2A' (no issuing layer); on a
+    device mesh's dimension its name too: 'AR@tp h.0', 'AG@dp h.0'."""
     if row is None:
         return theme.COLL_UNKNOWN, "?"
     op, layer = row[1], row[5]
-    short = spec.COLL_SHORT.get(op, op)
+    short = with_group(spec.COLL_SHORT.get(op, op), group_label(row[4]))
     label = f"{short} {layer_names[layer]}" if 0 <= layer < len(layer_names) else short
     return theme.COLL_COLOURS.get(op, theme.COLL_OTHER), label
 

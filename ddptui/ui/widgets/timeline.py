@@ -14,6 +14,7 @@ from textual.widget import Widget
 
 from ranks.wire import BWD, FWD
 
+from ddptui.model.collectives import WORLD, group_label
 from ddptui.model.views import Lane, StepView, sampling_text
 from . import theme
 from ddptui.ui import geometry
@@ -190,6 +191,8 @@ class TimelinePane(Widget):
                         theme.style(theme.WARN)))
         said = (f"{calls - colls} AllReduce + {colls} coll" if calls > colls else f"{colls} collectives") \
             if colls else f"{calls} AllReduce"
+        if colls and v.colls:  # (on a device mesh: how many on each of its dimensions)
+            said += _by_group(v)
         out.append((f" · {said} · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
         if st.labels:  # aggregated lanes (widgets/aggregate.py)
             out.append((f" · {len(v.figures)} ranks in bands", theme.style(theme.DIM)))
@@ -344,3 +347,20 @@ def hidden_who(hidden: list[int]) -> str:
 
 def hidden_note(hidden: list[int]) -> str:
     return f"⚠ {hidden_who(hidden)} hidden — enlarge the terminal"
+
+
+def _by_group(v: StepView) -> str:
+    """' (tp 4 · dp 8)': a step's collectives (COLL spans) per group, its first rank's, where
+    any ran on a group other than the default one (a device mesh's dimensions), else ''."""
+    if not v.spans:
+        return ""
+    r = min(v.spans)
+    table = v.coll_table(r)
+    counts: dict[str, int] = {}
+    for i in Lane.of_spans(v.spans[r]).placement().coll_idx:
+        row = table.get(i)
+        g = group_label(row[4]) if row is not None else WORLD
+        counts[g] = counts.get(g, 0) + 1
+    if set(counts) <= {WORLD}:
+        return ""
+    return " (" + " · ".join(f"{g} {n}" for g, n in counts.items()) + ")"

@@ -95,6 +95,17 @@ def gathering(store: Store, shown: dict) -> str:
     return stragglers.gathering_text(least)
 
 
+def _by_group(got: dict) -> Parts:
+    """On a device mesh, who waits most in each dimension's collectives: ' · tp: r1 waits
+    81.1 ms · dp: r0 waits 39.6 ms' (medians); nothing without one."""
+    out: Parts = []
+    for label, waits in (got.get("wait_ms_median_by_group") or {}).items():
+        if waits:
+            r, v = max(waits.items(), key=lambda x: (x[1], -int(x[0])))
+            out.append((f" · {label}: r{r} waits {v:.1f} ms", theme.style(theme.TEXT)))
+    return out
+
+
 def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
     strategies = _strategies(store)
     if not strategies:
@@ -132,6 +143,7 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
             quiet = f" · {stragglers.gathering_text(got)}" if got.get("gathering") else " · no clear culprit"
             head.append((f" · culprit {got['culprit']}" if got["culprit"] else quiet,
                          theme.style(theme.WARN, bold=True) if got["culprit"] else theme.style(theme.DIM)))
+        head += _by_group(got)
         lines.append(head)
         waits = {int(r): v for r, v in got["wait_ms_median"].items()}
         transfer = got["transfer_ms_median"]
