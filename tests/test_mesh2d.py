@@ -91,12 +91,16 @@ def test_collectives_are_split_by_mesh_dimension(mesh2d):
 @RUN
 def test_waits_are_matched_within_each_group(mesh2d):
     """Who waits for whom compares a rank with the ranks of its own group only (rank 1's tp
-    all_reduce with rank 0's, never rank 2's), and says each dimension's waits."""
+    all_reduce with rank 0's, never rank 2's), and says each dimension's waits (the JSON, the
+    summary's line, the waits panel)."""
     doc, got, out, _, _ = mesh2d
     st = doc["strategies"][0]["stragglers"]
     assert set(st["wait_ms_median_by_group"]) == {"tp", "dp"}, st
     assert all(set(v) == {"0", "1", "2", "3"} for v in st["wait_ms_median_by_group"].values()), st
     assert " · tp r0 " in out and " · dp r0 " in out, out
+    from ddptui.ui.widgets.waits import _by_group
+    said = "".join(text for text, _ in _by_group(st))  # (the waits panel: who waits most, per dimension)
+    assert said.startswith(" · ") and " · tp: r" in said and " · dp: r" in said, said
     tables = got.store.collective_tables("fsdp")
     seen = 0
     for k in got.store.complete_steps("fsdp"):
