@@ -625,11 +625,7 @@ class DDPStrategy(Strategy):
         quiet_runtime_stats(self.ddp)
         if self.timing == "flight-recorder":
             if self.rec.fr is None:
-                standin = seams.fr_standin() if self.device.type != "cuda" else None
-                dump = flightrec.nccl_dump_fn() if standin is None else flightrec.gloo_standin_dump(standin)
-                self.rec.fr = flightrec.FlightTimes(
-                    dump, interval_s=float(os.environ.get("DDPTUI_FR_INTERVAL_S", "0.25")),
-                    buffer=flightrec.buffer_size())
+                self.rec.fr = flightrec.flight_times_for(self.device.type)
             self.group = self.ddp.process_group.group_name
             self.pg_backend = self.ddp.process_group._get_backend(self.device)
             self.ready = BucketReady(self.rec, self.group, active=not self.marks.on)

@@ -153,6 +153,9 @@ class FlightTimes:
         self._last_record = -1  # the next dump reads the entries after this record_id
         self._seen_top = -1  # the highest record_id any dump held
         self._top: dict = {}  # group name -> the highest sequence number seen finished
+        # group name -> the process group's own last completed sequence number (its pg_status,
+        # NCCL's watchdog's or gloo's: a hang's report drops the collectives it finished)
+        self.completed: dict = {}
         self._broken = False  # the last dump failed: no step waits for the next
         self.dumps = 0
         self.dump_ns = 0  # time spent dumping and reading (the GIL held)
@@ -178,6 +181,7 @@ class FlightTimes:
                 return False
             self._broken = False
             self._take(d.get("entries") or ())
+            self._status(d)
             self.dumps += 1
             self.dump_ns += time.thread_time_ns() - t0
             self._adapt(now)
@@ -228,6 +232,23 @@ class FlightTimes:
         self._last_record = top if unfinished is None else unfinished - 1
         self._prune()
 
+    def _status(self, d: dict) -> None:
+        """pg_status (by process group id) read by group name, the entries' (pg_id, name)."""
+        st = d.get("pg_status")
+        if not isinstance(st, dict):
+            return
+        names = {}
+        for e in d.get("entries") or ():
+            pg = e.get("process_group") or ("",)
+            names.setdefault(str(e.get("pg_id")), str(pg[0]))
+        for pid, v in st.items():
+            name = names.get(str(pid))
+            if name is not None and isinstance(v, dict):
+                try:
+                    self.completed[name] = int(v.get("last_completed_collective", -1))
+                except (TypeError, ValueError):
+                    pass
+
     def _prune(self) -> None:
         by_key = self._by_key
         if len(by_key) > self._keep:
@@ -266,3 +287,14 @@ class FlightTimes:
     def stats(self) -> dict:
         return {"dumps": self.dumps, "dump_ms": self.dump_ns / 1e6, "entries": self.entries_read,
                 "missed": self.missed, "failed": self.failed, "interval_s": self.interval_s}
+
+
+def flight_times_for(device_type: str) -> "FlightTimes":
+    """The FlightTimes a rank reads DDP's buckets from: NCCL's dump, or on a CPU the test
+    seam's stand-in (seams.fr_standin: gloo's real Flight Recorder); its interval
+    DDPTUI_FR_INTERVAL_S (0.25 s by default), its buffer TORCH_FR_BUFFER_SIZE's."""
+    from ranks import seams
+    standin = seams.fr_standin() if device_type != "cuda" else None
+    dump = nccl_dump_fn() if standin is None else gloo_standin_dump(standin)
+    return FlightTimes(dump, interval_s=float(os.environ.get("DDPTUI_FR_INTERVAL_S", "0.25")),
+                       buffer=buffer_size())

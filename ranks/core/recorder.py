@@ -496,17 +496,23 @@ class Recorder:
                     t1 = max(t0, idle_end(t1, r.bwd_h[i]))
                 kinds.append(BWD); idxs.append(i); t0s.append(t0); t1s.append(t1)
         ready: list[int] = []
-        if r.comm_idx and self.fr is not None and any(type(t) is FrEnd for t in r.comm_end):
+        if r.comm_idx:
             ready = [ns(t) for t in r.comm_ready]
-            starts, end = self._fr_place(r.comm_end, ready)
-            kinds += r.comm_kind; idxs += r.comm_idx; t0s += starts; t1s += end
-        elif r.comm_idx:
-            ready = [ns(t) for t in r.comm_ready]
-            end = [ns(t) if t is not None else rd for t, rd in zip(r.comm_end, ready)]
-            free = None
-            if any(h is not None for h in r.comm_hend):
-                free = [h if h is not None else e for h, e in zip(r.comm_hend, end)]
-            starts = comm_starts(ready, end, r.comm_thr, clock.serial_comm, free)
+            fr = [type(t) is FrEnd for t in r.comm_end] if self.fr is not None else ()
+            if any(fr):  # timed by PyTorch (DDP's buckets); the others (the collective tap's,
+                # the script's own) as they were marked, each set placed on its own
+                own = [j for j, f in enumerate(fr) if not f]
+                starts, end = [0] * len(fr), [0] * len(fr)
+                got = self._fr_place([r.comm_end[j] for j, f in enumerate(fr) if f],
+                                     [ready[j] for j, f in enumerate(fr) if f])
+                for j, a, b in zip((j for j, f in enumerate(fr) if f), *got):
+                    starts[j], end[j] = a, b
+                if own:
+                    a, b = self._marked_comms(r, own, [ready[j] for j in own], ns)
+                    for j, x, y in zip(own, a, b):
+                        starts[j], end[j] = x, y
+            else:
+                starts, end = self._marked_comms(r, range(len(ready)), ready, ns)
             kinds += r.comm_kind; idxs += r.comm_idx; t0s += starts; t1s += end
         if r.opt_s is not None and r.opt_e is not None:
             kinds.append(OPT); idxs.append(0); t0s.append(ns(r.opt_s)); t1s.append(ns(r.opt_e))
@@ -523,6 +529,18 @@ class Recorder:
         if not r.layers and not late and type(r) is StepRecord and len(self._spare) < SPARE:
             self._spare.append(r)
         return out
+
+    def _marked_comms(self, r: StepRecord, which, ready: list[int], ns) -> tuple[list[int], list[int]]:
+        """(starts, ends) of the collectives `which` of a step whose ends were marked (a comm
+        hook's, the collective tap's callbacks): each from its ready moment or the previous
+        one's end on a serial backend (comm_starts)."""
+        which = list(which)
+        end = [ns(r.comm_end[j]) if r.comm_end[j] is not None else rd for j, rd in zip(which, ready)]
+        free = None
+        hend = [r.comm_hend[j] for j in which]
+        if any(h is not None for h in hend):
+            free = [h if h is not None else e for h, e in zip(hend, end)]
+        return comm_starts(ready, end, [r.comm_thr[j] for j in which], self.clock.serial_comm, free), end
 
     def _fr_place(self, ends: list, ready: list[int]) -> tuple[list[int], list[int]]:
         """Collectives timed by PyTorch (FrEnd) placed on the device's time axis: one NCCL

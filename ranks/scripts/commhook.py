@@ -113,3 +113,78 @@ def _call_inner(h: CommState, bucket):
     if h.inner is None:
         return _default_allreduce(bucket.buffer(), h.world)
     return h.inner(h.inner_state, bucket)
+
+
+class FrBuckets:
+    """DDP's buckets timed by PyTorch itself, with no comm hook (NCCL's own timing; a Flight
+    Recorder buffer): DDP keeps its own C++ AllReduce. A post hook on the AccumulateGrad node of
+    each bucket's last parameter (DDP's rebuilt buckets hold them in arrival order), registered
+    after the reducer's own hook there, so it runs once the reducer has handed the bucket to the
+    process group: its ready moment (`Recorder.comm_issue_fr`) and the group's sequence number
+    now, the bucket's collective (read, not counted: another collective of the script's on the
+    same group moves nothing). Its end and length come later from the Flight Recorder
+    (`Recorder.fr`, FlightTimes). In flight from then (a hang names it) until the step ends
+    (DDP's backward waits for every bucket) or the group says it completed (`settle`)."""
+
+    __slots__ = ("h", "group", "backend", "handles", "keys", "inflight")
+
+    def __init__(self, h: CommState, group: str, backend):
+        self.h, self.group, self.backend = h, group, backend
+        self.handles: list = []
+        self.keys: list = []
+        self.inflight: dict = {}  # collective tap's key -> the group's sequence number
+
+    def set(self, per_bucket: list, params: list, nbytes: list) -> None:
+        """per_bucket: each bucket's parameter indices (DDP's order, arrival order within);
+        params: DDP's parameters; nbytes: each bucket's bytes."""
+        keys = [tuple(ps) for ps in per_bucket]
+        if keys == self.keys:
+            return
+        self.clear()
+        self.keys = keys
+        h, group, backend = self.h, self.group, self.backend
+        rec, offset, inflight = h.rec, h.offset, self.inflight
+        for b, ps in enumerate(per_bucket):
+            p = params[ps[-1]]
+            node = p.view_as(p).grad_fn.next_functions[0][0]  # (as DDP's reducer finds it)
+            layer = _layer_of(h, params[ps[0]])
+
+            def ready(gi, go, b=b + offset, n=nbytes[b], layer=layer):
+                c = rec.cur
+                if c is None:
+                    return
+                rec.comm_issue_fr(b, group)
+                seq = c.comm_end[-1].seq = backend._get_sequence_number_for_group()
+                tap = colltap._tap
+                if tap is not None:
+                    inflight[tap.enter_bucket(b, n, layer, h.pg)] = seq
+            self.handles.append(node.register_hook(ready))
+
+    def step_done(self) -> None:
+        """The step ended: its backward waited for every bucket."""
+        tap = colltap._tap
+        for key in list(self.inflight):
+            self.inflight.pop(key, None)
+            if tap is not None:
+                tap.left_bucket(key)
+
+    def settle(self, completed: int) -> None:
+        """Buckets the group has completed (its pg_status) out of flight."""
+        tap = colltap._tap
+        for key, seq in list(self.inflight.items()):
+            if seq <= completed:
+                self.inflight.pop(key, None)
+                if tap is not None:
+                    tap.left_bucket(key)
+
+    def clear(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles, self.keys = [], []
+
+
+def _layer_of(h: CommState, p) -> int:
+    if h.owner is None:
+        return -1
+    i = h.pindex.get(id(p), -1)
+    return h.owner[i] if 0 <= i < len(h.owner) else -1

@@ -63,10 +63,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ranks import frames, spec, wire
+from ranks.clock import now_ns
 from ranks.core.emitter import FrameQueue
 from ranks.core import markop
 from ranks.core.colltap import CollTap
-from ranks.scripts.commhook import CommState, timed_hook
+from ranks.scripts.commhook import CommState, FrBuckets, timed_hook
 from ranks.core.instrument import CpuClock, CudaClock
 from ranks.scripts.userlayers import UserRecorder, attach_module_hooks, choose_layers, shown_name
 
@@ -282,11 +283,26 @@ class RankSession:
             if c.bwd_s[j] is not None and c.bwd_e[j] is None:
                 rec.bwd_end(j)
 
+    def use_flight_recorder(self) -> None:
+        """A DDP module's buckets timed by NCCL itself: the Flight Recorder read for them."""
+        if self.rec.fr is None:
+            from ranks.core.flightrec import flight_times_for
+            self.rec.fr = flight_times_for(self.device.type)
+
     def _collectives(self):
         """(the collective this rank is inside, layer in forward order; entered so far; the DDP
-        bucket it is an AllReduce of, or None): the heartbeat's."""
+        bucket it is an AllReduce of, or None): the heartbeat's. Buckets timed by NCCL itself,
+        in flight for over 2 s: the process group's own last completed one read first (a
+        Flight Recorder dump, only then), those it completed out of flight."""
         tap = self.tap
         w, bucket = tap.waiting_bucket()
+        fr = self.rec.fr
+        if w is not None and bucket is not None and fr is not None and now_ns() - w[4] > 2_000_000_000:
+            fr.refresh(force=True)
+            for m in self.mods:
+                if m.frb is not None and m.frb.group in fr.completed:
+                    m.frb.settle(fr.completed[m.frb.group])
+            w, bucket = tap.waiting_bucket()
         if w is not None:
             op, seq, nb, layer, t = w
             w = (op, seq, nb, self._place(layer), t)
@@ -445,7 +461,17 @@ class RankSession:
         self.k += 1
         if self._order is None:
             self._hello(c)
+            ddps = [m for m in self.mods if m.comm is not None]
+            if ddps:  # how DDP's buckets are timed (the summary says it): NCCL itself only
+                by = "flight-recorder" if all(m.frb is not None for m in ddps) else "comm-hook"
+                self.sink.send_now(frames.Event(rank=self.rank, step=k, what="comm_timing",
+                                                value=spec.COMM_TIMING[by]))
         self._emit(rec.poll(lazy=True))
+        for m in self.mods:
+            if m.frb is not None:  # (NCCL's own timing: every bucket done; the layout from DDP)
+                m.frb.step_done()
+                if m.comm.track:
+                    m.fr_layout()
         if any(m.comm is not None and m.comm.track and m.comm.seen for m in self.mods):
             self._layout_change(k)
 
@@ -610,6 +636,12 @@ class RankSession:
             else:
                 rec.discard()
         self._emit(rec.poll(wait=True, lazy=True))
+        fr = rec.fr
+        if fr is not None and self._order is not None:  # the last steps' buckets read now; once
+            fr.refresh(force=True)  # every step is resolved, how many NCCL's timing missed
+            last_k = max(0, self.k - 1)
+            self.sink.send_now(lambda: frames.Event(rank=self.rank, step=last_k, what="fr_untimed",
+                                                    value=min(rec.fr_untimed, 2**31)))
         if self._order is not None:
             self.sink.phase = "done"
             self.sink.send_now(frames.Bye(rank=self.rank, why=why))  # (counts: the sink's, FrameQueue._final)
@@ -678,6 +710,8 @@ class Handle:
         self.label: str | None = None
         self.module = model = ddp if fsdp else ddp.module
         self.comm: CommState | None = None
+        self.frb: FrBuckets | None = None  # NCCL's own timing of the buckets (no comm hook)
+        self.timing, self.timing_why = "comm-hook", None  # how the buckets are timed, and why
         self.device = _device_of(model)
         self.auto = isinstance(layers, str) and layers == "auto"
         chosen = choose_layers(model, layers)  # (a ValueError here leaves nothing behind)
@@ -698,6 +732,7 @@ class Handle:
         self.session = s
         self.rank, self.world = s.rank, s.world
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._named = named  # (DDP's own parameter order)
         self.base, self.pbase = s.join(self, chosen, named)
         self.n_layers, self.n_params = len(chosen), len(named)
         self._names = [n for n, _ in chosen]
@@ -723,9 +758,17 @@ class Handle:
             # the comm hook: ours, around the user's (given now, or registered later)
             self.comm = CommState(s.rec, s.world, self.pindex, comm_hook, comm_state, offset=self.pbase,
                                   owner=s.param_owner, pg=ddp.process_group)
-            from ranks.builtin.strategies import quiet_runtime_stats
+            from ranks.builtin.strategies import comm_timing_for, quiet_runtime_stats
             quiet_runtime_stats(ddp)
-            ddp.register_comm_hook(self.comm, timed_hook)
+            timing, self.timing_why = comm_timing_for(self.device) if comm_hook is None else \
+                ("comm-hook", "the script's own comm hook")
+            if timing == "flight-recorder":  # (NCCL's own timing: DDP's C++ AllReduce, untouched)
+                s.use_flight_recorder()
+                self.frb = FrBuckets(self.comm, ddp.process_group.group_name,
+                                     ddp.process_group._get_backend(self.device))
+            else:
+                ddp.register_comm_hook(self.comm, timed_hook)
+            self.timing = timing
             ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
             self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         self._hooks.append(ddp.register_forward_hook(self._forward_post))
@@ -794,6 +837,17 @@ class Handle:
             got = markop.marked(args, self._op_codes(module)[0 if torch.is_grad_enabled() else 1])
             return None if got is None else (got, kwargs or {})
         self.session.forward_pre(module, args, kwargs)
+        if self.frb is not None:
+            self._fr_unseen_sync(torch.is_grad_enabled())
+
+    def _fr_unseen_sync(self, grad: bool) -> None:
+        """NCCL's own timing before DDP's rebuilt buckets are known (its first step): no hook
+        sees its buckets go, yet this forward's backward synchronises the gradients (DDP's
+        `require_backward_grad_sync`, off under no_sync()): the step counts it now, so that it
+        ends as one (its buckets untimed, as DDP's first)."""
+        c = self.session.rec.cur
+        if grad and c is not None and not self.frb.keys and self.ddp.require_backward_grad_sync:
+            c.synced += 1
 
     def _forward_post(self, module, args, out):
         if torch.compiler.is_compiling():
@@ -816,18 +870,50 @@ class Handle:
         s = self.session
 
         def start(grad):
-            return lambda x: s.forward_pre(ddp, (x,), None, grad=grad)
+            def run(x):
+                s.forward_pre(ddp, (x,), None, grad=grad)
+                if self.frb is not None:
+                    self._fr_unseen_sync(grad)
+            return run
         self._codes = (markop.register(start(True), None), markop.register(start(False), None),
                        markop.register(lambda x: self._forward_ended(True), None),
                        markop.register(lambda x: self._forward_ended(False), None))
 
     def _set_user_hook(self, state, hook) -> None:
-        """ddp.register_comm_hook after instrument(): the hook runs inside ddptui's."""
+        """ddp.register_comm_hook after instrument(): the hook runs inside ddptui's (timed by
+        NCCL until then: from now on by ddptui's comm hook, the script's collectives being its
+        own to choose)."""
         if self.comm.inner is not None:
             raise RuntimeError("register_comm_hook can only be called once")
         self.ddp._check_comm_hook(hook)
         self.ddp.logger._set_comm_hook_name(hook.__qualname__)
         self.comm.inner, self.comm.inner_state = hook, state
+        if self.frb is not None:
+            self.frb.clear()
+            self.frb = None
+            self.timing, self.timing_why = "comm-hook", "the script's own comm hook"
+            type(self.ddp).register_comm_hook(self.ddp, self.comm, timed_hook)
+
+    def fr_layout(self) -> None:
+        """NCCL's own timing: DDP's buckets as it reports them once rebuilt (its logging data:
+        each bucket's parameter indices in arrival order, its bytes), as the comm hook would
+        have seen them go by (`comm.seen`), and each bucket's ready hook (FrBuckets)."""
+        from ranks.builtin.strategies import ddp_reported_sizes
+        ddp_reported_sizes(self.ddp)  # (its runtime stats taken here, between steps)
+        data = self.ddp._get_ddp_logging_data()
+        idx, sizes = data.get("rebuilt_per_bucket_param_indices") or "", data.get("rebuilt_bucket_sizes") or ""
+        named = self._named
+        try:
+            per = [[int(x) for x in part.split()] for part in idx.split(",")] if idx else []
+            nbytes = [int(x) for x in sizes.split(",")] if sizes else []
+        except ValueError:
+            return
+        if not per or len(per) != len(nbytes) or any(not ps or max(ps) >= len(named) for ps in per):
+            return
+        params = [p for _, p in named]
+        self.comm.seen = [(b + self.pbase, [self.pindex[id(params[i])] for i in ps], n)
+                          for b, (ps, n) in enumerate(zip(per, nbytes))]
+        self.frb.set(per, params, nbytes)
 
     def layout_update(self) -> bool:
         """This module's buckets as seen in the step just ended: True if they changed."""
