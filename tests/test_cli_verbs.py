@@ -239,6 +239,7 @@ def test_replay_ui_gets_speed_loop_and_title(small_rec, monkeypatch, speed):
     (("--gpus", "2"), "the live UI needs a terminal; use --headless to run without one"),
     (("run", "--nproc-per-node", "2", "--", os.path.join(ROOT, "examples", "train_cnn.py")),
      "the live UI needs a terminal; use --headless to run without one"),
+    (("attach", "127.0.0.1:29500"), "the attach UI needs a terminal; use --headless to print what is named"),
 ])
 def test_uis_without_a_terminal_say_so_in_one_line(small_rec, args, says):
     res = run_main(*[a.replace("{f}", str(small_rec)) for a in args])  # (pytest's stdin is no tty)
@@ -272,13 +273,14 @@ def test_ui_without_a_terminal_is_a_clear_error(small_rec):
 # -- every numeric option of every verb ------------------------------------------------------
 def _numeric_options():
     """(verb argv prefix, option) for every numeric option the verbs' parsers declare."""
-    from ddptui.cli import main as cli, bench as cmd_bench, replay as cmd_replay, serve as cmd_serve, verify as cmd_verify
+    from ddptui.cli import main as cli, attach as cmd_attach, bench as cmd_bench, replay as cmd_replay, serve as cmd_serve, verify as cmd_verify
     from ddptui.cli.options import NUMERIC
 
     out = []
     for prefix, p in ((["--headless"], cli.live_parser()), (["bench"], cmd_bench.parser()),
                       (["replay", "rec.ddptui", "--headless"], cmd_replay.parser()),
-                      (["verify"], cmd_verify.parser()), (["serve", "rec.ddptui"], cmd_serve.parser())):
+                      (["verify"], cmd_verify.parser()), (["serve", "rec.ddptui"], cmd_serve.parser()),
+                      (["attach", "127.0.0.1:1", "--headless"], cmd_attach.parser())):
         for a in p._actions:
             if a.type is None or not a.option_strings:
                 continue

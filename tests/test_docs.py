@@ -13,7 +13,8 @@ How each command line is checked (docs/development.md, "The documentation is tes
   are checked by the real parser and the checks a run makes before it starts any rank
   (`build_live`, `run.build`: models, strategies, --slow-rank, the batch split, GPUs, paths),
   without starting ranks: each would take 10 s or more here, and other tests run them. So are
-  `serve` (it serves until stopped) and what needs other hosts (`join`, `--nnodes`).
+  `serve` (it serves until stopped), what needs other hosts (`join`, `--nnodes`) and
+  `attach` (a running job).
 - A line ending in `# needs a GPU` or `# needs N GPUs` is checked as on a machine with that
   many GPUs; `test_gpu_commands_run` (marked gpu) runs the live ones for real, steps cut to 3,
   where there are that many.
@@ -261,7 +262,7 @@ class Checker:
             mod.parse_models(a.models)
             mod.parse_bench_strategies(a.strategies)
             return
-        if verb in ("serve", "join"):
+        if verb in ("serve", "join", "attach"):  # (they need a browser, other hosts, a running job)
             a = mod.parser().parse_args(rest)
             f = getattr(a, "file", None)
             assert f is None or self.exists(f), f"{what}: no {f}"

@@ -15,7 +15,8 @@ from .common import CliError, Parser, check_environment, json_target, record_pat
 from .common import open_live_ui, require_terminal
 from .options import add_numeric, run_parent
 
-SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join", "whatif", "demo")
+SUBCOMMANDS = ("replay", "export", "summary", "bench", "verify", "serve", "run", "join", "whatif", "demo",
+               "attach")
 
 EPILOG = """\
 commands:
@@ -29,6 +30,7 @@ commands:
   ddptui verify [options]          check every span against torch.profiler on this machine
   ddptui serve FILE | --attach     the UI in a browser: a replay, or a read-only view of a live run
   ddptui run [opts] -- SCRIPT ...  your own DDP script under torchrun, live (ddptui.instrument)
+  ddptui attach HOST:PORT          a running job with PyTorch's debug server: its collectives, a hang named
   ddptui join ADDR:PORT --token-file F   another node of a multi-node run (see --nnodes)
   ddptui whatif FILE [--bucket-cap 1,5,25,100] [--world 2,4,8]   predicted step under other settings
   ddptui demo [--profile a100-pcie|h100-nvlink] [--gpus N] [--model M]   a SIMULATED run, replayed

@@ -88,6 +88,13 @@ NUMERIC: dict[str, Whole | Real] = {
     "--bus-gbps": Real(0, 1e6, lo_open=True, unit="GB/s"),
     "--hop-us": Real(0, 1e7, unit="µs"),
     "--call-us": Real(0, 1e7, unit="µs"),
+    # ddptui attach (ddptui/live/attach.py)
+    "--interval": Real(0.2, 60, unit="s"),
+    "--hang-s": Real(0, 3600, lo_open=True, unit="s"),
+    "--timeout": Real(0, 600, lo_open=True, unit="s"),
+    "--max-reply-mb": Real(0, 4096, lo_open=True, unit="MB"),
+    "--profile-s": Real(0, 60, lo_open=True, unit="s"),
+    "--duration": Real(0, 30 * 86400, lo_open=True, unit="s"),
 }
 
 

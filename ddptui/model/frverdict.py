@@ -215,18 +215,41 @@ def _entry(rank: int, e) -> FrEntry | None:
                    where=_where(e.get("frames")))
 
 
-def rank_dump(raw, rank: int, dumped_ns: int | None = None) -> RankDump:
+# the fields of an entry that change while it is in the buffer (and what it is): an entry read
+# before with the same values is the same FrEntry (rank_dump's `cache`)
+_CHANGING = ("record_id", "state", "retired", "time_discovered_started_ns", "time_discovered_completed_ns",
+             "duration_ms", "collective_seq_id", "p2p_seq_id", "profiling_name", "time_created_ns")
+
+
+def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None = None) -> RankDump:
     """One rank's dump (plain data: the pickle's or the JSON's) read; DumpFormatError when it
-    is not a Flight Recorder dump. Entries of no readable shape are skipped (counted)."""
+    is not a Flight Recorder dump. Entries of no readable shape are skipped (counted).
+    `cache` (a dict kept between reads of one rank's successive dumps, as `ddptui attach`
+    polls them): an entry unchanged since the last read is not read again; the cache then
+    holds this dump's entries only."""
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", None), list):
         raise DumpFormatError("not a Flight Recorder dump (no 'entries' list)")
     out = RankDump(rank=rank, version=str(raw.get("version") or ""), dumped_ns=dumped_ns)
+    kept: dict = {}
     for e in raw["entries"]:
-        got = _entry(rank, e)
+        if cache is not None and isinstance(e, dict):
+            sig = tuple(e.get(k) for k in _CHANGING)
+            try:
+                hit = cache.get(sig[0])
+            except TypeError:  # (a record_id of no hashable kind: read it, keep nothing)
+                hit, sig = None, None
+            got = hit[1] if hit is not None and hit[0] == sig else _entry(rank, e)
+            if got is not None and sig is not None:
+                kept[sig[0]] = (sig, got)
+        else:
+            got = _entry(rank, e)
         if got is None:
             out.skipped += 1
         else:
             out.entries.append(got)
+    if cache is not None:
+        cache.clear()
+        cache.update(kept)
     if raw["entries"] and not out.entries:
         raise DumpFormatError(f"none of its {len(raw['entries'])} entries has a Flight Recorder entry's shape")
     out.entries.sort(key=lambda x: x.record_id)

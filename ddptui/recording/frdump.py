@@ -210,24 +210,6 @@ class FrDumpReader:
             steps.append([k for _, k in inst[cut:]])
         return steps
 
-    @staticmethod
-    def _span(e: frverdict.FrEntry, flying: set, failed: set, moment: int | None, latest: int) -> tuple[int, int, int]:
-        """(issued, start, end) of an entry, ns (module docstring); moment: its dump's, if known."""
-        iss = e.created_ns or 0
-        t0 = max(iss, e.started_ns or iss)
-        if e.completed_ns:
-            t1 = max(t0, e.completed_ns)
-        elif e.duration_ms is not None and id(e) not in flying and id(e) not in failed:
-            t1 = t0 + int(e.duration_ms * 1e6)
-        elif id(e) in failed and e.timeout_ms:  # (ended by its timeout)
-            t1 = iss + e.timeout_ms * 1_000_000
-            t1 = t1 if moment is None else min(moment, t1)
-        elif id(e) in flying or id(e) in failed:
-            t1 = moment if moment is not None else latest
-        else:
-            t1 = t0
-        return iss, t0, max(t0, min(t1, t0 + MAX_SPAN_NS))
-
     def _frames(self):
         world, layers = self.world, self.layers
         yield frames.Status(text=f"Flight Recorder dumps of {len(self.dumps)} rank(s) in {self.name}: "
@@ -257,12 +239,11 @@ class FrDumpReader:
                 got = []
                 for key in keys:
                     for e in by_key[r].get(key, ()):
-                        op = coll_op(e.op)
-                        if op is None or e.created_ns is None:
-                            continue  # (a coalesced group's closing entry, an op of no known kind)
-                        row = (op, 0 if op == "barrier" else e.nbytes, size.get(e.group, world),
-                               layers[self.group_index[e.group]], self.group_index[e.group], "step", True)
-                        got.append((row, *(t - origin for t in self._span(e, flying, failed, moments[r], latest))))
+                        gi = self.group_index[e.group]
+                        row = coll_row(e, size.get(e.group, world), layers[gi], gi)
+                        if row is None:
+                            continue
+                        got.append((row, *(t - origin for t in span_of(e, flying, failed, moments[r], latest))))
                 per[r] = got
             spans = [s for got in per.values() for s in got]
             if not spans:
@@ -296,6 +277,35 @@ class FrDumpReader:
 
     def close(self) -> None:
         pass
+
+
+def coll_row(e: frverdict.FrEntry, size: int, label: str, index: int) -> tuple | None:
+    """An entry's row of its rank's collectives table, less its id (op, bytes, group size,
+    its group's label and index as its "layer", phase, async), or None: a coalesced group's
+    closing entry, an op of no known kind, no creation time."""
+    op = coll_op(e.op)
+    if op is None or e.created_ns is None:
+        return None
+    return (op, 0 if op == "barrier" else e.nbytes, size, label, index, "step", True)
+
+
+def span_of(e: frverdict.FrEntry, flying: set, failed: set, moment: int | None, latest: int) -> tuple[int, int, int]:
+    """(issued, start, end) of an entry, ns (module docstring); flying, failed: the ids of the
+    entries in flight and ended by an error (Verdict.states); moment: its dump's, if known."""
+    iss = e.created_ns or 0
+    t0 = max(iss, e.started_ns or iss)
+    if e.completed_ns:
+        t1 = max(t0, e.completed_ns)
+    elif e.duration_ms is not None and id(e) not in flying and id(e) not in failed:
+        t1 = t0 + int(e.duration_ms * 1e6)
+    elif id(e) in failed and e.timeout_ms:  # (ended by its timeout)
+        t1 = iss + e.timeout_ms * 1_000_000
+        t1 = t1 if moment is None else min(moment, t1)
+    elif id(e) in flying or id(e) in failed:
+        t1 = moment if moment is not None else latest
+    else:
+        t1 = t0
+    return iss, t0, max(t0, min(t1, t0 + MAX_SPAN_NS))
 
 
 def _mtime_ns(path: str) -> int | None:

@@ -211,8 +211,27 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
 
 
 def print_flight_recorder(fr: dict, meta: dict, file=None) -> None:
-    """Flight Recorder dumps' report (model/frverdict.py): what was read, then the verdict."""
+    """Flight Recorder dumps' report (model/frverdict.py): what was read, then the verdict; of
+    an attached job's recording, what its polls named."""
     out = file or sys.stdout
+    if fr.get("source") == "attach":  # (`ddptui attach`: what its polls named, ddptui/live/attach.py)
+        print(f"attached to {fr.get('attached_to')} · {_ranks(meta.get('world'))} · "
+              f"{fr.get('backend') or 'backend unknown'} · {fr.get('polls', 0)} polls of their Flight Recorders",
+              file=out)
+        lines = fr.get("lines") or [fr.get("verdict", "")]
+        print(f"verdict: {lines[0]}", file=out)
+        for line in lines[1:]:
+            print(line, file=out)
+        for n in fr.get("named") or ():
+            after = n.get("named_after_s")
+            print(f"named: {n.get('kind')} {n.get('label')} {n.get('collective')}"
+                  + (f", {after:.1f} s after it began" if isinstance(after, (int, float)) else "")
+                  + "".join(f"; rank {r} at {s.get('where')}" for r, s in (n.get("stacks") or {}).items()
+                            if isinstance(s, dict) and s.get("where")), file=out)
+        for r in fr.get("resolved") or ():
+            print(f"resolved: {r.get('label')} {r.get('collective')} went on after {r.get('after_s')} s", file=out)
+        out.flush()
+        return
     dumps = fr.get("dumps") or {}
     versions = sorted({d.get("version") for d in dumps.values() if d.get("version")})
     entries = sum(int(d.get("entries") or 0) for d in dumps.values())

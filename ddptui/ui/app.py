@@ -18,7 +18,7 @@ from textual.widgets import Footer, Static
 from ranks import spec
 
 from .jobs import JobQueue
-from .source import BucketControl, Source, StragglerControl, Transport
+from .source import BucketControl, ProfileControl, Source, StragglerControl, Transport
 from ddptui.model.store import Store
 from ddptui.model import figures, frverdict
 from ddptui.model.gpu import shared_gpu_note
@@ -90,11 +90,12 @@ class DdpApp(App):
         Binding("g", "goto", "go to"),
         Binding("s", "screenshot", "screenshot"),
         Binding("o", "output", "output"),
+        Binding("p", "profile", "profile"),
     ]
     ALWAYS = ("quit", "help", "screenshot", "output")
 
     def __init__(self, source: Source, *, title: str | None = None, fps: float = FPS,
-                 screenshot_dir: str = ".", record: str | None = None):
+                 screenshot_dir: str = ".", record: str | None = None, profile_s: float = 2.0):
         super().__init__()
         self.source = source
         self.talk_title = title
@@ -104,6 +105,9 @@ class DdpApp(App):
         self.transport: Transport | None = source if isinstance(source, Transport) else None
         self.buckets: BucketControl | None = source if isinstance(source, BucketControl) else None
         self.straggler: StragglerControl | None = source if isinstance(source, StragglerControl) else None
+        self.profiler: ProfileControl | None = source if isinstance(source, ProfileControl) else None
+        self.profile_s = profile_s  # (an attached job: key p's window)
+        self._profiling = False
         self.straggler_ms = 0.0  # what was last asked of the ranks (0: off)
         self.vm = ViewModel()
         self.panes: dict[str, TimelinePane] = {}
@@ -471,6 +475,8 @@ class DdpApp(App):
             return self.buckets is not None
         if action == "straggler":
             return self.straggler is not None
+        if action == "profile":
+            return self.profiler is not None
         if action in ("speed", "goto"):
             return self.replay
         return True
@@ -530,6 +536,27 @@ class DdpApp(App):
         self.notify(f"straggler on: {where} backward +{ms:g} ms every step" if ms else "straggler off",
                     title="straggler", timeout=2.5)
         self.redraw()
+
+    def action_profile(self) -> None:
+        """An attached job: a torch.profiler window from every rank, written as a traces
+        directory (`ddptui replay DIR` opens it), off the event loop; said when done."""
+        if self._profiling:
+            self.notify("a profile is being taken…")
+            return
+        self._profiling = True
+        self.notify(f"taking {self.profile_s:g} s of torch.profiler from every rank…", title="profile")
+
+        def pull() -> None:
+            try:
+                got = self.profiler.pull_profile(self.profile_s)
+                lines, ok = got.lines(), got.ok
+            except Exception as e:  # noqa: BLE001 - said; the app goes on
+                lines, ok = [f"profile failed: {type(e).__name__}: {e}"], False
+            finally:
+                self._profiling = False
+            self.call_from_thread(self.notify, "\n".join(lines), title="profile",
+                                  severity="information" if ok else "warning", timeout=12)
+        self.run_worker(pull, thread=True, name="profile", exit_on_error=False)
 
     def action_speed(self, d: int) -> None:
         self._note = None

@@ -1,6 +1,6 @@
 """Open the Textual app on a live run or a recording, from the command line: the app's
-entry points for `ddptui` (live), `ddptui run` and `ddptui replay`. Whatever happens, no rank
-is left running and a recording that cannot be read is one line."""
+entry points for `ddptui` (live), `ddptui run`, `ddptui attach` and `ddptui replay`. Whatever
+happens, no rank is left running and a recording that cannot be read is one line."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +20,18 @@ def run_live_app(opts, plan, run=None) -> int:
         if run.state in ("running", "starting"):
             run.stop("the UI closed")
     return app.exit_code()
+
+
+def run_attach_app(run, *, profile_s: float = 2.0) -> int:
+    """Show an attached job (ddptui.live.attach.AttachRun, connected); 0 after a quit, 1 when
+    a hang or desync stands at the end. Whatever happens, polling stops (the job goes on)."""
+    app = DdpApp(run, record=run.opts.record, profile_s=profile_s)
+    try:
+        app.run()
+    finally:
+        if run.state in ("running", "starting"):
+            run.stop("the UI closed")
+    return 1 if run.watch.current is not None else app.exit_code()
 
 
 def run_replay_app(path: str, *, speed: float = 1.0, loop: bool = False, title: str | None = None) -> int:

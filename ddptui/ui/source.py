@@ -3,10 +3,10 @@
 Every source has a Store that it fills, and a small life cycle the app runs: `start()`
 once (in a worker thread: it may take long), `poll()` at the frame rate (cheap; True once
 the source has ended), `stop(why)` once (in a worker thread). `state` and `message` say
-where it stands. Two optional abilities are declared here, checked with isinstance:
+where it stands. The optional abilities are declared here, checked with isinstance:
 `BucketControl` (a live run: DDP's bucket cap can be changed), `StragglerControl` (a live
-run: a straggler switched on and off) and `Transport` (a replay:
-play/pause, speed, seek).
+run: a straggler switched on and off), `ProfileControl` (an attached job: a torch.profiler
+window pulled from every rank) and `Transport` (a replay: play/pause, speed, seek).
 """
 from __future__ import annotations
 
@@ -40,6 +40,15 @@ class StragglerControl(Source, Protocol):
     """A live run whose ranks take a straggler on demand (ms 0: off; returns ranks asked)."""
 
     def set_straggler(self, ms: float, rank: int | None = None, layer: int | None = None) -> int: ...
+
+
+@runtime_checkable
+class ProfileControl(Source, Protocol):
+    """An attached job (ddptui.live.attach.AttachRun): `pull_profile(seconds)` takes a window of
+    torch.profiler from every rank and writes it as a traces directory (slow: call it off the
+    event loop); its `lines()` say where, or why not."""
+
+    def pull_profile(self, seconds: float): ...
 
 
 @runtime_checkable

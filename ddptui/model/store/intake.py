@@ -7,6 +7,7 @@ ways in. Nothing here computes figures (figuring.py) or answers readers (queries
 under the lock, with as little as possible done per frame."""
 from __future__ import annotations
 
+import copy
 import time
 from time import monotonic as _monotonic
 from collections import OrderedDict, deque
@@ -71,6 +72,14 @@ class Intake:
             if not self._param_bytes and self.meta.params:
                 self._param_bytes = spec.grad_bytes(self.meta.params)
             self._meta_changed()
+            self.version += 1
+
+    def revise_meta(self, key: str, value) -> None:
+        """A key of the run's description that a live source revises as it learns (`ddptui
+        attach`: ``flight_recorder``, the hang as named now): replaced, where set_meta keeps the
+        first value."""
+        with self.lock:
+            self.meta.extra[key] = copy.deepcopy(value)
             self.version += 1
 
     def add_log(self, text: str, level: str = "info") -> None:

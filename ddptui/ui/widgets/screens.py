@@ -137,6 +137,7 @@ HELP = """\
   g          replay: jump to a step
   s          save an SVG screenshot (the path is shown)
   o          the ranks' own output: the script's prints, stdout and stderr (r: one rank / all)
+  p          attach: a torch.profiler window from every rank, as a traces directory (ddptui replay DIR)
   ?          this help            q   quit (stops every rank cleanly)
 
 [b]Reading a pane[/b]  one pane per strategy; per rank two lanes on one time axis from the step's start

@@ -1,0 +1,406 @@
+"""`ddptui attach HOST:PORT` (ddptui/live/attach.py) on a real job that knows nothing of ddptui:
+2 gloo ranks under torchrun training a small DDP model, with PyTorch's debug server started
+the way a user adds it (tests/scripts/attach_job.py). One job for the module: the attach UI
+(Pilot) while it trains, its profile key; then the job made to hang (rank 1 stops in
+`stall_here`, rank 0 waits inside the step's all_reduce) under `ddptui attach --headless`:
+the hang named within 5 s of its start with rank 1's file, line and function, the recording
+replayed; then ranks that do not answer, answer slowly, too much or not in JSON, beside the
+real rank 0; bad input; and memory over a long attach simulated from the job's real buffers.
+"""
+from __future__ import annotations
+
+import gc
+import http.server
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import msgspec
+import pytest
+
+from ddptui.live import debugserver
+from ddptui.live.attach import AttachOptions, AttachRun
+from ddptui.live.storeclient import StoreClient, server_address
+from ddptui.recording.loader import load
+
+from .helpers import ROOT, assert_no_leftovers, cli_env, run_main, start_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("attach")]
+
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "attach_job.py")
+STALL_LINE = next(i for i, line in enumerate(open(SCRIPT), 1) if "# STALL" in line)
+NAMED_WITHIN_S = 5.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Job:
+    port: int
+    dir: str
+    hang: str  # the file that makes rank 1 stop
+    servers: dict  # rank -> (host, port) of its debug server
+    bodies: dict  # rank -> its fr_trace_json while it trains (bytes)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    d = tmp_path_factory.mktemp("attach-job")
+    port = _free_port()
+    ready, hang = str(d / "ready"), str(d / "hang")
+    log = open(d / "job.log", "w")
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                          "--master-addr=127.0.0.1", f"--master-port={port}", SCRIPT, "--ready", ready, "--hang", hang],
+                         stdout=log, stderr=subprocess.STDOUT, cwd=str(d), start_new_session=True,
+                         env=cli_env({"TORCH_FR_BUFFER_SIZE": "2000"}))
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ready):
+            assert p.poll() is None and time.monotonic() < deadline, (d / "job.log").read_text()[-3000:]
+            time.sleep(0.2)
+        c = StoreClient("127.0.0.1", port)  # (read-only, as attach reads it)
+        servers = {r: server_address(v) for r, v in c.ranks().items()}
+        c.close()
+        assert sorted(servers) == [0, 1], servers
+        bodies = {r: debugserver.post(*servers[r], "fr_trace_json").body for r in servers}
+        yield Job(port, str(d), hang, servers, bodies)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        log.close()
+        assert_no_leftovers()
+
+
+def _target(job: Job) -> str:
+    return f"127.0.0.1:{job.port}"
+
+
+# -- the UI, while the job trains ----------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_the_attach_screen_draws_the_job_and_p_takes_a_profile(job, tmp_path):
+    from textual.geometry import Region
+
+    from ddptui.ui.app import DdpApp
+    from ddptui.ui.widgets import StartupScreen
+
+    notes: list[str] = []
+
+    class App(DdpApp):
+        def notify(self, message, **kw):
+            notes.append(str(message))
+            return super().notify(message, **kw)
+
+    rec = tmp_path / "ui.ddptui"
+    run = AttachRun(AttachOptions("127.0.0.1", job.port, interval_s=0.5, record=str(rec)))
+    run.connect()
+    app = App(run, profile_s=1.0)
+    async with app.run_test(size=(160, 45), notifications=True) as pilot:
+        deadline = time.monotonic() + 20
+        while isinstance(app.screen, StartupScreen) or not run.training():
+            assert time.monotonic() < deadline, (run.state, run.message, run.polls)
+            await pilot.pause(0.2)
+        app.redraw()
+        await pilot.pause()
+        assert set(app.panes) == {"ddp"} and run.store.world == 2
+        head = " ".join(strip.text for strip in app.headline.render_lines(Region(0, 0, *app.headline.size)))
+        assert "attached to 127.0.0.1" in head and "no hang" in head, head
+        status = " ".join(strip.text for strip in app.status_line.render_lines(Region(0, 0, *app.status_line.size)))
+        assert "LIVE" in status and "hang" not in status, status
+        assert app.check_action("profile", ()) and not app.check_action("bucket", ())
+        await pilot.press("p")
+        deadline = time.monotonic() + 30
+        while not any(n.startswith("profile: 1 s of torch.profiler") or "no rank" in n for n in notes):
+            assert time.monotonic() < deadline, notes
+            await pilot.pause(0.2)
+        await pilot.press("q")
+        await pilot.pause(0.5)
+    said = next(n for n in notes if n.startswith("profile: 1 s"))
+    assert "from 2 rank(s)" in said and "no module records" in said, said
+    prof = re.search(r"written to (\S+)", said).group(1)
+    assert sorted(os.listdir(prof)) == ["rank0.json", "rank1.json"]
+    got = run_main("summary", prof)  # the traces directory `ddptui replay DIR` opens
+    assert got.returncode == 0 and re.search(r"│ ddp\s+│\s+2 │", got.stdout), got.stdout + got.stderr
+    assert run.state == "stopped"
+    got = run_main("summary", str(rec))
+    assert got.returncode == 0 and "attached to 127.0.0.1" in got.stdout and "no hang" in got.stdout, got.stdout
+
+
+# -- the hang, headless ---------------------------------------------------------------------------
+class Lines:
+    """A process's lines as they come, each with when it came (time.time())."""
+
+    def __init__(self, stream):
+        self.got: list[tuple[float, str]] = []
+        self.t = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.t.start()
+
+    def _read(self, stream):
+        for line in stream:
+            self.got.append((time.time(), line.rstrip("\n")))
+
+    def wait(self, pattern: str, timeout: float) -> tuple[float, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, line in list(self.got):
+                if re.search(pattern, line):
+                    return t, line
+            time.sleep(0.05)
+        raise AssertionError(f"no line matching {pattern!r} within {timeout} s: {[x for _, x in self.got]}")
+
+    def text(self) -> str:
+        return "\n".join(x for _, x in self.got)
+
+
+def test_headless_names_the_hang_within_5_s_with_the_late_ranks_line(job, tmp_path):
+    rec, js = tmp_path / "hang.ddptui", tmp_path / "hang.json"
+    p = start_cli("attach", _target(job), "--headless", "--record", str(rec), "--json", str(js),
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = Lines(p.stdout), Lines(p.stderr)
+    try:
+        err.wait(r"^ddptui: attached to 127\.0\.0\.1:\d+: 2 ranks", 20)
+        err.wait(r"^ddptui: Ctrl-C stops", 5)
+        time.sleep(1.0)  # (a poll of the healthy job first)
+        began = time.time()
+        open(job.hang, "w").close()  # rank 1 stops before its next step
+        t, line = out.wait(r"^hang: ", 15)
+        assert t - began <= NAMED_WITHIN_S + 0.1, (t - began, line)  # (+ rank 1's last step, at most 0.1 s)
+        assert re.search(r"default_pg \[ranks 0, 1\] all_reduce #\d+ \(.*\): rank 0 inside it for [\d.]+ s; "
+                         r"rank 1 never issued it, named ([\d.]+) s after it began", line), line
+        assert float(re.search(r"named ([\d.]+) s after", line).group(1)) <= NAMED_WITHIN_S
+        _, where = out.wait(r"^  rank 1 is at ", 5)
+        assert where == f"  rank 1 is at attach_job.py:{STALL_LINE} in stall_here", where
+        out.wait(rf'File ".*attach_job\.py", line {STALL_LINE} in stall_here', 5)
+        time.sleep(0.6)  # (the hang's step drawn again as it lasts)
+    finally:
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30)
+    out.t.join(5)
+    err.t.join(5)
+    assert rc == 1, err.text()  # a hang stands at the end
+    assert "Traceback" not in err.text() and f"recorded to {rec}" in err.text(), err.text()
+    doc = json.loads(js.read_text())
+    (named,) = doc["flight_recorder"]["named"]
+    assert named["kind"] == "hang" and named["never_issued"] == [1] and list(named["inside"]) == ["0"]
+    assert named["named_after_s"] <= NAMED_WITHIN_S
+    assert named["stacks"]["1"]["where"] == f"attach_job.py:{STALL_LINE} in stall_here"
+    # the recording replays: the hang in its last step (rank 0 inside the all_reduce for
+    # seconds, rank 1 never in it) and the verdict in its report
+    got = run_main("summary", str(rec))
+    assert got.returncode == 0, got.stderr
+    assert re.search(rf"named: hang default_pg all_reduce #\d+, [\d.]+ s after it began; rank 1 at "
+                     rf"attach_job.py:{STALL_LINE} in stall_here", got.stdout), got.stdout
+    assert run_main("replay", str(rec), "--headless").returncode == 0
+    loaded = load(str(rec))
+    st = loaded.store
+    last = st.complete_steps("ddp")[-1]
+    batches = st.step_batches("ddp", last)
+    long0 = max((int(t1) - int(t0) for k, t0, t1 in zip(batches[0].kind, batches[0].t0, batches[0].t1) if k != 0),
+                default=0)
+    assert long0 >= 1_000  # µs... at least a second inside it (µs columns)
+    assert doc["flight_recorder"]["verdict"].startswith("hang: default_pg")
+
+
+@pytest.mark.asyncio
+async def test_the_attach_screen_names_the_hang_and_o_shows_the_late_ranks_stack(job):
+    """The job hung (by the test above): attached now, the first poll names it (it began long
+    ago, and its group has made no progress since): the headline and the status line say it
+    with rank 1's line, key `o` shows rank 1's stack, and `p` takes no profile of a hung job."""
+    from textual.geometry import Region
+
+    from ddptui.ui.app import DdpApp
+    from ddptui.ui.widgets.output import OutputScreen
+
+    assert os.path.exists(job.hang), "runs after the headless test made the job hang"
+    notes: list[str] = []
+
+    class App(DdpApp):
+        def notify(self, message, **kw):
+            notes.append(str(message))
+            return super().notify(message, **kw)
+
+    def text(w) -> str:
+        return " ".join(strip.text for strip in w.render_lines(Region(0, 0, *w.size)))
+
+    run = AttachRun(AttachOptions("127.0.0.1", job.port))
+    run.connect()
+    app = App(run)
+    async with app.run_test(size=(160, 45), notifications=True) as pilot:
+        deadline = time.monotonic() + 15
+        while run.watch.current is None or not run.polls:
+            assert time.monotonic() < deadline, (run.polls, run.message)
+            await pilot.pause(0.2)
+        await pilot.pause(0.3)
+        app.redraw()
+        await pilot.pause()
+        where = f"attach_job.py:{STALL_LINE} in stall_here"
+        assert "hang: default_pg all_reduce #" in text(app.headline) and where in text(app.headline), text(app.headline)
+        assert "r1 never issued it" in text(app.status_line), text(app.status_line)
+        await pilot.press("o")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, OutputScreen)
+        shown = text(app.screen.query_one("#output-body"))
+        assert "Python stack of rank 1" in shown and f"line {STALL_LINE} in stall_here" in shown, shown
+        await pilot.press("escape")
+        await pilot.press("p")
+        await pilot.pause(0.5)
+        assert any("not taken: the job is not seen training" in n for n in notes), notes
+        await pilot.press("q")
+        await pilot.pause(0.5)
+    assert run.state == "stopped"
+
+
+# -- ranks that do not answer, and bad input -----------------------------------------------------
+class _Fake(http.server.BaseHTTPRequestHandler):
+    """A debug server that answers badly: HTML, too slowly, or too much."""
+    mode = "html"
+
+    def do_POST(self):
+        if self.mode == "slow":
+            time.sleep(4)
+        self.send_response(200)
+        if self.mode == "huge":
+            self.send_header("Content-Length", str(200 << 20))
+            self.end_headers()
+            return
+        body = b"<html><body>not here</body></html>"
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except OSError:
+            pass  # (the client gave up first: a slow answer's)
+
+    def log_message(self, *a):
+        pass
+
+
+def _fake(mode: str) -> http.server.ThreadingHTTPServer:
+    cls = type(f"Fake{mode}", (_Fake,), {"mode": mode})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cls)
+    srv.daemon_threads = True
+    srv.handle_error = lambda *a: None  # (a client that gave up: nothing to say)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def _own_store(keys: dict[str, str]):
+    """A TCPStore of the test's own (not the job's: attach never writes to one)."""
+    import datetime
+
+    import torch.distributed as dist
+    st = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    for k, v in keys.items():
+        st.set(k, v)
+    return st
+
+
+def test_ranks_that_answer_badly_are_said_once_and_the_others_go_on(job):
+    fakes = {m: _fake(m) for m in ("html", "slow", "huge")}
+    h0, p0 = job.servers[0]
+    st = _own_store({"debug_server/rank0": f"http://{h0}:{p0}",
+                     "debug_server/rank1": f"http://127.0.0.1:{_free_port()}",
+                     "debug_server/rank2": f"http://127.0.0.1:{fakes['html'].server_address[1]}",
+                     "debug_server/rank3": f"http://127.0.0.1:{fakes['slow'].server_address[1]}",
+                     "debug_server/rank4": f"http://127.0.0.1:{fakes['huge'].server_address[1]}",
+                     "debug_server/rank6": "ftp://nowhere"})
+    try:
+        got = run_main("attach", f"127.0.0.1:{st.port}", "--headless", "--duration", "2.5", "--interval", "0.5", "--timeout", "1",
+                       "--max-reply-mb", "1", "--no-record")
+    finally:
+        for f in fakes.values():
+            f.shutdown()
+    err = got.stderr
+    assert got.returncode in (0, 1) and "Traceback" not in err, err
+    assert "attached to 127.0.0.1" in err and "7 ranks" in err, err
+    for says in ("rank 1: unreachable (connection refused", "rank 2: not JSON (an HTML page?)",
+                 "rank 3: no answer within 1 s", "rank 4: a reply of 200 MB, over the 1 MB cap (not read)",
+                 "rank 5: no debug_server/rank5 key in the store", "rank 6: its registered address 'ftp://nowhere'"):
+        lines = [x for x in err.splitlines() if says in x]
+        assert len(lines) == 1, (says, err)  # said once, not at every poll
+    polls = [int(m) for m in re.findall(r"(\d+) poll\(s\) of 5 rank\(s\)", err)]
+    assert polls and polls[-1] >= 2, err  # rank 0 read poll after poll
+
+
+@pytest.mark.parametrize("target, says", [
+    ("node0", "'node0' is not HOST:PORT"),
+    ("node0:0", "port 0 is not 1..65535"),
+    ("no-such-host.invalid:29500", "no such host"),
+    ("127.0.0.1:{closed}", "nothing listens on port"),
+    ("127.0.0.1:{http}", "answers, but not as a PyTorch TCPStore"),
+    ("127.0.0.1:{store}", "no rank registered a debug server in it"),
+])
+def test_bad_input_is_one_line_and_exit_2(target, says):
+    fake = _fake("html") if "{http}" in target else None
+    st = _own_store({"other/key": "1"}) if "{store}" in target else None
+    target = target.format(closed=_free_port(), http=fake.server_address[1] if fake else 0, store=st.port if st else 0)
+    t0 = time.monotonic()
+    try:
+        got = run_main("attach", target, "--headless", "--timeout", "1")
+    finally:
+        if fake is not None:
+            fake.shutdown()
+    assert got.returncode == 2 and got.stdout == "", got
+    lines = got.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddptui: error: ") and says in lines[0], got.stderr
+    assert time.monotonic() - t0 < 5  # never a hang
+
+
+# -- memory over a long attach ----------------------------------------------------------------------
+SIM_POLLS = 200  # polls (at one a second: over 3 minutes)
+SIM_PER_POLL = 10  # the job's collectives between two polls
+SIM_BUFFER = 60  # entries a rank's buffer holds (TORCH_FR_BUFFER_SIZE)
+SIM_KEEP = 30  # steps the Store keeps (the attach's default: 200, and 2,000 steps' figures)
+
+
+def test_memory_stays_bounded_over_a_long_attach(job):
+    """The job's real buffers (rank 0's and 1's fr_trace_json while it trained) advanced poll
+    by poll as a job that keeps issuing collectives fills them, through the attach's own path
+    (AttachRun.take: the buffers read, the verdict, the watch, the frames, the Store): once
+    the Store holds all the steps it keeps, the objects Python holds must stop growing (its
+    allocated blocks between the middle and the end of the run: no more than noise). Over 3
+    hours (10,800 polls) with the attach's own limits: docs/attach.md."""
+    docs = {r: msgspec.json.decode(b) for r, b in job.bodies.items()}
+    tmpl = {r: [e for e in d["entries"] if str(e.get("profiling_name")).endswith("all_reduce")][-1]
+            for r, d in docs.items()}
+    t0 = time.time_ns()
+
+    def body(r: int, i: int) -> bytes:
+        top = i * SIM_PER_POLL
+        es = [dict(tmpl[r], collective_seq_id=j + 1, record_id=j, op_id=j + 1, retired=True,
+                   time_created_ns=t0 + j * 50_000_000) for j in range(max(0, top - SIM_BUFFER), top)]
+        last = str(top)
+        return msgspec.json.encode(dict(docs[r], entries=es, pg_status={"0": {
+            "last_completed_collective": last, "last_enqueued_collective": last, "last_started_collective": "-1"}}))
+
+    run = AttachRun(AttachOptions("127.0.0.1", job.port, keep_steps=SIM_KEEP, keep_figures=SIM_KEEP))
+    run.world = 2
+    blocks = {}
+    for i in range(1, SIM_POLLS + 1):
+        now_ns = t0 + i * SIM_PER_POLL * 50_000_000 + 10_000_000
+        run.take({r: debugserver.Reply(True, body(r, i)) for r in (0, 1)}, now_ns, i * 1.0)
+        if i in (SIM_POLLS // 2, SIM_POLLS):
+            gc.collect()
+            blocks[i] = sys.getallocatedblocks()
+    assert run.watch.current is None and run.stream.steps >= SIM_POLLS - 1
+    assert len(run.stream.drawn) <= 2 * SIM_BUFFER  # (the keys drawn: only what a buffer holds)
+    assert len(run.store.complete_steps("ddp")) <= SIM_KEEP * 2
+    grew = blocks[SIM_POLLS] - blocks[SIM_POLLS // 2]
+    assert grew < 2000, f"{grew} more blocks after {SIM_POLLS} polls than after {SIM_POLLS // 2}"
