@@ -17,8 +17,8 @@ names only what lasts:
 
 Of several, the group the verdict names first (its culprit), else the first in flight. The
 collective is the group's first disagreement, else its oldest in flight; inside: the ranks
-with it in flight (for how long); never: the ranks that never issued it; other: what the
-others issued instead. `update` returns events: ("named", Named) once, ("resolved", Named,
+with it in flight (for how long); failed: those where it ended by an error (a timeout, before
+the poll); never: the ranks that never issued it; other: what the others issued instead. `update` returns events: ("named", Named) once, ("resolved", Named,
 seconds) when the named collective is no longer stuck (it completed: a slow rank, not a hang),
 ("still", Named) on later polls (its seconds updated). Pure: a verdict and the time in.
 """
@@ -48,6 +48,7 @@ class Named:
     other: dict[int, str]  # rank -> 'issued broadcast instead', 'other sizes (...)'
     unknown: list[int]
     named_ns: int
+    failed: list[int] = field(default_factory=list)  # ranks whose entry of it ended by an error (its timeout)
     stacks: dict[int, str] = field(default_factory=dict)
     stack_lines: dict[int, list[str]] = field(default_factory=dict)
 
@@ -71,6 +72,8 @@ class Named:
         if self.inside:
             secs = max(self.inside.values())
             bits.append(f"{_ranks_text(sorted(self.inside))} inside it for {secs:.1f} s")
+        if self.failed:
+            bits.append(f"{_ranks_text(self.failed)} issued it, ended by an error (its timeout?)")
         if self.never:
             bits.append(f"{_ranks_text(self.never)} never issued it")
         bits += [f"rank {r} {t}" for r, t in sorted(self.other.items())]
@@ -100,7 +103,8 @@ class Named:
         return {"kind": self.kind, "group": self.group_name, "label": self.group, "ranks": self.ranks,
                 "seq": self.seq, "collective": self.name, "what": self.what, "since_ns": self.since_ns,
                 "named_ns": self.named_ns, "named_after_s": self.after_s(),
-                "inside": {str(r): round(s, 3) for r, s in sorted(self.inside.items())}, "never_issued": self.never,
+                "inside": {str(r): round(s, 3) for r, s in sorted(self.inside.items())}, "failed": self.failed,
+                "never_issued": self.never,
                 "other": {str(r): t for r, t in sorted(self.other.items())}, "unknown": self.unknown,
                 "stacks": {str(r): {"where": w, "frames": self.stack_lines.get(r, [])} for r, w in sorted(self.stacks.items())}}
 
@@ -155,6 +159,7 @@ class Watch:
         other: dict[int, str] = {}
         never, unknown = [], []
         kind = "hang"
+        failed = sorted(r for r, a in g.at.items() if any(e.seq == seq and e.p2p == p2p for e in a.failed))
         if d is not None:
             never, unknown = list(d.never), list(d.unknown)
             for r, e in d.other_op.items():
@@ -166,7 +171,7 @@ class Watch:
             if d.other_op or d.other_sizes or d.other_dtypes:
                 kind = "desync"
         return Named(kind, g.label, g.name, list(g.ranks), seq, ref.name, _what(ref), since, inside,
-                     never, other, unknown, now_ns)
+                     never, other, unknown, now_ns, failed)
 
     def update(self, verdict: Verdict, now_ns: int, now_s: float) -> list[tuple]:
         """This poll's events (module docstring). now_ns: the wall clock (the job's clock, as
@@ -193,7 +198,8 @@ class Watch:
                 self.current = stuck
                 events.append(("named", stuck))
             else:  # the same one: its seconds and who is inside, as of now
-                cur.inside, cur.never, cur.other, cur.unknown = stuck.inside, stuck.never, stuck.other, stuck.unknown
+                cur.inside, cur.never, cur.other = stuck.inside, stuck.never, stuck.other
+                cur.unknown, cur.failed = stuck.unknown, stuck.failed
                 events.append(("still", cur))
         return events
 
