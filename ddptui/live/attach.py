@@ -32,6 +32,7 @@ import queue
 import shutil
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ REPROBE_S = 10.0  # ranks missing from the store looked for again this often
 TRAINING_POLLS = 2  # polls in a row with new collectives: the job trains (a profile may be asked)
 PENDING_MAX = 1000  # frames kept for the recording until it opens
 EMPTY_POLLS = 3  # polls that found every buffer empty before that is said
+NAMED_KEPT = 100  # hangs (and their ends) kept for the report
 
 
 class AttachError(Exception):
@@ -92,8 +94,11 @@ class AttachRun:
         self.world = 0
         self.watch = frwatch.Watch(opts.hang_s)
         self.stream: FrStream | None = None
-        self.named: list[frwatch.Named] = []  # every hang or desync named, in order
-        self.resolved: list[tuple[frwatch.Named, float]] = []
+        # what was named, in order (the last NAMED_KEPT: a job whose slow steps are named one
+        # after the other, for hours, keeps memory bounded too), and how many in all
+        self.named: deque[frwatch.Named] = deque(maxlen=NAMED_KEPT)
+        self.resolved: deque[tuple[frwatch.Named, float]] = deque(maxlen=NAMED_KEPT)
+        self.named_count = 0
         self.polls = 0
         self.entries_seen = 0
         self.last_poll_s = 0.0  # how long the last poll took
@@ -310,6 +315,7 @@ class AttachRun:
             n.stacks[r] = pystack.describe(st)
             n.stack_lines[r] = [f'File "{f.file}", line {f.line} in {f.func}' for f in (st.frames if st else [])][:STACK_LINES]
         self.named.append(n)
+        self.named_count += 1
         after = n.after_s()
         when = f", named {after:.1f} s after it began" if after is not None else ""
         self._say("result", n.line() + when)
@@ -337,6 +343,7 @@ class AttachRun:
         cur = self.watch.current
         o = self.opts
         base = {"source": "attach", "attached_to": o.target, "world": self.world, "polls": self.polls,
+                "named_count": self.named_count,
                 "backend": self.stream.backend if self.stream else "", "named": [n.doc() for n in self.named],
                 "resolved": [{"collective": n.name, "label": n.group, "after_s": round(s, 3)} for n, s in self.resolved],
                 "unreadable": {}}
