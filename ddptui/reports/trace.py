@@ -266,8 +266,10 @@ class TraceWriter:
             args["mesh_dim"] = label
         if low is not None:  # (one of the group's instances: its lowest rank)
             args["group_first_rank"] = low
-        op = with_group(op, label)
-        return f"{op} {self._lname(layer)}" if layer >= 0 else op
+        where = self._lname(layer) if layer >= 0 else None
+        if where != label:  # (the group said once: a Flight Recorder run's lanes are its groups)
+            op = with_group(op, label)
+        return f"{op} {where}" if where is not None else op
 
     def _sublane(self, rank: int, lane: str, a: int, z: int) -> int:
         """Lane index where [a, z] nests or follows (slices on one thread must nest)."""
