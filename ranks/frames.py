@@ -603,6 +603,13 @@ def _event(f: Event, lim: Limits) -> None:
         raise FrameError(f"value = {f.value} is not a way of timing buckets")
     elif f.what == "fr_untimed" and not 0 <= f.value <= 2**31:
         raise FrameError(f"value = {f.value} is out of range")
+    elif f.what == "captured_marks" and not 0 <= f.value <= 2**62:
+        raise FrameError(f"value = {f.value} is out of range")
+    elif f.what.startswith(("traced ", "traced_b ")):  # (collectives in a compiled graph)
+        if f.what.partition(" ")[2] not in spec.COLL_OPS:
+            raise FrameError(f"{f.what!r} names no collective")
+        if not 0 <= f.value <= 2**62:
+            raise FrameError(f"value = {f.value} is out of range")
 
 
 def _set(f: Set, lim: Limits) -> None:

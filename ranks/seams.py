@@ -48,6 +48,11 @@ imports `ddptui` (the app reads its seams from here too).
   torch records them, each given the state and the GPU duration NCCL's would have
   (`ranks.core.flightrec.gloo_standin_dump`, the value in ms; "1": 0.2). Needs TORCH_FR_BUFFER_SIZE.
   Used by tests/test_flightrec.py (`test_ddp_buckets_timed_by_the_flight_recorder_path`).
+- ``DDPTUI_GRAPH_CAPTURE`` (`graph_capture`): ``1``: every layer mark an op of a compiled
+  graph runs (ranks.core.markop) finds its stream capturing a CUDA graph, as under
+  `mode="reduce-overhead"` on a GPU, so that the marks are skipped and counted, not recorded
+  into the graph (read once when ranks.core.markop is imported). Used by
+  tests/test_compiled.py (`test_marks_inside_a_cuda_graph_capture_are_skipped_and_said`).
 
 Configuration read from the environment (DDPTUI_SOCKET, DDPTUI_TOKEN, DDPTUI_RECORD,
 DDPTUI_RUNS_DIR, DDPTUI_AUTO, DDPTUI_LAYERS) is not a seam: production code sets or documents
@@ -123,3 +128,8 @@ def fr_standin() -> float | None:
     except ValueError:
         return None
     return 0.2 if ms == 1 else ms if ms > 0 else None
+
+
+def graph_capture() -> bool:
+    """DDPTUI_GRAPH_CAPTURE=1: markop's marks see a capturing stream (a CUDA graph's)."""
+    return os.environ.get("DDPTUI_GRAPH_CAPTURE", "") == "1"

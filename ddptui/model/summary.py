@@ -35,6 +35,13 @@ def strategy_summary(store, strategy: str) -> dict:
             timing = store.bucket_timing()
             if timing is not None:  # (how its buckets were timed: NCCL's own timing, or a hook)
                 out["bucket_timing"] = timing
+        captured = store.captured_marks()
+        if captured is not None:  # (layer marks inside a CUDA graph's capture: skipped)
+            out["cuda_graph_marks"] = {"skipped": captured,
+                                       "why": "inside a CUDA graph's capture (its replays run no Python)"}
+        traced = store.traced_collectives()
+        if traced is not None:  # (collectives torch.compile traced into its graphs: untimed)
+            out["traced_collectives"] = traced
         colls = collective_rows(store, strategy)
         if colls:  # (a strategy with COLL spans: runs without them say nothing new)
             out["collectives"] = colls

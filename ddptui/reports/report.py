@@ -190,6 +190,18 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
             console.print(f"{r.get('strategy')}: {BUCKET_TIMING_TEXT.get(bt['by'], bt['by'])}"
                           + (f"; {bt['untimed']} bucket AllReduces not covered by it (drawn as moments)"
                              if bt.get("untimed") else ""), markup=False, highlight=False)
+    for r in rows:
+        cg = r.get("cuda_graph_marks")
+        if cg:
+            console.print(f"{r.get('strategy')}: {sum(cg['skipped'].values())} layer marks skipped "
+                          f"{cg['why']}: the layers inside it have no spans in its replays "
+                          "(docs/compiled.md)", markup=False, highlight=False)
+        tc = r.get("traced_collectives")
+        if tc:
+            what = ", ".join(f"{op} ×{v['per_step']:g}" for op, v in tc.items())
+            console.print(f"{r.get('strategy')}: collectives inside compiled graphs, a step: {what}: "
+                          "torch.compile traced them into its graph, counted, not timed "
+                          "(docs/compiled.md)", markup=False, highlight=False)
     hta = [x for x in (hta_line(r) for r in rows) if x]
     if hta:
         console.print("overlap % per rank as HTA computes it (every step but the last, warm-up "

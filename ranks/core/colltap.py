@@ -214,12 +214,31 @@ def _group_arg(args, kwargs, name: str):
     return group, tag
 
 
+def _traced(op: str):
+    """The mark a functional collective traced into a compiled graph runs there, each time the
+    graph runs (ranks.core.markop, registered once a process, never while Dynamo traces): it
+    is counted, by op, with its input's bytes (`CollTap.traced`), not timed."""
+    def run(x) -> None:
+        tap = _tap
+        if tap is not None and tap.rec.cur is not None:
+            got = tap.traced.get(op)
+            nb = x.numel() * x.element_size()
+            tap.traced[op] = (1, nb) if got is None else (got[0] + 1, got[1] + nb)
+    return run
+
+
 def _funcol_wrapper(funcol, name: str, op: str, orig):
     tracing = getattr(funcol, "_are_we_tracing", None) or (lambda: False)
+    from ranks.core import markop
+    code = markop.register(_traced(op), None)
 
     def wrapper(*args, **kwargs):
         tap = _tap
-        if tap is None or tap.suspended or getattr(_fc_state, "depth", 0) or tracing():
+        if tap is None or tap.suspended or getattr(_fc_state, "depth", 0):
+            return orig(*args, **kwargs)
+        if tracing():  # traced into a compiled graph: counted where it runs, not timed
+            if args and isinstance(args[0], torch.Tensor):
+                args = (markop.marked(args[0], code),) + args[1:]
             return orig(*args, **kwargs)
         try:
             group, tag = _group_arg(args, kwargs, name)
@@ -334,6 +353,9 @@ class CollTap:
         self._names: dict[int, tuple[int, str]] = {}  # id(group) -> (size, name)
         self._dims: dict[int, str] = {}  # id(group) -> the mesh dimension it is (learn_mesh)
         self._meshes: set[int] = set()  # id() of the device meshes learnt
+        # functional collectives traced into a compiled graph, run inside steps: op -> (count,
+        # bytes), since the tap began (`_traced`)
+        self.traced: dict[str, tuple[int, int]] = {}
 
     def activate(self) -> None:
         global _tap

@@ -12,14 +12,19 @@ time the compiled graph runs, in order with the layers' own ops. Its autograd fo
 boundary (in the compiled backward graph too). `code` names a registered pair of callables
 (`register`): the forward's mark and the backward's.
 
-(Written as in-graph ops, the Python of a mark runs when the op runs: under CUDA graphs
-(`mode="reduce-overhead"`) that is while the graph is captured only, not when it is replayed:
-ddptui's docs say so; the marks made then are the capture's.)"""
+Under CUDA graphs (`mode="reduce-overhead"`) the Python of a mark runs while the graph is
+captured only, never when it is replayed, and a CUDA event recorded then would be part of the
+graph: a mark whose stream is capturing is skipped and counted (`captured`), and ddptui says
+how many (the summary, its JSON); the layers inside the graph have no spans in its replays."""
 from __future__ import annotations
 
 import torch
 
+from ranks import seams
+
 _TABLE: list = []  # code -> (forward mark, backward mark): callables of the tensor passing
+captured = [0]  # marks skipped: their op ran while its stream was capturing a CUDA graph
+_CAPTURE_STANDIN = seams.graph_capture()  # (the test seam: every stream capturing)
 
 
 def register(fwd, bwd) -> int:
@@ -29,7 +34,16 @@ def register(fwd, bwd) -> int:
     return len(_TABLE) - 1
 
 
+def _capturing(x) -> bool:
+    if x.is_cuda:
+        return torch.cuda.is_current_stream_capturing()
+    return _CAPTURE_STANDIN
+
+
 def _run(code: int, which: int, x) -> None:
+    if _capturing(x):  # (in a CUDA graph's capture: never replayed, and no event of ours in it)
+        captured[0] += 1
+        return
     try:
         f = _TABLE[code][which]
     except IndexError:

@@ -283,6 +283,17 @@ class RankSession:
             if c.bwd_s[j] is not None and c.bwd_e[j] is None:
                 rec.bwd_end(j)
 
+    def _say_traced(self, k: int) -> None:
+        """The functional collectives traced into compiled graphs so far (untimed), by op:
+        their count over the steps so far (`traced <op>`, and their bytes `traced_b <op>`);
+        the layer marks skipped in a CUDA graph's capture (`captured_marks`)."""
+        if markop.captured[0]:
+            self.sink.send_now(frames.Event(rank=self.rank, step=k, what="captured_marks",
+                                            value=markop.captured[0]))
+        for op, (n, nb) in sorted(self.tap.traced.items()):
+            self.sink.send_now(frames.Event(rank=self.rank, step=k, what=f"traced {op}", value=n))
+            self.sink.send_now(frames.Event(rank=self.rank, step=k, what=f"traced_b {op}", value=nb))
+
     def use_flight_recorder(self) -> None:
         """A DDP module's buckets timed by NCCL itself: the Flight Recorder read for them."""
         if self.rec.fr is None:
@@ -467,6 +478,8 @@ class RankSession:
                 self.sink.send_now(frames.Event(rank=self.rank, step=k, what="comm_timing",
                                                 value=spec.COMM_TIMING[by]))
         self._emit(rec.poll(lazy=True))
+        if (self.tap.traced or markop.captured[0]) and (k < 2 or k % 50 == 0):
+            self._say_traced(k)
         for m in self.mods:
             if m.frb is not None:  # (NCCL's own timing: every bucket done; the layout from DDP)
                 m.frb.step_done()
@@ -636,6 +649,8 @@ class RankSession:
             else:
                 rec.discard()
         self._emit(rec.poll(wait=True, lazy=True))
+        if (self.tap.traced or markop.captured[0]) and self._order is not None:
+            self._say_traced(max(0, self.k - 1))
         fr = rec.fr
         if fr is not None and self._order is not None:  # the last steps' buckets read now; once
             fr.refresh(force=True)  # every step is resolved, how many NCCL's timing missed

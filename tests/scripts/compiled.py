@@ -8,6 +8,9 @@ counted: `GRAPH_BREAKS n` and `GRAPHS n` (frames compiled). Nothing of ddptui (r
     --wrap W        inside (default): DDP(torch.compile(model)); outside: torch.compile(DDP(model));
                     none: torch.compile(model), no DDP (the gradients all-reduced by hand)
     --backend B     torch.compile's backend (default inductor)
+    --traced-coll   the model's forward all_reduces a statistic of its activations with a
+                    functional collective (torch.distributed._functional_collectives), which
+                    torch.compile traces into its graph
 """
 import argparse
 
@@ -40,6 +43,10 @@ class TinyGPT(nn.Module):
         x = self.wte(idx)
         for b in self.h:
             x = b(x)
+        if TRACED_COLL:  # (a statistic of the activations, summed over the ranks, in the graph)
+            import torch.distributed._functional_collectives as funcol
+            s = funcol.all_reduce(x.detach().mean().reshape(1), "sum", dist.group.WORLD)
+            x = x + 0 * s
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
@@ -48,7 +55,9 @@ p = argparse.ArgumentParser()
 p.add_argument("--iters", type=int, default=8)
 p.add_argument("--wrap", choices=("inside", "outside", "none"), default="inside")
 p.add_argument("--backend", default="inductor")
+p.add_argument("--traced-coll", action="store_true")
 a = p.parse_args()
+TRACED_COLL = a.traced_coll
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)

@@ -83,6 +83,11 @@ class Store(Intake, Figuring, Queries):
         # "flight-recorder"; and buckets PyTorch's timing did not cover (event fr_untimed)
         self.comm_timing: dict[int, str] = {}
         self.fr_untimed: dict[int, int] = {}
+        # functional collectives torch.compile traced into its graphs (events `traced <op>`,
+        # `traced_b <op>`): rank -> op -> [count, bytes, steps they ran over]; untimed
+        self.traced_colls: dict[int, dict[str, list[int]]] = {}
+        # layer marks skipped in a CUDA graph's capture (event captured_marks), by rank
+        self.graph_marks: dict[int, int] = {}
         self.slow_changes: list[tuple[int, float, int, int]] = []  # (step, ms, rank, layer) as applied
         self.waits: dict[str, OrderedDict[int, stragglers.StepWaits | None]] = {}  # kept like raw spans
         # (strategy, step) -> (start ns, end ns) of a complete step on CLOCK_MONOTONIC, kept like raw spans

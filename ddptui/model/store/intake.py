@@ -149,6 +149,23 @@ class Intake:
         if f.what == "fr_untimed":
             self.fr_untimed[f.rank] = int(f.value)
             return
+        if f.what == "captured_marks":  # layer marks skipped in a CUDA graph's capture
+            if not self.graph_marks:
+                self.add_log(f"rank {f.rank}: layer marks inside a CUDA graph's capture: skipped "
+                             "(its replays run no Python: those layers have no spans; docs/compiled.md)",
+                             "warn")
+            self.graph_marks[f.rank] = int(f.value)
+            return
+        if f.what.startswith(("traced ", "traced_b ")):  # collectives in a compiled graph
+            kind, _, op = f.what.partition(" ")
+            first = not self.traced_colls
+            got = self.traced_colls.setdefault(f.rank, {}).setdefault(op, [0, 0, 0])
+            got[0 if kind == "traced" else 1] = int(f.value)
+            got[2] = max(got[2], f.step + 1)  # (the steps they ran over)
+            if first:
+                self.add_log(f"rank {f.rank}: {op} traced into a compiled graph by torch.compile: "
+                             "counted, not timed (docs/compiled.md)", "warn")
+            return
         if f.rank == 0 and f.what == "bucket_cap_mb":
             k, cap = f.step, float(f.value)
             self.cap_changes.append((k, cap))

@@ -274,6 +274,26 @@ class Queries:
                     "ranks": {str(r): w for r, w in sorted(self.comm_timing.items())},
                     "untimed": sum(self.fr_untimed.values())}
 
+    def traced_collectives(self) -> dict | None:
+        """Functional collectives torch.compile traced into its graphs, which run untimed:
+        {op: {"per_step": count a step (rank 0's, else the first rank's), "bytes_per_step",
+        "ranks": [ranks that ran them]}}; None where there were none."""
+        with self.lock:
+            if not self.traced_colls:
+                return None
+            first = 0 if 0 in self.traced_colls else min(self.traced_colls)
+            out = {}
+            for op, (n, nb, steps) in sorted(self.traced_colls[first].items()):
+                steps = max(1, steps)
+                out[op] = {"per_step": round(n / steps, 2), "bytes_per_step": nb // steps,
+                           "ranks": sorted(r for r, ops in self.traced_colls.items() if op in ops)}
+            return out
+
+    def captured_marks(self) -> dict[str, int] | None:
+        """Layer marks skipped in a CUDA graph's capture, by rank; None where there were none."""
+        with self.lock:
+            return {str(r): n for r, n in sorted(self.graph_marks.items())} or None
+
     def layer_period(self, strategy: str) -> int | None:
         """The period of layer marks in force (their steps are multiples of it): the gap
         between a strategy's last two marked steps (rank 0's); None where every step's
