@@ -245,29 +245,7 @@ class FrDumpReader:
                             continue
                         got.append((row, *(t - origin for t in span_of(e, flying, failed, moments[r], latest))))
                 per[r] = got
-            spans = [s for got in per.values() for s in got]
-            if not spans:
-                continue
-            s0 = min(s[1] for s in spans)
-            s1 = max(s[3] for s in spans)
-            for r in range(world):
-                table, new = tables[r], []
-                sp = [(wire.STEP, 0, s0, s1, 0)]
-                for row, iss, t0, t1 in per.get(r, ()):
-                    rid = table.get(row)
-                    if rid is None:
-                        if len(table) >= 0xFFFF:
-                            continue
-                        rid = table[row] = len(table)
-                        new.append((rid, *row))
-                    sp.append((wire.COLL, rid, t0, t1, iss))
-                if new:
-                    yield frames.Colls(rank=r, strategy=STRATEGY, rows=new)
-                sp.sort(key=lambda x: (x[2], x[0]))
-                base = min(x[4] if x[0] == wire.COLL else x[2] for x in sp)
-                yield frames.spans_frame(r, STRATEGY, k, base, [x[0] for x in sp], [x[1] for x in sp],
-                                         [x[2] for x in sp], [x[3] for x in sp],
-                                         [x[4] for x in sp if x[0] in wire.COMM_KINDS])
+            yield from step_frames(k, world, tables, per)
 
     def __iter__(self):
         for f in self._frames():  # checked as a recording's are: decoded from their bodies
@@ -277,6 +255,37 @@ class FrDumpReader:
 
     def close(self) -> None:
         pass
+
+
+def step_frames(k: int, world: int, tables: dict, per: dict) -> list:
+    """One step's frames: per rank, its collectives-table rows not sent yet (`tables`, rank ->
+    row -> id, grown here), then its spans (a STEP over every rank's collectives, a COLL each);
+    `per`: rank -> [(row, issue, start, end)]. None where no rank has a collective."""
+    spans = [s for got in per.values() for s in got]
+    if not spans:
+        return []
+    s0 = min(s[1] for s in spans)
+    s1 = max(s[3] for s in spans)
+    out: list = []
+    for r in range(world):
+        table, new = tables[r], []
+        sp = [(wire.STEP, 0, s0, s1, 0)]
+        for row, iss, t0, t1 in per.get(r, ()):
+            rid = table.get(row)
+            if rid is None:
+                if len(table) >= 0xFFFF:
+                    continue
+                rid = table[row] = len(table)
+                new.append((rid, *row))
+            sp.append((wire.COLL, rid, t0, t1, iss))
+        if new:
+            out.append(frames.Colls(rank=r, strategy=STRATEGY, rows=new))
+        sp.sort(key=lambda x: (x[2], x[0]))
+        base = min(x[4] if x[0] == wire.COLL else x[2] for x in sp)
+        out.append(frames.spans_frame(r, STRATEGY, k, base, [x[0] for x in sp], [x[1] for x in sp],
+                                      [x[2] for x in sp], [x[3] for x in sp],
+                                      [x[4] for x in sp if x[0] in wire.COMM_KINDS]))
+    return out
 
 
 def coll_row(e: frverdict.FrEntry, size: int, label: str, index: int) -> tuple | None:

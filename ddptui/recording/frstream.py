@@ -22,10 +22,10 @@ oldest entry), so every rank is on one axis.
 """
 from __future__ import annotations
 
-from ranks import frames, wire
+from ranks import frames
 
 from ddptui.model import frverdict
-from .frdump import MODEL, STRATEGY, coll_row, span_of
+from .frdump import MODEL, STRATEGY, coll_row, span_of, step_frames
 
 STEP_COLLS = 32
 MAX_GROUPS = 256  # process groups given a "layer" of their own (later ones: drawn unlabelled)
@@ -159,31 +159,7 @@ class FrStream:
                         continue
                     got.append((row, *(max(0, t - origin) for t in span_of(e, flying, failed, now_ns, now_ns))))
             per[r] = got
-        spans = [s for got in per.values() for s in got]
-        if not spans:
-            return []
-        s0 = min(s[1] for s in spans)
-        s1 = max(s[3] for s in spans)
-        out: list = []
-        for r in range(self.world):
-            table, new = self.tables[r], []
-            sp = [(wire.STEP, 0, s0, s1, 0)]
-            for row, iss, t0, t1 in per.get(r, ()):
-                rid = table.get(row)
-                if rid is None:
-                    if len(table) >= 0xFFFF:
-                        continue
-                    rid = table[row] = len(table)
-                    new.append((rid, *row))
-                sp.append((wire.COLL, rid, t0, t1, iss))
-            if new:
-                out.append(frames.Colls(rank=r, strategy=STRATEGY, rows=new))
-            sp.sort(key=lambda x: (x[2], x[0]))
-            base = min(x[4] if x[0] == wire.COLL else x[2] for x in sp)
-            out.append(frames.spans_frame(r, STRATEGY, self.step, base, [x[0] for x in sp], [x[1] for x in sp],
-                                          [x[2] for x in sp], [x[3] for x in sp],
-                                          [x[4] for x in sp if x[0] in wire.COMM_KINDS]))
-        return out
+        return step_frames(self.step, self.world, self.tables, per)
 
 
 def run_meta(world: int, backend: str, target: str, layers: list[str]) -> dict:
