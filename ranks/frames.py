@@ -324,6 +324,12 @@ class Set(Frame, tag="set", kw_only=True):
     layer: U16 | UnsetType = UNSET
 
 
+class Dump(Frame, tag="dump", kw_only=True):
+    """Write your Flight Recorder now into the run's dump directory (DDPTUI_FR_DIR): a hang was
+    named, and the dumps say what ddptui does not time (the collectives C++ issues)."""
+    why: Annotated[str, Meta(max_length=200)] | UnsetType = UNSET
+
+
 # -- node 0's join listener and `ddptui join` (never recorded) -------------------------------
 class Challenge(Frame, tag="challenge", kw_only=True):
     version: Annotated[int, Meta(ge=0, le=2**16)] = field(name="v")
@@ -372,7 +378,7 @@ def spans_frame(rank: int, strategy: str, step: int, base_ns: int,
 
 RANK_TYPES = (Hello, Phase, Spans, Buckets, Colls, Event, Hb, Bye, Error)
 APP_TYPES = (Status, Exit, Gpu, Cpu, Reject, Drop, Node, Clock, Output)
-CONTROL_TYPES = (Stop, Set)
+CONTROL_TYPES = (Stop, Set, Dump)
 NET_TYPES = (Challenge, Join, Welcome, Ping, Pong, End)
 ALL_TYPES = (Auth,) + RANK_TYPES + APP_TYPES + CONTROL_TYPES + NET_TYPES
 BY_TAG: dict[str, type[Frame]] = {c.__struct_config__.tag: c for c in ALL_TYPES}  # type: ignore[misc]

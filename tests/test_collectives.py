@@ -288,6 +288,13 @@ def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
     assert m and int(m.group(1)) <= 5, lines
     assert "steps again after" in r.stderr
     assert "Traceback" not in r.stderr
+    # each stall: every rank's Flight Recorder written beside the recording and read (PyTorch's
+    # own record: DDP's bucket AllReduces, which C++ issues, counted in its sequence too)
+    fr = [ln for ln in r.stderr.splitlines() if "Flight Recorder (" in ln]
+    assert fr and all("rank 1 never issued it" in ln for ln in fr), r.stderr[-3000:]
+    assert sorted(os.listdir(f"{rec}.fr")) == ["fr_rank0", "fr_rank1"]
+    summ_fr = run_main("summary", f"{rec}.fr")
+    assert summ_fr.returncode == 0 and "rank 1 never issued it" in summ_fr.stdout, summ_fr.stdout[-2000:]
     # the final report and its JSON, then the recording's summary: both stalled steps
     want = [(3, "DDP bucket 0 AllReduce (layers 2, 0; 44,072 B)"), (7, "all_reduce (step; 4 B)")]
     summ = run_main("summary", rec, "--json", tmp_path / "summary.json")

@@ -80,7 +80,7 @@ class Collector:
         self._thread.start()
 
     # -- public ----------------------------------------------------------------------
-    def send(self, msg: frames.Stop | frames.Set, rank: int | None = None) -> int:
+    def send(self, msg: frames.Stop | frames.Set | frames.Dump, rank: int | None = None) -> int:
         """Send a control frame (frames.Stop or frames.Set; a plain map from a test is
         validated the same way) to every authenticated rank (or one). Never blocks: a rank
         whose socket is full misses it (and is told again by the caller). Raises FrameError

@@ -80,7 +80,7 @@ def visible_devices(gpus: int, current: str | None) -> str:
 
 
 def worker_env(plan: Plan, socket_path: str, token: str, threads: int, one_host: bool = True,
-               base: dict | None = None) -> dict:
+               base: dict | None = None, fr_dir: str | None = None) -> dict:
     """The ranks' environment: ours (less TORCH_DISTRIBUTED_DEBUG), the app's socket and token,
     this tree importable, one thread count on CPU or exactly the plan's GPUs, and gloo/NCCL
     sockets on loopback when every rank runs on this host (unless the user chose)."""
@@ -97,6 +97,12 @@ def worker_env(plan: Plan, socket_path: str, token: str, threads: int, one_host:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(plan.gpus, env.get("CUDA_VISIBLE_DEVICES"))
         nccl_timing_env(env)
+    # PyTorch's Flight Recorder on for every rank (gloo's and NCCL's): on a hang each rank
+    # writes it into `fr_dir` (a Dump control frame), and the report reads it (LiveRun)
+    if not env.get("TORCH_FR_BUFFER_SIZE") and not env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env["TORCH_FR_BUFFER_SIZE"] = str(FR_BUFFER)
+    if fr_dir:
+        env["DDPTUI_FR_DIR"] = fr_dir
     if one_host:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")

@@ -67,7 +67,10 @@ class LiveRun:
         self._rec_lock = threading.Lock()
         self._stop_ev = threading.Event()
         self.watchdog = Watchdog(self.store, opts.hang_s, opts.hb_timeout_s,
-                                 lambda r: self._rank_exit(r, "exited"), time.monotonic())
+                                 lambda r: self._rank_exit(r, "exited"), time.monotonic(),
+                                 on_stall=self._ask_flight_recorder)
+        self.fr_dir: str | None = None  # where the ranks write their Flight Recorder on a hang
+        self._fr_asked = 0.0
         self._bucket_seq = 0
         self._slow_seq = 0
         self.started = 0.0
@@ -107,7 +110,11 @@ class LiveRun:
         self.run_dir = tempfile.mkdtemp(prefix="ddptui-")  # private (0700): socket and log
         self.collector = Collector(self.store, token, feed=self.feed, on_disconnect=self._on_disconnect,
                                    run_dir=self.run_dir)
-        env = worker_env(self.plan, self.collector.path, token, o.threads, one_host=self.multinode is None)
+        # (on a hang the ranks' Flight Recorder dumps: beside the recording, else in the run's
+        # private directory, read there)
+        self.fr_dir = f"{o.record}.fr" if o.record else os.path.join(self.run_dir, "fr")
+        env = worker_env(self.plan, self.collector.path, token, o.threads, one_host=self.multinode is None,
+                         fr_dir=self.fr_dir)
         args = worker_args(o, self.plan.device)
         log_path = os.path.join(self.run_dir, "torchrun.log")
         self.status(self.plan.note)
@@ -216,6 +223,44 @@ class LiveRun:
                         self.feed.sink_failed(e)
             except Exception as e:  # noqa: BLE001 - sampling must never break the run
                 self.store.add_log(f"sampler: {type(e).__name__}: {e}", "warn")
+
+    FR_READ_AFTER_S = 2.0  # the ranks' dumps read this long after they were asked for
+
+    def _ask_flight_recorder(self) -> None:
+        """A hang named: every rank writes its Flight Recorder (PyTorch's record of every
+        collective, those C++ issues too: DDP's without a comm hook, its broadcasts), then
+        the dumps are read and their verdict logged (at most every 5 s)."""
+        now = time.monotonic()
+        if self.collector is None or self.fr_dir is None or now - self._fr_asked < 5.0:
+            return
+        self._fr_asked = now
+        try:
+            os.makedirs(self.fr_dir, exist_ok=True)
+        except OSError as e:
+            self.store.add_log(f"no Flight Recorder dumps: {self.fr_dir}: {e.strerror or e}", "warn")
+            return
+        self.collector.send(frames.Dump(why="hang"))
+        t = threading.Timer(self.FR_READ_AFTER_S, self._read_flight_recorder)
+        t.daemon = True
+        t.start()
+
+    def _read_flight_recorder(self) -> None:
+        from ddptui.recording.frdump import FrDumpReader
+        from ranks.recfile import RecordingError
+        st = self.store
+        try:
+            got = FrDumpReader(self.fr_dir)
+        except RecordingError as e:
+            st.add_log(f"Flight Recorder: {str(e).split(': ', 1)[-1]}", "warn")
+            return
+        except Exception as e:  # noqa: BLE001 - the report goes on without it
+            st.add_log(f"Flight Recorder dumps not read: {type(e).__name__}: {e}", "warn")
+            return
+        where = f" ({self.fr_dir})" if self.opts.record else ""
+        head = got.verdict.headline()
+        st.add_log(f"Flight Recorder{where}: {head}", "warn")
+        for line in [x for x in got.verdict.lines()[1:] if x.strip() != head][:5]:
+            st.add_log(f"  {line}", "info")
 
     def _on_disconnect(self, rank: int, clean: bool) -> None:
         if not clean and self.state in ("running", "starting"):

@@ -9,10 +9,12 @@ from ddptui.model import hang
 
 
 class Watchdog:
-    def __init__(self, store, hang_s: float, hb_timeout_s: float, on_rank_gone, now: float):
+    def __init__(self, store, hang_s: float, hb_timeout_s: float, on_rank_gone, now: float,
+                 on_stall=None):
         self.store = store
         self.hang_s, self.hb_timeout_s = hang_s, hb_timeout_s
         self.on_rank_gone = on_rank_gone  # (rank) -> None: the process is gone, torchrun still runs
+        self.on_stall = on_stall  # () -> None: a stall named (each new one), the ranks still there
         self.last_progress = now
         self._last_spans = 0
         self._first_error: float | None = None
@@ -68,6 +70,8 @@ class Watchdog:
                     self._warned.add(key)
                     st.add_log(f"no progress for {now - self.last_progress:.0f} s: {stuck.text()}", "warn")
                     self._stalled = stuck.collective()
+                    if self.on_stall is not None:
+                        self.on_stall()
             elif self._stalled is None and (typical := self._typical_step_s()) > 0 and \
                     now - self.last_progress >= max(2 * hang.STALL_S, 10 * typical):
                 # no rank inside a collective ddptui sees (or no heartbeat says so): said anyway,
@@ -78,6 +82,8 @@ class Watchdog:
                 st.add_log(f"no progress for {now - self.last_progress:.0f} s ({where}; no rank is inside "
                            "a collective ddptui sees)", "warn")
                 self._stalled = "no collective named"
+                if self.on_stall is not None:
+                    self.on_stall()
         if training and now - self.last_progress > self.hang_s:
             r, info = sorted(ranks.items(), key=lambda kv: kv[1].step)[0]
             if stuck is not None:

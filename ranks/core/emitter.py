@@ -287,9 +287,20 @@ class Emitter(FrameQueue):
                     print(f"ddptui rank {self.rank}: ignored a control frame ({e})",
                           file=sys.stderr, flush=True)
                     continue
+                if type(msg) is frames.Dump:  # (here, on this thread: the training one may be stuck)
+                    self._dump_fr()
+                    continue
                 if self.on_control is not None:
                     self.on_control(msg)
         self._gone()
+
+    def _dump_fr(self) -> None:
+        try:
+            from ranks.core.flightrec import dump_to_dir
+            dump_to_dir(self.rank)
+        except Exception as e:  # noqa: BLE001 - a dump that fails leaves the run as it was
+            print(f"ddptui rank {self.rank}: could not write its Flight Recorder ({type(e).__name__}: {e})",
+                  file=sys.stderr, flush=True)
 
     def _gone(self) -> None:
         """The app closed the socket: ask the worker to stop, and exit if it cannot."""

@@ -298,3 +298,42 @@ def flight_times_for(device_type: str) -> "FlightTimes":
     dump = nccl_dump_fn() if standin is None else gloo_standin_dump(standin)
     return FlightTimes(dump, interval_s=float(os.environ.get("DDPTUI_FR_INTERVAL_S", "0.25")),
                        buffer=buffer_size())
+
+
+DUMP_PREFIX = "fr_rank"  # a rank's dump in the run's directory: fr_rank<r> (frdump reads them)
+
+
+def dump_to_dir(rank: int, directory: str | None = None) -> str | None:
+    """This process's Flight Recorder (NCCL's where this torch has it and it holds entries,
+    else gloo's) written as `<directory>/fr_rank<rank>` (the pickle the NCCL watchdog writes,
+    no stack traces), atomically; `directory`: DDPTUI_FR_DIR's. The path, or None where there
+    is no directory or nothing to dump (the Flight Recorder off)."""
+    directory = directory or os.environ.get("DDPTUI_FR_DIR")
+    if not directory or buffer_size() <= 0:
+        return None
+    import torch
+    c10d = torch._C._distributed_c10d
+    raw = None
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        fn = getattr(c10d, name, None)
+        if fn is None:
+            continue
+        try:
+            got = fn(True, False, False)
+        except Exception:  # noqa: BLE001 (no such recorder in this build or run)
+            continue
+        try:
+            if load_dump(got).get("entries"):
+                raw = got
+                break
+        except DumpError:
+            continue
+        raw = raw or got
+    if raw is None:
+        return None
+    path = os.path.join(directory, f"{DUMP_PREFIX}{rank}")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(raw)
+    os.replace(tmp, path)
+    return path
