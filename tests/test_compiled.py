@@ -5,8 +5,7 @@ are timed, in its forward and its compiled backward, named as the user named the
 Real torchrun ranks on gloo, the scripts run alone and under `ddptui run --auto`, each
 printing torch._dynamo's own counts (graph breaks, graphs compiled). Dynamo's counts do not
 depend on the backend: most runs use `aot_eager` (Dynamo and AOTAutograd, no code
-generation: seconds); Inductor's real build runs end to end in tests/test_verify.py's
-compiled run (a fresh cache)."""
+generation: seconds), one runs Inductor end to end (its C++ build, a fresh cache)."""
 from __future__ import annotations
 
 import os
@@ -112,6 +111,25 @@ def test_compiled_blocks_under_fsdp2_get_no_graph_break_of_ddptuis(tmp_path):
     names = got.store.meta.layers
     assert "layers.0" in names and not any("_orig_mod" in n for n in names), names
     layers_timed(got, "fsdp", len(names))
+
+
+def test_inductor_end_to_end(tmp_path):
+    """Inductor's real build (a fresh cache: none of an earlier run's graphs): the compiled
+    model under ddptui with its marks in the generated code, no graph break (alone: none, as
+    the aot_eager run above counts: Dynamo's counts are the backend's to neither add nor take),
+    every layer timed."""
+    from .helpers import run_cli
+    import json
+    from ddptui.recording.loader import load
+    rec, js = tmp_path / "run.ddptui", tmp_path / "run.json"
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec), "--json", str(js),
+                "--", os.path.join(ROOT, "tests", "scripts", "compiled.py"), "--iters", "5", timeout=300,
+                env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert counts(r.stdout)[:2] == (0, 1)
+    got = load(str(rec))
+    layers_timed(got, "ddp", len(got.store.meta.layers))
+    assert json.loads(js.read_text())["strategies"][0]["steps"] == 5
 
 
 def test_marks_inside_a_cuda_graph_capture_are_skipped_and_said(tmp_path):

@@ -145,17 +145,17 @@ def test_verify_by_default_checks_the_strategies_it_holds_to_its_tolerances():
 
 @pytest.mark.slow
 def test_verify_a_compiled_model_passes_and_a_shifted_forward_fails(tmp_path):
-    """`--compile`: each block compiled by Inductor (its real C++ build, a fresh cache), its
-    forward held to the stretch between two compiled regions where ddptui's one boundary mark
-    must be, its backward to its CompiledFunctionBackward node; every kind of naive and ddp
-    passes. The forward shifted by 1 ms (the DDPTUI_VERIFY_SHIFT seam; aot_eager: seconds to
-    build) leaves that stretch and fails: the compiled forward's check is not one that passes
-    anything."""
+    """`--compile`: each block compiled (aot_eager: Dynamo and AOTAutograd, seconds to build;
+    Inductor's own build passed by hand, benchmarks/README.md, and runs end to end in
+    tests/test_compiled.py), its forward held to the stretch between two compiled regions
+    where ddptui's one boundary mark must be, its backward to its CompiledFunctionBackward
+    node; every kind of naive and ddp passes. The forward shifted by 1 ms (the
+    DDPTUI_VERIFY_SHIFT seam) leaves that stretch and fails: the compiled forward's check is
+    not one that passes anything."""
     out = tmp_path / "v.json"
     args = ("verify", "--gpus", "2", "--model", "small", "--strategies", "naive,ddp",
             "--batch-size", "512", "--steps", "8")
-    p = run_cli(*args, "--compile", "inductor", "--json", str(out), timeout=300,
-                env=dict(ENV, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")))
+    p = run_cli(*args, "--compile", "aot_eager", "--json", str(out), timeout=240, env=ENV)
     assert p.returncode == 0, p.stdout + p.stderr
     doc, rows = _rows(out)
     for s in ("naive", "ddp"):
