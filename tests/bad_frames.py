@@ -53,6 +53,7 @@ def valid(t: str, r: int = 0) -> dict:
         "drop": lambda: {"t": "drop", "r": r, "why": "closed", "bye": False},
         "stop": lambda: {"t": "stop", "why": "user"},
         "set": lambda: {"t": "set", "key": "bucket_cap_mb", "value": 5.0, "seq": 1},
+        "dump": lambda: {"t": "dump", "why": "hang"},
     }
     return as_map(made[t]())
 
@@ -101,6 +102,7 @@ FIELDS: dict[str, dict[str, list]] = {
     "reject": {"r": [-1, "0", 1.5, 4096], "ft": [5, "x" * 33], "why": strs(4000), "ts": [NAN, -1.0]},
     "drop": {"r": RANK, "why": strs(200), "bye": ["yes", 1, None]},
     "stop": {"why": strs(200)},
+    "dump": {"why": strs(200)},
     "set": {"key": ["lr", 5, None], "value": CAP + [1e9], "seq": [0, -1, "1", 1.5, None]},
 }
 OPTIONAL = {"hello": {"local_rank", "pid", "host", "device", "backend", "model", "layers",
@@ -108,7 +110,7 @@ OPTIONAL = {"hello": {"local_rank", "pid", "host", "device", "backend", "model",
                       "threads", "uuid", "note", "torch"},
             "hb": {"ph", "drop", "dropf", "ts", "wb"}, "bye": {"why", "drop", "dropf"},
             "error": {"tb"}, "status": {"level", "ts"}, "buckets": {"cap_mb", "ddp_reported"},
-            "reject": {"r", "ft", "ts"}, "drop": {"bye"}, "stop": {"why"}, "output": {"stream", "dropped", "ts"}}
+            "reject": {"r", "ft", "ts"}, "drop": {"bye"}, "stop": {"why"}, "dump": {"why"}, "output": {"stream", "dropped", "ts"}}
 
 
 def _spans_columns(f: dict, how: str) -> dict:
