@@ -124,41 +124,79 @@ class FrBuckets:
     now, the bucket's collective (read, not counted: another collective of the script's on the
     same group moves nothing). Its end and length come later from the Flight Recorder
     (`Recorder.fr`, FlightTimes). In flight from then (a hang names it) until the step ends
-    (DDP's backward waits for every bucket) or the group says it completed (`settle`)."""
+    (DDP's backward waits for every bucket) or the group says it completed (`settle`).
 
-    __slots__ = ("h", "group", "backend", "handles", "keys", "inflight")
+    A DDP that never rebuilds its buckets (find_unused_parameters without static_graph) keeps
+    its first layout, whose parameters are in DDP's order, not their arrival's, and some of
+    which may go unused in a step (the reducer marks those ready itself, no hook of theirs
+    runs): every parameter of such a bucket is hooked, and the last to arrive in a step wins
+    (its moment and the sequence number then: `set(..., arrival=False)`).
+    `armed`: the backward to come synchronises (DDP's `require_backward_grad_sync` at the
+    forward, as DDP itself decides; off under no_sync() and nanoGPT's flag): a backward that
+    only accumulates issues no bucket, and its hooks mark nothing."""
+
+    __slots__ = ("h", "group", "backend", "handles", "keys", "inflight", "armed", "slots")
 
     def __init__(self, h: CommState, group: str, backend):
         self.h, self.group, self.backend = h, group, backend
         self.handles: list = []
         self.keys: list = []
         self.inflight: dict = {}  # collective tap's key -> the group's sequence number
+        self.armed = True
+        self.slots: dict = {}  # (arrival=False) bucket -> (its step record, slot, tap key), this step
 
-    def set(self, per_bucket: list, params: list, nbytes: list) -> None:
-        """per_bucket: each bucket's parameter indices (DDP's order, arrival order within);
-        params: DDP's parameters; nbytes: each bucket's bytes."""
+    def set(self, per_bucket: list, params: list, nbytes: list, arrival: bool = True) -> None:
+        """per_bucket: each bucket's parameter indices (DDP's order; `arrival`: in the order
+        their gradients arrive, the last one's hook alone); params: DDP's parameters; nbytes:
+        each bucket's bytes."""
         keys = [tuple(ps) for ps in per_bucket]
         if keys == self.keys:
             return
         self.clear()
         self.keys = keys
         h, group, backend = self.h, self.group, self.backend
-        rec, offset, inflight = h.rec, h.offset, self.inflight
+        rec, offset, inflight, slots = h.rec, h.offset, self.inflight, self.slots
         for b, ps in enumerate(per_bucket):
-            p = params[ps[-1]]
-            node = p.view_as(p).grad_fn.next_functions[0][0]  # (as DDP's reducer finds it)
             layer = _layer_of(h, params[ps[0]])
-
-            def ready(gi, go, b=b + offset, n=nbytes[b], layer=layer):
-                c = rec.cur
-                if c is None:
-                    return
-                rec.comm_issue_fr(b, group)
-                seq = c.comm_end[-1].seq = backend._get_sequence_number_for_group()
-                tap = colltap._tap
-                if tap is not None:
-                    inflight[tap.enter_bucket(b, n, layer, h.pg)] = seq
-            self.handles.append(node.register_hook(ready))
+            if arrival:
+                def ready(gi, go, b=b + offset, n=nbytes[b], layer=layer):
+                    c = rec.cur
+                    if c is None or not self.armed:
+                        return
+                    rec.comm_issue_fr(b, group)
+                    seq = c.comm_end[-1].seq = backend._get_sequence_number_for_group()
+                    tap = colltap._tap
+                    if tap is not None:
+                        inflight[tap.enter_bucket(b, n, layer, h.pg)] = seq
+                hooked = [ps[-1]]
+            else:
+                def ready(gi, go, b=b + offset, n=nbytes[b], layer=layer):
+                    c = rec.cur
+                    if c is None or not self.armed:
+                        return
+                    seq = backend._get_sequence_number_for_group()
+                    got = slots.get(b)
+                    if got is not None and got[0] is c:  # (a later gradient of the bucket: it wins)
+                        _, slot, key = got
+                        c.comm_end[slot].seq = seq
+                        if not (c.defer and slot in c.defer):  # (else: the next boundary's mark)
+                            rec._mark_again(c.comm_ready, slot)
+                        if key is not None:
+                            inflight[key] = seq
+                        return
+                    rec.comm_issue_fr(b, group)
+                    slot = len(c.comm_end) - 1
+                    c.comm_end[slot].seq = seq
+                    tap = colltap._tap
+                    key = tap.enter_bucket(b, n, layer, h.pg) if tap is not None else None
+                    if key is not None:
+                        inflight[key] = seq
+                    slots[b] = (c, slot, key)
+                hooked = ps
+            for i in hooked:
+                p = params[i]
+                node = p.view_as(p).grad_fn.next_functions[0][0]  # (as DDP's reducer finds it)
+                self.handles.append(node.register_hook(ready))
 
     def step_done(self) -> None:
         """The step ended: its backward waited for every bucket."""
@@ -167,6 +205,7 @@ class FrBuckets:
             self.inflight.pop(key, None)
             if tap is not None:
                 tap.left_bucket(key)
+        self.slots.clear()
 
     def settle(self, completed: int) -> None:
         """Buckets the group has completed (its pg_status) out of flight."""
@@ -181,6 +220,7 @@ class FrBuckets:
         for h in self.handles:
             h.remove()
         self.handles, self.keys = [], []
+        self.slots.clear()
 
 
 def _layer_of(h: CommState, p) -> int:

@@ -485,6 +485,13 @@ class RankSession:
                 m.frb.step_done()
                 if m.comm.track:
                     m.fr_layout()
+                if not m.frb.keys and k >= 2:  # (still unknown: ddptui's comm hook from now on)
+                    m.fr_give_up()
+                    if self.rank == 0:
+                        print(f"ddptui: DDP's bucket layout could not be read after {k + 1} steps: its "
+                              "buckets are timed by ddptui's comm hook from now on", file=sys.stderr)
+                    self.sink.send_now(frames.Event(rank=self.rank, step=k, what="comm_timing",
+                                                    value=spec.COMM_TIMING["comm-hook"]))
         if any(m.comm is not None and m.comm.track and m.comm.seen for m in self.mods):
             self._layout_change(k)
 
@@ -786,6 +793,14 @@ class Handle:
             self.timing = timing
             ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
             self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
+            # compiled whole (torch.compile(DDP(model))), DDP's own forward breaks the graph
+            # around its reducer (prepare_for_forward, _inside_ddp_forward): an op of ours in
+            # its frames would make a graph of its own where alone there is none. There its
+            # hooks do nothing, and the module DDP wraps marks the forward's start and end
+            # (run eagerly, as DDP's breaks run it; eager, DDP's own hooks do it)
+            self._ddp_eager = self._inner_began = False
+            self._hooks.append(model.register_forward_pre_hook(self._inner_pre, prepend=True))
+            self._hooks.append(model.register_forward_hook(self._inner_post))
         self._hooks.append(ddp.register_forward_hook(self._forward_post))
         if optimizer is not None:
             s.add_optimizer(optimizer, self._hooks)
@@ -849,25 +864,61 @@ class Handle:
     def _forward_pre(self, module, args, kwargs=None):
         if torch.compiler.is_compiling():  # (the module compiled: its hooks traced, no graph
             # break: the same at run time, from an op on its first input; ranks.core.markop)
+            if self.comm is not None:  # (a DDP: its inner module's hook marks it, _inner_pre)
+                return None
             got = markop.marked(args, self._op_codes(module)[0 if torch.is_grad_enabled() else 1])
             return None if got is None else (got, kwargs or {})
+        self._ddp_eager = True
         self.session.forward_pre(module, args, kwargs)
         if self.frb is not None:
             self._fr_unseen_sync(torch.is_grad_enabled())
 
     def _fr_unseen_sync(self, grad: bool) -> None:
-        """NCCL's own timing before DDP's rebuilt buckets are known (its first step): no hook
-        sees its buckets go, yet this forward's backward synchronises the gradients (DDP's
-        `require_backward_grad_sync`, off under no_sync()): the step counts it now, so that it
-        ends as one (its buckets untimed, as DDP's first)."""
+        """NCCL's own timing, a forward with autograd on: whether its backward synchronises the
+        gradients (DDP's `require_backward_grad_sync`, off under no_sync(): read here, where
+        DDP's forward reads it) arms the buckets' hooks or not (FrBuckets.armed); and before
+        DDP's buckets are known (its first step) no hook sees them go, yet the backward
+        synchronises: the step counts it now, so that it ends as one (its buckets untimed, as
+        DDP's first)."""
+        if not grad:  # (an evaluation's forward: the next backward is the training one's)
+            return
+        sync = self.frb.armed = bool(self.ddp.require_backward_grad_sync)
         c = self.session.rec.cur
-        if grad and c is not None and not self.frb.keys and self.ddp.require_backward_grad_sync:
+        if c is not None and not self.frb.keys and sync:
             c.synced += 1
 
     def _forward_post(self, module, args, out):
         if torch.compiler.is_compiling():
+            if self.comm is not None:
+                return None
             return markop.marked(out, self._op_codes(module)[2 if torch.is_grad_enabled() else 3])
         self._forward_ended(torch.is_grad_enabled())
+
+    @markop.eager_frame
+    def _inner_pre(self, module, args):
+        """The module DDP wraps begins its forward: where DDP's own pre-hook ran eagerly
+        (`_ddp_eager`), nothing; in a compiled DDP module (its hook traced: nothing) the
+        DDP forward's start, here, run eagerly between DDP's graph breaks (markop.eager_frame);
+        traced (a DDP module Dynamo traces whole), an op."""
+        if torch.compiler.is_compiling():
+            return markop.marked(args, self._codes[0 if torch.is_grad_enabled() else 1])
+        if self._ddp_eager:
+            self._ddp_eager = self._inner_began = False
+            return None
+        self._inner_began = True
+        self.session.forward_pre(self.ddp, args, None)
+        if self.frb is not None:
+            self._fr_unseen_sync(torch.is_grad_enabled())
+        return None
+
+    @markop.eager_frame
+    def _inner_post(self, module, args, out):
+        if torch.compiler.is_compiling():
+            return markop.marked(out, self._codes[2 if torch.is_grad_enabled() else 3])
+        if self._inner_began:
+            self._inner_began = False
+            self._forward_ended(torch.is_grad_enabled())
+        return None
 
     def _forward_ended(self, grad: bool) -> None:
         s = self.session
@@ -909,6 +960,14 @@ class Handle:
             self.timing, self.timing_why = "comm-hook", "the script's own comm hook"
             type(self.ddp).register_comm_hook(self.ddp, self.comm, timed_hook)
 
+    def fr_give_up(self) -> None:
+        """NCCL's own timing, DDP's buckets still unknown after its first steps (a layout this
+        torch's DDP does not report): ddptui's comm hook times them from the next step on."""
+        self.frb.clear()
+        self.frb = None
+        self.timing, self.timing_why = "comm-hook", "DDP's bucket layout could not be read"
+        type(self.ddp).register_comm_hook(self.ddp, self.comm, timed_hook)
+
     def fr_layout(self) -> None:
         """NCCL's own timing: DDP's buckets as it reports them once rebuilt (its logging data:
         each bucket's parameter indices in arrival order, its bytes), as the comm hook would
@@ -918,17 +977,48 @@ class Handle:
         data = self.ddp._get_ddp_logging_data()
         idx, sizes = data.get("rebuilt_per_bucket_param_indices") or "", data.get("rebuilt_bucket_sizes") or ""
         named = self._named
+        params = [p for _, p in named]
+        arrival = True
         try:
             per = [[int(x) for x in part.split()] for part in idx.split(",")] if idx else []
             nbytes = [int(x) for x in sizes.split(",")] if sizes else []
         except ValueError:
             return
+        if not per and self.ddp.find_unused_parameters and not self.ddp.static_graph:
+            # (a DDP that never rebuilds its buckets: its first layout, kept; any other
+            # rebuilds them in its second forward, read once it has)
+            per = self._first_layout(params) or []
+            nbytes = [sum(params[i].numel() * params[i].element_size() for i in ps) for ps in per]
+            arrival = False
         if not per or len(per) != len(nbytes) or any(not ps or max(ps) >= len(named) for ps in per):
             return
-        params = [p for _, p in named]
         self.comm.seen = [(b + self.pbase, [self.pindex[id(params[i])] for i in ps], n)
                           for b, (ps, n) in enumerate(zip(per, nbytes))]
-        self.frb.set(per, params, nbytes)
+        self.frb.set(per, params, nbytes, arrival=arrival)
+
+    def _first_layout(self, params: list) -> list[list[int]] | None:
+        """DDP's first bucket layout, which it keeps where it never rebuilds (find_unused_parameters
+        without static_graph): assigned again as DDP assigned it when it was made (its own
+        assignment function, its size limits, its parameters), each bucket's indices into
+        `params`, in the reducer's bucket order. None where it cannot be told."""
+        ddp = self.ddp
+        try:
+            mine, sparse = ddp._build_params_for_reducer()
+            cfg = getattr(ddp, "_bucket_config", None)
+            if cfg is not None:  # (torch 2.12 and on)
+                limits, _ = cfg.compute_bucket_size_limits(static_graph=bool(ddp.static_graph),
+                                                           find_unused_parameters=bool(ddp.find_unused_parameters))
+            elif ddp.static_graph or not ddp.find_unused_parameters:
+                limits = [sys.maxsize]
+            elif getattr(ddp, "bucket_bytes_cap_default", False):
+                limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, ddp.bucket_bytes_cap]
+            else:
+                limits = [ddp.bucket_bytes_cap]
+            got, _ = dist._compute_bucket_assignment_by_size(mine, limits, sparse)
+            pos = {id(p): i for i, p in enumerate(params)}
+            return [[pos[id(mine[i])] for i in ps] for ps in reversed(got)]
+        except Exception:  # (another torch's DDP: its layout unknown; untimed, said)
+            return None
 
     def layout_update(self) -> bool:
         """This module's buckets as seen in the step just ended: True if they changed."""
