@@ -589,7 +589,7 @@ def measure_h100_model(instrument, strategies, model: str, steps: int, every: in
             "host_us": host, "share_pct": 100 * host / (step_ns / 1000), "calls": per,
             "resolve_us": res_py_us + res_calls * costs["elapsed_time"], "resolve_calls": res_calls,
             "free_mark_us": free_mark_us, "cpu_dispatch_us": floor_us,
-            "bucket_hooks": info["bucket_hooks"] / n}
+            "bucket_hooks": info["bucket_hooks"] / n, "hooks": hooks}
 
 
 def costs_comm_hook() -> float:
@@ -645,13 +645,22 @@ def h100_model_main(a) -> int:
     hooks_pts = max(r[0]["comm_hook_us"] / (r[0]["step_ms"] * 10) for r in rows)
     print(f"  (of which the Python comm hooks, {costs_comm_hook():.1f} µs a bucket as an H200 "
           f"measured it: up to {hooks_pts:.2f} points)")
+    from tests.cuda_cost import h100
+    costs = h100()
     for got in fr_rows:
         c = got["calls"]
+        # the floor of any timing of every layer by CUDA events from Python hooks: the step's
+        # records and hooks at the H100's cost, with no Python of ddptui's at all
+        floor = c.get("record", 0) * costs["event_record"] + got["hooks"] * costs["hook_dispatch"]
         print(f"  {got['model']:7s} with NCCL's own timing (no comm hook; the default on NCCL): layers "
               f"marked 1 step in {got['every']}; host {got['host_us']:.0f} µs = {got['share_pct']:.2f} % "
               f"(ddptui's Python here {got['own_us']:.0f}, CUDA calls {got['charged_us']:.0f}: "
               f"{c.get('record', 0):.1f} records; hook dispatch {got['dispatch_us']:.0f}; the sequence "
-              f"number {got['comm_hook_us']:.0f}); resolving {got['resolve_us']:.0f} µs on the sender thread")
+              f"number {got['comm_hook_us']:.0f}); resolving {got['resolve_us']:.0f} µs on the sender thread; "
+              f"the floor (its {c.get('record', 0):.0f} records and {got['hooks']:.0f} hooks at the H100's cost, "
+              f"no Python of ddptui's): {floor:.0f} µs = {100 * floor / (got['step_ms'] * 1000):.2f} %; this "
+              f"CPU's hook dispatch {got['cpu_dispatch_us']:.2f} µs (the H100's host: "
+              f"{costs['hook_dispatch']:.2f}; a busy VM's is higher, and ddptui's Python with it)")
     pick = fr_rows if fr_rows else [r[0] for r in rows]
     worst = max(r["share_pct"] for r in pick)
     every = max(r["every"] for r in pick)
