@@ -33,7 +33,8 @@
 # .venv, which sees the image's torch. GPU_PASS_PYTHON: that python (default python3).
 #
 # GPU_PASS_SKIP="WORDS": the pass's steps left out, by word (headless-gloo headless-nccl
-# verify-nccl verify-gloo tests-gpu p1 p7 nvml deep40 cost nccl-timing), each said in the summary.
+# verify-nccl verify-gloo tests-gpu p1 p7 user-nccl nvml deep40 cost nccl-timing), each said in
+# the summary.
 # GPU_PASS_QUICK=1 rehearses the plumbing (small model, 3 steps, short clock and NVML runs, one
 # test file instead of the suite); on a machine without CUDA the CUDA-only steps say so.
 # GPU_PASS_SUITE="FILES": those test files instead of the whole suite. GPU_PASS_SUITE_MODE=target:
@@ -234,6 +235,18 @@ phase_pass() {
     $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 --steps 90 --comm-timing comm-hook ${QUICK:+--quick} $CPUQ
   skipped p7 || timed "P7 hook cost and host share with real CUDA events" 60 p7.txt \
     $PY benchmarks/p7_hook_cost.py --device $DEV ${QUICK:+--quick} $CPUQ
+  # a user's own DDP script on NCCL (`ddptui run --auto`): gradient accumulation (no_sync and
+  # the sync flag), find_unused_parameters (a DDP that never rebuilds its buckets); its buckets
+  # timed by NCCL's own timing, none untimed
+  if ! skipped user-nccl && cuda_only "a user's script on NCCL"; then
+    timed "a user's DDP script on NCCL (ddptui run --auto, accumulation)" 60 user-nccl.txt \
+      $PY -m ddptui.cli.main run --auto --headless --nproc-per-node 1 --json "$work/user-nccl.json" \
+      -- tests/scripts/accumulate.py --cuda --iters 12 --micro 2
+    $PY -c 'import json, sys
+d = json.load(open(sys.argv[1]))["strategies"][0]
+print("  user-nccl:", {k: d.get(k) for k in ("steps", "comm_ms", "bucket_timing")})' "$work/user-nccl.json" \
+      >> "$summary" 2>&1 || note "  user-nccl: no JSON"
+  fi
   if ! skipped nvml && cuda_only "NVML next to nvidia-smi"; then
     timed "NVML next to nvidia-smi" 35 nvml.txt $PY benchmarks/gpu_nvml.py --seconds $NVML_S --out "$work/nvml.csv"
   fi

@@ -9,6 +9,7 @@ times there). Plain DDP (find_unused_parameters), nothing of ddptui.
     --micro M   micro-steps per optimizer step (default 3)
     --how H     flag, no_sync, or both (default): one way, or each in turn, two iterations
                 at a time (so that each way meets the steps with and without `extra`)
+    --cuda      on the GPU with NCCL (each rank its LOCAL_RANK's device; the GPU pass)
 """
 import argparse
 import contextlib
@@ -36,14 +37,20 @@ p = argparse.ArgumentParser()
 p.add_argument("--iters", type=int, default=24)
 p.add_argument("--micro", type=int, default=3)
 p.add_argument("--how", choices=("flag", "no_sync", "both"), default="both")
+p.add_argument("--cuda", action="store_true")
 a = p.parse_args()
-dist.init_process_group("gloo")
+dev = torch.device("cpu")
+if a.cuda:
+    import os
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(dev)
+dist.init_process_group("nccl" if a.cuda else "gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = DDP(Net(), find_unused_parameters=True)
+model = DDP(Net().to(dev), find_unused_parameters=True)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(rank)
-x, y = torch.randn(512, 64, generator=g), torch.randint(0, 10, (512,), generator=g)
+x, y = torch.randn(512, 64, generator=g).to(dev), torch.randint(0, 10, (512,), generator=g).to(dev)
 for it in range(a.iters):
     times = 0 if it % 2 else (2 if it % 4 == 0 else 1)
     for micro in range(a.micro):
