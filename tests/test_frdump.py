@@ -4,7 +4,9 @@ under torchrun, each rank dumping as NCCL's watchdog does on a timeout): a rank 
 arrives, a rank that issues an extra collective, a subgroup hang beside a healthy default
 group with buffers that wrapped (3 ranks), the JSON form; other sizes, dtypes and states from
 a real dump edited as NCCL records a collective (gloo aborts the process on a size or dtype
-mismatch before anything is dumped); truncated, corrupt and hostile files.
+mismatch before anything is dumped); truncated, corrupt and hostile files. Pipelines (2 and 3
+gloo ranks) that hang in send/recv: their sends and recvs, which gloo does not record, written
+into the real dumps as NCCL records them (`as_nccl_p2p`), each send paired with its recv.
 
 PyTorch's own analyzer (`python -m torch.distributed.flight_recorder.fr_trace DIR --prefix P`)
 stops with KeyError on gloo's dumps as they are: gloo leaves `pg_config` (each group's ranks)
@@ -412,3 +414,230 @@ def test_entries_of_other_format_versions_and_point_to_point(jobs):
     assert default.first is None and default.no_dump == [1]
     assert [e.op for e in default.at[0].in_flight] == ["send 0->1"], "no state, no pg_status: in flight"
     assert v.doc()["groups"][0]["ranks_at"]["0"]["in_flight"][0]["op"] == "send 0->1"
+
+
+# -- point-to-point: pipelines that hang in send/recv ---------------------------------------------
+# gloo records no send or recv in its Flight Recorder (torch 2.13); the pipelines log theirs
+# (tests/scripts/fr_hang.py) and `as_nccl_p2p` writes them into the real dumps as NCCL records
+# them. gloo's dumps as they are show only the collectives.
+@pytest.fixture(scope="module")
+def pipes(tmp_path_factory):
+    """Both pipelines at once (2 ranks: pipe-ok/, nosend/; 3 ranks: chain/), each with its
+    <case>-p2p/ logs."""
+    out = tmp_path_factory.mktemp("fr-p2p")
+    procs = []
+    for case, n in (("pipe", 2), ("chain", 3)):
+        log = open(out / f"{case}.log", "w")
+        procs.append((case, log, subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", SCRIPT,
+             "--case", case, "--out", str(out), "--timeout", str(TIMEOUT_S)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=str(out), env=cli_env({"TORCH_FR_BUFFER_SIZE": "2000"}))))
+    for case, log, p in procs:
+        try:
+            rc = p.wait(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            log.close()
+        assert rc == 0, (out / f"{case}.log").read_text()[-3000:]
+    assert_no_leftovers()
+    return out
+
+
+def as_nccl_p2p(src, dst, edit=None) -> None:
+    """The dumps of src as NCCL records a pipeline: each rank's sends and recvs (its log beside
+    the dump) entered where it issued them (gloo's op_id counts them: checked), named as NCCL
+    names them ('nccl:send 0->1', 'nccl:recv 1<-0'), numbered per group (collective_seq_id: the
+    collectives before it; p2p_seq_id: the group's sends and recvs so far, every peer's), sizes
+    in and out; what ended "completed", what did not "started"; pg_status as NCCL counts (the
+    last op's number: a send's or recv's, its p2p_seq_id) and pg_config. `edit(rank, dump)`
+    then changes it."""
+    os.makedirs(dst, exist_ok=True)
+    files = sorted(os.listdir(src))
+    for f in files:
+        r = int(f[len(PREFIX):])
+        d = pickle.loads((src / f).read_bytes())
+        log = json.loads((src.parent / f"{src.name}-p2p" / f"rank{r}.json").read_text())
+        ops = [(e["time_created_ns"], e, None) for e in d["entries"]]
+        for rec in log:
+            e = copy.deepcopy(d["entries"][0])
+            side = f"send {r}->{rec['peer']}" if rec["kind"] == "send" else f"recv {r}<-{rec['peer']}"
+            e.update(profiling_name=f"gloo:{side}", is_p2p=True, input_sizes=[rec["shape"]],
+                     output_sizes=[rec["shape"]], input_dtypes=[rec["dtype"]], output_dtypes=[rec["dtype"]],
+                     time_created_ns=rec["created_ns"], frames=[])
+            ops.append((rec["created_ns"], e, rec))
+        ops.sort(key=lambda x: x[0])
+        entries, coll, p2p, status = [], 0, 0, [0, 0]
+        for i, (t, e, rec) in enumerate(ops):
+            if rec is None:
+                assert e["op_id"] == i + 1, "gloo's op_id counts every send and recv: the log has them all"
+                coll, done, end = e["collective_seq_id"], e["retired"], t + 50_000
+            else:
+                p2p += 1
+                done, end = rec["ended_ns"] is not None, rec["ended_ns"]
+            e.update(record_id=i, op_id=i + 1, p2p_seq_id=p2p, profiling_name="nccl:" + e["profiling_name"][5:],
+                     state="completed" if done else "started", retired=done, time_discovered_started_ns=t + 20_000,
+                     time_discovered_completed_ns=end if done else None)
+            if rec is not None:
+                e["collective_seq_id"] = coll
+            number = p2p if rec is not None else coll
+            status = [number, number if done else status[1]]
+            entries.append(e)
+        d["entries"] = entries
+        d["pg_status"] = {"0": {"last_enqueued_collective": status[0], "last_started_collective": status[0],
+                                "last_completed_collective": status[1]}}
+        d["pg_config"] = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(len(files))))}}
+        if edit is not None:
+            edit(r, d)
+        (dst / f).write_bytes(pickle.dumps(d))
+
+
+def _p2p(doc: dict, group: str = "0") -> dict:
+    return _group(doc, group)["point_to_point"]
+
+
+def test_a_healthy_pipeline_every_send_meets_its_recv(pipes, tmp_path):
+    """3 micro-batches forward and back, the step's all_reduce: every send met its recv, no
+    verdict of them; fr_trace says nothing wrong either. gloo's dumps as they are (no send or
+    recv in them; pg_status counting them by op_id) read as the same collectives."""
+    as_nccl_p2p(pipes / "pipe-ok", tmp_path / "ok")
+    doc = _verdict(tmp_path / "ok")
+    fr = doc["flight_recorder"]
+    assert doc["state"] == "no hang" and fr["lead"] is None and fr["first_point_to_point"] is None
+    assert _p2p(doc) == {"pairs": 2, "matched": 6, "issues": []}
+    assert fr["verdict"] == "no hang in the dumps: every group's ranks agree and every collective completed"
+    assert "  point-to-point: every send met its recv (6 in 2 pairs)" in fr["lines"]
+    assert fr_trace(tmp_path / "ok") == {}
+    raw = _verdict(pipes / "pipe-ok")["flight_recorder"]
+    assert raw["verdict"] == fr["verdict"] and raw["lines"][1] == fr["lines"][1] == \
+        "default_pg [ranks 0, 1]: no disagreement; every collective completed (last #3)"
+
+
+def test_a_stage_that_never_sends(pipes, tmp_path):
+    """Rank 0 stuck before its 4th send (nothing in flight), rank 1 inside its 4th recv from
+    it: named as such, with what rank 0 is doing. gloo's own dumps cannot tell (they hold no
+    recv): no hang in them."""
+    as_nccl_p2p(pipes / "nosend", tmp_path / "nosend")
+    doc = _verdict(tmp_path / "nosend")
+    fr = doc["flight_recorder"]
+    want = ("rank 1 waits in recv 0->1 (#7, 256 B, Float[4, 16]) that rank 0 never sent (the 4th; rank 0 sent 3); "
+            "rank 0: last completed all_reduce #3 (default_pg), nothing in flight")
+    assert fr["verdict"] == "default_pg [ranks 0, 1]: point-to-point: " + want
+    assert fr["short"] == "Flight Recorder: default_pg recv 0->1 #7: r0 never sent it"
+    assert doc["state"] == "desync" and fr["lead"] == "p2p"
+    (i,) = _p2p(doc)["issues"]
+    assert (i["kind"], i["src"], i["dst"], i["index"], i["sent"], i["posted"], i["waiting"], i["culprit"], i["root"]) == \
+        ("no_send", 0, 1, 4, 3, 4, 1, 0, True)
+    assert i["send"] is None and i["recv"]["seq"] == 7 and i["recv"]["input_sizes"] == [[4, 16]]
+    assert fr["first_point_to_point"] == {"group": "0", **i}
+    g = _group(doc, "0")
+    assert g["first_disagreement"] is None and _p2p(doc)["matched"] == 6
+    assert [e["op"] for e in g["ranks_at"]["1"]["in_flight"]] == ["recv 1<-0"] and not g["ranks_at"]["0"]["in_flight"]
+    assert fr["lines"][1:3] == ["default_pg [ranks 0, 1]: no disagreement up to #3; rank 1 with a send or recv in flight",
+                                "  point-to-point: " + want]
+    assert frverdict.headlines(fr)[1]
+    raw = _verdict(pipes / "nosend")
+    assert raw["state"] == "no hang" and _p2p(raw) == {"pairs": 0, "matched": 0, "issues": []}
+    # fr_trace pairs the recv as if a collective (its collective_seq_id, 3): rank 0 missing
+    assert fr_trace(tmp_path / "nosend") == {"0": (3, "missing", [0])}
+
+
+@pytest.mark.parametrize("kind,shape,dtype", [("sizes", [4, 17], "Float"), ("dtypes", [4, 16], "Double")])
+def test_a_recv_of_other_sizes_or_dtypes_than_its_send(pipes, tmp_path, kind, shape, dtype):
+    """The healthy pipeline with rank 1's 2nd recv from rank 0 edited as NCCL records a recv of
+    another size or dtype (gloo itself returns from such a send and recv, and records neither):
+    named, the pair and which transfer; fr_trace names the same send for its sizes, and nothing
+    for its dtypes."""
+    def edit(r, d):
+        if r == 1:
+            (e,) = [e for e in d["entries"] if e["profiling_name"] == "nccl:recv 1<-0"][1:2]
+            e.update(input_sizes=[shape], output_sizes=[shape], input_dtypes=[dtype], output_dtypes=[dtype])
+    as_nccl_p2p(pipes / "pipe-ok", tmp_path / kind, edit)
+    doc = _verdict(tmp_path / kind)
+    fr = doc["flight_recorder"]
+    got = "272 B, Float[4, 17]" if kind == "sizes" else "512 B, Double[4, 16]"
+    assert fr["verdict"] == (f"default_pg [ranks 0, 1]: point-to-point: send 0->1 (#3, 256 B, Float[4, 16]) on rank 0 "
+                             f"and its recv (#3, {got}) on rank 1: other {kind} (the 2nd from rank 0 to rank 1)")
+    (i,) = _p2p(doc)["issues"]
+    assert (i["kind"], i["index"], i["culprit"], i["waiting"]) == (kind, 2, None, None)
+    assert _p2p(doc)["matched"] == 1 + 3  # (0->1's first; 1->0's three: its pairing goes on)
+    assert doc["state"] == "desync" and fr["short"] == f"Flight Recorder: default_pg send 0->1 #3: r0 r1 other {kind}"
+    # fr_trace pairs the send with the recv as if a collective (by collective_seq_id: 2, the
+    # collectives before it), culprit rank 1; it compares no dtypes of a send and its recv
+    fr_said = fr_trace(tmp_path / kind)
+    assert fr_said == ({"0": (2, "mismatch", {1: "SIZE_OR_SYNTAX_MISMATCH"})} if kind == "sizes" else {}), fr_said
+
+
+def test_a_three_stage_chain_stuck_at_its_first_stage_beside_its_collective(pipes, tmp_path):
+    """Stages 0 -> 1 -> 2: rank 0 skipped its send and waits in the step's all_reduce; rank 1
+    waits in its recv from 0, rank 2 in its recv from 1. Both verdicts: the collective's (ranks
+    1, 2 never issued the all_reduce) and the point-to-point one, which leads (the ranks missing
+    from the all_reduce wait in recvs): rank 0 never sent, and rank 2's wait is behind rank 1's.
+    gloo's own dumps: the collective's verdict alike (its pg_status counts sends and recvs)."""
+    as_nccl_p2p(pipes / "chain", tmp_path / "chain")
+    doc = _verdict(tmp_path / "chain")
+    fr = doc["flight_recorder"]
+    root = ("rank 1 waits in recv 0->1 (#5, 64 B, Float[2, 8]) that rank 0 never sent (the 3rd; rank 0 sent 2); "
+            "rank 0: all_reduce #3 (default_pg) in flight")
+    assert fr["verdict"].startswith("default_pg [ranks 0-2]: point-to-point: " + root), fr["verdict"]
+    assert fr["lead"] == "p2p" and doc["state"] == "desync"
+    g = _group(doc, "0")
+    d = g["first_disagreement"]
+    assert (d["seq"], d["never_issued"], d["agree"]) == (3, [1, 2], [0])
+    issues = _p2p(doc)["issues"]
+    assert [(i["src"], i["dst"], i["kind"], i["root"]) for i in issues] == [(0, 1, "no_send", True), (1, 2, "no_send", False)]
+    assert issues[1]["culprit_at"].startswith("recv 1<-0 #5 (default_pg) in flight")
+    lines = fr["lines"]
+    at = lines.index("default_pg [ranks 0-2]: first disagreement at all_reduce #3: rank 0 issued all_reduce "
+                     "(32 B, Float[8]); ranks 1, 2 never issued it")
+    assert lines[at + 1].startswith("  point-to-point: " + root)
+    assert lines[at + 2].startswith("  point-to-point: rank 2 waits in recv 1->2 (#3, 64 B, Float[2, 8]) that rank 1 "
+                                    "never sent (the 3rd; rank 1 sent 2); rank 1: recv 1<-0 #5 (default_pg) in flight")
+    raw = _verdict(pipes / "chain")
+    assert raw["flight_recorder"]["verdict"] == lines[at]  # (gloo's: the collective's only)
+    with pytest.raises(AssertionError, match="can't get dst of non-p2p op"):
+        fr_trace(tmp_path / "chain")  # (it takes the 3 ranks' sends and recvs for a coalesced group)
+
+
+def _p2p_dump(rank: int, ops, group=("0", "default_pg"), first_record: int = 0, ranks=None) -> frverdict.RankDump:
+    """A dump as NCCL writes one, of ops ('send 0->1' or 'recv 1<-0', shape, ended) in order."""
+    entries = []
+    for i, (op, shape, ended) in enumerate(ops):
+        entries.append({"record_id": first_record + i, "process_group": list(group), "pg_id": int(group[0]),
+                        "collective_seq_id": 0, "p2p_seq_id": first_record + i + 1, "op_id": first_record + i + 1,
+                        "profiling_name": f"nccl:{op}", "is_p2p": True, "input_sizes": [shape], "output_sizes": [shape],
+                        "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "completed" if ended else "started",
+                        "retired": ended, "time_created_ns": 1_000_000 * (first_record + i + 1)})
+    cfg = {group[0]: {"name": group[0], "desc": group[1], "ranks": str(ranks)}} if ranks else {}
+    return frverdict.rank_dump({"version": "2.10", "entries": entries, "pg_config": cfg}, rank)
+
+
+def test_point_to_point_cycles_wrapped_buffers_and_a_subgroup():
+    """Without a job: two ranks that each wait in a recv from the other (a cycle, neither
+    sends); a buffer that wrapped (its first sends gone: paired from the last that ended on
+    both sides, no place said); a subgroup's ranks named as global ranks (NCCL names them by
+    their place in the group)."""
+    t = [4]
+    v = frverdict.verdict({0: _p2p_dump(0, [("send 0->1", t, True), ("recv 0<-1", t, False)]),
+                           1: _p2p_dump(1, [("recv 1<-0", t, True), ("recv 1<-0", t, False)])})
+    (g,) = v.groups
+    assert [(i.kind, i.pair, i.cycle, i.root) for i in g.p2p] == [("no_send", "0->1", [0, 1], False),
+                                                                 ("no_send", "1->0", [0, 1], False)]
+    assert v.headline().endswith("rank 1 waits in recv 0->1 (#2, 16 B, Float[4]) that rank 0 never sent (the 2nd; "
+                                 "rank 0 sent 1); rank 0: recv 0<-1 #2 (default_pg) in flight; a cycle: ranks 0, 1 "
+                                 "each wait for another of them"), v.headline()
+    # rank 0's buffer wrapped: its first 5 sends to rank 1 gone; its 6th and 7th kept, the 7th in flight
+    sends = [("send 0->1", t, True), ("send 0->1", t, False)]
+    recvs = [("recv 1<-0", t, True)] * 6
+    v = frverdict.verdict({0: _p2p_dump(0, sends, first_record=5), 1: _p2p_dump(1, recvs)})
+    (g,) = v.groups
+    assert g.p2p_matched == 1 and [(i.kind, i.index, i.waiting) for i in g.p2p] == [("no_recv", None, 0)]
+    assert "rank 0 waits in send 0->1 (#7, 16 B, Float[4]) that rank 1 never posted a recv for; rank 1: " \
+           "last completed recv 1<-0 #6 (default_pg), nothing in flight" in v.headline(), v.headline()
+    # a subgroup of global ranks 2 and 5: 'send 0->1' on rank 2 is 2 -> 5
+    grp = ("3", "pp")
+    v = frverdict.verdict({2: _p2p_dump(2, [("send 0->1", t, True)], grp, ranks=[2, 5]),
+                           5: _p2p_dump(5, [("recv 1<-0", [5], True)], grp, ranks=[2, 5])}, world=6)
+    (g,) = [g for g in v.groups if g.name == "3"]
+    assert [(i.kind, i.pair) for i in g.p2p] == [("sizes", "2->5")]
+    assert v.short() == "Flight Recorder: pp (group 3) send 2->5 #1: r2 r5 other sizes"

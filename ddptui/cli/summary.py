@@ -48,12 +48,13 @@ def read(path: str) -> Loaded:
 
 def run_state(got: Loaded) -> tuple[str, str]:
     """What the recording says about how the run ended: (state, message). Flight Recorder
-    dumps: "desync" (a group's ranks disagree), "hung" (collectives in flight, no
-    disagreement) or "no hang", and the verdict."""
+    dumps: "desync" (a group's ranks disagree, or a send and its recv do not match), "hung"
+    (collectives in flight, no disagreement) or "no hang", and the verdict."""
     st = got.store
     fr = frverdict.of_run(st.meta)
     if fr is not None:
-        desync = any(g.get("first_disagreement") for g in fr.get("groups") or ())
+        desync = any(g.get("first_disagreement") or (g.get("point_to_point") or {}).get("issues")
+                     for g in fr.get("groups") or ())
         return ("desync" if desync else "hung" if frverdict.headlines(fr)[1] else "no hang"), fr["verdict"]
     ranks = st.rank_snapshot()
     errors = [f"rank {r}: {i.error}" for r, i in sorted(ranks.items()) if i.error]

@@ -20,8 +20,22 @@ buffer wrapped before a sequence number knows nothing of it (never counted as mi
 Each rank's last completed collective and the ones in flight are said beside it; an entry
 "completed" is one its state says so, or, where the backend keeps no state (gloo: every entry
 "scheduled"), one it retired or pg_status counts as completed: a collective that ended
-without all its group's ranks having issued it ended by an error (gloo: its timeout).
-Point-to-point entries (send, recv) are drawn and said in flight, not matched.
+without all its group's ranks having issued it ended by an error (gloo: its timeout). gloo's
+pg_status counts every op by its op_id (sends and recvs too), NCCL's a send or recv by its
+p2p_seq_id: both read as the collectives' numbers (`_status_seq`).
+
+Point-to-point entries (send, recv; NCCL names them 'send 0->1' and 'recv 1<-0', by the ranks'
+places in the group) are paired per group as fr_trace's `match_one_event` pairs them, but not
+by number: p2p_seq_id counts a group's sends and recvs together, every peer's. For each
+(src, dst), src's sends to dst and dst's recvs from src are paired in the order each rank
+issued them (where a buffer wrapped, from the last that ended on both sides); the first that
+does not match is the pair's issue (`P2PIssue`): a recv that no send answers (`no_send`), a
+send that no recv answers (`no_recv`), or a send and its recv of other sizes or dtypes. Where
+the rank that never answered itself waits in a send or recv no one answers, the issue is
+behind another (a stuck stage stops every stage after it); the root is said first, with what
+that rank is doing (a cycle of ranks waiting on each other: said). `Verdict.lead()` picks what
+the headline names: the point-to-point issue where it is a mismatch or where the ranks that
+never issued the group's first disagreeing collective wait in one, else the collective.
 
 Pure: plain data in, a `Verdict` out (`doc()` for JSON, `lines()` and `headline()` for text).
 """
@@ -66,6 +80,8 @@ class FrEntry:
     duration_ms: float | None = None  # the GPU's time (TORCH_NCCL_ENABLE_TIMING)
     timeout_ms: int | None = None
     where: str = ""  # the innermost frame outside torch.distributed: "train.py:42 (step)"
+    op_id: int | None = None  # the group's count of every op (gloo: pg_status counts by it)
+    coll_seq: int | None = None  # a point-to-point entry's collective_seq_id: the collectives before it
 
     @property
     def name(self) -> str:
@@ -212,7 +228,8 @@ def _entry(rank: int, e) -> FrEntry | None:
                    started_ns=_int(e.get("time_discovered_started_ns")),
                    completed_ns=_int(e.get("time_discovered_completed_ns")),
                    duration_ms=_float(e.get("duration_ms")), timeout_ms=_int(e.get("timeout_ms")),
-                   where=_where(e.get("frames")))
+                   where=_where(e.get("frames")), op_id=_int(e.get("op_id")),
+                   coll_seq=_int(e.get("collective_seq_id")) if p2p else None)
 
 
 # the fields of an entry that change while it is in the buffer (and what it is): an entry read
@@ -267,14 +284,39 @@ def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None =
     names = {e.pg_id: e.group for e in out.entries if e.pg_id is not None}
     st = raw.get("pg_status")
     if isinstance(st, dict):
+        gloo = out.backend in NO_STATE_BACKENDS
         for key, s in st.items():
             if not isinstance(s, dict):
                 continue
             k = _int(key)
             name = names.get(k, str(key))
-            out.status[name] = tuple(_int(s.get(f), -1) for f in (  # type: ignore[assignment]
-                "last_enqueued_collective", "last_started_collective", "last_completed_collective"))
+            mine = [e for e in out.entries if e.group == name]
+            out.status[name] = tuple(_status_seq(mine, _int(s.get(f), -1), gloo, f.endswith("completed"))  # type: ignore[assignment]
+                                     for f in ("last_enqueued_collective", "last_started_collective",
+                                               "last_completed_collective"))
     return out
+
+
+def _status_seq(mine: list[FrEntry], v: int, gloo: bool, completed: bool) -> int:
+    """A number of pg_status as the group's collective sequence number. gloo counts there every
+    op it enqueued by its op_id (sends and recvs count in it too, though gloo records none), so
+    it is the collective whose op_id it is; NCCL counts a point-to-point op by its p2p_seq_id,
+    so where no collective but a point-to-point op has that number, the collectives issued
+    before it (its collective_seq_id). Unknown (no entry of that number): as it is."""
+    if v < 0 or not mine:
+        return v
+    if gloo:
+        colls = [e for e in mine if not e.p2p and e.op_id is not None]
+        hit = [e for e in colls if e.op_id == v]
+        if hit:
+            return hit[-1].seq
+        below = [e for e in colls if e.op_id < v]
+        return below[-1].seq if below and any(e.op_id != e.seq for e in colls) else v
+    if any(not e.p2p and e.seq == v for e in mine):  # (a collective of that number: it)
+        return v
+    hit = [e for e in mine if e.p2p and e.seq == v and e.coll_seq is not None]
+    done = [e for e in hit if e.state == "completed"] if completed else []
+    return (done or hit)[-1].coll_seq if hit else v
 
 
 # -- the verdict -----------------------------------------------------------------------------
@@ -311,6 +353,42 @@ class Disagreement:
 
 
 @dataclass
+class P2PIssue:
+    """A send and its recv that do not match (module docstring): data from rank `src` to rank
+    `dst` (global ranks) in one group."""
+    kind: str  # "no_send" (a recv no send answers), "no_recv" (a send no recv answers), "sizes", "dtypes"
+    src: int
+    dst: int
+    send: FrEntry | None
+    recv: FrEntry | None
+    index: int | None  # its place among the pair's transfers (1: the first), where both buffers hold them all
+    sent: int  # src's sends to dst in its buffer
+    posted: int  # dst's recvs from src in its buffer
+    peer_at: str = ""  # what the rank that never answered is doing
+    root: bool = True  # that rank waits in no unanswered send or recv itself
+    cycle: list[int] = field(default_factory=list)  # ranks that wait on each other round (none sends)
+
+    @property
+    def waiting(self) -> int | None:
+        """The rank whose send or recv waits for its peer (None: a mismatch, both issued)."""
+        return self.dst if self.kind == "no_send" else self.src if self.kind == "no_recv" else None
+
+    @property
+    def culprit(self) -> int | None:
+        """The rank that never issued its side."""
+        return self.src if self.kind == "no_send" else self.dst if self.kind == "no_recv" else None
+
+    @property
+    def entry(self) -> FrEntry:
+        """The entry issued: the recv that waits, the send that waits, or the send."""
+        return self.recv if self.kind == "no_send" else self.send  # type: ignore[return-value]
+
+    @property
+    def pair(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+@dataclass
 class GroupVerdict:
     """One process group: its ranks, its first disagreement (None: none), where each rank is."""
     name: str
@@ -322,6 +400,9 @@ class GroupVerdict:
     last_agreed: int | None  # the last sequence number every rank issued alike, before `first`
     no_dump: list[int] = field(default_factory=list)
     ends: dict[int, int | None] = field(default_factory=dict)  # rank -> its dump's moment (RankDump.moment)
+    p2p: list[P2PIssue] = field(default_factory=list)  # its sends and recvs that do not match, the root first
+    p2p_pairs: int = 0  # (src, dst) pairs with a send or recv in the buffers
+    p2p_matched: int = 0  # sends matched with their recvs
 
     @property
     def label(self) -> str:
@@ -358,9 +439,31 @@ class Verdict:
         bad = [g for g in self.groups if g.first is not None]
         return min(bad, key=lambda g: (g.first.ref.created_ns or 0, g.name)) if bad else None
 
+    def p2p_first(self) -> tuple[GroupVerdict, P2PIssue] | None:
+        """The send or recv that does not match to say first, and its group (mismatches, then
+        the root of the waits: _p2p_order)."""
+        got = [(g, i) for g in self.groups for i in g.p2p[:1]]
+        return min(got, key=lambda x: _p2p_order(x[1])) if got else None
+
+    def lead(self) -> tuple[str, GroupVerdict] | None:
+        """What the headline names: ("collective", group) or ("p2p", group). Of both, the
+        point-to-point one where it is a mismatch, or where a rank that never issued the
+        collective (or issued another) waits in a send or recv no one answers: it is why."""
+        g, p = self.culprit(), self.p2p_first()
+        if p is None:
+            return ("collective", g) if g is not None else None
+        if g is None or p[1].culprit is None:
+            return "p2p", p[0]
+        waiting = {i.waiting for x in self.groups for i in x.p2p}
+        return ("p2p", p[0]) if waiting & (set(g.first.never) | set(g.first.other_op)) else ("collective", g)
+
     def headline(self) -> str:
         """The verdict in a sentence."""
-        g = self.culprit()
+        lead = self.lead()
+        if lead is not None and lead[0] == "p2p":
+            g = lead[1]
+            return f"{g.label} {_ranks_text(g.ranks, 'ranks')}: point-to-point: {_p2p_text(g.p2p[0])}"
+        g = lead[1] if lead is not None else None
         if g is not None:
             return f"{g.label} {_ranks_text(g.ranks, 'ranks')}: {_disagreement(g.first)}"
         hung = [g for g in self.groups if g.in_flight]
@@ -378,9 +481,16 @@ class Verdict:
 
     def short(self) -> str:
         """For a status line: 'FR: group 1 all_reduce #4: r1 never issued it'."""
-        g = self.culprit()
-        if g is None:
+        lead = self.lead()
+        if lead is None:
             return "Flight Recorder: " + self.headline()
+        g = lead[1]
+        if lead[0] == "p2p":
+            i = g.p2p[0]
+            said = {"no_send": f"r{i.src} never sent it", "no_recv": f"r{i.dst} never posted its recv",
+                    "sizes": f"r{i.src} r{i.dst} other sizes", "dtypes": f"r{i.src} r{i.dst} other dtypes"}[i.kind]
+            kind = "recv" if i.kind == "no_send" else "send"
+            return f"Flight Recorder: {g.label} {kind} {i.pair} #{i.entry.seq}: {said}"
         d = g.first
         bits = []
         if d.never:
@@ -405,13 +515,17 @@ class Verdict:
         for g in self.groups:
             out.append(f"{g.label} {_ranks_text(g.ranks, 'ranks')}: " + (
                 _disagreement(g.first) if g.first is not None else _agreed(g)))
+            out += ["  " + text for text in _p2p_lines(g)]
             for text in _rank_lines(g):
                 out.append("  " + text)
         return out
 
     def doc(self) -> dict:
         """The verdict as JSON (summary --json's `flight_recorder`)."""
-        return {"verdict": self.headline(), "short": self.short(), "world": self.world, "ranks": self.ranks,
+        lead, first = self.lead(), self.p2p_first()
+        return {"verdict": self.headline(), "short": self.short(), "lead": lead[0] if lead else None,
+                "first_point_to_point": {"group": first[0].name, **_p2p_doc(first[1])} if first else None,
+                "world": self.world, "ranks": self.ranks,
                 "no_dump": {str(r): w for r, w in sorted(self.no_dump.items())}, "empty": self.empty,
                 "wrapped": self.wrapped, "groups": [_group_doc(g) for g in self.groups], "lines": self.lines()}
 
@@ -426,7 +540,8 @@ def of_run(meta) -> dict | None:
 def headlines(doc: dict) -> tuple[list[str], bool]:
     """The verdict's sentences for a headline, fullest first, and whether it names a hang."""
     short = str(doc.get("short") or "")
-    bad = any(g.get("first_disagreement") or any(a.get("in_flight") for a in (g.get("ranks_at") or {}).values())
+    bad = any(g.get("first_disagreement") or (g.get("point_to_point") or {}).get("issues")
+              or any(a.get("in_flight") for a in (g.get("ranks_at") or {}).values())
               for g in doc.get("groups") or ())
     return [f"Flight Recorder: {doc['verdict']}", short, short.split(": ", 1)[-1]], bad
 
@@ -496,7 +611,9 @@ def _agreed(g: GroupVerdict) -> str:
     top = max(tops, default=None)
     flying = g.in_flight
     if flying:
-        return f"no disagreement up to #{top}; {_ranks_text(sorted(flying))} with a collective in flight"
+        kinds = {e.p2p for es in flying.values() for e in es}
+        what = "a send or recv" if kinds == {True} else "a collective" if kinds == {False} else "ops"
+        return f"no disagreement up to #{top}; {_ranks_text(sorted(flying))} with {what} in flight"
     return f"no disagreement; every collective completed (last #{top})" if top is not None else "no disagreement"
 
 
@@ -525,6 +642,28 @@ def _rank_lines(g: GroupVerdict) -> list[str]:
     return out
 
 
+P2P_SHOWN = 4  # a group's point-to-point issues said, a line each
+
+
+def _p2p_lines(g: GroupVerdict) -> list[str]:
+    """'point-to-point: ...' a line per issue (the root first), or that every send met its recv."""
+    if g.p2p:
+        out = [f"point-to-point: {_p2p_text(i)}" for i in g.p2p[:P2P_SHOWN]]
+        if len(g.p2p) > P2P_SHOWN:
+            out.append(f"point-to-point: {len(g.p2p) - P2P_SHOWN} more pairs that do not match")
+        return out
+    if g.p2p_matched:
+        return [f"point-to-point: every send met its recv ({g.p2p_matched} in {g.p2p_pairs} "
+                f"pair{'s' if g.p2p_pairs > 1 else ''})"]
+    return []
+
+
+def _p2p_doc(i: P2PIssue) -> dict:
+    return {"kind": i.kind, "src": i.src, "dst": i.dst, "index": i.index, "sent": i.sent, "posted": i.posted,
+            "waiting": i.waiting, "culprit": i.culprit, "culprit_at": i.peer_at or None, "root": i.root,
+            "cycle": i.cycle, "send": _entry_doc(i.send), "recv": _entry_doc(i.recv), "text": _p2p_text(i)}
+
+
 def _at(e: FrEntry) -> str:
     return f", issued at {e.where}" if e.where else ""
 
@@ -548,6 +687,7 @@ def _group_doc(g: GroupVerdict) -> dict:
                     for k, v in (("other_op", d.other_op), ("other_sizes", d.other_sizes),
                                  ("other_dtypes", d.other_dtypes), ("other_state", d.other_state))}}
     return {"group": g.name, "desc": g.desc, "label": g.label, "ranks": g.ranks, "ranks_from": g.ranks_from,
+            "point_to_point": {"pairs": g.p2p_pairs, "matched": g.p2p_matched, "issues": [_p2p_doc(i) for i in g.p2p]},
             "first_disagreement": first, "last_agreed": g.last_agreed, "no_dump": g.no_dump,
             "ranks_at": {str(r): {"last_issued": a.last_issued, "last_completed": _entry_doc(a.last_done),
                                   "in_flight": [_entry_doc(e) for e in a.in_flight],
@@ -688,5 +828,168 @@ def verdict(dumps: dict[int, RankDump], world: int | None = None,
     def order(name: str):
         return (groups[name] != DEFAULT_DESC, _int(name, 1 << 62), name)
     out = [_group(n, groups[n], dumps, world) for n in sorted(groups, key=order)]
+    for g in out:
+        _p2p_group(g, dumps)
+    _p2p_roots(out, dumps)
     return Verdict(out, sorted(dumps), world, no_dump, empty=sorted(r for r, d in dumps.items() if not d.entries),
                    wrapped=sorted(r for r, d in dumps.items() if d.wrapped))
+
+
+# -- point-to-point ------------------------------------------------------------------------------
+def _p2p_ends(e: FrEntry, members: list[int]) -> tuple[str, int, int] | None:
+    """('send'|'recv', src, dst) in global ranks, of an entry named 'send 0->1' or 'recv 1<-0'
+    (the group's ranks, as NCCL names them: this rank first); None: no send or recv."""
+    kind, _, meta = e.op.partition(" ")
+    try:
+        if kind == "send":
+            me, peer = (int(x) for x in meta.split("->"))
+        elif kind == "recv":
+            me, peer = (int(x) for x in meta.split("<-"))
+        else:
+            return None
+    except ValueError:
+        return None
+    if 0 <= me < len(members) and members[me] == e.rank and 0 <= peer < len(members):
+        peer = members[peer]  # (a group's rank: its place among the group's ranks, sorted)
+    elif me != e.rank:
+        return None  # (the group's ranks not known: its peer cannot be told)
+    return (kind, e.rank, peer) if kind == "send" else (kind, peer, e.rank)
+
+
+def _shape_of(e: FrEntry, out: bool) -> tuple[tuple, tuple]:
+    """A send's sizes and dtypes (its inputs), a recv's (its outputs), where recorded."""
+    if out:
+        return (e.out_sizes or e.in_sizes), (e.out_dtypes or e.in_dtypes)
+    return (e.in_sizes or e.out_sizes), (e.in_dtypes or e.out_dtypes)
+
+
+def _p2p_group(g: GroupVerdict, dumps: dict[int, RankDump]) -> None:
+    """A group's sends paired with their recvs (module docstring): per (src, dst), src's sends
+    to dst with dst's recvs from src, in the order each rank issued them (p2p_seq_id counts a
+    group's sends and recvs together, every peer's: it cannot pair them), the first that does
+    not match per pair in `g.p2p`."""
+    members = sorted(g.ranks)
+    sends: dict[tuple[int, int], list[FrEntry]] = {}
+    recvs: dict[tuple[int, int], list[FrEntry]] = {}
+    for r in sorted(g.at):
+        for e in dumps[r].entries:
+            if e.group != g.name or not e.p2p:
+                continue
+            got = _p2p_ends(e, members)
+            if got is not None:
+                (sends if got[0] == "send" else recvs).setdefault(got[1:], []).append(e)
+    keys = sorted(set(sends) | set(recvs))
+    g.p2p_pairs = len(keys)
+    for src, dst in keys:
+        if src not in dumps or dst not in dumps:
+            continue  # (the other side's buffer unknown)
+        S, R = sends.get((src, dst), []), recvs.get((src, dst), [])
+        ds, dr = dumps[src], dumps[dst]
+        whole = not ds.wrapped and not dr.wrapped
+        # a buffer that wrapped lost the pair's first transfers: the last ended on each side are one
+        off = 0 if whole else (max((i for i, e in enumerate(R) if dr.done(e)), default=-1)
+                               - max((i for i, e in enumerate(S) if ds.done(e)), default=-1))
+        for k in range(min(0, -off), max(len(S), len(R) - off)):
+            s = S[k] if 0 <= k < len(S) else None
+            rv = R[k + off] if 0 <= k + off < len(R) else None
+            index = k + 1 if whole else None
+            if s is not None and rv is not None:
+                (ss, sd), (rs, rd) = _shape_of(s, False), _shape_of(rv, True)
+                kind = "sizes" if ss != rs else "dtypes" if set(sd) != set(rd) and ss and rs else ""
+                if not kind:
+                    g.p2p_matched += 1
+                    continue
+            elif s is not None:
+                if k + off < 0:
+                    continue  # (dst's buffer wrapped before it)
+                kind = "no_recv"
+            else:
+                if k < 0:
+                    continue  # (src's buffer wrapped before it)
+                kind = "no_send"
+            issue = P2PIssue(kind, src, dst, s, rv, index, len(S), len(R))
+            late = dumps[issue.culprit].moment() if issue.culprit is not None else None
+            if late is not None and (issue.entry.created_ns or 0) > late:
+                break  # (issued after the other rank's dump was written: it cannot say)
+            g.p2p.append(issue)
+            break  # (past one that does not match, the pairing is not known)
+
+
+def _doing(r: int, groups: list[GroupVerdict], dumps: dict[int, RankDump]) -> str:
+    """What a rank is doing, as its buffer says: its oldest op in flight (of any group), else
+    its last completed."""
+    if r not in dumps:
+        return "no dump"
+    flying = [(e, g) for g in groups if r in g.at for e in g.at[r].in_flight]
+    if flying:
+        e, g = min(flying, key=lambda x: x[0].record_id)
+        more = f" (and {len(flying) - 1} more)" if len(flying) > 1 else ""
+        return f"{e.name} ({g.label}) in flight{more}" + _at(e)
+    done = [(g.at[r].last_done, g) for g in groups if r in g.at and g.at[r].last_done is not None]
+    if done:
+        e, g = max(done, key=lambda x: x[0].record_id)
+        return f"last completed {e.name} ({g.label}), nothing in flight"
+    return "nothing in its buffer"
+
+
+def _p2p_roots(groups: list[GroupVerdict], dumps: dict[int, RankDump]) -> None:
+    """Each issue's other rank said (what it is doing), and whether it is itself waiting in a
+    send or recv no one answers (then the issue is behind another: a stuck stage stops every
+    stage after it); the root ones first in each group."""
+    waits: dict[int, P2PIssue] = {}
+    for g in groups:
+        for i in g.p2p:
+            if i.waiting is not None and not dumps[i.waiting].done(i.entry):
+                waits.setdefault(i.waiting, i)
+    for g in groups:
+        for i in g.p2p:
+            c = i.culprit
+            if c is None:
+                continue
+            i.peer_at = _doing(c, groups, dumps)
+            seen = [i.waiting]
+            while c in waits and c not in seen:
+                seen.append(c)
+                c = waits[c].culprit
+            i.root = i.culprit not in waits
+            if c in seen:
+                i.cycle = sorted(seen[seen.index(c):])
+        g.p2p.sort(key=_p2p_order)
+
+
+def _p2p_order(i: P2PIssue) -> tuple:
+    """Mismatches first, then the roots, a cycle, the ones behind another; by when issued."""
+    return (0 if i.culprit is None else 1 if i.root else 2 if i.cycle else 3, i.entry.created_ns or 0,
+            i.entry.record_id)
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _p2p_what(e: FrEntry) -> str:
+    """'(#4, 256 B, Float[4, 16])': its p2p_seq_id, bytes and shapes."""
+    return f"(#{e.seq}, {_what(e).split(' (', 1)[1]}"
+
+
+def _p2p_text(i: P2PIssue) -> str:
+    """An issue in a sentence ('rank 1 waits in recv 0->1 (#4, 256 B, Float[4, 16]) that rank 0
+    never sent (the 4th; rank 0 sent 3); rank 0: last completed all_reduce #3 (default_pg)')."""
+    if i.kind in ("sizes", "dtypes"):
+        nth = f" (the {_ordinal(i.index)} from rank {i.src} to rank {i.dst})" if i.index else ""
+        return (f"send {i.pair} {_p2p_what(i.send)} on rank {i.src} and its recv {_p2p_what(i.recv)} "  # type: ignore[arg-type]
+                f"on rank {i.dst}: other {i.kind}{nth}")
+    e = i.entry
+    if i.kind == "no_send":
+        count = f" (the {_ordinal(i.index)}; rank {i.src} sent {i.sent})" if i.index else ""
+        said = f"rank {i.dst} waits in recv {i.pair} {_p2p_what(e)} that rank {i.src} never sent{count}"
+    else:
+        count = f" (the {_ordinal(i.index)}; rank {i.dst} posted {i.posted})" if i.index else ""
+        said = f"rank {i.src} waits in send {i.pair} {_p2p_what(e)} that rank {i.dst} never posted a recv for{count}"
+    if e.state == "completed" or (e.backend in NO_STATE_BACKENDS and e.retired):
+        said = said.replace(" waits in ", "'s ", 1).replace(" that rank", " ended, though rank", 1)
+    tail = f"; rank {i.culprit}: {i.peer_at}" if i.peer_at else ""
+    if i.cycle:
+        tail += f"; a cycle: {_ranks_text(i.cycle)} each wait for another of them"
+    return said + tail
+

@@ -213,7 +213,7 @@ class FrDumpReader:
     def _frames(self):
         world, layers = self.world, self.layers
         yield frames.Status(text=f"Flight Recorder dumps of {len(self.dumps)} rank(s) in {self.name}: "
-                                 f"{self.verdict.headline()}"[:4000], level="error" if self.verdict.culprit() else "info")
+                                 f"{self.verdict.headline()}"[:4000], level="error" if self.verdict.lead() else "info")
         for line in self.verdict.lines()[1:] + self.notes:
             yield frames.Status(text=line[:4000], level="info")
         for r in range(world):

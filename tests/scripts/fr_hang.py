@@ -13,9 +13,23 @@ that is stuck sleeps past the timeout, then dumps as the watchdog would have mad
     --case trio (3 ranks; run it with a small TORCH_FR_BUFFER_SIZE: the buffers wrap): 20
         all_reduces of the default group, then on the subgroup [1, 2] rank 2 never arrives at
         the 3rd all_reduce while rank 0 stays healthy (``subgroup/``).
+    --case pipe (2 ranks, a pipeline: stage 0 sends activations to stage 1, which sends their
+        gradients back): a healthy step, 3 micro-batches and the step's all_reduce
+        (``pipe-ok/``); then rank 0 is stuck before its next send (it never sends) while rank 1
+        waits in its recv (``nosend/``).
+    --case chain (3 ranks, stages 0 -> 1 -> 2): a healthy step (2 micro-batches, the step's
+        all_reduce); then rank 0 skips its send and goes on to the step's all_reduce, rank 1
+        waits in its recv from 0, rank 2 in its recv from 1 (``chain/``).
+
+gloo records no send or recv in its Flight Recorder (torch 2.13: point-to-point ops never
+reach its `enqueue`, where it records; they still count in its op_id and sequence number), so
+the pipelines log each of theirs beside the dump, as NCCL would have recorded it, to
+``<case>-p2p/rank<rank>.json``: kind, peer, shape, when issued, when it ended (none: in
+flight at the dump). tests/test_frdump.py writes them into the dumps as NCCL entries.
 """
 import argparse
 import datetime
+import json
 import os
 import sys
 import time
@@ -24,14 +38,21 @@ import torch
 import torch.distributed as dist
 
 p = argparse.ArgumentParser()
-p.add_argument("--case", choices=("pair", "trio"), required=True)
+p.add_argument("--case", choices=("pair", "trio", "pipe", "chain"), required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--timeout", type=float, default=2.0)
 a = p.parse_args()
 TIMEOUT = datetime.timedelta(seconds=a.timeout)
-dist.init_process_group("gloo", timeout=TIMEOUT)
+if a.case in ("pair", "trio"):
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+else:  # (connecting 5 ranks at once on loaded cores can take more than the hang's timeout)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))._set_default_timeout(TIMEOUT)
 rank = dist.get_rank()
 c10d = torch._C._distributed_c10d
+
+
+P2P: list[dict] = []  # this rank's sends and recvs (the module docstring)
 
 
 def dump(case: str, json_too: bool = False) -> None:
@@ -40,6 +61,11 @@ def dump(case: str, json_too: bool = False) -> None:
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, f"nccl_trace_rank_{rank}"), "wb") as f:
         f.write(c10d._dump_fr_trace(True, False, False))
+    if P2P:
+        d = os.path.join(a.out, case + "-p2p")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"rank{rank}.json"), "w") as f:
+            json.dump(P2P, f)
     if json_too:
         d = os.path.join(a.out, case + "-json")
         os.makedirs(d, exist_ok=True)
@@ -61,6 +87,20 @@ def stuck() -> None:
     time.sleep(a.timeout + 0.3)
 
 
+def p2p(kind: str, t: torch.Tensor, peer: int, wait: bool = True):
+    """isend or irecv on the default group, logged (the module docstring); waited for unless
+    `wait` is False (then its work is returned)."""
+    rec = {"kind": kind, "peer": peer, "group": "0", "shape": list(t.shape), "dtype": "Float",
+           "created_ns": time.time_ns(), "ended_ns": None}
+    P2P.append(rec)
+    w = (dist.isend if kind == "send" else dist.irecv)(t, peer)
+    if not wait:
+        return w
+    w.wait()
+    rec["ended_ns"] = time.time_ns()
+    return None
+
+
 if a.case == "pair":
     for i in range(4):
         dist.all_reduce(torch.ones(100 + i))
@@ -79,6 +119,45 @@ if a.case == "pair":
         hang(waiting.wait)
     time.sleep(0.2)  # (the same for one that timed out)
     dump("extra")
+elif a.case == "pipe":
+    peer = 1 - rank
+    for i in range(2):
+        dist.all_reduce(torch.ones(8))
+    for i in range(3):  # stage 0: forward, its gradient back; stage 1: the other way round
+        if rank == 0:
+            p2p("send", torch.full((4, 16), float(i)), peer)
+            p2p("recv", torch.empty(4, 16), peer)
+        else:
+            p2p("recv", torch.empty(4, 16), peer)
+            p2p("send", torch.ones(4, 16), peer)
+    dist.all_reduce(torch.ones(8))
+    time.sleep(0.2)
+    dump("pipe-ok")
+    if rank == 0:
+        stuck()  # (its data loader never returns: it never sends the next micro-batch)
+        dump("nosend")
+    else:
+        waiting = p2p("recv", torch.empty(4, 16), peer, wait=False)
+        time.sleep(0.3)
+        dump("nosend")
+        hang(waiting.wait)
+elif a.case == "chain":
+    dist.all_reduce(torch.ones(8))
+    for i in range(2):
+        x = torch.full((2, 8), float(i))
+        if rank > 0:
+            p2p("recv", x, rank - 1)
+        if rank < 2:
+            p2p("send", x, rank + 1)
+    dist.all_reduce(torch.ones(8))
+    # the next step: rank 0 skips its send, straight to the step's all_reduce
+    if rank == 0:
+        waiting = dist.all_reduce(torch.ones(8), async_op=True)
+    else:
+        waiting = p2p("recv", torch.empty(2, 8), rank - 1, wait=False)
+    time.sleep(0.3)
+    dump("chain")
+    hang(waiting.wait)
 else:
     for i in range(20):
         dist.all_reduce(torch.ones(32))
