@@ -345,7 +345,9 @@ def test_ranks_that_answer_badly_are_said_once_and_the_others_go_on(job):
     ("no-such-host.invalid:29500", "no such host"),
     ("127.0.0.1:{closed}", "nothing listens on port"),
     ("127.0.0.1:{http}", "answers, but not as a PyTorch TCPStore"),
-    ("127.0.0.1:{store}", "no rank registered a debug server in it"),
+    ("127.0.0.1:{store}", "no rank registered a debug server in it (no debug_server/rank<N> key): the job must "
+                          "call torch.distributed.debug.start_debug_server() on every rank (a job still starting "
+                          "registers it after init_process_group: try again in a few seconds)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(target, says):
     fake = _fake("html") if "{http}" in target else None
@@ -361,6 +363,13 @@ def test_bad_input_is_one_line_and_exit_2(target, says):
     lines = got.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddptui: error: ") and says in lines[0], got.stderr
     assert time.monotonic() - t0 < 5  # never a hang
+
+
+def test_a_target_that_is_not_host_port_is_said_before_the_ui_asks_for_a_terminal():
+    got = run_main("attach", "127.0.0.1")  # (no --headless, and no terminal: the target is what is wrong)
+    assert got.returncode == 2 and got.stdout == "", got
+    assert got.stderr.splitlines() == ["ddptui: error: '127.0.0.1' is not HOST:PORT (the job's "
+                                       "MASTER_ADDR:MASTER_PORT, e.g. node0:29500)"], got.stderr
 
 
 # -- memory over a long attach ----------------------------------------------------------------------

@@ -92,6 +92,10 @@ def build(argv: list[str]) -> tuple:
 
 def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)  # (--help, and the parser's own errors, before anything connects)
+    try:
+        parse_target(a.target)  # (a HOST:PORT that is not one is said as such, terminal or not)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     if not a.headless:
         require_terminal("the attach UI", "use --headless to print what is named")
     a, run, json_path = build(argv)

@@ -131,7 +131,8 @@ class AttachRun:
             client.close()
             raise AttachError(f"{o.target} is the job's TCPStore, but no rank registered a debug server in it "
                               f"(no {PREFIX}/rank<N> key): the job must call "
-                              f"torch.distributed.debug.start_debug_server() on every rank")
+                              f"torch.distributed.debug.start_debug_server() on every rank (a job still starting "
+                              f"registers it after init_process_group: try again in a few seconds)")
         self._client = client
         self._take(found)
         if not self.servers:
