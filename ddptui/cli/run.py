@@ -25,9 +25,9 @@ from ddptui.live.session import LiveRun, RunOptions
 
 
 def parser() -> Parser:
-    p = Parser(prog="ddptui run", description="Run your own DDP training script under torchrun "
-                "and show its layers, buckets and AllReduces live (ddptui.instrument in the script, "
-                "or --auto).")
+    p = Parser(prog="ddptui run", description="Run your own DDP or FSDP2 training script under torchrun "
+                "and show its layers, buckets and collectives live (ddptui.instrument in the script, "
+                "or --auto). docs/your-script.md.")
     add_numeric(p, "--nproc-per-node", default=2, help="ranks to start on this host (default 2)")
     p.add_argument("--headless", action="store_true", help="no UI: progress on stderr, figures on stdout")
     p.add_argument("--record", metavar="PATH", help="record to PATH (default: a new file in --runs-dir)")
@@ -36,7 +36,8 @@ def parser() -> Parser:
                    help="where recordings go by default (default ./runs)")
     p.add_argument("--json", metavar=JSON_METAVAR, help="also write the figures as JSON to PATH (-: to stdout, the text report to stderr)")
     p.add_argument("--auto", action="store_true",
-                   help="no code change: instrument every DistributedDataParallel the script builds")
+                   help="no code change: instrument every DistributedDataParallel and FSDP2 root "
+                        "(fully_shard) the script builds, and time every optimizer step")
     p.add_argument("--layers", default="auto", metavar="SPEC",
                    help="with --auto: auto, a depth, or comma-separated module names (default auto)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
