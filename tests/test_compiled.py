@@ -87,20 +87,22 @@ def test_a_compiled_model_in_ddp_gets_no_graph_break_of_ddptuis(tmp_path):
 
 def test_a_compiled_ddp_module_breaks_only_where_ddp_itself_does(tmp_path):
     """torch.compile(DDP(model)): DDP's own forward breaks the graph (its reducer, its
-    `_inside_ddp_forward`); under ddptui no break is ddptui's (before: 8 more, at
-    `time.monotonic_ns` in ddptui's hooks) and its buckets are still timed."""
-    args = ("--backend", "aot_eager", "--iters", "8", "--wrap", "outside")
+    `_inside_ddp_forward`); under ddptui as many breaks and graphs as alone (before: 8 more, at
+    `time.monotonic_ns` in ddptui's hooks; then 1 more break and 2 more graphs: any hook on
+    the DDP module changes what Dynamo does there, so ddptui's move to the compiled wrapper),
+    none of them ddptui's, and its buckets are still timed."""
+    args = ("--backend", "aot_eager", "--iters", "6", "--wrap", "outside")
+    base = counts(alone(tmp_path, "compiled.py", *args))
     doc, got, out = run_script(tmp_path / "under", "compiled.py", *args)
     under = counts(out)
-    # (alone, 3 breaks, 1 graph: DDP's own, Logger.set_runtime_stats_and_log and twice
-    # _inside_ddp_forward; docs/compiled.md)
+    assert under[:2] == base[:2], (base, under)
     assert under[0] >= 1, "DDP compiled whole breaks its own graph"
     ddps = ("Reducer", "Logger", "DistributedDataParallel")
     assert all(any(w in why for w in ddps) for why in under[2]), under[2]
     assert not any("monotonic" in why or "ranks/" in why for why in under[2]), under[2]
     layers_timed(got, "ddp", len(got.store.meta.layers))
     (ddp,) = [s for s in doc["strategies"] if s["strategy"] == "ddp"]
-    assert ddp["steps"] == 8
+    assert ddp["steps"] == 6
 
 
 def test_compiled_blocks_under_fsdp2_get_no_graph_break_of_ddptuis(tmp_path):

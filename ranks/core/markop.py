@@ -102,19 +102,4 @@ def marked(obj, code: int):
     return None
 
 
-def eager_frame(fn):
-    """`fn` (a hook) run as it is wherever Dynamo meets it as a frame of its own (called from
-    code Dynamo does not trace: a module's `_call_impl` run eagerly in a compiled region, after
-    a graph break), itself and what it calls: no graph of its own made of it; inlined into a
-    frame Dynamo traces, traced as any function. Returns fn."""
-    try:
-        from torch._C._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-        set_code_exec_strategy(getattr(fn, "__func__", fn).__code__,
-                               FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
-    except (ImportError, AttributeError, TypeError):  # (a torch without it: traced as before)
-        pass
-    return fn
-
-
-__all__ = ["register", "marked", "mark", "bmark", "eager_frame"]
+__all__ = ["register", "marked", "mark", "bmark"]

@@ -793,15 +793,10 @@ class Handle:
             self.timing = timing
             ddp.register_comm_hook = self._set_user_hook  # the user's later hook goes inside ours
             self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
-            # compiled whole (torch.compile(DDP(model))), DDP's own forward breaks the graph
-            # around its reducer (prepare_for_forward, _inside_ddp_forward): an op of ours in
-            # its frames would make a graph of its own where alone there is none. There its
-            # hooks do nothing, and the module DDP wraps marks the forward's start and end
-            # (run eagerly, as DDP's breaks run it; eager, DDP's own hooks do it)
-            self._ddp_eager = self._inner_began = False
-            self._hooks.append(model.register_forward_pre_hook(self._inner_pre, prepend=True))
-            self._hooks.append(model.register_forward_hook(self._inner_post))
         self._hooks.append(ddp.register_forward_hook(self._forward_post))
+        self._outer = self._hooks[-2:]  # (the wrapper's own hooks: moved if it is compiled whole)
+        if not fsdp:
+            _watch_compile()
         if optimizer is not None:
             s.add_optimizer(optimizer, self._hooks)
 
@@ -864,12 +859,9 @@ class Handle:
     def _forward_pre(self, module, args, kwargs=None):
         if torch.compiler.is_compiling():  # (the module compiled: its hooks traced, no graph
             # break: the same at run time, from an op on its first input; ranks.core.markop)
-            if self.comm is not None:  # (a DDP: its inner module's hook marks it, _inner_pre)
-                return None
             got = markop.marked(args, self._op_codes(module)[0 if torch.is_grad_enabled() else 1])
             return None if got is None else (got, kwargs or {})
-        self._ddp_eager = True
-        self.session.forward_pre(module, args, kwargs)
+        self.session.forward_pre(self.ddp, args, kwargs)
         if self.frb is not None:
             self._fr_unseen_sync(torch.is_grad_enabled())
 
@@ -889,36 +881,25 @@ class Handle:
 
     def _forward_post(self, module, args, out):
         if torch.compiler.is_compiling():
-            if self.comm is not None:
-                return None
             return markop.marked(out, self._op_codes(module)[2 if torch.is_grad_enabled() else 3])
         self._forward_ended(torch.is_grad_enabled())
 
-    @markop.eager_frame
-    def _inner_pre(self, module, args):
-        """The module DDP wraps begins its forward: where DDP's own pre-hook ran eagerly
-        (`_ddp_eager`), nothing; in a compiled DDP module (its hook traced: nothing) the
-        DDP forward's start, here, run eagerly between DDP's graph breaks (markop.eager_frame);
-        traced (a DDP module Dynamo traces whole), an op."""
-        if torch.compiler.is_compiling():
-            return markop.marked(args, self._codes[0 if torch.is_grad_enabled() else 1])
-        if self._ddp_eager:
-            self._ddp_eager = self._inner_began = False
-            return None
-        self._inner_began = True
-        self.session.forward_pre(self.ddp, args, None)
-        if self.frb is not None:
-            self._fr_unseen_sync(torch.is_grad_enabled())
-        return None
-
-    @markop.eager_frame
-    def _inner_post(self, module, args, out):
-        if torch.compiler.is_compiling():
-            return markop.marked(out, self._codes[2 if torch.is_grad_enabled() else 3])
-        if self._inner_began:
-            self._inner_began = False
-            self._forward_ended(torch.is_grad_enabled())
-        return None
+    def compiled_whole(self, opt) -> None:
+        """torch.compile(ddp) made `opt` (its OptimizedModule): DDP's own forward breaks the
+        graph around its reducer (prepare_for_forward, _inside_ddp_forward), and a hook on the
+        DDP module, traced with it, changes what Dynamo does there (any hook, even one that does
+        nothing: a break counted twice; an op of ours in those frames: a graph of its own where
+        alone there is none). The DDP forward's own hooks move to `opt`, whose hooks run
+        eagerly around the compiled call: its start and end marked where eager ones are, the
+        DDP module traced as it is alone. (A call of the DDP module itself is no longer timed
+        as a step's forward: a script calls what torch.compile returned.)"""
+        if self.session is None or self.closed or getattr(self, "_moved", False):
+            return
+        self._moved = True
+        for hd in self._outer:
+            hd.remove()
+        self._hooks.append(opt.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
+        self._hooks.append(opt.register_forward_hook(self._forward_post))
 
     def _forward_ended(self, grad: bool) -> None:
         s = self.session
@@ -1243,6 +1224,30 @@ def _device_of(model: nn.Module) -> torch.device:
 # -- the public entry ------------------------------------------------------------------------
 _handles: list[Handle] = []
 _auto_noted: list[bool] = []  # (the note that --auto is not needed: once a rank)
+
+
+_watching: list[bool] = []
+
+
+def _watch_compile() -> None:
+    """torch.compile of an instrumented DDP module (its OptimizedModule made): the DDP
+    forward's hooks moved to it (Handle.compiled_whole). Once a process."""
+    if _watching:
+        return
+    _watching.append(True)
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:  # (a torch without Dynamo)
+        return
+    real = OptimizedModule.__init__
+
+    def init(self, mod, *a, **kw):
+        real(self, mod, *a, **kw)
+        h = mod.__dict__.get("_ddptui")
+        if h is not None and h.comm is not None:
+            h.compiled_whole(self)
+
+    OptimizedModule.__init__ = init
 
 
 def instrument(ddp_model, layers="auto", optimizer=None, batch: int | None = None,

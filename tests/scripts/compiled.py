@@ -11,6 +11,9 @@ counted: `GRAPH_BREAKS n` and `GRAPHS n` (frames compiled). Nothing of ddptui (r
     --traced-coll   the model's forward all_reduces a statistic of its activations with a
                     functional collective (torch.distributed._functional_collectives), which
                     torch.compile traces into its graph
+    --model M       tiny (default): the GPT above; gpt2 or bert: a Hugging Face transformers
+                    model built from a small config (2 layers, width 64: no download), called
+                    as the HF Trainer calls it (keyword arguments, the loss from its output)
 """
 import argparse
 
@@ -56,12 +59,29 @@ p.add_argument("--iters", type=int, default=8)
 p.add_argument("--wrap", choices=("inside", "outside", "none"), default="inside")
 p.add_argument("--backend", default="inductor")
 p.add_argument("--traced-coll", action="store_true")
+p.add_argument("--model", choices=("tiny", "gpt2", "bert"), default="tiny")
 a = p.parse_args()
 TRACED_COLL = a.traced_coll
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = TinyGPT()
+VOCAB = 512 if a.model == "tiny" else 128
+
+
+def hf_model(kind):
+    import transformers as tr
+    if kind == "gpt2":
+        cfg = tr.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=64)
+        m = tr.GPT2LMHeadModel(cfg)
+    else:
+        cfg = tr.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
+                            intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64)
+        m = tr.BertForMaskedLM(cfg)
+    m.config.use_cache = False
+    return m
+
+
+model = TinyGPT() if a.model == "tiny" else hf_model(a.model)
 if a.wrap == "inside":
     model = DDP(torch.compile(model, backend=a.backend))
 elif a.wrap == "outside":
@@ -70,9 +90,13 @@ else:
     model = torch.compile(model, backend=a.backend)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(rank)
-idx = torch.randint(0, 512, (4, 33), generator=g)
+idx = torch.randint(0, VOCAB, (4, 33), generator=g)
 for it in range(a.iters):
-    loss = model(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    if a.model == "tiny":
+        loss = model(x, y)
+    else:  # (the HF Trainer's way: keyword arguments, the loss from the output)
+        loss = model(input_ids=x, labels=y).loss
     loss.backward()
     if a.wrap == "none":
         for q in model.parameters():
