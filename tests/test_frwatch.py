@@ -134,3 +134,25 @@ def test_the_training_threads_line_is_read_from_faulthandlers_text():
                         '  File "/job/train.py", line 21 in <module>\n')
     assert pystack.describe(pystack.main_stack(own)) == "train.py:11 in stall_here"
     assert pystack.main_stack(pystack.parse("not a traceback")) is None and pystack.describe(None) == ""
+
+
+def test_a_rank_inside_a_deep_import_is_at_the_module_imported_called_from_its_own_line():
+    """Seen attaching to a job still starting: rank 0 importing torch._dynamo inside DDP's
+    constructor, 90 frames of importlib: its line was '<frozen importlib._bootstrap>:241 in
+    _call_with_frames_removed' and its own line lost past the frames kept."""
+    frozen = ['  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed',
+              '  File "<frozen importlib._bootstrap_external>", line 940 in exec_module',
+              '  File "<frozen importlib._bootstrap>", line 1176 in _find_and_load']
+    lines = ["Thread 0x00007f56d59e2b80 (most recent call first):", *frozen[:1],
+             '  File "/v/site-packages/torch/_dynamo/variables/builder.py", line 298 in <module>']
+    while len(lines) < 90:
+        lines += frozen + ['  File "/v/site-packages/torch/_dynamo/trace_rules.py", line 60 in <module>']
+    lines += ['  File "/v/site-packages/torch/nn/parallel/distributed.py", line 850 in __init__',
+              '  File "/job/train_debug_server.py", line 39 in main',
+              '  File "/job/train_debug_server.py", line 55 in <module>']
+    (st,) = pystack.parse("\n".join(lines) + "\n")
+    assert len(st.frames) == pystack.MAX_FRAMES and st.frames[-1].short() == "train_debug_server.py:55 in <module>"
+    assert pystack.main_stack([st]) is st
+    assert pystack.where(st).short() == "builder.py:298 in <module>"
+    assert pystack.describe(st) == ("torch/_dynamo/variables/builder.py:298 in <module> "
+                                    "(called from train_debug_server.py:39 in main)")

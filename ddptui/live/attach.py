@@ -254,8 +254,9 @@ class AttachRun:
         self.entries_seen = sum(len(d.entries) for d in dumps.values())
         if self.polls == EMPTY_POLLS and not self.entries_seen and not self._empty_said:
             self._empty_said = True
-            self._say("warn", "every rank's Flight Recorder is empty: was TORCH_FR_BUFFER_SIZE (e.g. 2000) set "
-                              "when the job started? Without it PyTorch records no collective")
+            self._say("warn", "every rank's Flight Recorder is empty: the job has issued no collective yet "
+                              "(still starting?), or TORCH_FR_BUFFER_SIZE (e.g. 2000) was not set when it "
+                              "started (without it PyTorch records no collective)")
         no_dump = {r: w for r, w in self.down.items()}
         no_dump.update({r: w for r, w in self.unregistered.items()})
         verdict = frverdict.verdict(_unsettled(dumps, self.stream), self.world, no_dump=no_dump)

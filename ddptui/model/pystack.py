@@ -8,7 +8,8 @@ server's ``dump_traceback`` handler), read.
       File "/job/train.py", line 11 in stall_here
       File "/job/train.py", line 21 in <module>
 
-`parse(text)` gives each thread's frames, innermost first. The "current thread" is the debug
+`parse(text)` gives each thread's frames, innermost first (of a deeper stack, the innermost
+and the outermost: the job's own line below a deep import). The "current thread" is the debug
 server's own (it has no Python frame). `main_stack` picks the training thread: the one whose
 outermost frame is a script's ``<module>`` (the main thread's; several: the deepest), else
 the deepest stack that is not the server's. `where(stack)` is the innermost frame, the line
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 _THREAD = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'\s*File "(.*)", line (\d+) in (.*)')
 MAX_FRAMES = 64  # frames kept per thread (faulthandler itself writes at most 100)
+OUTER_FRAMES = 16  # of them, the outermost (the job's own calls: a deep import keeps its caller)
 LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
 
 
@@ -62,8 +64,11 @@ def parse(text: str) -> list[Stack]:
             out.append(Stack(m.group(2), m.group(1) == "Current thread"))
             continue
         f = _FRAME.fullmatch(line)
-        if f and out and len(out[-1].frames) < MAX_FRAMES:
-            out[-1].frames.append(PyFrame(f.group(1), int(f.group(2)), f.group(3).strip()))
+        if f and out:
+            fr = out[-1].frames
+            fr.append(PyFrame(f.group(1), int(f.group(2)), f.group(3).strip()))
+            if len(fr) > MAX_FRAMES:  # (the innermost and the outermost kept: drop one between them)
+                del fr[MAX_FRAMES - OUTER_FRAMES]
     return out
 
 
@@ -76,8 +81,9 @@ def main_stack(stacks: list[Stack]) -> Stack | None:
 
 
 def where(stack: Stack) -> PyFrame:
-    """The line the thread is on: its innermost frame."""
-    return stack.frames[0]
+    """The line the thread is on: its innermost frame (an import's `<frozen importlib...>`
+    frames skipped: the module being imported is the line)."""
+    return next((f for f in stack.frames if not f.file.startswith("<frozen ")), stack.frames[0])
 
 
 def own_frame(stack: Stack) -> PyFrame | None:
