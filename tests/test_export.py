@@ -19,7 +19,7 @@ from ddptui.recording import rankset
 from ranks import spec, wire
 from ranks.frames import Spans, spans_frame
 
-from .helpers import DEMO, run_cli, run_main, synthetic_frames, synthetic_meta, write_recording
+from .helpers import DEMO, ROOT, run_cli, run_main, synthetic_frames, synthetic_meta, write_recording
 
 LANE_OF_KIND = {wire.STEP: "step", wire.FWD: "compute", wire.BWD: "compute",
                 wire.COMM: "communication", wire.OPT: "optimizer"}
@@ -208,6 +208,17 @@ def test_export_to_stdout_and_default_name(tmp_path, synthetic):
     res = run_main("export", str(p), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     validate_trace(json.loads((tmp_path / "syn.trace.json").read_text()))
+
+
+def test_a_directory_given_with_a_trailing_slash_is_named_by_its_name(tmp_path):
+    """`ddptui export DIR/` (a shell completes a directory so) wrote `.trace.json`, a hidden file."""
+    res = run_main("export", os.path.join(ROOT, "demo", "fr-hang-2ranks-gloo") + "/", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert os.listdir(tmp_path) == ["fr-hang-2ranks-gloo.trace.json"]
+    validate_trace(json.loads((tmp_path / "fr-hang-2ranks-gloo.trace.json").read_text()))
+    res = run_main("export", os.path.join(ROOT, "demo", "fr-hang-2ranks-gloo") + "/", "--format", "kineto", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert sorted(os.listdir(tmp_path / "fr-hang-2ranks-gloo.kineto")) == ["rank0.json", "rank1.json"]
 
 
 def test_unwritable_output_is_one_error_line(tmp_path, synthetic):

@@ -26,9 +26,9 @@ def parser() -> Parser:
                             "torch.profiler trace per rank for Holistic Trace Analysis (HTA).")
     p.add_argument("file", metavar="FILE", help=FILE_HELP)
     p.add_argument("-o", "--output", metavar="PATH",
-                   help="chrome: the trace to write (default: FILE with .trace.json; '-' for "
-                        "stdout); kineto: the directory to write rank<N>.json into (default: "
-                        "FILE with .kineto)")
+                   help="chrome: the trace to write (default: FILE's name with .trace.json, in the "
+                        "current directory; '-' for stdout); kineto: the directory to write "
+                        "rank<N>.json into (default: FILE's name with .kineto, in the current directory)")
     p.add_argument("--format", choices=("chrome", "kineto"), default="chrome",
                    help="chrome (default): one Trace Event Format file of every rank and "
                         "strategy; kineto: one trace per rank of one strategy, in the form "
@@ -44,7 +44,7 @@ def _kineto(a) -> int:
     from ddptui.reports.kineto_export import export_kineto
     out = a.output
     if out is None:
-        base = os.path.basename(a.file)
+        base = os.path.basename(os.path.normpath(a.file))  # (a directory given as DIR/: its name)
         out = (base[: -len(".ddptui")] if base.endswith(".ddptui") else base) + ".kineto"
     if out == "-":
         raise CliError("-o -: --format kineto writes a directory (one trace per rank)")
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
         raise CliError("--strategy: only with --format kineto (the Chrome trace holds every strategy)")
     out = a.output
     if out is None:
-        base = os.path.basename(a.file)
+        base = os.path.basename(os.path.normpath(a.file))  # (a directory given as DIR/: its name)
         stem = base[: -len(".ddptui")] if base.endswith(".ddptui") else base
         out = stem + ".trace.json"
     if out != "-":
