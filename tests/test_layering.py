@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -36,6 +37,8 @@ STAGES = ("ranks", "ddptui.ingest", "ddptui.model", "ddptui.recording", "ddptui.
 TOP = ("ddptui", "ddptui.__main__")  # may import anything
 TEXTUAL_FUNCTION_LEVEL_OK = ("ddptui.cli.serve",)  # TabDriver (see the docstring)
 TEXTUAL_SERVE_OK = ("ddptui.cli.serve",)
+# the tests share one reading of the packages (the module's `tree`): on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("layering")
 
 
 @dataclass(frozen=True)
@@ -83,16 +86,35 @@ def _resolve(node: ast.ImportFrom, module: str, modules: dict[str, str]) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+# the lines as ast numbers them: only \r, \n and \r\n end one (not str.splitlines' \f, \v...);
+# ast's own splitter (_splitlines_no_ff) is a loop in Python over every character
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def _split(src: str) -> list[str]:
+    return _LINE.findall(src)
+
+
 def _imports_of(module: str, file: str, modules: dict[str, str], root: str = ROOT) -> list[Import]:
     with open(os.path.join(root, file), encoding="utf-8") as f:
         src = f.read()
     tree = ast.parse(src, filename=file)
     out: list[Import] = []
+    # the source's lines split once (ast.get_source_segment splits the whole file again at
+    # every call: a file's imports cost its size each, ~20 s over the packages on 2 cores)
+    lines = [ln.encode() for ln in _split(src)]
+
+    def segment(node: ast.AST) -> str:  # (ast.get_source_segment's: the offsets are UTF-8 bytes)
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if first == last:
+            return lines[first][node.col_offset:node.end_col_offset].decode()
+        return b"".join([lines[first][node.col_offset:], *lines[first + 1:last],
+                         lines[last][:node.end_col_offset]]).decode()
 
     def visit(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                text = " ".join((ast.get_source_segment(src, child) or "").split())
+                text = " ".join(segment(child).split())
                 if isinstance(child, ast.Import):
                     targets = [a.name for a in child.names]
                 else:
