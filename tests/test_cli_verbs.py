@@ -246,6 +246,16 @@ def test_uis_without_a_terminal_say_so_in_one_line(small_rec, args, says):
     assert res.returncode == 2 and res.stderr.strip() == f"ddptui: error: {says}", res.stderr
 
 
+def test_a_reader_that_closed_stdout_stops_it_quietly():
+    """`ddptui summary DIR | head -2` was a BrokenPipeError traceback: stdout's reader gone
+    (closed before anything is written, so every write fails), it stops with no word."""
+    p = start_cli("summary", os.path.join(ROOT, "demo", "fr-hang-2ranks-gloo"),
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 141 and err == "", err
+
+
 def test_replay_headless_title(small_rec):
     res = ddptui_here("replay", str(small_rec), "--headless", "--title", "Naive vs DDP, recorded")
     assert res.returncode == 0 and "Naive vs DDP, recorded" in res.stdout

@@ -152,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddptui: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # its reader closed stdout (`ddptui summary DIR | head`): stop quietly
+        try:  # (and let the interpreter's last flush of stdout go nowhere, not into a second error)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141  # (128 + SIGPIPE, as a tool the pipe stopped exits)
 
 
 if __name__ == "__main__":  # `python -m ddptui.cli.main`: run the package's module, not a copy
