@@ -11,7 +11,7 @@ per-rank figures and the ratio of medians are printed too. Goal: <= 1.03 on CPU 
 (xlarge).
 
     python benchmarks/p1_overhead.py            # 180 steps of each side (60: paired quartiles ±3-5 %, the third decimal noise)
-    python benchmarks/p1_overhead.py --quick    # 4 steps of small (CI: that it runs, not a figure)
+    python benchmarks/p1_overhead.py --quick    # 2 steps of small after 1 warm-up (CI: that it runs, not a figure)
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         a.batch_size = 16 if a.ranks <= 16 else a.ranks
     elif a.batch_size is None:
         a.batch_size = 256 if a.quick else 1024
-    steps = a.steps or (4 if a.quick else 180)
+    steps = a.steps or (2 if a.quick else 180)
     try:
         import torch
         cuda = a.device != "cpu" and torch.cuda.is_available()
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(a.ranks), "-m", "ranks.builtin.bench_overhead",
                "--model", model, "--strategy", a.strategy, "--batch-size", str(a.batch_size),
-               "--steps", str(steps), "--warmup", "2" if a.quick else "4", "--out", out,
+               "--steps", str(steps), "--warmup", "1" if a.quick else "4", "--out", out,
                "--device", "cuda" if cuda else "cpu", "--block", str(a.block)]
         for attempt in (1, 2):
             t0 = time.monotonic()

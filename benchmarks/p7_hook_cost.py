@@ -271,7 +271,8 @@ def floor_side(model, x, y):
     return one
 
 
-def measure_sampled(instrument, strategies, steps: int, layers: int, width: int, cuda: bool = False):
+def measure_sampled(instrument, strategies, steps: int, layers: int, width: int, cuda: bool = False,
+                    warmup: int = 512):
     """The host share of the step with the layer marks as a run makes them (the Recorder's
     own period, LAYER_SHARE), plain and instrumented replicas taking turns step by step, with
     a third doing ddptui's calls empty (`floor_side`): ((every - 1) x the extra time of a step
@@ -318,7 +319,7 @@ def measure_sampled(instrument, strategies, steps: int, layers: int, width: int,
             it()  # its marks go back to the clock's pool, as they do in a run
         return t1 - t0
 
-    for _ in range(512):  # warm-up: the period settles (from what its marked steps are seen to take)
+    for _ in range(warmup):  # warm-up: the period settles (from what its marked steps are seen to take)
         one(plain, False); one(timed, True); floor()
     import gc
     gc.collect()
@@ -673,7 +674,8 @@ def h100_model_main(a) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--quick", action="store_true", help="30 steps, 1 round (CI: that it runs, not a figure)")
+    p.add_argument("--quick", action="store_true",
+                   help="30 steps, 1 round, 64 sampled steps after 64 of warm-up (CI: that it runs, not a figure)")
     p.add_argument("--vs", default=OLD_REV, help="git revision of the hook path to compare with")
     p.add_argument("--share-vs", default=None, metavar="REV",
                    help="also measure the host share with the hook path of REV, in turn with this one")
@@ -686,7 +688,8 @@ def main(argv=None) -> int:
         return h100_model_main(a)
     steps = 30 if a.quick else a.steps
     rounds = 1 if a.quick else 3
-    sampled_steps = 128 if a.quick else 1536
+    sampled_steps = 64 if a.quick else 1536
+    warmup = 64 if a.quick else 512  # (the sampled steps': --quick's period need not settle)
     if a.device == "cuda" and not a.quick:  # (the GPU pass: within 45 s; the first ran past 60)
         steps, rounds, sampled_steps = min(steps, 200), 2, 512
     import torch
@@ -703,7 +706,8 @@ def main(argv=None) -> int:
     import timeit
     clk = (instrument.CudaClock(torch.device("cuda", 0)) if cuda else
            instrument.CudaClock("cuda:0", torch_cuda=stand_in_cuda(), host_ns=time.monotonic_ns))
-    mark_us = min(timeit.repeat(lambda: clk.release(clk.mark()), number=20000, repeat=5)) / 20000 * 1e6
+    marks = 2000 if a.quick else 20000
+    mark_us = min(timeit.repeat(lambda: clk.release(clk.mark()), number=marks, repeat=5)) / marks * 1e6
     rows = []
     for rnd in range(rounds):  # new and old in turn
         rows.append(("now", *measure(instrument, strategies, steps, layers, width, cuda)))
@@ -742,9 +746,9 @@ def main(argv=None) -> int:
         old_s = load_old(a.share_vs) if a.share_vs else None
         got, got_old = [], []
         for _ in range(rounds):  # (with --share-vs: the two in turn)
-            got.append(measure_sampled(instrument, strategies, sampled_steps, layers, width, cuda))
+            got.append(measure_sampled(instrument, strategies, sampled_steps, layers, width, cuda, warmup))
             if old_s is not None:
-                got_old.append(measure_sampled(*old_s, sampled_steps, layers, width, cuda))
+                got_old.append(measure_sampled(*old_s, sampled_steps, layers, width, cuda, warmup))
         share = statistics.median(g[0] for g in got)
         every, un, mk, p0 = got[-1][1], statistics.median(g[2] for g in got), \
             statistics.median(g[3] for g in got), statistics.median(g[4] for g in got)
