@@ -314,12 +314,16 @@ def test_nvml_failing_mid_run_shows_na_and_stops_polling():
 
 @pytest.mark.slow
 def test_long_run_memory_bounded():
-    """10,000 steps of synthetic frames through the real socket, collector and store."""
+    """3,000 steps of synthetic frames through the real socket, collector and store, whose
+    limits (raw spans kept 100 steps, per-step figures 500) are reached by step 500: from step
+    1,000 on every kept thing is at its limit, and memory must not grow (the store's defaults,
+    400 and 20,000, take 20,000 steps to reach the second)."""
     from ddptui.ingest.collector import Collector
     from ddptui.recording.synthetic import SyntheticRun
     from ranks import wire
 
-    st = Store()
+    steps, first = 3_000, 1_000
+    st = Store(keep_steps=100, keep_figures=500)
     col = Collector(st, "tok")
     run = SyntheticRun("small", world=2, strategies=("naive", "ddp"))
     socks = {}
@@ -332,26 +336,28 @@ def test_long_run_memory_bounded():
     proc = psutil.Process()
     rss = {}
     try:
-        for k in range(10_000):
+        for k in range(steps):
             for f in run.step_frames(k):
                 socks[f.rank].sendall(wire.pack(f))
-            if k % 500 == 499:
+            if k % 250 == 249:
                 deadline = time.monotonic() + 30
                 while st.latest_complete("ddp") != k and time.monotonic() < deadline:
                     time.sleep(0.01)
                     st.update()
-                if k + 1 in (1000, 10_000):
+                if k + 1 in (first, steps):
                     rss[k + 1] = proc.memory_info().rss
     finally:
         for s in socks.values():
             s.close()
         col.close()
-    assert st.latest_complete("naive") == 9999
-    assert len(st.raw["naive"]) <= st.keep_steps
+    assert st.latest_complete("naive") == steps - 1
+    for s in ("naive", "ddp"):
+        assert len(st.raw[s]) <= st.keep_steps
+        assert len(st.step_figs[s]) <= st.keep_figures
     assert len(st.rank_figs) <= st.keep_steps * 2 * 2
-    growth_mb = (rss[10_000] - rss[1000]) / 2**20
-    print(f"RSS after 1,000 steps {rss[1000] / 2**20:.1f} MB, after 10,000 {rss[10_000] / 2**20:.1f} MB")
-    assert growth_mb < 15, f"memory grew {growth_mb:.1f} MB over 9,000 steps"
+    growth_mb = (rss[steps] - rss[first]) / 2**20
+    print(f"RSS after {first:,} steps {rss[first] / 2**20:.1f} MB, after {steps:,} {rss[steps] / 2**20:.1f} MB")
+    assert growth_mb < 5, f"memory grew {growth_mb:.1f} MB over {steps - first:,} steps"
 
 
 @pytest.mark.slow
