@@ -391,6 +391,25 @@ def test_truncated_corrupt_and_hostile_files_a_line_each(jobs, tmp_path):
     assert not marker.exists()
 
 
+def test_a_rank_whose_dump_cannot_be_read_is_never_called_healthy(tmp_path):
+    """A 2-rank job's dumps of a desync (demo/'s), rank 1's cut short: the verdict of the dump
+    read is no more than that: it says rank 1's state is unknown and never "no hang in the
+    dumps" (the complete dumps show a desync), in the text and the JSON."""
+    d = tmp_path / "cut"
+    shutil.copytree(os.path.join(ROOT, "demo", "fr-hang-2ranks-gloo"), d)
+    raw = (d / f"{PREFIX}1").read_bytes()
+    (d / f"{PREFIX}1").write_bytes(raw[:300])
+    p = run_main("summary", str(d))
+    assert p.returncode == 0, p.stderr
+    verdict = next(x for x in p.stdout.splitlines() if x.startswith("verdict: "))
+    assert "no hang in the dumps" not in verdict
+    assert "rank 1: no readable dump, its state unknown" in verdict and "(rank 0)" in verdict, verdict
+    assert "(among the ranks with a dump; rank 1 unknown)" in p.stdout
+    j = run_main("summary", "--json", "-", str(d))
+    doc = json.loads(j.stdout)["flight_recorder"]
+    assert "its state unknown" in doc["verdict"] and doc["no_dump"].keys() == {"1"}, doc["verdict"]
+
+
 # -- the formats, without a job -----------------------------------------------------------------
 def test_entries_of_other_format_versions_and_point_to_point(jobs):
     """Fields a format version lacks (is_p2p, timeout_ms, pg_status, dtypes), numbers as text

@@ -466,6 +466,9 @@ class Verdict:
         g = lead[1] if lead is not None else None
         if g is not None:
             return f"{g.label} {_ranks_text(g.ranks, 'ranks')}: {_disagreement(g.first)}"
+        # ranks whose dump could not be read: what holds for the others may not for them
+        unknown = sorted(set(self.no_dump) | {r for g in self.groups for r in g.no_dump})
+        blind = f"; {_ranks_text(unknown)}: no readable dump, its state unknown" if unknown else ""
         hung = [g for g in self.groups if g.in_flight]
         if hung:
             g = hung[0]
@@ -474,9 +477,12 @@ class Verdict:
             e = min(firsts.values(), key=lambda x: x.seq)
             who = _ranks_text(sorted(firsts))
             return (f"{g.label}: no disagreement; {who} inside {e.name}" + (" and later" if len(seqs) > 1 else "")
-                    + (", every rank" if len(firsts) == len(g.ranks) else "") + ", not completed")
+                    + (", every rank" if len(firsts) == len(g.ranks) else "") + ", not completed" + blind)
         if not any(g.at for g in self.groups):
-            return "the dumps hold no collective"
+            return "the dumps hold no collective" + blind
+        if unknown:
+            return (f"no hang among the ranks whose dumps were read ({_ranks_text(self.ranks)}): they agree and "
+                    f"every collective completed{blind} (a hang there cannot be told)")
         return "no hang in the dumps: every group's ranks agree and every collective completed"
 
     def short(self) -> str:
@@ -513,8 +519,10 @@ class Verdict:
             out.append(f"{_ranks_text(self.wrapped)}: the buffer wrapped (its first entries gone; "
                        f"a larger TORCH_FR_BUFFER_SIZE keeps more)")
         for g in self.groups:
+            unread = [r for r in g.ranks if r in self.no_dump or r in g.no_dump]
             out.append(f"{g.label} {_ranks_text(g.ranks, 'ranks')}: " + (
-                _disagreement(g.first) if g.first is not None else _agreed(g)))
+                _disagreement(g.first) if g.first is not None else _agreed(g)
+                + (f" (among the ranks with a dump; {_ranks_text(unread)} unknown)" if unread else "")))
             out += ["  " + text for text in _p2p_lines(g)]
             for text in _rank_lines(g):
                 out.append("  " + text)
