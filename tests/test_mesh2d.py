@@ -89,6 +89,16 @@ def test_collectives_are_split_by_mesh_dimension(mesh2d):
 
 @SLOW
 @RUN
+def test_the_global_batch_counts_each_sample_once(mesh2d):
+    """8 sequences a rank on a (dp, tp) = (2, 2) mesh: the two ranks of a tp group are given the
+    same samples, so the global batch is 16, not the 4 ranks' 32 (samples/s with it)."""
+    doc, _, out, _, _ = mesh2d
+    assert doc["batch"] == 16 and doc["batch_from"] == "inputs", (doc["batch"], doc["batch_from"])
+    assert "global batch 16" in out
+
+
+@SLOW
+@RUN
 def test_waits_are_matched_within_each_group(mesh2d):
     """Who waits for whom compares a rank with the ranks of its own group only (rank 1's tp
     all_reduce with rank 0's, never rank 2's), and says each dimension's waits (the JSON, the

@@ -61,6 +61,11 @@ _installed = False
 _lock = threading.Lock()
 
 
+# a device mesh's dimensions whose ranks are given the same samples (torchtitan's names): each
+# sample counted once in the global batch, by the first rank along them (CollTap.batch_copy)
+SAME_BATCH_DIMS = frozenset(("tp", "cp", "sp", "pp", "mp"))
+
+
 def _nbytes(obj, depth: int = 0) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -353,6 +358,10 @@ class CollTap:
         self._names: dict[int, tuple[int, str]] = {}  # id(group) -> (size, name)
         self._dims: dict[int, str] = {}  # id(group) -> the mesh dimension it is (learn_mesh)
         self._meshes: set[int] = set()  # id() of the device meshes learnt
+        # this rank's inputs a copy of another rank's: not first along a mesh dimension whose
+        # ranks see the same samples (tensor, context, sequence or pipeline parallel:
+        # SAME_BATCH_DIMS), so that the ranks' batches add up to the global batch (learn_mesh)
+        self.batch_copy = False
         # functional collectives traced into a compiled graph, run inside steps: op -> (count,
         # bytes), since the tap began (`_traced`)
         self.traced: dict[str, tuple[int, int]] = {}
@@ -387,6 +396,13 @@ class CollTap:
                         self._dims[gid] = str(dim)
                         self._names.pop(gid, None)  # (named anew by its dimension from now)
         except Exception:  # noqa: BLE001 (another layout of DeviceMesh: its groups' own names)
+            pass
+        try:  # (the root mesh's dimensions along which this rank's inputs repeat another's)
+            top = (mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else None) or mesh
+            names, coord = top.mesh_dim_names or (), top.get_coordinate()
+            if coord is not None and any(coord[i] != 0 for i, d in enumerate(names) if str(d) in SAME_BATCH_DIMS):
+                self.batch_copy = True
+        except Exception:  # noqa: BLE001 (not told: every rank's batch counted)
             pass
 
     def _group(self, pg) -> tuple[int, str]:

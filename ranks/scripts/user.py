@@ -555,6 +555,8 @@ class RankSession:
             rank_batch = frames.UNSET  # (given: the hello's batch)
         else:
             rank_batch = self.step_batch if self.batch_looked else frames.UNSET
+            if rank_batch is not frames.UNSET and self.tap.batch_copy:  # (a tensor-parallel peer's
+                rank_batch = 0  # samples: counted by the first rank of its group)
         dev = str(self.device) if self.device.type == "cuda" else "cpu"
         ddp0 = self.mods[0].ddp
         memory, peak = self._memory()
