@@ -413,3 +413,34 @@ def test_memory_stays_bounded_over_a_long_attach(job):
     assert len(run.store.complete_steps("ddp")) <= SIM_KEEP * 2
     grew = blocks[SIM_POLLS] - blocks[SIM_POLLS // 2]
     assert grew < 2000, f"{grew} more blocks after {SIM_POLLS} polls than after {SIM_POLLS // 2}"
+
+
+def test_the_hang_step_sent_again_at_each_poll_grows_in_the_store():
+    """While a hang lasts, attach sends its step again at every poll (recording/frstream.py),
+    longer each time: the live Store figures it anew from the spans as they are now (before,
+    the step kept the figures of its first poll on screen while its spans grew)."""
+    from ddptui.model import frverdict
+    from ddptui.model.store import Store
+    from ddptui.recording.frdump import read_dump
+    from ddptui.recording.frstream import FrStream, run_meta
+    d = os.path.join(ROOT, "demo", "fr-hang-2ranks-gloo")
+    raw = {r: read_dump(os.path.join(d, f"nccl_trace_rank_{r}")) for r in (0, 1)}
+    first = {r: frverdict.rank_dump(raw[r], r) for r in raw}
+    made = [e.created_ns for x in first.values() for e in x.entries if e.created_ns]
+    st, stream = Store(), FrStream(2, min(made), first[0].backend)
+    st.set_meta(run_meta(2, first[0].backend, "127.0.0.1:1", []))
+
+    def poll(at: int) -> tuple[int, float]:
+        dumps = {r: frverdict.rank_dump(raw[r], r, at) for r in raw}
+        for f in stream.poll(dumps, frverdict.verdict(dumps), at, True):
+            st.ingest(f)
+        st.update()
+        figs = st.step_figs["ddp"]
+        return max(figs), figs[max(figs)].step_ms
+
+    k1, a = poll(max(made) + 200_000_000)
+    k2, b = poll(max(made) + 900_000_000)
+    assert k1 == k2 and abs((b - a) - 700) < 1, (k1, k2, a, b)
+    for r in (0, 1):  # (the HTA totals hold each step once, the hang's as it is now)
+        total = sum(f.comm_ms for (s, _k, q), f in st.rank_figs.items() if s == "ddp" and q == r)
+        assert abs(st.hta_acc[("ddp", r)][0] - total) < 1e-6, (r, st.hta_acc[("ddp", r)], total)

@@ -50,6 +50,28 @@ class Intake:
                 handler(self, f)
             self.version += 1
 
+    def _figured_again(self, strategy: str, step: int) -> None:
+        """(Under the lock.) A step whose rank sent its spans again (the hang's step of `ddptui
+        attach`, sent at every poll while it lasts): what was figured of it is dropped, so that
+        update() figures it anew from the spans as they are now; the HTA totals lose its
+        share where it was the last step added (the hang's step is)."""
+        figs = self.step_figs.get(strategy)
+        if figs is None or figs.pop(step, None) is None:
+            return
+        self.waits.get(strategy, {}).pop(step, None)
+        self.bucket_figs.pop((strategy, step), None)
+        self._intervals.pop((strategy, step), None)
+        for r in self.raw.get(strategy, {}).get(step, ()):
+            self.rank_figs.pop((strategy, step, r), None)
+        for (s, _r), acc in self.hta_acc.items():
+            if s == strategy and acc[2] == step:
+                acc[0] -= acc[3]
+                acc[1] -= acc[4]
+                acc[2:] = [-1, 0.0, 0.0]
+        got = self.stalls.get(strategy)
+        if got:
+            got[:] = [x for x in got if x[0] != step]
+
     def _rank(self, r: int) -> RankInfo:
         info = self.ranks.get(r)
         if info is None:
@@ -277,6 +299,8 @@ class Intake:
                 if got is None:
                     got = self.marked[strategy] = deque(maxlen=3 * stragglers.RECENT)
                 got.append(step)
+        if slot.get(r) is not None:  # (a step sent again: `ddptui attach`'s hang step grows)
+            self._figured_again(strategy, step)
         slot[r] = b
         self.spans += len(b.kind)
         dirty = self._dirty.get(strategy)
