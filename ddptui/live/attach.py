@@ -266,9 +266,12 @@ class AttachRun:
             elif ev[0] == "resolved":
                 self._resolved(ev[1], ev[2])
         if self.stream is None:
-            origin = min((e.created_ns for d in dumps.values() for e in d.entries if e.created_ns), default=now_ns)
             backends = [d.backend for d in dumps.values() if d.backend]
             backend = backends[0] if backends else ""
+            if not backend and self.polls < EMPTY_POLLS:  # (no entry yet: the run's header, which
+                self.store.update()  # names the backend, waits for the first collective a while)
+                return
+            origin = min((e.created_ns for d in dumps.values() for e in d.entries if e.created_ns), default=now_ns)
             self.stream = FrStream(self.world, origin, backend,
                                    notes={r: w for r, w in self.unregistered.items() if r < self.world})
             self.store.set_meta(run_meta(self.world, backend, self.opts.target, []))
