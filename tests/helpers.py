@@ -163,6 +163,13 @@ def run_script(tmp, script: str, *args: str, timeout: int = 240):
     return json.loads(js.read_text()), load(str(rec)), r.stdout
 
 
+def examples(n: int) -> int:
+    """A property test's max_examples: n under `bin/test --all` (DDPTUI_TEST_ALL=1), a third of
+    it in CI's suite (its 5 minutes: the examples are drawn anew each run, so the runs together
+    see them all)."""
+    return n if os.environ.get("DDPTUI_TEST_ALL") else max(1, n // 3)
+
+
 SCRIPT_ITERS = 24  # a tests/scripts/ script's optimizer iterations: more than the 20-step evidence window
 SPAN_FWD, SPAN_BWD, SPAN_COMM, SPAN_STEP, SPAN_OTHER, SPAN_COLL = 0, 1, 2, 4, 5, 6  # (ranks.wire's kinds)
 

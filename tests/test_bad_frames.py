@@ -29,6 +29,7 @@ from ranks import frames, wire
 from ranks.core.emitter import Emitter
 
 from .bad_frames import MODEL, STRATEGIES, TYPES, WORLD, bad_frame, valid
+from .helpers import examples
 
 RUN = SyntheticRun(MODEL, WORLD, STRATEGIES, seed=3)
 META = {"model": MODEL, "world": WORLD, "strategies": list(STRATEGIES), "batch": 256,
@@ -60,7 +61,7 @@ def test_every_type_has_a_valid_example_and_unknown_optional_keys_pass(t):
     check(dict(f, res=12345, uuid="run-1", some_future_key=[1, {"x": b"y"}]))
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(bad_frame())
 def test_every_generated_bad_frame_is_refused(f):
     with pytest.raises(frames.FrameError):

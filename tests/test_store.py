@@ -24,7 +24,7 @@ from ranks import frames, spec
 from ranks.wire import BWD, COMM, FWD, STEP
 
 from .bad_frames import TYPES, bad_frame
-from .helpers import synthetic_frames, synthetic_meta
+from .helpers import examples, synthetic_frames, synthetic_meta
 from .test_bad_frames import CONTROL, META, good_frames
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +68,7 @@ def test_the_store_is_its_three_parts_sharing_one_state():
 
 
 # -- intake: ingest, a refusal, the handlers -----------------------------------------------------
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(bad_frame(types=tuple(t for t in TYPES if t not in CONTROL)))
 def test_a_refused_frame_changes_nothing_in_the_store(f):
     st = Store()

@@ -735,9 +735,12 @@ def test_an_error_before_the_first_step_still_names_the_device(pg):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # CI: tests/test_mesh2d.py::test_collectives_are_split_by_mesh_dimension (its mesh's ranks say gloo)
 def test_a_device_mesh_groups_backend_is_named(tmp_path):
     """init_device_mesh makes the process group without naming a backend (dist.get_backend():
-    "undefined"): the ranks say the backend their collectives run on."""
+    "undefined"): the ranks say the backend their collectives run on. Heavy (a run of its own):
+    in CI, tests/test_mesh2d.py::test_collectives_are_split_by_mesh_dimension checks the same
+    on its 2D mesh's run ("connected: cpu, gloo", never "undefined")."""
     js = tmp_path / "m.json"
     out = _ddptui(["run", "--auto", "--headless", "--nproc-per-node", "2", "--no-record", "--json", str(js),
                    "--", "tests/scripts/mesh_ddp.py", "--iters", "6"])

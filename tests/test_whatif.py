@@ -22,7 +22,8 @@ DEMO = os.path.join(ROOT, "demo", "cpu-medium-2ranks.ddptui")
 
 # -- DDP's bucketing ------------------------------------------------------------------------
 @pytest.mark.slow  # (a real DDP, re-wrapped at every cap)
-@pytest.mark.parametrize("model", ["medium", "xlarge"])
+# xlarge is heavy (twice medium's minute; the same bucketing code): medium covers it in CI
+@pytest.mark.parametrize("model", ["medium", pytest.param("xlarge", marks=pytest.mark.heavy)])
 def test_buckets_equal_a_real_ddps_at_every_cap(tmp_path, model):
     """The bucket assignment ddptui records from a real DDP (its comm hook's buckets, after DDP rebuilt
     them), at DDP's default cap and at each cap of the ladder, is what assign_buckets says."""
