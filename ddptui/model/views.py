@@ -213,10 +213,10 @@ def step_view(store, strategy: str, step: int) -> StepView | None:
                 dur = max(dur, (b.base_ns - origin) / 1e6 + max(b.t1) / 1e3)
             figs[r] = store.rank_figures(strategy, step, r)
         spans = RankSpans(batches, origin, arrivals, store.coll_groups(strategy) if arrivals else None)
-        assignment = store.bucket_assignment(strategy, step) if strategy == "ddp" else None
+        buckets = store.bucket_count(strategy, step) if strategy == "ddp" else 0
         marks = store.marks(strategy, step)
         cap = store.cap_at(step) if strategy == "ddp" else None
         return StepView(strategy, step, spans, figs, dur, cap,
-                        len(assignment) if assignment else None, marks, waits,
+                        buckets or None, marks, waits,
                         store.collective_tables(strategy) or None, store.layer_sampling(strategy),
                         store.layer_period(strategy))

@@ -262,8 +262,9 @@ class DdpApp(App):
             waits.culprit_gist(store, shown)  # (every strategy's summary)
             for s, pane in list(self.panes.items()):
                 view = self._view(store, s, shown.get(s))
-                if view is not None:
-                    aggregate.for_pane(view, pane.size.height, hosts, waits.culprit_rank(store, shown, s))
+                height = pane.size.height
+                if aggregate.banded(view, height):  # (the culprit's lane: asked for only where bands are drawn)
+                    aggregate.for_pane(view, height, hosts, waits.culprit_rank(store, shown, s))
             self._prepared_rows = ((tuple(shown.items()), gen), figures_panel.compare_rows(store, shown))
             if shown.get("ddp") is not None:
                 store.bucket_figures("ddp", shown["ddp"])  # (the buckets panel's)
@@ -306,7 +307,9 @@ class DdpApp(App):
         nodes = tuple((r, n) for n, rs in sorted(hosts.items()) for r in rs) if len(hosts) > 1 else None
         for s, pane in self.panes.items():
             ddp = s == "ddp"
-            view, labels = aggregate.for_pane(views.get(s), sizes[pane].height, hosts, waits.culprit_rank(store, shown, s))
+            view, height = views.get(s), sizes[pane].height
+            culprit = waits.culprit_rank(store, shown, s) if aggregate.banded(view, height) else None
+            view, labels = aggregate.for_pane(view, height, hosts, culprit)
             pane.show(PaneState(view, mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
                                 nodes if labels is None else None, labels))
         key, rows = self._prepared_rows

@@ -199,6 +199,15 @@ class Queries:
             got = history[-1][2] if step is None else in_force([(k, a) for k, _, a in history], step, first=True)
             return _copy(got)
 
+    def bucket_count(self, strategy: str = "ddp", step: int | None = None) -> int:
+        """How many buckets bucket_assignment(strategy, step) has (0: none), without its copy."""
+        with self.lock:
+            history = self.bucket_assignments.get((strategy, 0))
+            if not history:
+                return 0
+            got = history[-1][2] if step is None else in_force([(k, a) for k, _, a in history], step, first=True)
+            return len(got)
+
     def bucket_history(self, strategy: str = "ddp", rank: int = 0) -> list[tuple[int, list]]:
         """Every bucket assignment a rank reported, (step, assignment), oldest first (a new list)."""
         with self.lock:
@@ -344,6 +353,8 @@ class Queries:
         """The collective the ranks are stuck in, as their heartbeats say (model/hang.py), DDP's
         buckets named with their layers (rank 0's newest assignment); None: no rank is stuck."""
         with self.lock:
+            if all(i.waiting is None for i in self.ranks.values()):
+                return None  # (inside no collective: none stuck; the status line asks every frame)
             layers = list(self.meta.layers)
             assignment = self.bucket_assignment(spec.USER_STRATEGY)
             buckets = hang.bucket_layers(assignment, self.meta.params, layers) if assignment else None

@@ -152,15 +152,22 @@ def aggregate(view: StepView, lanes: int, hosts: dict[int, list[int]] | None = N
 _KEPT = Kept(16)  # (the Updater's thread makes them ahead of the drawing thread)
 
 
+def banded(view: StepView | None, rows: int) -> bool:
+    """Whether a pane `rows` tall draws this view aggregated (for_pane): more ranks than fit
+    (header, axis and two rows a rank), and at least MIN_RANKS of them."""
+    if view is None:
+        return False
+    n = len(view.spans)
+    return n > max(2, (rows - 2) // LANES_PER_RANK) and n >= MIN_RANKS
+
+
 def for_pane(view: StepView | None, rows: int, hosts: dict[int, list[int]] | None = None,
              culprit: int | None = None) -> tuple[StepView | None, dict | None]:
     """The view a pane `rows` tall draws: as is while every rank fits (header, axis and
     two rows a rank) or there are fewer than MIN_RANKS, else aggregated (kept while the same
     view is drawn again)."""
-    if view is None:
-        return None, None
-    lanes = max(2, (rows - 2) // LANES_PER_RANK)
-    if len(view.spans) <= lanes or len(view.spans) < MIN_RANKS:
+    if not banded(view, rows):
         return view, None
+    lanes = max(2, (rows - 2) // LANES_PER_RANK)
     key = (id(view), lanes, culprit, tuple(sorted(hosts)) if hosts else None)
     return _KEPT.get(key, (view,), lambda: aggregate(view, lanes, hosts, culprit))

@@ -61,13 +61,30 @@ def bucket_rows(store: Store, view: StepView, assignment: list) -> list[tuple[in
     return out
 
 
+_LABELS: list = [None, None, None, None]  # (params, layer names, key, labels) of the last table
+
+
+def _layer_labels(params: list, layer_names: list[str], buckets: list[list[int]], wide: int) -> list[str]:
+    """The layers column of buckets' rows (layer_text: 13 characters, or up to `wide` where
+    the short form cuts the names): the same while the run's names and the bucket assignment
+    are (a cap's change), so made once for them, not every frame."""
+    key = (tuple(map(tuple, buckets)), wide)
+    got = _LABELS
+    if got[0] is params and got[1] is layer_names and got[2] == key:
+        return got[3]
+    param_layer = [int(p[2]) if len(p) > 2 else 0 for p in params]
+    names = list(layer_names)
+    labels = [layer_text(ps, param_layer, names) for ps in buckets]
+    labels = [x if x == layer_text(ps, param_layer, names, 1 << 20, counted=False)
+              else layer_text(ps, param_layer, names, wide) for x, ps in zip(labels, buckets)]
+    _LABELS[:] = params, layer_names, key, labels
+    return labels
+
+
 def build(store: Store, view: StepView | None, rows: int, width: int = 52) -> list[Parts]:
     if view is None:
         return [[("DDP buckets: waiting for a DDP step…", theme.style(theme.DIM))]]
     assignment = store.bucket_assignment("ddp", view.step) or []
-    params = store.meta.params
-    param_layer = [int(p[2]) if len(p) > 2 else 0 for p in params]
-    names = list(store.meta.layers)
     cap = f" · cap {view.bucket_cap_mb:g} MB" if view.bucket_cap_mb is not None else ""
     lines: list[Parts] = [
         [(f"DDP buckets · step {view.step}{cap}", theme.style(theme.TEXT, bold=True)),
@@ -77,9 +94,7 @@ def build(store: Store, view: StepView | None, rows: int, width: int = 52) -> li
     show = got if len(got) <= room else got[:max(0, room - 1)]
     # the layers column: 13 characters, wider where the panel has room and a name needs it
     wide = max(LAYERS_WIDTH, width - 8 - 8 - 10 - 9 - 1)
-    labels = [layer_text(ps, param_layer, names) for _, ps, _, _, _ in show]
-    labels = [x if x == layer_text(ps, param_layer, names, 1 << 20, counted=False)
-              else layer_text(ps, param_layer, names, wide) for x, (_, ps, _, _, _) in zip(labels, show)]
+    labels = _layer_labels(store.meta.params, store.meta.layers, [ps for _, ps, _, _, _ in show], wide)
     col = max([LAYERS_WIDTH] + [len(x) for x in labels]) + 1
     lines.append([(f"{'bucket':<8}{'layers':<{col}}{'MB':>8}{'time ms':>10}{'overlap':>9}",
                  theme.style(theme.DIM, bold=True))])
@@ -100,14 +115,14 @@ class BucketsPanel(Panel):
     def rows_min(store: Store) -> int:
         if "ddp" not in store.strategies():
             return 0
-        n = len(store.bucket_assignment("ddp") or [])
+        n = store.bucket_count("ddp")
         return min(2 + n, 5) if n else 0
 
     @staticmethod
     def rows_max(store: Store) -> int:
         if "ddp" not in store.strategies():
             return 0
-        return 2 + len(store.bucket_assignment("ddp") or [])
+        return 2 + store.bucket_count("ddp")
 
     def build_lines(self, frame: Frame) -> list[Parts]:
         return build(frame.store, frame.views.get("ddp"), self.inner[1], self.inner[0])

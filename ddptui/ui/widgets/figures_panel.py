@@ -80,14 +80,16 @@ def compare_rows(store: Store, shown: dict[str, int | None]) -> list[dict]:
     return rows
 
 
+_FIELD = {"median": "step_ms_median", "calls": "allreduce_calls_per_step", "exposed": "exposed_comm_ms",
+          "samples": "samples_per_s", "overlap": "overlap_pct"}  # a column's key -> its row's field
+
+
 def _cell(row: dict, key: str) -> str:
     if key == "calls" and row.get("collective_calls_per_step") is not None:  # AllReduces + other collectives
         return f"{row.get('allreduce_calls_per_step') or 0:.0f}+{row['collective_calls_per_step']:.0f}"
-    v = {"strategy": row["strategy"], "this": row.get("this"), "median": row.get("step_ms_median"),
-         "calls": row.get("allreduce_calls_per_step"), "exposed": row.get("exposed_comm_ms"),
-         "samples": row.get("samples_per_s"), "overlap": row.get("overlap_pct")}.get(key, row.get(key))
     if key == "strategy":
-        return v
+        return row["strategy"]
+    v = row.get(_FIELD.get(key, key))
     if v is None:
         return "–"
     if key in ("comm_pct", "exposed_pct", "busy_pct", "gpu_pct", "overlap"):

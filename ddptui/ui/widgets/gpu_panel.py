@@ -54,9 +54,15 @@ def gpu_lines(samples: list[frames.Gpu], width: int, rows: int, ranks_of: dict |
     ranks_of = ranks_of or {}
     per_gpu = 2 if rows - 1 >= 2 * len(latest) else 1
     hist_w = max(4, min(30, (width - 44) // 2))
+    recent = []  # each sample of the history: GPU index -> its reading (the first, if two say one index)
+    for s in samples[-hist_w:]:
+        of: dict = {}
+        for x in s.gpus:
+            of.setdefault(x.index, x)
+        recent.append(of)
     for g in latest:
         i = g.index
-        hist = [next((x for x in s.gpus if x.index == i), None) for s in samples[-hist_w:]]
+        hist = [of.get(i) for of in recent]
         # utilisation, or GPM's SM activity where utilisation reads 0 (an H100 read 0 % while
         # its SMs were 41-47 % busy at 245 W): never a busy GPU shown idle
         pct, label = gpusamples.busy(g)

@@ -205,15 +205,15 @@ _LAYER_COLOURS = frozenset((theme.FWD_A, theme.FWD_A + 1, theme.BWD_A, theme.BWD
 _COLL_FIRST = theme.COLL_AG  # colour ids from here on are collectives' (theme: COLL_AG .. COLL_UNKNOWN)
 
 
-def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, set[int], list]:
+def raster(bars: list[Bar], width: int, ms_per_cell: float, labels: bool = True) -> tuple[bytearray, list[int], list]:
     """Paint bars (later ones on top) into eighths; every bar gets at least one eighth.
-    Returns the eighths, the boundaries and [(first full cell, colour, label)] of the labelled
-    bars wide enough for their label (and a cell either side)."""
+    Returns the eighths, the boundaries (0 and each bar's two ends, in bar order) and
+    [(first full cell, colour, label)] of the labelled bars wide enough for their label (and
+    a cell either side); with labels=False, none."""
     n = width * 8
     sub = bytearray(n)
     k = 8.0 / ms_per_cell
-    bounds = {0}
-    add = bounds.add
+    edges = [0]
     spans = []
     fill = _FILL
     for a_ms, z_ms, c, label in bars:
@@ -226,12 +226,13 @@ def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, 
                 z = a + 1
             if z <= 0:
                 continue
-            a = max(a, 0)
-            z = min(z, n)
+            if a < 0:
+                a = 0
+            if z > n:
+                z = n
         sub[a:z] = fill[c] * (z - a)
-        add(a)
-        add(z)
-        if label:
+        edges += (a, z)
+        if label and labels:
             room = (z >> 3) - ((a + 7) >> 3) - 2
             if room >= len(label):
                 spans.append(((a + 7) >> 3, c, label))
@@ -243,17 +244,7 @@ def raster(bars: list[Bar], width: int, ms_per_cell: float) -> tuple[bytearray, 
                 short = label.rpartition(".")[2]
                 if short and room >= len(short):
                     spans.append(((a + 7) >> 3, c, short))
-    return sub, bounds, spans
-
-
-def _labels(sub: bytearray, spans: list) -> dict[int, tuple[str, int]]:
-    """cell -> (text, colour) for labels (wide enough: raster) whose bar is still visible."""
-    out = {}
-    for ca, c, text in spans:
-        at = ca + 1
-        if sub.count(c, at * 8, (at + len(text)) * 8) == len(text) * 8:
-            out[at] = (text, c)
-    return out
+    return sub, edges, spans
 
 
 @lru_cache(maxsize=8192)
@@ -282,11 +273,15 @@ def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool 
     """Exactly `width` cells of segments for one lane (with labels, or bars only)."""
     if width <= 0:
         return []
-    sub, bounds, spans = raster(bars, width, ms_per_cell)
-    labs = _labels(sub, spans) if labels else {}
-    mixed = {b >> 3 for b in bounds if b & 7}
-    cuts = {b >> 3 for b in bounds}
+    sub, edges, spans = raster(bars, width, ms_per_cell, labels)
+    sub = bytes(sub)  # (its slices are bytes: the chunks' cache keys)
+    cuts = {b >> 3 for b in edges}
     cuts.discard(width)
+    labs = {}
+    for ca, c, text in spans:  # labels whose bar is still visible where they go
+        at = ca + 1
+        if sub.count(c, at * 8, (at + len(text)) * 8) == len(text) * 8:
+            labs[at] = (text, c)
     for at, (text, _) in labs.items():
         cuts.difference_update(range(at + 1, at + len(text)))
         cuts.add(at)
@@ -297,18 +292,18 @@ def lane_segments(bars: list[Bar], width: int, ms_per_cell: float, labels: bool 
     segs = []
     append = segs.append
     run, lab_get = _run, labs.get
-    sub = bytes(sub)  # (its slices are bytes: the chunks' cache keys)
     for c, e in zip(cuts, cuts[1:]):
-        if c in mixed:
-            chunk = sub[c * 8:c * 8 + 8]
-            if chunk.count(chunk[0]) != 8:  # (a later bar may have covered the boundary)
-                append(_mixed(chunk))
-                c += 1
-                if c >= e:
-                    continue
+        c8 = c * 8
+        left = sub[c8]
+        if sub.count(left, c8, c8 + 8) != 8:  # a boundary in the cell (unless a later bar covered it)
+            append(_mixed(sub[c8:c8 + 8]))
+            c += 1
+            if c >= e:
+                continue
+            left = sub[c8 + 8]
         lab = lab_get(c)
         if lab is not None:
             append(_label(*lab))
             continue
-        append(run(sub[c * 8], e - c))
+        append(run(left, e - c))
     return segs

@@ -10,6 +10,7 @@ from .panel import Frame, Panel
 from .text import Parts
 
 RECENT = stragglers.RECENT  # steps the medians and bars are over
+_RANK, _BAR, _VALUE = theme.style(theme.TEXT, bold=True), theme.style(theme.LANE_COLOURS[theme.WAIT]), theme.style(theme.TEXT)
 
 
 def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
@@ -156,9 +157,7 @@ def build(store: Store, shown: dict, width: int, rows: int) -> list[Parts]:
         row: Parts = [(f"{'':8}wait, ms ", theme.style(theme.DIM))]
         for r, v in sorted(waits.items()):
             w = min(bar_w, max(0, round(bar_w * v / top)))  # (under half a cell: none drawn)
-            row += [(f"r{r} ", theme.style(theme.TEXT, bold=True)),
-                    ("█" * w + " " * (bar_w - w), theme.style(theme.LANE_COLOURS[theme.WAIT])),
-                    (f" {v:5.1f}  ", theme.style(theme.TEXT))]
+            row += [(f"r{r} ", _RANK), ("█" * w + " " * (bar_w - w), _BAR), (f" {v:5.1f}  ", _VALUE)]
         row.append((tail, theme.style(theme.DIM)))
         lines.append(row)
     return lines[:rows]
