@@ -1,8 +1,10 @@
 """What `ddptui attach` names across polls (model/frwatch.py) and where a rank's Python is
 (model/pystack.py), pure: on the dumps of a real gloo job made to hang (demo/fr-hang-2ranks-gloo,
 tests/scripts/fr_hang.py: on a subgroup rank 1 never issued the 4th all_reduce; on the default
-group rank 1 broadcast where rank 0 all_reduced) and on faulthandler's text as the debug
-server's dump_traceback writes it. The end-to-end test on a live job: tests/test_attach.py."""
+group rank 1 broadcast where rank 0 all_reduced), on pipelines' sends and recvs written as NCCL
+records them (gloo's Flight Recorder records none; as tests/test_frdump.py writes them) and on
+faulthandler's text as the debug server's dump_traceback writes it. The end-to-end test on a
+live job: tests/test_attach.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -104,6 +106,136 @@ def test_a_named_hang_that_goes_on_is_resolved(demo):
     events = w.update(frverdict.verdict(later), t0 + 11 * S, 2.0)
     assert [e[0] for e in events] == ["resolved"] and events[0][2] == pytest.approx(11.0)
     assert w.current is None
+
+
+
+# -- point-to-point: a pipeline's sends and recvs, as NCCL records them ---------------------------
+T0 = 1_700_000_000 * S  # when the stuck send or recv was issued (the job's clock)
+
+
+def _nccl(rank: int, ops, wrapped: int = 0) -> frverdict.RankDump:
+    """A rank's dump of the default group as NCCL writes one: ops ('send 0->1', 'recv 1<-0' or
+    a collective; shape, ended, created_ns) in order, numbered as NCCL numbers them; `wrapped`:
+    its first ones gone (the buffer wrapped)."""
+    entries, p2p, coll = [], 0, 0
+    for i, (op, shape, ended, t) in enumerate(ops):
+        is_p2p = op.split(" ")[0] in ("send", "recv")
+        p2p, coll = p2p + is_p2p, coll + (not is_p2p)
+        entries.append({"record_id": i, "process_group": ["0", "default_pg"], "pg_id": 0,
+                        "collective_seq_id": coll, "p2p_seq_id": p2p, "op_id": i + 1,
+                        "profiling_name": f"nccl:{op}", "is_p2p": is_p2p, "input_sizes": [shape],
+                        "output_sizes": [shape], "input_dtypes": ["Float"], "output_dtypes": ["Float"],
+                        "state": "completed" if ended else "started", "retired": ended, "time_created_ns": t,
+                        "time_discovered_started_ns": t,
+                        "time_discovered_completed_ns": t + S // 100 if ended else None})
+    return frverdict.rank_dump({"version": "2.10", "entries": entries[wrapped:]}, rank)
+
+
+def _pipeline(steps: int = 6):
+    """Two stages' last `steps` steps, every send met: rank 0 sends its activations to rank 1
+    and receives their gradients back, a step a second up to T0."""
+    r0, r1 = [], []
+    for k in range(steps):
+        t = T0 - (steps - k) * S
+        r0 += [("send 0->1", [4], True, t), ("recv 0<-1", [4], True, t + S // 2)]
+        r1 += [("recv 1<-0", [4], True, t), ("send 1->0", [4], True, t + S // 2)]
+    return r0, r1
+
+
+def test_a_recv_that_no_send_answers_is_named_with_the_rank_that_never_sent():
+    """Stage 1 posts its 7th recv from stage 0 at T0; stage 0 never sends it (stuck before its
+    send). Polled a second apart: not named before --hang-s, named within 5 s of T0, with
+    rank 0 (never sent) the late rank whose stack says why; resolved when the pair completes."""
+    r0, r1 = _pipeline()
+    dumps = {0: _nccl(0, r0), 1: _nccl(1, r1 + [("recv 1<-0", [4], False, T0)])}
+    v = frverdict.verdict(dumps)
+    w = Watch(hang_s=2.0)
+    named = None
+    for k in range(5):
+        now = T0 + 3 * S // 10 + k * S
+        events = w.update(v, now, 100.0 + k)
+        if now - T0 < 2 * S:
+            assert events == []
+        elif named is None:
+            (ev,) = events
+            assert ev[0] == "named"
+            named = ev[1]
+        else:
+            assert [e[0] for e in events] == ["still"]
+    n = named
+    assert n is not None and n.after_s() == pytest.approx(2.3) and n.after_s() <= 5
+    assert (n.kind, n.group, n.name, n.pair, n.inside, n.never, n.other, n.late) == \
+        ("hang", "default_pg", "recv 0->1 #13", "0->1", {1: pytest.approx(4.3)}, [0], {}, [0])
+    n.stacks[0] = "train.py:11 in stall_here"  # (as attach fetches it)
+    assert n.short() == ("hang: default_pg recv 0->1 #13: r1 waiting 4 s · r0 never sent it · "
+                         "r0 at train.py:11 in stall_here")
+    assert n.line() == ("hang: default_pg [ranks 0, 1] recv 0->1 #13 (16 B, Float[4]): rank 1 waiting in it for 4.3 s; "
+                        "rank 0 never sent it (the 7th; rank 0 sent 6); rank 0: last completed recv 0<-1 #12 "
+                        "(default_pg), nothing in flight")
+    doc = n.doc()["point_to_point"]
+    assert (doc["kind"], doc["src"], doc["dst"], doc["culprit"], doc["recv"]["seq"]) == ("no_send", 0, 1, 0, 13)
+    # rank 0 sends it after all: the pair completes
+    later = {0: _nccl(0, r0 + [("send 0->1", [4], True, T0 + 7 * S)]),
+             1: _nccl(1, r1 + [("recv 1<-0", [4], True, T0)])}
+    events = w.update(frverdict.verdict(later), T0 + 15 * S // 2, 105.5)
+    assert [e[0] for e in events] == ["resolved"] and events[0][1] is n and events[0][2] == pytest.approx(7.5)
+    assert w.current is None and w.update(frverdict.verdict(later), T0 + 17 * S // 2, 106.5) == []
+
+
+def test_a_slow_stage_and_an_eager_send_are_no_hang():
+    """A recv answered within --hang-s (stage 0's forward slower than usual) is never named;
+    nor a send that completed with no recv posted yet (NCCL sends small ones eagerly): no rank
+    waits in it."""
+    r0, r1 = _pipeline()
+    w = Watch(hang_s=2.0)
+    waiting = frverdict.verdict({0: _nccl(0, r0), 1: _nccl(1, r1 + [("recv 1<-0", [4], False, T0)])})
+    for k in range(4):
+        assert w.update(waiting, T0 + (k + 1) * S * 4 // 10, 10.0 + k * 0.4) == []
+    answered = {0: _nccl(0, r0 + [("send 0->1", [4], True, T0 + 18 * S // 10)]),
+                1: _nccl(1, r1 + [("recv 1<-0", [4], True, T0)])}
+    assert w.update(frverdict.verdict(answered), T0 + 2 * S, 12.0) == []
+    eager = frverdict.verdict({0: _nccl(0, r0 + [("send 0->1", [4], True, T0)]), 1: _nccl(1, r1)})
+    assert [i.kind for i in eager.groups[0].p2p] == ["no_recv"]
+    assert Watch(hang_s=2.0).update(eager, T0 + 10 * S, 1.0) == []
+
+
+def test_a_send_and_its_recv_of_other_sizes_is_a_desync():
+    """Stage 1's 7th recv from stage 0 is of 5 floats, the send of 4: a desync named at once
+    (both ranks' stacks); where a buffer wrapped (the pair's place unknown) only once it lasts."""
+    r0, r1 = _pipeline()
+    dumps = {0: _nccl(0, r0 + [("send 0->1", [4], False, T0)]), 1: _nccl(1, r1 + [("recv 1<-0", [5], False, T0)])}
+    (ev,) = Watch().update(frverdict.verdict(dumps), T0 + S // 10, 1.0)
+    n = ev[1]
+    assert (ev[0], n.kind, n.name, n.never, n.late) == ("named", "desync", "send 0->1 #13", [], [0, 1])
+    assert n.line() == ("desync: default_pg [ranks 0, 1] send 0->1 #13 (16 B, Float[4]): ranks 0, 1 waiting in it for "
+                        "0.1 s; rank 0 sent Float[4], rank 1 posted its recv for Float[5] (other sizes; the 7th from "
+                        "rank 0 to rank 1)")
+    assert n.short() == "desync: default_pg send 0->1 #13: r0 r1 waiting 0 s · r0 r1 other sizes"
+    wrapped = {**dumps, 0: _nccl(0, r0 + [("send 0->1", [4], False, T0)], wrapped=2)}
+    w = Watch(hang_s=2.0)
+    assert w.update(frverdict.verdict(wrapped), T0 + S // 10, 1.0) == []
+    (ev,) = w.update(frverdict.verdict(wrapped), T0 + 21 * S // 10, 3.0)
+    assert (ev[0], ev[1].kind, ev[1].name, ev[1].issue.index) == ("named", "desync", "send 0->1 #13", None)
+
+
+def test_a_stage_waiting_in_a_recv_is_named_before_the_collective_it_never_issued():
+    """Three ranks: rank 2 inside all_reduce #2, rank 1 never issued it because it waits in a
+    recv from rank 0, which never sends: named is the recv, and rank 0 (the root), not the
+    all_reduce that ranks 0 and 1 never issued."""
+    t = T0 - 5 * S
+    ar = ("all_reduce", [4], True, t)
+    r0 = [ar, ("send 0->1", [4], True, t + S)]
+    r1 = [ar, ("recv 1<-0", [4], True, t + S), ("recv 1<-0", [4], False, T0)]
+    r2 = [ar, ("all_reduce", [4], False, T0)]
+    v = frverdict.verdict({0: _nccl(0, r0), 1: _nccl(1, r1), 2: _nccl(2, r2)})
+    assert v.lead()[0] == "p2p" and v.groups[0].first.never == [0, 1]
+    w = Watch(hang_s=2.0)
+    assert w.update(v, T0 + S, 1.0) == []
+    (ev,) = w.update(v, T0 + 3 * S, 3.0)
+    n = ev[1]
+    assert (ev[0], n.kind, n.name, n.inside, n.late) == \
+        ("named", "hang", "recv 0->1 #2", {1: pytest.approx(3.0)}, [0])
+    assert n.short() == "hang: default_pg recv 0->1 #2: r1 waiting 3 s · r0 never sent it"
 
 
 TRACEBACK = """\

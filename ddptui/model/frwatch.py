@@ -15,18 +15,34 @@ names only what lasts:
   polls; when first seen, since its newest entry): a job whose backend runs ahead of its
   collectives (NCCL's queue) keeps issuing, and is not named.
 
-Of several, the group the verdict names first (its culprit), else the first in flight. The
-collective is the group's first disagreement, else its oldest in flight; inside: the ranks
-with it in flight (for how long); failed: those where it ended by an error (a timeout, before
-the poll); never: the ranks that never issued it; other: what the others issued instead. `update` returns events: ("named", Named) once, ("resolved", Named,
-seconds) when the named collective is no longer stuck (it completed: a slow rank, not a hang),
-("still", Named) on later polls (its seconds updated). Pure: a verdict and the time in.
+Point-to-point ops the same way, as the verdict pairs them (`GroupVerdict.p2p`: a group's
+sends with their recvs per (src, dst)): a **hang** when a recv that no send answers (or a send
+that no recv answers) is still in flight on its rank for `hang_s` with no progress in its
+group; a **desync** when a send and its recv have other sizes or dtypes: at once where the
+pair's place is known, else once it lasts as a hang does (a buffer that wrapped pairs them
+from the last that ended on both sides, which polls of two ranks at other moments can shift).
+A send that went on without its recv (NCCL sends small ones eagerly) waits on no one: not named.
+
+Of several, the first that lasts, in the verdict's order (`Verdict.lead`): the point-to-point
+ones first where the verdict leads with one (the root of a chain of waiting stages first: a
+rank that never issued a collective because it waits in a recv), else the group the verdict
+names first (its culprit), the first in flight, then the point-to-point ones. The collective
+is the group's first disagreement, else its oldest in flight; inside: the ranks with it in
+flight (for how long); failed: those where it ended by an error (a timeout, before the poll);
+never: the ranks that never issued it; other: what the others issued instead. A
+point-to-point one is named by what waits ('recv 0->1 #7': rank 1's 7th send or recv, waiting
+for rank 0's send), inside: the rank waiting in it; never: the rank that never sent it (or
+never posted its recv): the one whose stack says why. `update` returns events: ("named",
+Named) once, ("resolved", Named, seconds) when the named collective is no longer stuck (it
+completed: a slow rank, not a hang), ("still", Named) on later polls (its seconds updated).
+Pure: a verdict and the time in.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .frverdict import FrEntry, GroupVerdict, Verdict, _ranks_text, _rs, _what
+from .frverdict import (FrEntry, GroupVerdict, P2PIssue, Verdict, _ordinal, _p2p_doc, _p2p_order, _ranks_text,
+                        _rs, _shape_of, _what)
 
 HANG_S = 2.0  # inside one collective, with no progress in its group, this long: a hang
 
@@ -51,10 +67,16 @@ class Named:
     failed: list[int] = field(default_factory=list)  # ranks whose entry of it ended by an error (its timeout)
     stacks: dict[int, str] = field(default_factory=dict)
     stack_lines: dict[int, list[str]] = field(default_factory=dict)
+    issue: P2PIssue | None = None  # a point-to-point one: the send and recv that do not match
 
     @property
-    def key(self) -> tuple[str, int]:
-        return self.group_name, self.seq
+    def pair(self) -> str:
+        """'0->1' for a point-to-point one, '' for a collective."""
+        return self.issue.pair if self.issue is not None else ""
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return self.group_name, self.seq, self.pair
 
     @property
     def late(self) -> list[int]:
@@ -68,6 +90,8 @@ class Named:
 
     def line(self) -> str:
         """The whole of it in one line (without the stacks)."""
+        if self.issue is not None:
+            return self._p2p_line()
         bits = []
         if self.inside:
             secs = max(self.inside.values())
@@ -79,8 +103,32 @@ class Named:
         bits += [f"rank {r} {t}" for r, t in sorted(self.other.items())]
         if self.unknown:
             bits.append(f"{_ranks_text(self.unknown)}: unknown (no answer, or its buffer wrapped past it)")
-        return f"{self.kind}: {self.group} {_ranks_text(self.ranks, 'ranks')} {self.name} ({self.what.split(' (', 1)[-1]}: " \
-            + "; ".join(bits)
+        return self._head() + "; ".join(bits)
+
+    def _p2p_line(self) -> str:
+        i = self.issue
+        bits = []
+        if self.inside:
+            bits.append(f"{_ranks_text(sorted(self.inside))} waiting in it for {max(self.inside.values()):.1f} s")
+        if i.kind == "no_send":
+            count = f" (the {_ordinal(i.index)}; rank {i.src} sent {i.sent})" if i.index else ""
+            bits.append(f"rank {i.src} never sent it{count}")
+        elif i.kind == "no_recv":
+            count = f" (the {_ordinal(i.index)}; rank {i.dst} posted {i.posted})" if i.index else ""
+            bits.append(f"rank {i.dst} never posted its recv{count}")
+        else:
+            nth = f"; the {_ordinal(i.index)} from rank {i.src} to rank {i.dst}" if i.index else ""
+            bits.append(f"rank {i.src} {self.other[i.src]}, rank {i.dst} {self.other[i.dst]} (other {i.kind}{nth})")
+        if i.peer_at:
+            bits.append(f"rank {i.culprit}: {i.peer_at}")
+        if i.cycle:
+            bits.append(f"a cycle: {_ranks_text(i.cycle)} each wait for another of them")
+        return self._head() + "; ".join(bits)
+
+    def _head(self) -> str:
+        """'hang: default_pg [ranks 0, 1] all_reduce #66 (18,720 B, Float[4680]): '."""
+        what = self.what.split(" (", 1)[-1]
+        return f"{self.kind}: {self.group} {_ranks_text(self.ranks, 'ranks')} {self.name} ({what}: "
 
     def where_line(self) -> str:
         """'rank 1 at train.py:11 in stall_here' for each late rank whose stack was fetched."""
@@ -88,14 +136,19 @@ class Named:
 
     def short(self) -> str:
         """For a status line: 'hang: default_pg AR #66: r0 inside 3 s · r1 never issued it ·
-        r1 at train.py:11 in stall_here'."""
+        r1 at train.py:11 in stall_here', 'hang: default_pg recv 0->1 #7: r1 waiting 6 s · r0
+        never sent it · r0 at train.py:11 in stall_here'."""
         bits = []
+        i = self.issue
         if self.inside:
-            bits.append(f"{_rs(sorted(self.inside))} inside {max(self.inside.values()):.0f} s")
+            bits.append(f"{_rs(sorted(self.inside))} {'waiting' if i is not None else 'inside'} "
+                        f"{max(self.inside.values()):.0f} s")
         if self.never:
-            bits.append(f"{_rs(self.never)} never issued it")
+            said = ("never issued it" if i is None else "never sent it" if i.kind == "no_send"
+                    else "never posted its recv")
+            bits.append(f"{_rs(self.never)} {said}")
         if self.other:
-            bits.append(f"{_rs(sorted(self.other))} issued another")
+            bits.append(f"{_rs(sorted(self.other))} " + (f"other {i.kind}" if i is not None else "issued another"))
         where = [f"r{r} at {w.split(' (called', 1)[0]}" for r, w in sorted(self.stacks.items()) if w][:2]
         return f"{self.kind}: {self.group} {self.name}: " + " · ".join(bits + where)
 
@@ -106,7 +159,8 @@ class Named:
                 "inside": {str(r): round(s, 3) for r, s in sorted(self.inside.items())}, "failed": self.failed,
                 "never_issued": self.never,
                 "other": {str(r): t for r, t in sorted(self.other.items())}, "unknown": self.unknown,
-                "stacks": {str(r): {"where": w, "frames": self.stack_lines.get(r, [])} for r, w in sorted(self.stacks.items())}}
+                "stacks": {str(r): {"where": w, "frames": self.stack_lines.get(r, [])} for r, w in sorted(self.stacks.items())},
+                "point_to_point": _p2p_doc(self.issue) if self.issue is not None else None}
 
 
 @dataclass
@@ -137,8 +191,10 @@ class Watch:
             got.marker, got.changed_s = marker, now_s
         return now_s - got.changed_s
 
-    def _candidate(self, g: GroupVerdict, now_ns: int) -> Named | None:
-        """The group's stuck collective as a Named (not yet judged), or None."""
+    def _candidate(self, g: GroupVerdict, now_ns: int, p2p_too: bool = True) -> Named | None:
+        """The group's stuck collective as a Named (not yet judged), or None. `p2p_too`: its
+        oldest send or recv in flight where no collective is (False: the group's sends and
+        recvs are judged as pairs, `_p2p_candidate`)."""
         d = g.first
         flying = {r: [e for e in es] for r, es in g.in_flight.items()}
         if d is not None:
@@ -146,7 +202,7 @@ class Watch:
             p2p = False
         else:
             colls = [e for es in flying.values() for e in es if not e.p2p]
-            pick = colls or [e for es in flying.values() for e in es]
+            pick = colls or ([e for es in flying.values() for e in es] if p2p_too else [])
             if not pick:
                 return None
             ref = min(pick, key=lambda e: (e.seq, e.created_ns or 0))
@@ -173,20 +229,50 @@ class Watch:
         return Named(kind, g.label, g.name, list(g.ranks), seq, ref.name, _what(ref), since, inside,
                      never, other, unknown, now_ns, failed)
 
+    def _p2p_candidate(self, g: GroupVerdict, i: P2PIssue, now_ns: int) -> Named | None:
+        """A send and recv that do not match as a Named (not yet judged), or None where no rank
+        waits in it (a send that went on without its recv)."""
+        flying = {id(e) for a in g.at.values() for e in a.in_flight}
+        if i.culprit is not None and id(i.entry) not in flying:
+            return None
+        e = i.entry
+        inside = {r: max(0.0, (now_ns - (x.created_ns or now_ns)) / 1e9)
+                  for r, x in ((i.src, i.send), (i.dst, i.recv)) if x is not None and id(x) in flying}
+        other: dict[int, str] = {}
+        if i.culprit is None:  # (other sizes or dtypes: both issued it)
+            other = {i.src: f"sent {_shapes(i.send, False)}",  # type: ignore[arg-type]
+                     i.dst: f"posted its recv for {_shapes(i.recv, True)}"}  # type: ignore[arg-type]
+        kind = "desync" if i.culprit is None else "hang"
+        side = "recv" if i.kind == "no_send" else "send"
+        return Named(kind, g.label, g.name, list(g.ranks), e.seq, f"{side} {i.pair} #{e.seq}", _what(e),
+                     e.created_ns, inside, [i.culprit] if i.culprit is not None else [], other, [], now_ns,
+                     issue=i)
+
     def update(self, verdict: Verdict, now_ns: int, now_s: float) -> list[tuple]:
         """This poll's events (module docstring). now_ns: the wall clock (the job's clock, as
         its entries' times are); now_s: a monotonic clock (progress between polls)."""
         culprit = verdict.culprit()
         order = ([culprit] if culprit is not None else []) + [g for g in verdict.groups if g is not culprit]
+        quiet = {g.name: self._quiet_s(g, now_ns, now_s) for g in order}
+        pairs: list[tuple[P2PIssue, Named]] = []  # each group's first send or recv that waits (or mismatch)
+        for g in verdict.groups:
+            for i in g.p2p:
+                c = self._p2p_candidate(g, i, now_ns)
+                if c is not None:
+                    pairs.append((i, c))
+                    break
+        pairs.sort(key=lambda x: _p2p_order(x[0]))
+        paired = {c.group_name for _, c in pairs}
+        colls = [c for g in order for c in [self._candidate(g, now_ns, g.name not in paired)] if c is not None]
+        lead = verdict.lead()
+        p2ps = [c for _, c in pairs]
         stuck: Named | None = None
-        for g in order:
-            quiet = self._quiet_s(g, now_ns, now_s)
-            c = self._candidate(g, now_ns)
-            if c is None or stuck is not None:
-                continue
+        for c in (p2ps + colls if lead is not None and lead[0] == "p2p" else colls + p2ps):
             age = (now_ns - c.since_ns) / 1e9 if c.since_ns else 0.0
-            if c.kind == "desync" or (age >= self.hang_s and quiet >= self.hang_s):
+            at_once = c.kind == "desync" and (c.issue is None or c.issue.index is not None)
+            if at_once or (age >= self.hang_s and quiet[c.group_name] >= self.hang_s):
                 stuck = c
+                break
         events: list[tuple] = []
         cur = self.current
         if cur is not None and (stuck is None or stuck.key != cur.key):
@@ -199,10 +285,16 @@ class Watch:
                 events.append(("named", stuck))
             else:  # the same one: its seconds and who is inside, as of now
                 cur.inside, cur.never, cur.other = stuck.inside, stuck.never, stuck.other
-                cur.unknown, cur.failed = stuck.unknown, stuck.failed
+                cur.unknown, cur.failed, cur.issue = stuck.unknown, stuck.failed, stuck.issue
                 events.append(("still", cur))
         return events
 
 
 def _sizes(e: FrEntry) -> str:
     return f"in {[list(s) for s in e.in_sizes]}, out {[list(s) for s in e.out_sizes]}"
+
+
+def _shapes(e: FrEntry, out: bool) -> str:
+    """A send's shapes (its inputs), a recv's (its outputs): 'Float[4, 16]'."""
+    sizes, dtypes = _shape_of(e, out)
+    return ", ".join(f"{dt}{list(sz)}" for sz, dt in zip(sizes, dtypes)) or "no shape recorded"
