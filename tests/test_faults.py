@@ -202,7 +202,11 @@ def test_interrupt_start_up_and_training(tmp_path, sig, when):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # CI: tests/test_cli_verbs.py::test_sigkilled_run_replays_to_its_last_complete_step
 def test_app_sigkilled_workers_exit_by_themselves():
+    """Heavy: in CI, test_cli_verbs' test_sigkilled_run_replays_to_its_last_complete_step
+    SIGKILLs a headless run's app the same way and holds its workers to leaving by themselves
+    (within 15 s there; 8 s here)."""
     h = Headless("--steps", "0", "--strategies", "naive")
     h.wait_for("steps:")
     workers = [p for p in worker_procs() if "torch.distributed.run" not in " ".join(p.cmdline())]
