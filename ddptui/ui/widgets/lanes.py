@@ -123,12 +123,16 @@ def overlaps(comms: list[Comm]) -> list[tuple[float, float]]:
 def coll_look(row, layer_names: list[str]) -> tuple[int, str]:
     """(first colour id, label) of a COLL span from its collectives table row (None: not
     described: the unknown colour, '?'): 'AG h.0', 'RS h.3', 'A2A' (no issuing layer); on a
-    device mesh's dimension its name too: 'AR@tp h.0', 'AG@dp h.0'."""
+    device mesh's dimension its name too: 'AR@tp h.0', 'AG@dp h.0'; a Flight Recorder run's,
+    whose lanes are its groups, the group once: 'AR group 1'."""
     if row is None:
         return theme.COLL_UNKNOWN, "?"
     op, layer = row[1], row[5]
-    short = with_group(spec.COLL_SHORT.get(op, op), group_label(row[4]))
-    label = f"{short} {layer_names[layer]}" if 0 <= layer < len(layer_names) else short
+    short, group = spec.COLL_SHORT.get(op, op), group_label(row[4])
+    where = layer_names[layer] if 0 <= layer < len(layer_names) else None
+    if where != group:  # (the group said once: a Flight Recorder run's "layers" are its groups)
+        short = with_group(short, group)
+    label = f"{short} {where}" if where is not None else short
     return theme.COLL_COLOURS.get(op, theme.COLL_OTHER), label
 
 
