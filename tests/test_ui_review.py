@@ -87,3 +87,57 @@ def test_a_flight_recorder_lane_names_its_group_once():
     assert "AR group 1" in labels and not any("@" in x for x in labels), labels
     assert coll_look((0, "all_reduce", 64, 2, "mesh_tp@0", 0, "forward", False), ["layers.0"])[1] == "AR@tp layers.0"
     assert coll_look((0, "all_gather", 64, 2, "mesh_dp", -1, "forward", False), ["layers.0"])[1] == "AG@dp"
+
+
+@pytest.mark.asyncio
+async def test_keys_that_do_not_apply_are_not_offered_and_say_why():
+    """`ddptui run`, attach and replays: no `b bucket− B bucket+ d straggler` in the footer; pressed
+    anyway, one line says why (not "no rank is connected yet", which a script's run said at step
+    166); ddptui's own run still offers them."""
+    runs = ((lambda: ScriptRun(8, 2, "medium", ("ddp",), seed=7), "the script owns its DDP"),
+            (Watched, "only watched"), (lambda: ReplaySource(FR, clock=still), "a replay"))
+    for make, why in runs:
+        for key in ("b", "d"):
+            app = NotingApp(make())
+            async with app.run_test(size=(120, 40)) as pilot:
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+                footer = app.screen._compositor.render_strips()[-1].text
+                assert "bucket" not in footer and "straggler" not in footer, footer
+                await pilot.press(key)
+                await pilot.pause()
+                app.redraw()
+                await pilot.pause()
+                status = app.screen._compositor.render_strips()[-2].text
+            assert "b, B, d do not apply" in status and why in status, status
+            assert not any("no rank is connected" in n for n in app.notes), app.notes
+    own = await screen_of(SyntheticSource(8, 2, "medium", ("ddp",), seed=7), (120, 40))
+    assert "bB bucket" in own[-1], own[-1]
+
+
+@pytest.mark.asyncio
+async def test_at_80_columns_the_keys_and_the_verdict_that_matter_survive():
+    """At 80x24 attach's footer kept everything but `p profile` (the key docs/attach.md names),
+    the FR replay's status line lost the verdict's gist, and a replay's footer its go-to key."""
+    attach = await screen_of(Watched(), (80, 24))
+    assert "p profile" in attach[-1] and "space pause" in attach[-1], attach[-1]
+    fr = await screen_of(ReplaySource(FR, clock=still), (80, 24))
+    assert "r1 never issued it" in fr[-2] and fr[-2].startswith(" ■ REPLAY"), fr[-2]
+    for key in ("[] speed", "g go to", "space pause", "←→ step"):
+        assert key in fr[-1], fr[-1]
+    script = await screen_of(ScriptRun(8, 2, "medium", ("ddp",), seed=7), (120, 40))
+    assert script[-1].rstrip().endswith("s screenshot"), script[-1]
+
+
+@pytest.mark.asyncio
+async def test_a_2d_mesh_at_80x24_says_which_collectives_are_tp_and_dp():
+    """tests/scripts/tp2d.py's run at 80x24: the header dropped `(dp 8 · tp 4)` for a note on
+    blocks drawn a bar, and the legend had forward, backward and AR but neither AG nor RS."""
+    small = await screen_of(ReplaySource(MESH, clock=still), (80, 24))
+    header = next(line for line in small if line.startswith(" FSDP  step"))
+    assert "12 collectives (dp 8 · tp 4)" in header, header
+    legend = next(line for line in small if "██ forward" in line)
+    assert all(f"██ {op} " in legend for op in ("AR", "AG", "RS")) and "1 cell =" in legend, legend
+    wide = await screen_of(ReplaySource(MESH, clock=still), (160, 40))
+    legend = next(line for line in wide if "██ forward" in line)
+    assert "AG all-gather" in legend and "RS reduce-scatter" in legend, legend

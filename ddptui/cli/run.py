@@ -32,7 +32,7 @@ def parser() -> Parser:
     p.add_argument("--headless", action="store_true", help="no UI: progress on stderr, figures on stdout")
     p.add_argument("--record", metavar="PATH", help="record to PATH (default: a new file in --runs-dir)")
     p.add_argument("--no-record", action="store_true", help="do not record this run")
-    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
+    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"), metavar="DIR",
                    help="where recordings go by default (default ./runs)")
     p.add_argument("--json", metavar=JSON_METAVAR, help="also write the figures as JSON to PATH (-: to stdout, the text report to stderr)")
     p.add_argument("--auto", action="store_true",
@@ -54,7 +54,9 @@ def parser() -> Parser:
 
 class UserRun(LiveRun):
     """A LiveRun whose ranks are the user's script (ranks.scripts.userboot) rather than ranks.builtin.worker;
-    what the model is (layers, parameters, batch) comes from the ranks' hello."""
+    what the model is (layers, parameters, batch) comes from the ranks' hello. The script owns
+    its DDP: the UI's bucket-cap and straggler keys do not apply (owns_ddp)."""
+    owns_ddp = True
 
     def __init__(self, opts: RunOptions, plan, script: str, script_args: list[str], env: dict):
         super().__init__(opts, plan)

@@ -57,6 +57,9 @@ FPS = 15
 MINOR_EVERY_S = 0.25
 NOTE_S = 4.0  # a note on the status line (a key that could not do what it says) stays this long
 SPEEDS = spec.SPEED_LADDER
+# key pairs the footer shows as one (`←→ step`)
+STEP, ZOOM = Binding.Group("step", compact=True), Binding.Group("zoom", compact=True)
+BUCKET, SPEED = Binding.Group("bucket", compact=True), Binding.Group("speed", compact=True)
 # the panels below the lanes, in order of priority: (id, class)
 PANELS: tuple[tuple[str, type[Panel]], ...] = (
     ("figures", FiguresPanel), ("hosts", HostsPanel), ("gpu", GpuPanel), ("buckets", BucketsPanel),
@@ -73,24 +76,30 @@ class DdpApp(App):
     #panes { height: 1fr; grid-size: 1; grid-gutter: 0 2; grid-rows: 1fr; }
     #panels { height: 6; grid-size: 1; grid-rows: 1fr; }
     """
+    # the footer shows them in this order, and a narrow one loses the last: the keys that
+    # only some runs have (p, b B d, [ ] g) come right after q and ?, the screenshot last;
+    # a pair is shown once (`←→ step`)
     BINDINGS = [
         Binding("q", "quit", "quit"),
         Binding("ctrl+c", "quit", "quit", show=False, priority=True),
         Binding("question_mark", "help", "help"),
-        Binding("space", "pause", "pause/play"),
-        Binding("left", "step(-1)", "step"),
-        Binding("right", "step(1)", "step"),
-        Binding("plus,equals_sign", "zoom(1)", "zoom+"),
-        Binding("minus", "zoom(-1)", "zoom−"),
-        Binding("b", "bucket(-1)", "bucket−"),
-        Binding("B", "bucket(1)", "bucket+"),
-        Binding("d", "straggler", "straggler"),
-        Binding("left_square_bracket", "speed(-1)", "slower"),
-        Binding("right_square_bracket", "speed(1)", "faster"),
-        Binding("g", "goto", "go to"),
-        Binding("s", "screenshot", "screenshot"),
-        Binding("o", "output", "output"),
         Binding("p", "profile", "profile"),
+        Binding("b", "bucket(-1)", "bucket−", group=BUCKET),
+        Binding("B", "bucket(1)", "bucket+", group=BUCKET),
+        Binding("d", "straggler", "straggler"),
+        Binding("left_square_bracket", "speed(-1)", "slower", group=SPEED),
+        Binding("right_square_bracket", "speed(1)", "faster", group=SPEED),
+        Binding("g", "goto", "go to"),
+        Binding("space", "pause", "pause"),
+        Binding("left", "step(-1)", "step", group=STEP),
+        Binding("right", "step(1)", "step", group=STEP),
+        Binding("plus,equals_sign", "zoom(1)", "zoom+", group=ZOOM),
+        Binding("minus", "zoom(-1)", "zoom−", group=ZOOM),
+        Binding("o", "output", "output"),
+        Binding("s", "screenshot", "screenshot"),
+        # where b, B, d do not apply (a script's run, an attach, a replay): hidden, and said why
+        Binding("b,B", "not_here('bucket')", show=False),
+        Binding("d", "not_here('straggler')", show=False),
     ]
     ALWAYS = ("quit", "help", "screenshot", "output")
 
@@ -422,14 +431,11 @@ class DdpApp(App):
             if rec_error:
                 why = rec_error.split(" stopped: ", 1)[-1].split(";", 1)[0]
                 state.append((f" · recording stopped: {why}", theme.style(theme.WARN, bold=True)))
-        note = self._note_text()
-        if note:  # (first after the badge: the line may be cut at its end)
-            state.insert(1, (f" {note} ·", theme.style(theme.WARN, bold=True)))
         gist = "" if self.panels["waits"].display else waits.compact(store, self.shown_steps())
         stuck = store.stall()  # (heartbeats: a hung collective, DDP's buckets included)
         fr = frverdict.of_run(store.meta)  # (Flight Recorder dumps: the first disagreement)
         said = stuck.short() if stuck else fr["short"] if fr is not None and frverdict.headlines(fr)[1] else ""
-        return statuslines.status(store, state, gist, said)
+        return statuslines.status(store, state, gist, said, self._note_text())  # (note, verdict: first)
 
     def say(self, note: str) -> None:
         """A note on the status line for NOTE_S (a key that could not do all it says)."""
@@ -474,15 +480,34 @@ class DdpApp(App):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if isinstance(self.screen, StartupScreen):
             return action in self.ALWAYS
-        if action == "bucket":
-            return self.buckets is not None
-        if action == "straggler":
-            return self.straggler is not None
+        if action in ("bucket", "straggler"):
+            return self._controls(action)
+        if action == "not_here":
+            return not self._controls(*parameters)
         if action == "profile":
             return self.profiler is not None
         if action in ("speed", "goto"):
             return self.replay
         return True
+
+    def _controls(self, what: str) -> bool:
+        """Whether key b/B (what: bucket) or d (straggler) applies to this run."""
+        return self.controls_why is None and (self.buckets if what == "bucket" else self.straggler) is not None
+
+    @property
+    def controls_why(self) -> str | None:
+        """Why b, B and d (DDP's bucket cap, a straggler: asked of ddptui's own ranks) do not
+        apply to this run; None where they may."""
+        if getattr(self.source, "owns_ddp", False):  # (ddptui run: the user's script)
+            return "b, B, d do not apply: the script owns its DDP (bucket cap, stragglers)"
+        if self.transport is not None:
+            return "b, B, d do not apply to a replay: the recorded run is over"
+        if self.buckets is None and self.straggler is None:  # (an attached job, a file followed)
+            return "b, B, d do not apply: this run is only watched, not driven by ddptui"
+        return None
+
+    def action_not_here(self, what: str) -> None:
+        self.say(self.controls_why or f"{'b, B' if what == 'bucket' else 'd'}: not offered by this run")
 
     def action_pause(self) -> None:
         self._note = None  # (a key's note goes at the next key)

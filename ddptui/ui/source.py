@@ -6,7 +6,9 @@ the source has ended), `stop(why)` once (in a worker thread). `state` and `messa
 where it stands. The optional abilities are declared here, checked with isinstance:
 `BucketControl` (a live run: DDP's bucket cap can be changed), `StragglerControl` (a live
 run: a straggler switched on and off), `ProfileControl` (an attached job: a torch.profiler
-window pulled from every rank) and `Transport` (a replay: play/pause, speed, seek).
+window pulled from every rank) and `Transport` (a replay: play/pause, speed, seek). A live
+run whose script owns its DDP (`ddptui run`) says so with `owns_ddp = True`: the first two
+do not apply to it.
 """
 from __future__ import annotations
 

@@ -39,19 +39,22 @@ def title(store: Store, strategies: list[str], talk_title: str | None = None) ->
     return parts
 
 
-def coll_entries(ops) -> tuple:
+def coll_entries(ops, short: bool = False) -> tuple:
     """Legend entries of the collectives on screen (their ops), in spec.COLL_OPS order: 'AG
-    all-gather', 'RS reduce-scatter', ...; ops drawn in one colour share an entry."""
+    all-gather', 'RS reduce-scatter', ...; ops drawn in one colour share an entry. short: as
+    the lanes label them ('AG', 'RS', 'other', '?'), for a narrow line."""
     out, seen = [], set()
     for op in spec.COLL_OPS:
         if op in ops:
             c = theme.COLL_COLOURS.get(op, theme.COLL_OTHER)
             if c not in seen:
                 seen.add(c)
-                name = op.replace("_", "-") if c != theme.COLL_OTHER else "other collective"
-                out.append((f"{spec.COLL_SHORT[op]} {name}" if c != theme.COLL_OTHER else name, c))
+                if c == theme.COLL_OTHER:
+                    out.append(("other" if short else "other collective", c))
+                else:
+                    out.append((spec.COLL_SHORT[op] if short else f"{spec.COLL_SHORT[op]} {op.replace('_', '-')}", c))
     if "unknown" in ops:
-        out.append(("unknown collective", theme.COLL_UNKNOWN))
+        out.append(("?" if short else "unknown collective", theme.COLL_UNKNOWN))
     return tuple(out)
 
 
@@ -68,10 +71,13 @@ def legend(ms_per_cell: float, zoom: int, width: int = 1000, colls=(), allreduce
     parts: Parts = []
     if not colls:
         entries = LEGEND
-    elif allreduce:
-        entries = LEGEND[:3] + coll_entries(colls) + LEGEND[3:]
     else:
-        entries = LEGEND[:2] + coll_entries(colls) + tuple(e for e in LEGEND[3:] if e[1] != theme.COMM_LAST)
+        ce = coll_entries(colls)
+        head = LEGEND[:3] if allreduce else LEGEND[:2]
+        if sum(len(name) + 5 for name, _ in head + ce) > room:  # (every collective's colour stays: AG, RS)
+            ce = coll_entries(colls, short=True)
+        rest = LEGEND[3:] if allreduce else tuple(e for e in LEGEND[3:] if e[1] != theme.COMM_LAST)
+        entries = head + ce + rest
     for name, c in entries:
         entry = [(" ██", theme.style(theme.LANE_COLOURS[c])), (f" {name} ", theme.style(theme.TEXT))]
         n = sum(len(t) for t, _ in entry)
@@ -129,13 +135,17 @@ def replay_state(src, busy: bool = False) -> Parts:
     return parts
 
 
-def status(store: Store, state: Parts, waits_gist: str = "", stall: str = "") -> Parts:
-    """The state, then what went wrong: a collective the ranks are stuck in (model/hang.py:
-    which, and who never entered it), dropped spans per rank, rejected frames, and the waits'
-    gist ('' when the waits panel is on screen)."""
-    parts = list(state)
+def status(store: Store, state: Parts, waits_gist: str = "", stall: str = "", note: str = "") -> Parts:
+    """The state's badge, a key's note, a collective the ranks are stuck in (model/hang.py:
+    which, and who never entered it; a Flight Recorder run's verdict), the rest of the state
+    (a narrow line cuts it rather than the verdict), then what went wrong: dropped spans per
+    rank, rejected frames, and the waits' gist ('' when the waits panel is on screen)."""
+    parts = list(state[:1])
+    if note:
+        parts.append((f" {note} ·", theme.style(theme.WARN, bold=True)))
     if stall:
         parts.append((f" ⚠ {stall} ", theme.style("#ffffff", theme.ERROR, bold=True)))
+    parts += state[1:]
     dropped = store.dropped_spans()
     if dropped:
         text = ", ".join(f"r{r} {n}" for r, n in dropped)

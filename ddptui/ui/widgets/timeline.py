@@ -137,7 +137,7 @@ class TimelinePane(Widget):
         if y == 0:
             if v is not None and self.fit()[4] == 1:  # compact: no axis; the note goes up here
                 return self._compact_header(self.fit()[1], width)
-            return self._strip(self._header(), width)
+            return self._strip(self._header(width), width)
         if v is None:
             text = [("waiting for the first complete step…", theme.style(theme.DIM))] if y == 1 else []
             return self._strip(text, width)
@@ -162,7 +162,11 @@ class TimelinePane(Widget):
         segs = [Segment(t, s) for t, s in parts]
         return Strip(segs).adjust_cell_length(width, theme.style())
 
-    def _header(self) -> list[tuple[str, object]]:
+    def _header(self, room: int = 10**6) -> list[tuple[str, object]]:
+        """The pane's header line in at most `room` cells where it can: whole parts go, the
+        least useful first (the ranks in bands, the blocks drawn a bar, the sampling note, the
+        exposed time), never the count of collectives per mesh dimension (`(dp 8 · tp 4)`: the
+        one place that says which are which); what still does not fit is cut by the caller."""
         st, v = self.state, self.state.view
         colour = theme.strategy_colour(self.strategy)
         out = [(f" {self.strategy.upper()} ", theme.style("#000000", colour, bold=True))]
@@ -181,29 +185,42 @@ class TimelinePane(Widget):
         if self.strategy == "ddp":
             text += self._buckets(v)
         out.append((text, theme.style(theme.TEXT, bold=True)))
+        drop = []  # (index in out, in the order they go)
         if v.sampling is not None:  # layers marked on a sample of steps (short steps)
+            drop.append(len(out))
             out.append((f" · {sampling_text(v.sampling, short=True, period=v.period)}", theme.style(theme.WARN)))
         if st.cap_note:
             out.append((f" {st.cap_note}", theme.style(theme.WARN, bold=True)))
         g = self.groups()
         if g is not None:  # (every block is still in the recording and the exports)
+            drop.insert(0, len(out))
             out.append((f" · {g.blocks} blocks drawn {min(g.size, g.blocks)} a bar (+ zooms in)",
                         theme.style(theme.WARN)))
         said = (f"{calls - colls} AllReduce + {colls} coll" if calls > colls else f"{colls} collectives") \
             if colls else f"{calls} AllReduce"
         if colls and v.colls:  # (on a device mesh: how many on each of its dimensions)
             said += _by_group(v)
-        out.append((f" · {said} · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
+        out.append((f" · {said}", theme.style(theme.TEXT, bold=True)))
+        drop.append(len(out))
+        out.append((f" · exposed {exposed:.1f} ms", theme.style(theme.TEXT, bold=True)))
         if st.labels:  # aggregated lanes (widgets/aggregate.py)
+            drop.insert(0, len(out))
             out.append((f" · {len(v.figures)} ranks in bands", theme.style(theme.DIM)))
-        return out
+        over = sum(len(t) for t, _ in out) - room
+        gone = set()
+        for i in drop:
+            if over <= 0:
+                break
+            gone.add(i)
+            over -= len(out[i][0])
+        return [p for i, p in enumerate(out) if i not in gone] if gone else out
 
     def _compact_header(self, hidden: list[int], width: int) -> Strip:
         """The header with, at its right end, what a compact pane leaves out."""
         note = f" ⚠ {hidden_who(hidden)} hidden · no axis " if hidden else " no axis "
         style = theme.style("#000000", theme.WARN, bold=True) if hidden else theme.style(theme.DIM)
         room = max(0, width - len(note))
-        parts = self._header()
+        parts = self._header(room)
         while len(parts) > 1 and sum(len(t) for t, _ in parts) > room:
             parts.pop()  # whole parts go, from the right: no number is cut in half
         head = self._strip(parts, width).crop(0, room).adjust_cell_length(room, theme.style())
