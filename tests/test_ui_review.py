@@ -141,3 +141,27 @@ async def test_a_2d_mesh_at_80x24_says_which_collectives_are_tp_and_dp():
     wide = await screen_of(ReplaySource(MESH, clock=still), (160, 40))
     legend = next(line for line in wide if "██ forward" in line)
     assert "AG all-gather" in legend and "RS reduce-scatter" in legend, legend
+
+
+@pytest.mark.asyncio
+async def test_a_flight_recorder_run_has_no_device_samples_nor_what_if_and_says_it_once():
+    """`GPU / CPU: waiting for samples…` and `what if: … (the recording has no parameter table)`
+    meant nothing for a Flight Recorder run; the help's `p` line wrapped in its box."""
+    text = "\n".join(await screen_of(ReplaySource(FR, clock=still), (120, 40)))
+    assert "GPU / CPU: a Flight Recorder run has no device samples" in text, text
+    assert "waiting for samples" not in text and "what if" not in text, text
+    from rich.text import Text
+
+    from ddptui.ui.widgets.screens import HELP
+    lines = Text.from_markup(HELP.format(ladder="1 → 5 → 25 → 100")).plain.splitlines()
+    assert max(len(line) for line in lines) <= 100, "the help box is 100 columns inside"
+    assert any(line.startswith("  p          attach: a torch.profiler window") for line in lines)
+
+
+def test_cli_help_says_what_each_verb_makes_of_a_file():
+    from ddptui.cli import attach, export, replay, summary
+    helps = {m.__name__.rsplit(".", 1)[1]: m.parser().format_help() for m in (attach, export, replay, summary)}
+    assert "disagree on" in " ".join(helps["summary"].split())
+    for verb in ("replay", "export"):
+        assert "disagree on" not in " ".join(helps[verb].split()), helps[verb]
+    assert "--runs-dir DIR" in helps["attach"] and "RUNS_DIR" not in helps["attach"]

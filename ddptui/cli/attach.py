@@ -60,7 +60,7 @@ def parser() -> Parser:
                 help="headless: stop after S seconds (default: at Ctrl-C, or when the job ends)")
     p.add_argument("--record", metavar="PATH", help="record to PATH (default: a new file in --runs-dir)")
     p.add_argument("--no-record", action="store_true", help="do not record")
-    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
+    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"), metavar="DIR",
                    help="where recordings go by default (default ./runs)")
     p.add_argument("--json", metavar=JSON_METAVAR,
                    help="headless: at the end, what was named as JSON to PATH (-: to stdout)")

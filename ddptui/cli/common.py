@@ -42,10 +42,16 @@ def _json_took_input(argv: list[str]) -> str | None:
 
 JSON_METAVAR = "PATH|-"
 # what summary, replay and export read (ddptui.recording.rankset.open_reader)
-FILE_HELP = ("a .ddptui recording, or a directory of one per rank: rank<N>.ddptui recordings, "
-             "torch.profiler traces (*.json), or PyTorch Flight Recorder dumps (<prefix><rank>, "
-             "pickle or JSON, as NCCL's watchdog writes them: the first collective each process "
-             "group's ranks disagree on, docs/flight-recorder.md)")
+
+
+def file_help(of_dumps: str) -> str:
+    """FILE's help: what the verb makes of Flight Recorder dumps in `of_dumps`."""
+    return ("a .ddptui recording, or a directory of one per rank: rank<N>.ddptui recordings, "
+            "torch.profiler traces (*.json), or PyTorch Flight Recorder dumps (<prefix><rank>, "
+            f"pickle or JSON, as NCCL's watchdog writes them: {of_dumps}, docs/flight-recorder.md)")
+
+
+FILE_HELP = file_help("the first collective each process group's ranks disagree on")  # (summary's)
 
 
 def json_target(value: str | None, what: str = "--json") -> str | None:

@@ -69,7 +69,7 @@ def parser() -> Parser:
                         "replay at 1x shows each step; the time between steps is idle, in no figure)")
     p.add_argument("-o", "--record", metavar="PATH",
                    help="where the recording goes (default --runs-dir/simulated-PROFILE-MODEL-NgpuS.ddptui)")
-    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
+    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"), metavar="DIR",
                    help="where recordings go by default (default ./runs)")
     p.add_argument("--headless", action="store_true",
                    help="no UI: write the recording, print its figures beside seed 002's")

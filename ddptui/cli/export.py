@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from .common import FILE_HELP, CliError, check_writable_path, Parser
+from .common import CliError, file_help, check_writable_path, Parser
 from ranks.recfile import RecordingError
 from ddptui.model import frverdict
 from ddptui.reports.trace import export
@@ -24,7 +24,8 @@ def parser() -> Parser:
                 description="Write a recording as a Chrome trace (Trace Event Format JSON) for "
                             "Perfetto and chrome://tracing, or (--format kineto) as one "
                             "torch.profiler trace per rank for Holistic Trace Analysis (HTA).")
-    p.add_argument("file", metavar="FILE", help=FILE_HELP)
+    p.add_argument("file", metavar="FILE", help=file_help(
+        "their collectives, a slice each, labelled with op and process group"))
     p.add_argument("-o", "--output", metavar="PATH",
                    help="chrome: the trace to write (default: FILE's name with .trace.json, in the "
                         "current directory; '-' for stdout); kineto: the directory to write "

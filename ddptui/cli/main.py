@@ -60,7 +60,7 @@ def live_parser() -> argparse.ArgumentParser:
     p.add_argument("--headless", action="store_true", help="no UI: progress on stderr, table on stdout")
     p.add_argument("--record", metavar="PATH", help="record to PATH (default: a new file in --runs-dir)")
     p.add_argument("--no-record", action="store_true", help="do not record this run")
-    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"),
+    p.add_argument("--runs-dir", default=os.environ.get("DDPTUI_RUNS_DIR", "runs"), metavar="DIR",
                    help="where recordings go by default (default ./runs)")
     add_numeric(p, "--seed", default=42, help="seed of the initial weights and the data (default 42)")
     add_numeric(p, "--lr", default=0.01, help="SGD learning rate (default 0.01)")

@@ -16,7 +16,7 @@ import copy
 from ranks import frames, spec
 
 from . import summary as cmd_summary
-from .common import FILE_HELP, CliError, JSON_METAVAR, json_target, Parser, require_terminal
+from .common import CliError, file_help, JSON_METAVAR, json_target, Parser, require_terminal
 from .options import add_numeric
 from ddptui.recording.rankset import open_reader
 from ranks.recfile import RecordingError
@@ -24,7 +24,9 @@ from ranks.recfile import RecordingError
 def parser() -> Parser:
     p = Parser(prog="ddptui replay",
                 description="Replay a recording in the timeline UI, or print its figures (--headless).")
-    p.add_argument("file", metavar="FILE", help=FILE_HELP)
+    p.add_argument("file", metavar="FILE", help=file_help(
+        "their collectives drawn a lane per rank, the verdict in the headline; --headless: "
+        "the figures and the verdict"))
     p.add_argument("--headless", action="store_true",
                    help="no UI: print the per-strategy figures of the recording")
     p.add_argument("--json", metavar=JSON_METAVAR, help="(headless) also write the figures as JSON to PATH (-: to stdout, the text report to stderr)")

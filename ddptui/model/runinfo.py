@@ -113,6 +113,16 @@ class RunInfo:
         return self.layers[i] if 0 <= i < len(self.layers) else f"layer {i}"
 
 
+FLIGHT_RECORDER = "flight-recorder"  # the model of a run read from Flight Recorder dumps (a replay, an attach)
+
+
+def flight_recorder_run(meta) -> bool:
+    """Whether the run (a header's map, or a RunInfo) was read from PyTorch's Flight Recorder
+    (recording/frdump.py, frstream.py): collectives only, no device samples nor parameters."""
+    model = meta.model if isinstance(meta, RunInfo) else (meta or {}).get("model")
+    return model == FLIGHT_RECORDER
+
+
 def simulated_label(meta) -> str | None:
     """'SIMULATED · 4x A100 80GB PCIe · 4 GPUs' for a simulated run's header (a map, or a
     RunInfo), None for a measured run. Any value under `simulated` makes a run simulated."""

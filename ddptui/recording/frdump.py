@@ -41,10 +41,11 @@ from ranks.core.flightrec import DumpError, load_dump
 from ranks.recfile import RecordingError
 
 from ddptui.model import frverdict
+from ddptui.model.runinfo import FLIGHT_RECORDER
 from .kineto import coll_op
 
 STRATEGY = spec.USER_STRATEGY
-MODEL = "flight-recorder"
+MODEL = FLIGHT_RECORDER
 MAX_BYTES = 1 << 30  # a dump larger than this is not read (a 2,000-entry buffer: a few MB)
 STEP_COLLS = 32  # collectives a step (the last step, the hang's: all from the first that went wrong)
 MAX_SPAN_NS = 4_000 * 1_000_000_000  # a span's length at most (spans are µs in 32 bits)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ranks import frames
 
 from ddptui.model import gpu as gpusamples
-from ddptui.model.runinfo import simulated_label
+from ddptui.model.runinfo import flight_recorder_run, simulated_label
 from ddptui.model.store import Store
 from . import theme
 from .panel import Frame, Panel
@@ -132,6 +132,8 @@ def build(store: Store, width: int, rows: int) -> list[Parts]:
         return cpu_lines(cpu, width)
     if simulated_label(store.meta) is not None:  # (ddptui demo: a model's figures, no device)
         return [[("GPU / CPU: simulated: no device samples", theme.style(theme.DIM))]]
+    if flight_recorder_run(store.meta):  # (its dumps hold collectives only)
+        return [[("GPU / CPU: a Flight Recorder run has no device samples", theme.style(theme.DIM))]]
     return [[("GPU / CPU: waiting for samples…", theme.style(theme.DIM))]]
 
 
@@ -140,7 +142,7 @@ class GpuPanel(Panel):
 
     @staticmethod
     def rows_min(store: Store) -> int:
-        return 2
+        return 1 if flight_recorder_run(store.meta) else 2
 
     rows_max = staticmethod(wanted_rows)
 

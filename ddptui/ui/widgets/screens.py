@@ -130,14 +130,14 @@ HELP = """\
   space      pause the view (live: training goes on, data is kept) · replay: play / pause
   ← / →      earlier / later step (live: pauses the view first)
   + / −      zoom the time axis in / out (all panes share one scale)
-  b / B      live: DDP bucket_cap_mb down / up the ladder {ladder} MB
-  d          live: a straggler on / off — the highest rank's middle layer backward takes half a
-             step longer (every rank switches at the same step; the timeline marks it)
+  b / B      ddptui's models: DDP bucket_cap_mb down / up the ladder {ladder} MB
+  d          ddptui's models: a straggler on / off — the highest rank's middle layer backward takes
+             half a step longer (every rank switches at the same step; the timeline marks it)
   [ / ]      replay: slower / faster (0.25× – 8×)
   g          replay: jump to a step
   s          save an SVG screenshot (the path is shown)
   o          the ranks' own output: the script's prints, stdout and stderr (r: one rank / all)
-  p          attach: a torch.profiler window from every rank, as a traces directory (ddptui replay DIR)
+  p          attach: a torch.profiler window from every rank, saved as traces (replay them)
   ?          this help            q   quit (stops every rank cleanly)
 
 [b]Reading a pane[/b]  one pane per strategy; per rank two lanes on one time axis from the step's start

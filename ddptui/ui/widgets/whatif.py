@@ -8,6 +8,7 @@ import time
 from ranks import spec
 
 from ddptui.model import whatif
+from ddptui.model.runinfo import flight_recorder_run
 from ddptui.model.store import Store
 from . import theme
 from .panel import Frame, Panel
@@ -43,6 +44,12 @@ def build(store: Store, got, cap_now: float | None) -> list[Parts]:
     return lines
 
 
+def _applies(store: Store) -> bool:
+    """DDP's bucket-cap ladder: a run with DDP's steps, not one read from a Flight Recorder (its
+    dumps have no parameter table to bucket: the panel is not shown)."""
+    return "ddp" in store.strategies() and not flight_recorder_run(store.meta)
+
+
 class WhatIfPanel(Panel):
     MIN_WIDTH = 60
 
@@ -54,11 +61,11 @@ class WhatIfPanel(Panel):
 
     @staticmethod
     def rows_min(store: Store) -> int:
-        return 0 if "ddp" not in store.strategies() else 3
+        return 0 if not _applies(store) else 3
 
     @staticmethod
     def rows_max(store: Store) -> int:
-        return 0 if "ddp" not in store.strategies() else 2 + len(spec.BUCKET_LADDER_MB)
+        return 0 if not _applies(store) else 2 + len(spec.BUCKET_LADDER_MB)
 
     def predictions(self, store: Store, upto: int | None, refresh: bool = True):
         """The ladder for the steps up to `upto`, recomputed at most every EVERY_S; with
