@@ -46,7 +46,8 @@ imports `ddptui` (the app reads its seams from here too).
   NCCL's own timing (`ranks.builtin.strategies.comm_timing_for`: no comm hook, buckets timed from the
   Flight Recorder) with gloo's real Flight Recorder as the stand-in for NCCL's: its entries as
   torch records them, each given the state and the GPU duration NCCL's would have
-  (`ranks.core.flightrec.gloo_standin_dump`, the value in ms; "1": 0.2). Needs TORCH_FR_BUFFER_SIZE.
+  (`ranks.core.flightrec.gloo_standin_dump`, the value in ms; "1": 0.2), a step's entries
+  waited for up to 10 s (a loaded CPU holds gloo's threads). Needs TORCH_FR_BUFFER_SIZE.
   Used by tests/test_flightrec.py (`test_ddp_buckets_timed_by_the_flight_recorder_path`).
 - ``DDPTUI_GRAPH_CAPTURE`` (`graph_capture`): ``1``: every layer mark an op of a compiled
   graph runs (ranks.core.markop) finds its stream capturing a CUDA graph, as under

@@ -137,8 +137,9 @@ class FlightTimes:
     the sender thread; `refresh` dumps at most every `interval_s`."""
 
     def __init__(self, dump, interval_s: float = 0.25, keep: int = 8192, clock=time.monotonic,
-                 buffer: int = 0):
+                 buffer: int = 0, wait_s: float | None = None):
         self._dump = dump
+        self.wait_s = wait_s  # wait_for's deadline (None: two intervals and a second)
         self.interval_s = interval_s
         self.min_interval_s = interval_s
         # the buffer's entries (0: unknown): the interval then follows the collectives' rate,
@@ -274,7 +275,7 @@ class FlightTimes:
         `deadline_s` (default: two intervals and a second, the watchdog's retiring included);
         True when all were seen finished."""
         if deadline_s is None:
-            deadline_s = 2 * self.interval_s + 1.0
+            deadline_s = self.wait_s if self.wait_s is not None else 2 * self.interval_s + 1.0
         t_end = self._clock() + deadline_s
         while True:
             if all(self.settled(g, q) for g, q in keys):
@@ -296,8 +297,11 @@ def flight_times_for(device_type: str) -> "FlightTimes":
     from ranks import seams
     standin = seams.fr_standin() if device_type != "cuda" else None
     dump = nccl_dump_fn() if standin is None else gloo_standin_dump(standin)
+    # (the stand-in: gloo's collectives on a CPU shared with the training, whose threads a loaded
+    # machine can hold for seconds before an entry reads completed: a longer wait before a
+    # bucket is given up as untimed; NCCL's keep the default)
     return FlightTimes(dump, interval_s=float(os.environ.get("DDPTUI_FR_INTERVAL_S", "0.25")),
-                       buffer=buffer_size())
+                       buffer=buffer_size(), wait_s=None if standin is None else 10.0)
 
 
 DUMP_PREFIX = "fr_rank"  # a rank's dump in the run's directory: fr_rank<r> (frdump reads them)
