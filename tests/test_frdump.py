@@ -46,9 +46,14 @@ GROUPS = {"never": {"0": ("default_pg", [0, 1]), "1": ("undefined", [0, 1])},
 def jobs(tmp_path_factory):
     """Both jobs at once (a 2-rank one, buffer 2,000; a 3-rank one, buffer 12: it wraps): the
     directory holding never/, never-json/, extra/, subgroup/."""
-    out = tmp_path_factory.mktemp("fr-dumps")
+    return _run_jobs(tmp_path_factory.mktemp("fr-dumps"), (("pair", 2, 2000), ("trio", 3, 12)))
+
+
+def _run_jobs(out, cases) -> object:
+    """tests/scripts/fr_hang.py's cases ((case, ranks, Flight Recorder buffer)), each a real
+    torchrun job, all at once, into `out`; each must end well (its log shown where not)."""
     procs = []
-    for case, n, buf in (("pair", 2, 2000), ("trio", 3, 12)):
+    for case, n, buf in cases:
         log = open(out / f"{case}.log", "w")
         procs.append((case, log, subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", SCRIPT,
@@ -443,24 +448,7 @@ def test_entries_of_other_format_versions_and_point_to_point(jobs):
 def pipes(tmp_path_factory):
     """Both pipelines at once (2 ranks: pipe-ok/, nosend/; 3 ranks: chain/), each with its
     <case>-p2p/ logs."""
-    out = tmp_path_factory.mktemp("fr-p2p")
-    procs = []
-    for case, n in (("pipe", 2), ("chain", 3)):
-        log = open(out / f"{case}.log", "w")
-        procs.append((case, log, subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", SCRIPT,
-             "--case", case, "--out", str(out), "--timeout", str(TIMEOUT_S)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=str(out), env=cli_env({"TORCH_FR_BUFFER_SIZE": "2000"}))))
-    for case, log, p in procs:
-        try:
-            rc = p.wait(timeout=120)
-        finally:
-            if p.poll() is None:
-                p.kill()
-            log.close()
-        assert rc == 0, (out / f"{case}.log").read_text()[-3000:]
-    assert_no_leftovers()
-    return out
+    return _run_jobs(tmp_path_factory.mktemp("fr-p2p"), (("pipe", 2, 2000), ("chain", 3, 2000)))
 
 
 def as_nccl_p2p(src, dst, edit=None) -> None:

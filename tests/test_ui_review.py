@@ -15,6 +15,7 @@ from ddptui.ui.app import DdpApp
 from ddptui.ui.widgets.lanes import coll_look
 
 from .helpers import ROOT
+from .test_app import NotingApp
 
 FR = os.path.join(ROOT, "demo", "fr-hang-2ranks-gloo")
 MESH = os.path.join(ROOT, "tests", "data", "tp2d-4ranks.ddptui")
@@ -47,18 +48,6 @@ class Watched:
 
     def pull_profile(self, seconds: float):
         raise RuntimeError("not here")
-
-
-class NotingApp(DdpApp):
-    """The real app, keeping the notifications it shows."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.notes: list[str] = []
-
-    def notify(self, message, **kw):
-        self.notes.append(str(message))
-        return super().notify(message, **kw)
 
 
 async def screen_of(src, size, keys=()) -> list[str]:
