@@ -125,7 +125,8 @@ class Phase(Frame, tag="phase", kw_only=True):
 class Spans(Frame, tag="spans", kw_only=True):
     """One rank's spans of one step of one strategy, as columns (spans_frame builds one):
     kind u8[n], idx u16[n], t0/t1 u32[n] µs after base_ns, iss u32[n_comm] (each
-    AllReduce's issue time). ``check`` turns it into a wire.SpanBatch."""
+    AllReduce's issue time), wait u32[2 n_wait] (wire.WAIT: absent when empty). ``check``
+    turns it into a wire.SpanBatch."""
     rank: RankT = field(name="r")
     strategy: StrategyT = field(name="s")
     step: StepT = field(name="k")
@@ -135,6 +136,7 @@ class Spans(Frame, tag="spans", kw_only=True):
     t0: bytes
     t1: bytes
     iss: bytes
+    wait: bytes = field(name="w", default=b"")
 
 
 BucketRow = tuple[U16, Annotated[list[U16], Meta(max_length=0xFFFF)], Count]  # (id, params, bytes)
@@ -370,10 +372,17 @@ class End(Frame, tag="end", kw_only=True):
 
 def spans_frame(rank: int, strategy: str, step: int, base_ns: int,
                 kinds, idxs, t0_ns, t1_ns, iss_ns) -> Spans:
-    """A spans frame from absolute ns lists (iss_ns: one per COMM span, in order)."""
+    """A spans frame from absolute ns lists (iss_ns: one per COMM span, in order); entries of
+    kind wire.WAIT go to its wait column."""
+    wait = b""
+    if wire.WAIT in kinds:
+        keep = [i for i, k in enumerate(kinds) if k != wire.WAIT]
+        wait = wire.wait_column(base_ns, [(t0_ns[i], t1_ns[i]) for i, k in enumerate(kinds) if k == wire.WAIT])
+        kinds, idxs = [kinds[i] for i in keep], [idxs[i] for i in keep]
+        t0_ns, t1_ns = [t0_ns[i] for i in keep], [t1_ns[i] for i in keep]
     kind, idx, t0, t1, iss = wire.span_columns(base_ns, kinds, idxs, t0_ns, t1_ns, iss_ns)
     return Spans(rank=rank, strategy=strategy, step=step, base_ns=base_ns,
-                 kind=kind, idx=idx, t0=t0, t1=t1, iss=iss)
+                 kind=kind, idx=idx, t0=t0, t1=t1, iss=iss, wait=wait)
 
 
 RANK_TYPES = (Hello, Phase, Spans, Buckets, Colls, Event, Hb, Bye, Error)

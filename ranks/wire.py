@@ -6,9 +6,12 @@ columnar: one frame per (rank, strategy, step) with packed little-endian arrays,
 collector decodes them without a Python loop per span.
 
     {"t": "spans", "r": rank, "s": strategy, "k": step, "b": base_ns,
-     "kind": u8[n], "idx": u16[n], "t0": u32[n], "t1": u32[n], "iss": u32[n_comm]}
+     "kind": u8[n], "idx": u16[n], "t0": u32[n], "t1": u32[n], "iss": u32[n_comm],
+     "w": u32[2 * n_wait]}
 
 n_comm: the COMM and COLL spans (collectives), each with its issue time in iss, in order.
+w (absent when empty): the stretches in which the rank's compute stood waiting for a
+collective's result (start, end pairs; `WAIT`): not compute in any figure.
 
 t0/t1/iss are microseconds after base_ns (host CLOCK_MONOTONIC, shared by ranks on one host).
 """
@@ -39,6 +42,12 @@ KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other", 
 PASS_FWD, PASS_BWD = 0, 1  # a PASS span's idx
 PASS_NAMES = ("forward", "backward")  # by a PASS span's idx
 N_KINDS = len(KIND_NAMES)
+# WAIT: a stretch in which the rank's compute stood waiting for a collective's result (a
+# functional collective's wait_tensor: from the wait's call to the result; on CUDA the
+# training stream's). Never a span kind on the wire: a rank's resolved lists carry it (idx:
+# the collective's table row), and ranks.frames.spans_frame moves such entries into the
+# frame's `w` column, SpanBatch.waits (the figures take it out of the compute that holds it)
+WAIT = 0xFE
 COMM_KINDS = (COMM, COLL)
 MAX_COLL_ID = 0xFFFF  # a COLL span's idx: any u16 (a table row; checked against the table by the Store)
 
@@ -81,9 +90,19 @@ def span_columns(base_ns: int, kinds, idxs, t0_ns, t1_ns, iss_ns) -> tuple[bytes
     return bytes(kinds), _le(array("H", idxs)), _le(us(t0_ns)), _le(us(t1_ns)), _le(us(iss_ns))
 
 
+def wait_column(base_ns: int, pairs) -> bytes:
+    """The `w` column of a spans frame from absolute ns (start, end) pairs."""
+    return _le(array("I", [max(0, (x - base_ns) // 1000) for pair in pairs for x in pair]))
+
+
+_NO_WAITS = array("I")
+
+
 class SpanBatch(msgspec.Struct, gc=False):
     """Decoded, validated columns of one spans frame (times in µs after base_ns): kind u8,
-    idx u16, t0/t1 u32 per span, iss u32 per AllReduce. (A Struct: made in C, once a frame.)"""
+    idx u16, t0/t1 u32 per span, iss u32 per AllReduce; waits: u32 start, end pairs, the
+    stretches the rank's compute waited for a collective (WAIT; empty for most). (A Struct:
+    made in C, once a frame.)"""
 
     rank: int
     strategy: str
@@ -94,6 +113,7 @@ class SpanBatch(msgspec.Struct, gc=False):
     t0: array
     t1: array
     iss: array
+    waits: array = _NO_WAITS
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -150,14 +170,22 @@ def decode_spans(f, max_idx: int = 0xFFFF) -> SpanBatch:
         _check_kind_idx(kind, idx, max_idx, len(iss))
     elif len(iss) != 4 * n_comm:
         raise FrameError("spans frame issue column does not match its allreduce spans")
+    w = f.wait
+    waits = _NO_WAITS
+    if w:
+        if len(w) % 8:
+            raise FrameError("spans frame wait column is not start, end pairs")
+        waits = _from_le("I", w)
+        if any(a > b for a, b in zip(waits[0::2], waits[1::2])):
+            raise FrameError("spans frame has a wait that ends before it starts")
     if _LITTLE:
         ia = array("H"); ia.frombytes(idx)
         a0 = array("I"); a0.frombytes(t0)
         a1 = array("I"); a1.frombytes(t1)
         ai = array("I"); ai.frombytes(iss)
-        return SpanBatch(f.rank, f.strategy, f.step, f.base_ns, kind, ia, a0, a1, ai)
+        return SpanBatch(f.rank, f.strategy, f.step, f.base_ns, kind, ia, a0, a1, ai, waits)
     return SpanBatch(f.rank, f.strategy, f.step, f.base_ns, kind, _from_le("H", idx), _from_le("I", t0),
-                     _from_le("I", t1), _from_le("I", iss))
+                     _from_le("I", t1), _from_le("I", iss), waits)
 
 
 class FrameReader:

@@ -31,6 +31,9 @@ def test_union_and_intersection_match_point_sets(xs, ys):
     assert figures.intersection_length(ux, uy) == len(covered(xs) & covered(ys))
     assert figures.union_length(list(xs)) == len(covered(xs))
     assert figures.union_length(xs + ys) == len(covered(xs) | covered(ys))
+    diff = figures.difference(ux, uy)
+    assert figures.length(diff) == len(covered(xs) - covered(ys))
+    assert all(a < b for a, b in diff) and all(diff[i][1] <= diff[i + 1][0] for i in range(len(diff) - 1))
 
 
 def batch(spans, iss=None):
@@ -50,6 +53,35 @@ def test_exposed_communication_is_what_compute_does_not_cover():
     assert (r.step_ms, r.compute_ms, r.comm_ms, r.exposed_ms) == (0.42, 0.3, 0.15, 0.1)
     assert r.calls == 1 and r.bytes == 1000
     assert figures.overlap_pct(r.comm_ms, r.exposed_ms) == pytest.approx(100 / 3)
+
+
+def test_a_collective_the_compute_waited_for_inside_its_layer_is_exposed():
+    """A tensor-parallel all_reduce issued and waited on inside its layer's forward (WAIT: from
+    the wait's call to its end, the frame's wait column): the layer stood waiting, so the wait
+    is exposed communication and not compute; the part before the wait, while the layer went
+    on computing, stays hidden. Without the wait the same spans read it all hidden (as before)."""
+    from ranks.wire import COLL, WAIT
+    spans = [(STEP, 0, 0, 1000), (FWD, 0, 0, 1000), (COLL, 0, 400, 600)]
+    plain = figures.rank_step(batch(spans, iss=[400]), lambda i: 0)
+    assert (plain.compute_ms, plain.comm_ms, plain.exposed_ms) == (1.0, 0.2, 0.0)
+    b = batch(spans + [(WAIT, 0, 450, 600)], iss=[400])
+    assert list(b.kind) == [STEP, FWD, COLL] and list(b.waits) == [450, 600]  # (not a span on the wire)
+    r = figures.rank_step(b, lambda i: 0)
+    assert (r.compute_ms, r.comm_ms, r.exposed_ms) == (0.85, 0.2, 0.15)
+    from ddptui.model import collectives
+    (row,) = collectives.stats([{0: b}], {0: {0: (0, "all_reduce", 64, 2, "", 0, "forward", True)}},
+                               ["l0"], 2)
+    assert row["exposed_ms_per_step"] == pytest.approx(0.15) and row["time_ms_per_step"] == pytest.approx(0.2)
+
+
+def test_a_wait_column_that_is_not_pairs_or_runs_backwards_is_refused():
+    f = spans_frame(0, "ddp", 3, 10**9, [STEP], [0], [10**9], [10**9 + 5000], [])
+    for bad, why in ((b"\x01\x00\x00\x00", "pairs"), (b"\x09\x00\x00\x00\x02\x00\x00\x00", "ends before")):
+        g = frames.decode(wire.pack(msgspec.structs.replace(f, wait=bad))[4:])
+        with pytest.raises(wire.FrameError, match=why):
+            wire.decode_spans(g)
+    assert len(wire.decode_spans(frames.decode(wire.pack(f)[4:])).waits) == 0  # (absent: none)
+    assert b'"w"' not in wire.pack(f) and b"\xa1w" not in wire.pack(f)  # (an empty one is not sent)
 
 
 def test_hta_counts_the_optimizer_as_compute():

@@ -67,6 +67,11 @@ def test_the_forward_tensor_parallel_all_reduce_is_timed(mesh2d):
     row = next(c for c in doc["strategies"][0]["collectives"]
                if (c["op"], c["phase"], c["group"]) == ("all_reduce", "forward", "tp"))
     assert row["median_ms"] > 0.05 and row["calls_per_step"] == 2, row
+    # its layer stood waiting for it (WAIT: from the wait_tensor that needs it to its end): it
+    # holds the layer up, exposed, not hidden by the layer it runs in (before: exposed 0)
+    assert row["exposed_ms_per_step"] >= 0.5 * row["time_ms_per_step"] > 0, row
+    waits = [b.waits for ranks in got.store.span_batches()["fsdp"].values() for b in ranks.values()]
+    assert sum(len(w) > 0 for w in waits) >= len(waits) - 4, "the recording keeps the waits"
 
 
 @SLOW
@@ -169,6 +174,18 @@ def test_exports_name_the_dimension(mesh2d, tmp_path):
     kern = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "ddptui: all_reduce@tp" in e["name"]]
     assert kern and all(e["args"]["mesh_dim"] == "tp" and e["args"]["Process Group Name"] == "mesh_tp"
                         for e in kern), kern[:1]
+    # the layers' kernels are cut where their compute waited for a collective (WAIT): HTA reads
+    # the overlap the summary prints, rank by rank (the tensor-parallel all_reduces exposed)
+    if os.environ.get("CI") != "true":  # (.ci/run installs HTA: no skipping there)
+        pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed")
+    from tests.helpers import hta_analysis
+    got = hta_analysis(kdir)["overlap"]
+    js = tmp_path / "s.json"
+    r = run_cli("summary", str(rec), "--json", str(js))
+    assert r.returncode == 0, r.stderr
+    ours = {int(k): v for k, v in json.loads(js.read_text())["strategies"][0]["hta_overlap_pct"].items()}
+    assert set(got) == set(ours) == {0, 1, 2, 3}
+    assert all(abs(got[k] - ours[k]) <= 0.5 for k in got), (got, ours)
 
 
 # -- without torchrun --------------------------------------------------------------------------

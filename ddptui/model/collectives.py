@@ -93,7 +93,7 @@ def stats(steps: list[dict], tables: dict[int, dict], layer_names: list[str], wo
         for r, b in batches.items():
             place = placement(b)
             t0, t1 = b.t0, b.t1
-            comp = figures.union([(t0[i], t1[i]) for i in place.compute])
+            comp = figures.compute_of(b, [(t0[i], t1[i]) for i in place.compute])
             spans = [(t0[i], t1[i]) for i in place.comm]
             over = figures.overlap_each(spans, comp)
             cb = comm_bytes_of(r, b.step) if comm_bytes_of is not None else None

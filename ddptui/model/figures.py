@@ -61,6 +61,42 @@ def intersection_length(xs, ys) -> int:
     return total
 
 
+def difference(xs, ys) -> list[tuple[int, int]]:
+    """xs less ys, both sorted and disjoint: sorted, disjoint."""
+    out: list[tuple[int, int]] = []
+    j = 0
+    for a, z in xs:
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < z:
+            lo, hi = ys[k]
+            if lo > a:
+                out.append((a, lo))
+            a = max(a, hi)
+            if a >= z:
+                break
+            k += 1
+        if a < z:
+            out.append((a, z))
+    return out
+
+
+def waits_of(b) -> list[tuple[int, int]]:
+    """A span batch's WAIT stretches (its compute stood waiting for a collective: wire.WAIT),
+    as sorted disjoint intervals; empty for most."""
+    w = getattr(b, "waits", None)
+    return union(list(zip(w[0::2], w[1::2]))) if w else []
+
+
+def compute_of(b, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of a batch's compute spans (forward and backward) less its WAIT stretches:
+    a collective waited on inside a layer is not hidden by that layer, it holds it up."""
+    comp = union(spans)
+    w = getattr(b, "waits", None)
+    return difference(comp, waits_of(b)) if w else comp
+
+
 def mean(xs) -> float:
     """The mean of a non-empty list of floats (statistics.mean sums exactly, with fractions:
     too slow to call per bucket and rank on every frame)."""
@@ -121,13 +157,16 @@ def rank_step(b: SpanBatch, comm_bytes, coll_row=None, world: int = 0) -> RankSt
     """comm_bytes(idx) -> bytes carried by AllReduce idx (a parameter or a bucket);
     coll_row(idx) -> the collectives table row of a COLL span (None: not known: counted, no
     bytes); world: the AllReduces' ring size. Exposed communication is the union of compute
-    and communication less the union of compute."""
+    and communication less the union of compute; compute is the forward and backward less
+    the stretches they stood waiting for a collective (WAIT: `compute_of`)."""
     t0, t1 = b.t0, b.t1
     place = placement(b)  # (the spans' positions by kind: the timing columns read in C)
     step = 0 if place.step is None else t1[place.step] - t0[place.step]
     comp = list(zip(map(t0.__getitem__, place.compute), map(t1.__getitem__, place.compute)))
     comm = list(zip(map(t0.__getitem__, place.comm), map(t1.__getitem__, place.comm)))
     calls = len(comm)
+    if getattr(b, "waits", None):  # (the stretches its compute waited for a collective: not compute)
+        comp = compute_of(b, comp)
     both = comp + comm
     cu, mu = union_length(comp), union_length(comm)
     if not place.colls:  # (gradient AllReduces alone: as before every collective was drawn)

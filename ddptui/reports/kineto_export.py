@@ -8,6 +8,7 @@ import os
 
 from ranks import frames, spec, wire
 
+from ddptui.model import figures
 from ddptui.model.clocksync import HostClocks
 from ddptui.model.collectives import group_label, group_parts, with_group
 from ddptui.model.runinfo import simulated_label
@@ -223,17 +224,23 @@ def export_kineto(path: str, out_dir: str, strategy: str | None = None) -> dict:
                     "args": {"ddptui": f"{strategy} step {b.step}"}})
             o.steps += 1
             buckets = scan.buckets_at(b.rank, strategy, b.step) if strategy == "ddp" else None
+            # (where its compute stood waiting for a collective (WAIT), a layer's kernel is cut:
+            # no compute runs there, as ddptui's figures have it, and HTA counts the same)
+            waits = [(off + w0 * 1000, off + w1 * 1000) for w0, w1 in figures.waits_of(b)]
             for a, z, kind, idx, i in spans:
                 base = {"rank": b.rank, "strategy": strategy, "step": b.step}
                 if kind == wire.PASS:  # a step whose layers were not marked (sampled)
                     name = wire.PASS_NAMES[idx & 1] + " (layers not marked)"
-                    o.kernel(name, "compute", a, z, min(max(a, s0), s1), base)
+                    for a1, z1 in (figures.difference([(a, z)], waits) if waits else ((a, z),)):
+                        o.kernel(name, "compute", a1, z1, min(max(a1, s0), s1), base)
                 elif kind in KINETO_KINDS:
                     name = ("optimizer step" if kind == wire.OPT
                             else f"{KINETO_KINDS[kind]} {lname(idx)}")
                     if kind != wire.OPT:
                         base["layer"] = lname(idx)
-                    o.kernel(name, "compute", a, z, min(max(a, s0), s1), base)
+                    for a1, z1 in (figures.difference([(a, z)], waits) if waits and kind != wire.OPT
+                                   else ((a, z),)):
+                        o.kernel(name, "compute", a1, z1, min(max(a1, s0), s1), base)
                 elif kind == wire.COMM:
                     if buckets is not None:
                         ps, nbytes = buckets.get(idx, [[], 0])

@@ -91,6 +91,9 @@ def _wrap(name: str, op: str, orig):
                 # waits for it next; waiting here marks its end on this thread, with no
                 # callback on the backend's thread contending for the GIL (a second wait() is
                 # a no-op). On CUDA the end is an event on this stream, which waited for it.
+                # The compute waited all along (a WAIT span: not hidden by the layer it is in)
+                if token.step is not None and token.step is tap.rec.cur:
+                    tap.rec.comm_wait(token.step, token.slot, True)
                 work.wait()
                 tap.left(token)
                 return work
@@ -310,6 +313,9 @@ def _wait_wrapper(orig):
                 _fc_waits.pop(k, None)
         if got[2] is not None:  # blocked in it now: in flight for a hang's report
             token.tap.inflight[token.key] = got[2]
+        rec = token.tap.rec
+        if token.step is not None and token.step is rec.cur:  # (the compute waits from here)
+            rec.comm_wait(token.step, token.slot)
         try:
             return orig(tensor)
         finally:

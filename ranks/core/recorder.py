@@ -17,7 +17,7 @@ from ranks.clock import now_ns
 from ranks.core.clocks import _NULL
 from ranks.core.resolve import YIELD_EVERY, comm_starts, letting_go
 from ranks.core.sampling import LAYER_HOOK_NS, POLL_BATCH, SPARE, every_for
-from ranks.wire import BWD, COMM, FWD, OPT, PASS, PASS_BWD, PASS_FWD, STEP
+from ranks.wire import BWD, COMM, FWD, OPT, PASS, PASS_BWD, PASS_FWD, STEP, WAIT
 
 _get_ident = threading.get_ident
 
@@ -42,7 +42,7 @@ class StepRecord:
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
                  "bwd_s", "bwd_e", "bwd_h", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
                  "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced", "layers",
-                 "host0", "fwd_first", "bwd_at", "defer")
+                 "host0", "fwd_first", "bwd_at", "defer", "waits")
 
     def __init__(self, strategy: str, step: int, n_layers: int, layers: bool = True):
         # (on the training thread at every step's begin: as few statements as it takes)
@@ -69,8 +69,10 @@ class StepRecord:
         # the collectives, in issue order: COMM (a gradient AllReduce) or COLL (any other);
         # gloo with CUDA tensors: host ends (comm_hend, to chain starts) and issue streams.
         # Lists from the first collective (Recorder.comm_issue), an empty tuple until then
+        # (waits: (slot, mark) where the compute began waiting for collective `slot`'s result:
+        # Recorder.comm_wait, a WAIT span each, to that collective's end)
         self.comm_idx = self.comm_kind = self.comm_ready = self.comm_end = self.comm_hend = \
-            self.comm_thr = self.comm_strm = NO_COMMS
+            self.comm_thr = self.comm_strm = self.waits = NO_COMMS
         self.synced = 0  # gradient synchronisations issued (COMM spans, FSDP's reduce-scatters)
 
 
@@ -217,7 +219,7 @@ class Recorder:
             c.fwd_first, c.bwd_at, c.defer = True, -1, None
             if c.comm_idx is not NO_COMMS:
                 c.comm_idx = c.comm_kind = c.comm_ready = c.comm_end = c.comm_hend = \
-                    c.comm_thr = c.comm_strm = NO_COMMS
+                    c.comm_thr = c.comm_strm = c.waits = NO_COMMS
                 c.synced = 0
         self.cur = c
         c.host0 = now_ns()
@@ -375,6 +377,15 @@ class Recorder:
         rec.comm_end[slot] = (self.clock.mark_comm_end(strm) if strm is not None
                               else self.clock.mark_comm_end())
 
+    def comm_wait(self, rec: StepRecord, slot: int, whole: bool = False) -> None:
+        """The compute waits for the result of the collective in `slot` from now (a functional
+        collective's wait_tensor, on the training thread), or, `whole`, from its start (a
+        blocking call: no mark): a WAIT span to its end, not compute in any figure (a
+        tensor-parallel all_reduce waited on inside its layer is exposed, not hidden by it)."""
+        if rec.waits is NO_COMMS:
+            rec.waits = []
+        rec.waits.append((slot, None if whole else self.clock.mark()))
+
     def opt_begin(self) -> None:
         self.cur.opt_s = self.clock.mark()
 
@@ -514,6 +525,11 @@ class Recorder:
             else:
                 starts, end = self._marked_comms(r, range(len(ready)), ready, ns)
             kinds += r.comm_kind; idxs += r.comm_idx; t0s += starts; t1s += end
+            for j, tok in r.waits:  # (WAIT: from the wait's call, within the collective, to its end)
+                z = end[j]
+                a = starts[j] if tok is None else min(max(ns(tok), starts[j]), z)
+                kinds.append(WAIT); idxs.append(r.comm_idx[j]); t0s.append(a)
+                t1s.append(z)
         if r.opt_s is not None and r.opt_e is not None:
             kinds.append(OPT); idxs.append(0); t0s.append(ns(r.opt_s)); t1s.append(ns(r.opt_e))
         # the "issue" column is when each collective was READY: handed to the backend on CPU,
@@ -579,7 +595,7 @@ class Recorder:
         seen = set(keep)
         release = self.clock.release
         for tok in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
-                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end, *more):
+                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end, *[t for _, t in r.waits], *more):
             if tok is not None and id(tok) not in seen and type(tok) is not FrEnd:
                 seen.add(id(tok))
                 release(tok)

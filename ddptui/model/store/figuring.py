@@ -126,6 +126,9 @@ class Figuring:
             if place is not None:  # every rank the same columns: all ranks at once (numpy)
                 sk = columnwise.Stacked(ranks, place)
                 rs = columnwise.rank_steps(sk, comm, want)
+                for r, b in ranks.items():  # (a rank whose compute waited for a collective:
+                    if b.waits:  # its compute less the waits, as figures.rank_step has it)
+                        rs[r] = figures.rank_step(b, *comm[r], want)
                 hta = columnwise.hta_steps(sk, rs)
                 step = figures.combine(k, list(rs.values()))
                 waits = columnwise.step_waits(sk, step.step_ms, inst)
