@@ -167,6 +167,15 @@ def test_exports_name_the_dimension(mesh2d, tmp_path):
         if "last_arriver" in a:
             last = a["last_arriver"]
             assert (last // 2 == rank // 2) if a["mesh_dim"] == "tp" else (last % 2 == rank % 2), a
+    # where a layer stood waiting for a collective: a slice nested in that layer's, on its thread
+    xs = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("ph") == "X"]
+    waits = [e for e in xs if e["name"] == "waiting for a collective"]
+    assert waits and all(e["cat"] == "compute" for e in waits), len(waits)
+    layers = [e for e in xs if e["name"].startswith(("forward ", "backward "))]
+    # (FSDP2's blocking gathers: before a unit's forward, in no layer, or across a boundary)
+    inside = sum(any(x["pid"] == e["pid"] and x["tid"] == e["tid"] and x["ts"] <= e["ts"]
+                     and e["ts"] + e["dur"] <= x["ts"] + x["dur"] + 0.001 for x in layers) for e in waits)
+    assert inside >= 2 * 4 * (ITERS - 1), (inside, len(waits))  # (the tensor-parallel all_reduces)
     kdir = tmp_path / "kineto"
     r = run_cli("export", str(rec), "--format", "kineto", "-o", str(kdir))
     assert r.returncode == 0, r.stderr

@@ -34,7 +34,7 @@ import sys
 import tempfile
 
 from ranks import frames, spec, wire
-from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, PASS, PASS_NAMES, STEP
+from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, PASS, PASS_NAMES, STEP, WAIT
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
@@ -299,12 +299,21 @@ class TraceWriter:
             z = max(a, off + b.t1[i] * 1000)
             iss, last = comm.get(i, (None, None))
             items.append((a, -(z - a), i, kind, z, iss, last))
+        w = b.waits  # (where its compute stood waiting for a collective: nested in its layer)
+        for j in range(0, len(w), 2):
+            a = off + w[j] * 1000
+            z = max(a, off + w[j + 1] * 1000)
+            items.append((a, -(z - a), -1, WAIT, z, None, None))
         items.sort()
         for a, _neg, i, kind, z, iss, last in items:
-            lane = LANE_OF_KIND[kind]
-            idx = b.idx[i]
+            lane = "compute" if kind == WAIT else LANE_OF_KIND[kind]
+            idx = b.idx[i] if i >= 0 else 0
             args = {"rank": r, "strategy": s, "step": k}
-            if kind in (FWD, BWD):
+            if kind == WAIT:
+                name = "waiting for a collective"
+                args["kind"] = "wait"
+                args["note"] = "the compute stood waiting for a collective's result: not compute in ddptui's figures"
+            elif kind in (FWD, BWD):
                 lname = self._lname(idx)
                 name = ("forward " if kind == FWD else "backward ") + lname
                 args["layer"] = lname
