@@ -291,3 +291,33 @@ def test_a_collective_on_a_dimensions_groups_is_matched_within_each():
     assert split_by_group([tp], {}) is None
     assert rank_arrival_keys([(COLL, 2, 0), (COLL, 3, 0), (2, 1, 0)], groups[3]) == [
         (COLL, 2, 0, 2), (COLL, 3, 0), (2, 1, 0)]
+
+
+@SLOW
+@RUN
+@pytest.mark.asyncio
+async def test_the_lanes_draw_where_a_layer_stood_waiting_for_a_collective(mesh2d):
+    """The recording replayed in the app: on each rank's compute lane the stretches its layers
+    stood waiting for a tensor-parallel all_reduce (WAIT) are cut out of the layer's bar and
+    drawn as 'wait', and the legend says so."""
+    from ddptui.recording.replay import ReplaySource
+    from ddptui.ui.app import DdpApp
+    from ddptui.ui.widgets import lanes, theme
+    _, _, _, _, rec = mesh2d
+    src = ReplaySource(str(rec), clock=lambda: 10**9)
+    last = max(src.store.span_batches()["fsdp"]) if src.store.span_batches().get("fsdp") else ITERS - 1
+    src.seek(ITERS - 1)
+    v = src.store.view("fsdp", ITERS - 1)
+    bars = lanes.compute_bars(v.spans[0], src.store.meta.layers)
+    waits = [(a, z) for a, z, c, _ in bars if c == theme.COMPUTE_WAIT]
+    layers = [(a, z) for a, z, c, _ in bars if c in (theme.FWD_A, theme.FWD_B, theme.BWD_A, theme.BWD_B)]
+    assert len(waits) >= 4, bars  # (2 forward and 2 backward tensor-parallel all_reduces, at least)
+    assert not any(a < z2 and a2 < z for a, z in waits for a2, z2 in layers), "a wait drawn as compute"
+    app = DdpApp(ReplaySource(str(rec), clock=lambda: 10**9))
+    async with app.run_test(size=(200, 50)) as pilot:
+        app.source.seek(last)
+        await pilot.pause()
+        app.redraw()
+        await pilot.pause()
+        text = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+    assert "compute waits" in text, text[-2000:]

@@ -70,14 +70,16 @@ class Lane(Sequence):
     kind, idx: every span's kind and index (bytes / array, or lists); starts, ends: every
     span's start and end, ms after the step's origin; issued, others, last: every collective's
     (in span order) ready time here, the last rank's ready time (None: not known), and
-    whether this rank was that last one."""
+    whether this rank was that last one; waits: (start, end) ms of each stretch its compute
+    stood waiting for a collective (wire.WAIT; drawn on the compute lane, empty for most)."""
 
-    __slots__ = ("kind", "idx", "starts", "ends", "issued", "others", "last", "_placement", "_spans")
+    __slots__ = ("kind", "idx", "starts", "ends", "issued", "others", "last", "waits", "_placement", "_spans")
 
     def __init__(self, kind, idx, starts: list, ends: list, issued: list, others: list, last: list,
-                 place: Placement | None = None):
+                 place: Placement | None = None, waits: list | tuple = ()):
         self.kind, self.idx, self.starts, self.ends = kind, idx, starts, ends
         self.issued, self.others, self.last = issued, others, last
+        self.waits = waits
         self._placement = place
         self._spans: list[Span] | None = None
 
@@ -139,9 +141,11 @@ class RankSpans(Mapping):
             off = (b.base_ns - self._origin) / 1e6
             place = placement(b)
             others, lasts = self._arrived(place, r)
+            w = b.waits
             got = self._made[r] = Lane(
                 b.kind, b.idx, [off + a / 1e3 for a in b.t0], [off + z / 1e3 for z in b.t1],
-                [off + x / 1e3 for x in b.iss], others, [last == r for last in lasts], place)
+                [off + x / 1e3 for x in b.iss], others, [last == r for last in lasts], place,
+                [(off + w[j] / 1e3, off + w[j + 1] / 1e3) for j in range(0, len(w), 2)] if w else ())
         return got
 
     def _arrived(self, place: Placement, r: int) -> tuple[list, list]:

@@ -335,8 +335,9 @@ class DdpApp(App):
                                           simulated_label(store.meta), shared_gpu_note(store.meta, rows),
                                           verdict=frverdict.headlines(fr) if fr is not None else None))
         self.title_line.show([statuslines.title(store, strategies, self.talk_title)])
-        ops, grads = _coll_ops(views)
-        self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width, ops, allreduce=grads)])
+        ops, grads, waited = _coll_ops(views)
+        self.legend.show([statuslines.legend(mpc, self.vm.zoom, self.size.width, ops, allreduce=grads,
+                                             waits=waited)])
         self.status_line.show([self._status(store)])
         self._notify_caps(store)
         if getattr(self.source, "recording_error", None) and not self._rec_error_said:  # (once)
@@ -654,22 +655,25 @@ class DdpApp(App):
         return self.jobs.busy
 
 
-def _coll_ops(views: dict) -> tuple[frozenset, bool]:
+def _coll_ops(views: dict) -> tuple[frozenset, bool, bool]:
     """The ops of the collectives (COLL spans) of the steps shown, 'unknown' for one its rank's
-    table does not describe: the legend's entries for them (empty without any); and whether
-    any step shown has gradient AllReduces (COMM spans)."""
+    table does not describe: the legend's entries for them (empty without any); whether any
+    step shown has gradient AllReduces (COMM spans); and whether its first rank's compute
+    stood waiting for a collective (WAIT)."""
     ops: set = set()
-    grads = False
+    grads = waited = False
     for v in views.values():
         if v is None:
             continue
         for r in v.spans:
-            place = Lane.of_spans(v.spans[r]).placement()
+            lane = Lane.of_spans(v.spans[r])
+            place = lane.placement()
             grads = grads or bool(place.allreduce)
+            waited = waited or bool(lane.waits)
             if v.colls:
                 table = v.coll_table(r)
                 for i in place.coll_idx:
                     row = table.get(i)
                     ops.add(row[1] if row is not None else "unknown")
             break  # (every rank issues the same collectives: the first rank's say which)
-    return frozenset(ops), grads
+    return frozenset(ops), grads, waited

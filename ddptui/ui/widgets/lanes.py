@@ -16,6 +16,7 @@ from ranks import spec
 from ranks.wire import BWD, COMM, FWD, OPT, OTHER, PASS, PASS_BWD, PASS_FWD
 
 from ddptui.model.collectives import group_label, with_group
+from ddptui.model.figures import difference, union
 from ddptui.model.views import Lane
 from . import theme
 
@@ -56,8 +57,27 @@ def compute_bars(spans, layer_names: list[str], groups=None) -> list[Bar]:
     pos, colours, labels = _compute_plan(lane, layer_names)
     starts, ends = lane.starts, lane.ends
     if groups is not None:
-        return _grouped(lane, pos, colours, labels, groups)
-    return list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), colours, labels))
+        bars = _grouped(lane, pos, colours, labels, groups)
+    else:
+        bars = list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), colours, labels))
+    return _waiting(bars, lane.waits) if lane.waits else bars
+
+
+def _waiting(bars: list[Bar], waits) -> list[Bar]:
+    """Bars with the stretches the rank's compute stood waiting for a collective (WAIT) cut
+    out of the forward and backward bars and drawn as their own ('wait'): a layer waiting
+    for a tensor-parallel all_reduce is not computing."""
+    ws = union(waits)
+    out: list[Bar] = []
+    for a, z, c, t in bars:
+        if c in (theme.OPT, theme.OTHER):
+            out.append((a, z, c, t))
+            continue
+        for j, (a1, z1) in enumerate(difference([(a, z)], ws)):
+            out.append((a1, z1, c, t if j == 0 else ""))
+    out += [(a, z, theme.COMPUTE_WAIT, "wait") for a, z in ws]
+    out.sort(key=_FIRST)
+    return out
 
 
 def _grouped(lane: Lane, pos, colours, labels, groups) -> list[Bar]:

@@ -58,11 +58,13 @@ def coll_entries(ops, short: bool = False) -> tuple:
     return tuple(out)
 
 
-def legend(ms_per_cell: float, zoom: int, width: int = 1000, colls=(), allreduce: bool = True) -> Parts:
+def legend(ms_per_cell: float, zoom: int, width: int = 1000, colls=(), allreduce: bool = True,
+           waits: bool = False) -> Parts:
     """colls: the ops of the collectives on screen besides gradient AllReduces (COLL spans):
     their colours follow the AllReduce's entry. allreduce: whether any gradient AllReduce is
     on screen (with colls and none, as FSDP alone, 'AllReduce' and 'last to arrive', the
-    AllReduce's colour for the last rank, are left out)."""
+    AllReduce's colour for the last rank, are left out). waits: a compute lane on screen
+    stood waiting for a collective (WAIT): its entry follows the collectives'."""
     text = f"│ 1 cell = {ms_per_cell:.3g} ms · zoom {zoom}×"
     if width >= 160:
         text += " · one scale for all panes"
@@ -77,7 +79,7 @@ def legend(ms_per_cell: float, zoom: int, width: int = 1000, colls=(), allreduce
         if sum(len(name) + 5 for name, _ in head + ce) > room:  # (every collective's colour stays: AG, RS)
             ce = coll_entries(colls, short=True)
         rest = LEGEND[3:] if allreduce else tuple(e for e in LEGEND[3:] if e[1] != theme.COMM_LAST)
-        entries = head + ce + rest
+        entries = head + ce + ((("compute waits", theme.COMPUTE_WAIT),) if waits else ()) + rest
     for name, c in entries:
         entry = [(" ██", theme.style(theme.LANE_COLOURS[c])), (f" {name} ", theme.style(theme.TEXT))]
         n = sum(len(t) for t, _ in entry)

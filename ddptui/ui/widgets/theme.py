@@ -33,13 +33,15 @@ LANE_COLOURS = (
     "#dcdcff", "#9a9ad8",  # all_to_all: lavender
     "#8d99ae", "#5c677d",  # broadcast, barrier, reduce, gather, scatter, send, recv: slate
     "#6e6e6e",  # a collective its rank's table does not describe (unknown)
+    "#7d4b5a",  # the compute standing waiting for a collective's result (tensor parallel, blocking)
 )
 # label text on each bar colour
 LABEL_ON = ("#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#ffffff", "#000000",
             "#000000", "#ffffff", "#000000", "#b4b4c8",
             "#000000", "#ffffff", "#000000", "#ffffff", "#000000", "#ffffff", "#000000", "#000000",
-            "#000000", "#ffffff", "#ffffff")
+            "#000000", "#ffffff", "#ffffff", "#ffffff")
 (COLL_AG, _, COLL_RS, _, COLL_AR, _, COLL_A2A, _, COLL_OTHER, _, COLL_UNKNOWN) = range(13, 24)
+COMPUTE_WAIT = 24  # the compute lane where the rank stood waiting for a collective (a WAIT)
 # a collective's op -> its first shade (the second: + 1); ops not listed: COLL_OTHER
 COLL_COLOURS = {"all_gather": COLL_AG, "reduce_scatter": COLL_RS, "all_reduce": COLL_AR,
                 "all_to_all": COLL_A2A}
