@@ -24,6 +24,11 @@ issuing layer and phase: FSDP2's unit when FSDP2 issued it (its all-gather for a
 forward or backward, prefetches included; its reduce-scatter after a unit's backward), else
 the layer running when it was issued (`UserRecorder.at`), else none.
 
+Where the compute waits for a collective (Recorder.comm_wait: a WAIT, not compute in any
+figure): a blocking call for its whole length, a functional collective from the `wait_tensor`
+that needs it, an asynchronous call's Work from its `wait()` called from Python (a script's,
+FSDP2's), each to its end.
+
 For a hang: every collective entered and not yet left is kept (`inflight`), with the
 group's sequence number as this rank counts it; the heartbeat names the oldest. DDP's bucket
 AllReduces, timed by ddptui's comm hook as COMM spans (ranks/scripts/commhook.py), are in flight too
@@ -107,6 +112,9 @@ def _wrap(name: str, op: str, orig):
             work.get_future().then(token.done)
         except Exception:  # noqa: BLE001 - a Work without a future: ends when the call returned
             tap.left(token)
+            return work
+        if token.step is not None:  # (its wait(), where the script calls it: a WAIT from there)
+            _keep_work(work, token)
         return work
     wrapper.__name__ = name
     wrapper.__qualname__ = f"ProcessGroup.{name}"
@@ -128,7 +136,52 @@ def install() -> None:
             setattr(pg, name, _wrap(name, op, orig))
         _install_fsdp()
         _install_funcol()
+        _install_work_wait()
         _installed = True
+
+
+# -- an asynchronous call's Work waited on ------------------------------------------------------
+# id(a Work an asynchronous call returned, inside a step) -> (Entered, a weak reference to it):
+# its wait(), called from Python (a script's `work.wait()`, FSDP2's), is where the compute
+# starts waiting for it (Recorder.comm_wait); the end is still the backend's callback
+_works: dict = {}
+_WORKS_MAX = 256  # (works never waited on from Python are dropped past this)
+
+
+def _keep_work(work, token) -> None:
+    if len(_works) >= _WORKS_MAX:
+        for k, v in list(_works.items()):  # (a copy: another thread may issue meanwhile)
+            if v[1]() is None:
+                _works.pop(k, None)
+        if len(_works) >= _WORKS_MAX:
+            _works.clear()
+    try:
+        _works[id(work)] = (token, weakref.ref(work))
+    except TypeError:  # (a Work without weak references: its wait is not seen)
+        pass
+
+
+def _install_work_wait() -> None:
+    work_cls = getattr(dist, "Work", None)
+    orig = getattr(work_cls, "wait", None)
+    if orig is None or hasattr(orig, "_ddptui_orig"):
+        return
+
+    def wait(self, *args, **kwargs):
+        if _works:
+            got = _works.pop(id(self), None)
+            if got is not None and got[1]() is self:
+                token = got[0]
+                rec = token.tap.rec
+                if token.step is rec.cur:  # (the compute waits from here)
+                    rec.comm_wait(token.step, token.slot)
+        return orig(self, *args, **kwargs)
+    wait.__wrapped__ = wait._ddptui_orig = orig
+    wait.__name__, wait.__qualname__, wait.__doc__ = "wait", "Work.wait", orig.__doc__
+    try:
+        work_cls.wait = wait
+    except (TypeError, AttributeError):  # (a torch whose Work takes no attribute)
+        pass
 
 
 # -- FSDP2: which unit issued it --------------------------------------------------------------
