@@ -149,16 +149,18 @@ def run_cli(*args, timeout=120, env=None, input=None, cwd=ROOT,
                           preexec_fn=_address_space(max_memory) if max_memory else None)
 
 
-def run_script(tmp, script: str, *args: str, timeout: int = 240):
+def run_script(tmp, script: str, *args: str, timeout: int = 240, env=None):
     """A script of tests/scripts/ under `ddptui run --auto --headless` on 2 CPU ranks,
-    recorded: (its JSON, the recording loaded, what it printed on stdout)."""
+    recorded: (its JSON, the recording loaded, what it printed on stdout); env: more of the
+    environment (run_cli's)."""
     import json
 
     from ddptui.recording.loader import load
     tmp.mkdir(parents=True, exist_ok=True)
     rec, js = tmp / "run.ddptui", tmp / "run.json"
     r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec),
-                "--json", str(js), "--", os.path.join(ROOT, "tests", "scripts", script), *args, timeout=timeout)
+                "--json", str(js), "--", os.path.join(ROOT, "tests", "scripts", script), *args, timeout=timeout,
+                env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(js.read_text()), load(str(rec)), r.stdout
 
