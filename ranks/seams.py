@@ -54,6 +54,11 @@ imports `ddptui` (the app reads its seams from here too).
   `mode="reduce-overhead"` on a GPU, so that the marks are skipped and counted, not recorded
   into the graph (read once when ranks.core.markop is imported). Used by
   tests/test_compiled.py (`test_marks_inside_a_cuda_graph_capture_are_skipped_and_said`).
+- ``DDPTUI_DDP_LAYOUT_HIDDEN`` (`ddp_layout_hidden`): ``1``: on the path of NCCL's own timing,
+  a user's DDP reports no bucket layout (`ranks.scripts.user.Handle.fr_layout` reads none), as
+  a torch whose DDP reports it in another form would, so that its buckets are handed to
+  ddptui's comm hook after its first steps (`Handle.fr_give_up`). Used by
+  tests/test_flightrec.py (`test_a_ddp_whose_layout_cannot_be_read_goes_to_the_comm_hook_and_says_so`).
 
 Configuration read from the environment (DDPTUI_SOCKET, DDPTUI_TOKEN, DDPTUI_RECORD,
 DDPTUI_RUNS_DIR, DDPTUI_AUTO, DDPTUI_LAYERS) is not a seam: production code sets or documents
@@ -129,6 +134,11 @@ def fr_standin() -> float | None:
     except ValueError:
         return None
     return 0.2 if ms == 1 else ms if ms > 0 else None
+
+
+def ddp_layout_hidden() -> bool:
+    """DDPTUI_DDP_LAYOUT_HIDDEN=1: a user's DDP reports no bucket layout (NCCL's own timing)."""
+    return os.environ.get("DDPTUI_DDP_LAYOUT_HIDDEN", "") == "1"
 
 
 def graph_capture() -> bool:

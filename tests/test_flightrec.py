@@ -401,3 +401,30 @@ def test_accumulation_and_a_ddp_that_never_rebuilds_have_their_buckets_timed_by_
             assert [i for i, _, _ in comm] == [0, 1], (k, comm)
             assert all(abs((t1 - t0) - 300) <= 1 for _, t0, t1 in comm), (k, comm)  # (µs, as stored)
             assert comm[1][1] >= comm[0][2], "a bucket overlaps the one before it on the stream"
+
+
+def test_a_ddp_whose_layout_cannot_be_read_goes_to_the_comm_hook_and_says_so(tmp_path):
+    """NCCL's own timing needs DDP's bucket layout; a DDP that reports none (the seam
+    DDPTUI_DDP_LAYOUT_HIDDEN: as a torch reporting it in another form would) has its buckets
+    handed to ddptui's comm hook after its first steps, said once on the run's output and in
+    the summary's JSON: from then on every step's buckets are timed (as they ran, not the
+    stand-in's 0.3 ms), before it none was drawn as if timed."""
+    from .helpers import ROOT, run_cli, spans_of, step_batches
+    from ddptui.recording.loader import load
+    rec, js = tmp_path / "hidden.ddptui", tmp_path / "hidden.json"
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec), "--json", str(js),
+                "--", os.path.join(ROOT, "tests", "scripts", "stall.py"), "--iters", "7", "--at", "100",
+                timeout=240, env={"DDPTUI_FR_STANDIN": "0.3", "TORCH_FR_BUFFER_SIZE": "512",
+                                  "DDPTUI_DDP_LAYOUT_HIDDEN": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = "DDP's bucket layout could not be read after 3 steps: its buckets are timed by ddptui's comm hook from now on"
+    assert (r.stdout + r.stderr).count(said) == 1, (r.stdout + r.stderr)[-3000:]
+    (ddp,) = json.loads(js.read_text())["strategies"]
+    assert ddp["bucket_timing"]["by"] == "comm-hook", ddp["bucket_timing"]
+    batches = step_batches(load(str(rec)))
+    for k in range(3):  # (NCCL's path, its layout unknown: no bucket drawn as timed)
+        assert all(not spans_of(b, 2) for b in batches[k].values()), k
+    for k in range(4, 7):  # (ddptui's comm hook: every bucket, as it ran)
+        for b in batches[k].values():
+            comm = spans_of(b, 2)
+            assert comm and not all(abs((t1 - t0) - 300) <= 1 for _, t0, t1 in comm), (k, comm)

@@ -955,8 +955,11 @@ class Handle:
         """NCCL's own timing: DDP's buckets as it reports them once rebuilt (its logging data:
         each bucket's parameter indices in arrival order, its bytes), as the comm hook would
         have seen them go by (`comm.seen`), and each bucket's ready hook (FrBuckets)."""
+        from ranks import seams
         from ranks.builtin.strategies import ddp_reported_sizes
         ddp_reported_sizes(self.ddp)  # (its runtime stats taken here, between steps)
+        if seams.ddp_layout_hidden():
+            return
         data = self.ddp._get_ddp_logging_data()
         idx, sizes = data.get("rebuilt_per_bucket_param_indices") or "", data.get("rebuilt_bucket_sizes") or ""
         named = self._named
