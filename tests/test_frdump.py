@@ -515,6 +515,9 @@ def test_a_healthy_pipeline_every_send_meets_its_recv(pipes, tmp_path):
     assert fr["verdict"] == "no hang in the dumps: every group's ranks agree and every collective completed"
     assert "  point-to-point: every send met its recv (6 in 2 pairs)" in fr["lines"]
     assert fr_trace(tmp_path / "ok") == {}
+    # the header counts the sends and recvs apart from the collectives (6 each side of 2 ranks)
+    head = run_main("summary", str(tmp_path / "ok")).stdout.splitlines()[0]
+    assert " collectives + 12 sends and recvs · " in head, head
     raw = _verdict(pipes / "pipe-ok")["flight_recorder"]
     assert raw["verdict"] == fr["verdict"] and raw["lines"][1] == fr["lines"][1] == \
         "default_pg [ranks 0, 1]: no disagreement; every collective completed (last #3)"

@@ -188,6 +188,7 @@ class FrDumpReader:
         doc.update(time_origin_ns=origin, prefix=found.prefix, backend=self.backend, notes=self.notes,
                    unreadable={str(r): w for r, w in sorted(self.unreadable.items())},
                    dumps={str(r): {"file": found.files[r][0], "version": d.version, "entries": len(d.entries),
+                                   "p2p_entries": sum(1 for e in d.entries if e.p2p),
                                    "skipped_entries": d.skipped, "first_record": d.entries[0].record_id if d.entries else None}
                           for r, d in sorted(dumps.items())})
         self.meta = {"ddptui": "0.1.0", "model": MODEL, "strategies": [STRATEGY], "world": self.world,

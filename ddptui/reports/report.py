@@ -247,9 +247,11 @@ def print_flight_recorder(fr: dict, meta: dict, file=None) -> None:
     dumps = fr.get("dumps") or {}
     versions = sorted({d.get("version") for d in dumps.values() if d.get("version")})
     entries = sum(int(d.get("entries") or 0) for d in dumps.values())
+    p2p = sum(int(d.get("p2p_entries") or 0) for d in dumps.values())  # (sends and recvs: not collectives)
     print(f"Flight Recorder dumps · {_ranks(meta.get('world'))} ({len(dumps)} dumped) · "
           f"{fr.get('backend') or 'backend unknown'} · {len(fr.get('groups') or ())} process group(s) · "
-          f"{entries} collectives · files {fr.get('prefix')}<rank>"
+          f"{entries - p2p} collectives" + (f" + {p2p} sends and recvs" if p2p else "")
+          + f" · files {fr.get('prefix')}<rank>"
           + (f" · format {', '.join(versions)}" if versions else ""), file=out)
     lines = fr.get("lines") or [fr.get("verdict", "")]
     print(f"verdict: {lines[0]}", file=out)
