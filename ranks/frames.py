@@ -125,7 +125,7 @@ class Phase(Frame, tag="phase", kw_only=True):
 class Spans(Frame, tag="spans", kw_only=True):
     """One rank's spans of one step of one strategy, as columns (spans_frame builds one):
     kind u8[n], idx u16[n], t0/t1 u32[n] µs after base_ns, iss u32[n_comm] (each
-    AllReduce's issue time), wait u32[2 n_wait] (wire.WAIT: absent when empty). ``check``
+    AllReduce's issue time), wait u32[3 n_wait] (wire.WAIT: absent when empty). ``check``
     turns it into a wire.SpanBatch."""
     rank: RankT = field(name="r")
     strategy: StrategyT = field(name="s")
@@ -377,7 +377,8 @@ def spans_frame(rank: int, strategy: str, step: int, base_ns: int,
     wait = b""
     if wire.WAIT in kinds:
         keep = [i for i, k in enumerate(kinds) if k != wire.WAIT]
-        wait = wire.wait_column(base_ns, [(t0_ns[i], t1_ns[i]) for i, k in enumerate(kinds) if k == wire.WAIT])
+        wait = wire.wait_column(base_ns, [(t0_ns[i], t1_ns[i], idxs[i]) for i, k in enumerate(kinds)
+                                          if k == wire.WAIT])
         kinds, idxs = [kinds[i] for i in keep], [idxs[i] for i in keep]
         t0_ns, t1_ns = [t0_ns[i] for i in keep], [t1_ns[i] for i in keep]
     kind, idx, t0, t1, iss = wire.span_columns(base_ns, kinds, idxs, t0_ns, t1_ns, iss_ns)

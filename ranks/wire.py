@@ -7,11 +7,11 @@ collector decodes them without a Python loop per span.
 
     {"t": "spans", "r": rank, "s": strategy, "k": step, "b": base_ns,
      "kind": u8[n], "idx": u16[n], "t0": u32[n], "t1": u32[n], "iss": u32[n_comm],
-     "w": u32[2 * n_wait]}
+     "w": u32[3 * n_wait]}
 
 n_comm: the COMM and COLL spans (collectives), each with its issue time in iss, in order.
 w (absent when empty): the stretches in which the rank's compute stood waiting for a
-collective's result (start, end pairs; `WAIT`): not compute in any figure.
+collective's result (start, end, the collective's idx: `WAIT`): not compute in any figure.
 
 t0/t1/iss are microseconds after base_ns (host CLOCK_MONOTONIC, shared by ranks on one host).
 """
@@ -90,9 +90,11 @@ def span_columns(base_ns: int, kinds, idxs, t0_ns, t1_ns, iss_ns) -> tuple[bytes
     return bytes(kinds), _le(array("H", idxs)), _le(us(t0_ns)), _le(us(t1_ns)), _le(us(iss_ns))
 
 
-def wait_column(base_ns: int, pairs) -> bytes:
-    """The `w` column of a spans frame from absolute ns (start, end) pairs."""
-    return _le(array("I", [max(0, (x - base_ns) // 1000) for pair in pairs for x in pair]))
+def wait_column(base_ns: int, waits) -> bytes:
+    """The `w` column of a spans frame from (start ns, end ns, idx) triples (idx: the COLL
+    span's table row, or the COMM span's bucket, that the compute waited for)."""
+    return _le(array("I", [v for a, z, i in waits for v in (max(0, (a - base_ns) // 1000),
+                                                              max(0, (z - base_ns) // 1000), i)]))
 
 
 _NO_WAITS = array("I")
@@ -100,9 +102,9 @@ _NO_WAITS = array("I")
 
 class SpanBatch(msgspec.Struct, gc=False):
     """Decoded, validated columns of one spans frame (times in µs after base_ns): kind u8,
-    idx u16, t0/t1 u32 per span, iss u32 per AllReduce; waits: u32 start, end pairs, the
-    stretches the rank's compute waited for a collective (WAIT; empty for most). (A Struct:
-    made in C, once a frame.)"""
+    idx u16, t0/t1 u32 per span, iss u32 per AllReduce; waits: u32 (start, end, idx)
+    triples, the stretches the rank's compute waited for a collective (WAIT; idx: the
+    collective's, as its span's; empty for most). (A Struct: made in C, once a frame.)"""
 
     rank: int
     strategy: str
@@ -173,10 +175,10 @@ def decode_spans(f, max_idx: int = 0xFFFF) -> SpanBatch:
     w = f.wait
     waits = _NO_WAITS
     if w:
-        if len(w) % 8:
-            raise FrameError("spans frame wait column is not start, end pairs")
+        if len(w) % 12:
+            raise FrameError("spans frame wait column is not (start, end, idx) triples")
         waits = _from_le("I", w)
-        if any(a > b for a, b in zip(waits[0::2], waits[1::2])):
+        if any(a > b for a, b in zip(waits[0::3], waits[1::3])):
             raise FrameError("spans frame has a wait that ends before it starts")
     if _LITTLE:
         ia = array("H"); ia.frombytes(idx)

@@ -65,7 +65,7 @@ def test_a_collective_the_compute_waited_for_inside_its_layer_is_exposed():
     plain = figures.rank_step(batch(spans, iss=[400]), lambda i: 0)
     assert (plain.compute_ms, plain.comm_ms, plain.exposed_ms) == (1.0, 0.2, 0.0)
     b = batch(spans + [(WAIT, 0, 450, 600)], iss=[400])
-    assert list(b.kind) == [STEP, FWD, COLL] and list(b.waits) == [450, 600]  # (not a span on the wire)
+    assert list(b.kind) == [STEP, FWD, COLL] and list(b.waits) == [450, 600, 0]  # (not a span on the wire)
     r = figures.rank_step(b, lambda i: 0)
     assert (r.compute_ms, r.comm_ms, r.exposed_ms) == (0.85, 0.2, 0.15)
     from ddptui.model import collectives
@@ -76,7 +76,8 @@ def test_a_collective_the_compute_waited_for_inside_its_layer_is_exposed():
 
 def test_a_wait_column_that_is_not_pairs_or_runs_backwards_is_refused():
     f = spans_frame(0, "ddp", 3, 10**9, [STEP], [0], [10**9], [10**9 + 5000], [])
-    for bad, why in ((b"\x01\x00\x00\x00", "pairs"), (b"\x09\x00\x00\x00\x02\x00\x00\x00", "ends before")):
+    for bad, why in ((b"\x01\x00\x00\x00\x02\x00\x00\x00", "triples"),
+                     (b"\x09\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00", "ends before")):
         g = frames.decode(wire.pack(msgspec.structs.replace(f, wait=bad))[4:])
         with pytest.raises(wire.FrameError, match=why):
             wire.decode_spans(g)

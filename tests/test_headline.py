@@ -42,3 +42,25 @@ def test_gathering_evidence_is_said_where_it_fits_and_never_as_a_verdict(ddp, ov
     text, verdict2 = headline(sp, overlap, width, "", note)
     assert cell_len(text) <= width and verdict2 == verdict and "slow:" not in text
     assert text in (plain, f"{plain} · {note}")
+
+
+def test_a_share_hidden_alone_is_good_only_from_half():
+    """Told alone, most of the communication exposed (a tensor-parallel all_reduce waited on in
+    its layer, gloo's blocking collectives) is not green: a warning under half, good from it."""
+    from ddptui.ui.widgets.headline import candidates
+    assert candidates({}, {"fsdp": 8.0})[0] == ("FSDP hides 8 % of its communication behind compute", "same")
+    assert candidates({}, {"fsdp": 60.0})[0][1] == "good"
+    assert candidates({}, {"ddp": 20.0})[0] == ("DDP hides 20 % of its communication behind backward", "same")
+    assert candidates({}, {"ddp": 75.0})[0][1] == "good"
+
+
+def test_the_legend_keeps_the_waits_at_80_columns():
+    """A compute lane with waits on screen: its colour stays in the legend at 80 columns, beside
+    every collective's (the passes and the waits said short, as the lanes label them)."""
+    from ddptui.ui.widgets import statuslines, theme
+    parts = statuslines.legend(4.23, 1, 80, {"all_reduce", "all_gather", "reduce_scatter"}, allreduce=False, waits=True)
+    text = "".join(t for t, _ in parts)
+    assert len(text) <= 80 and " wait " in text and " AG " in text and " RS " in text and " AR " in text, text
+    wide = "".join(t for t, _ in statuslines.legend(4.23, 1, 200, {"all_gather"}, allreduce=False, waits=True))
+    assert "compute waits" in wide and "forward" in wide
+    assert theme.LANE_COLOURS[theme.COMPUTE_WAIT] not in (theme.LANE_COLOURS[theme.WAIT], theme.LANE_COLOURS[theme.OTHER])

@@ -167,15 +167,20 @@ def test_exports_name_the_dimension(mesh2d, tmp_path):
         if "last_arriver" in a:
             last = a["last_arriver"]
             assert (last // 2 == rank // 2) if a["mesh_dim"] == "tp" else (last % 2 == rank % 2), a
-    # where a layer stood waiting for a collective: a slice nested in that layer's, on its thread
-    xs = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("ph") == "X"]
-    waits = [e for e in xs if e["name"] == "waiting for a collective"]
-    assert waits and all(e["cat"] == "compute" for e in waits), len(waits)
-    layers = [e for e in xs if e["name"].startswith(("forward ", "backward "))]
-    # (FSDP2's blocking gathers: before a unit's forward, in no layer, or across a boundary)
-    inside = sum(any(x["pid"] == e["pid"] and x["tid"] == e["tid"] and x["ts"] <= e["ts"]
-                     and e["ts"] + e["dur"] <= x["ts"] + x["dur"] + 0.001 for x in layers) for e in waits)
-    assert inside >= 2 * 4 * (ITERS - 1), (inside, len(waits))  # (the tensor-parallel all_reduces)
+    # where the compute stood waiting for a collective: a slice on a track of its own beside the
+    # compute one, named for the collective it waited for, inside that collective's slice
+    xs = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("ph") in ("X", "M")]
+    waits = [e for e in xs if e["name"].startswith("waiting for ")]
+    assert waits and all(e["cat"] == "waits" and e["args"]["kind"] == "wait" for e in waits), len(waits)
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in xs if e["name"] == "thread_name"}
+    assert {threads[(e["pid"], e["tid"])] for e in waits} <= {"compute waits", "compute waits 2"}
+    colls = [e for e in xs if e.get("ph") == "X" and e.get("cat") == "communication"]
+    for e in waits:
+        what = e["name"][len("waiting for "):]
+        assert any(x["pid"] == e["pid"] and x["name"] == what and x["ts"] <= e["ts"] + 0.001
+                   and e["ts"] + e["dur"] <= x["ts"] + x["dur"] + 0.001 for x in colls), e
+    tp = [e for e in waits if e["name"].startswith("waiting for all_reduce@tp")]
+    assert len(tp) >= 2 * 2 * 4 * (ITERS - 1), len(tp)  # (forward and backward, 2 blocks, 4 ranks)
     kdir = tmp_path / "kineto"
     r = run_cli("export", str(rec), "--format", "kineto", "-o", str(kdir))
     assert r.returncode == 0, r.stderr

@@ -86,7 +86,7 @@ def waits_of(b) -> list[tuple[int, int]]:
     """A span batch's WAIT stretches (its compute stood waiting for a collective: wire.WAIT),
     as sorted disjoint intervals; empty for most."""
     w = getattr(b, "waits", None)
-    return union(list(zip(w[0::2], w[1::2]))) if w else []
+    return union(list(zip(w[0::3], w[1::3]))) if w else []  # ((start, end, idx) triples)
 
 
 def compute_of(b, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -145,7 +145,7 @@ class RankSpans(Mapping):
             got = self._made[r] = Lane(
                 b.kind, b.idx, [off + a / 1e3 for a in b.t0], [off + z / 1e3 for z in b.t1],
                 [off + x / 1e3 for x in b.iss], others, [last == r for last in lasts], place,
-                [(off + w[j] / 1e3, off + w[j + 1] / 1e3) for j in range(0, len(w), 2)] if w else ())
+                [(off + w[j] / 1e3, off + w[j + 1] / 1e3) for j in range(0, len(w), 3)] if w else ())
         return got
 
     def _arrived(self, place: Placement, r: int) -> tuple[list, list]:

@@ -172,7 +172,7 @@ def trace_step(batches: dict) -> dict[int, RankTimeline]:
         w = getattr(b, "waits", None)
         if w:  # (where its compute stood waiting for a collective: not compute, as in the figures)
             compute = figures.difference(compute, figures.union(
-                [(off + w[j] / 1e3, off + w[j + 1] / 1e3) for j in range(0, len(w), 2)]))
+                [(off + w[j] / 1e3, off + w[j + 1] / 1e3) for j in range(0, len(w), 3)]))
         out[r] = RankTimeline(r, start, end, compute, bwd, colls, fixed, bwd_span=spans)
     return out
 

@@ -46,9 +46,11 @@ from ranks.recfile import FORMAT_VERSION, RecordingError
 from ddptui.model.store import in_force
 from ddptui.model.stragglers import comm_spans, rank_arrival_keys
 
-# lane: (tid offset, thread name, category)
+# lane: (tid offset, thread name); "waits": where the compute stood waiting for a collective
+# (a WAIT), its own track under the compute one (sorted by SORT_OF)
 LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "communication"),
-         "optimizer": (4, "optimizer"), "events": (5, "ddp events")}
+         "optimizer": (4, "optimizer"), "events": (5, "ddp events"), "waits": (6, "compute waits")}
+SORT_OF = {"waits": 2}  # (a lane sorted elsewhere than its tid offset: beside compute, after it)
 # (OTHER: a rank's own work that synchronises nothing, an evaluation: on its compute lane)
 LANE_OF_KIND = {STEP: "step", FWD: "compute", BWD: "compute", COMM: "communication", OPT: "optimizer",
                 OTHER: "compute", COLL: "communication", PASS: "compute"}
@@ -119,6 +121,8 @@ class Scan:
         lanes = self.lanes.setdefault(r, set())
         for k in set(f.kind):
             lanes.add(LANE_OF_KIND[k])
+        if f.wait:
+            lanes.add("waits")
         if f.strategy == "ddp":  # (the STEP span's start: OTHER spans may come before it)
             i = f.kind.find(STEP)
             self.ddp_base[(r, f.step)] = b if i < 0 else b + 1000 * int.from_bytes(f.t0[4 * i:4 * i + 4], "little")
@@ -194,7 +198,7 @@ class TraceWriter:
             self.emit({"name": "thread_name", "ph": "M", "pid": pid_of(rank), "tid": tid,
                        "args": {"name": name}})
             self.emit({"name": "thread_sort_index", "ph": "M", "pid": pid_of(rank), "tid": tid,
-                       "args": {"sort_index": LANES[lane][0] + SUBLANE_STRIDE * sub}})
+                       "args": {"sort_index": SORT_OF.get(lane, LANES[lane][0]) + SUBLANE_STRIDE * sub}})
         return tid
 
     def finish(self, extra: dict) -> None:
@@ -299,20 +303,20 @@ class TraceWriter:
             z = max(a, off + b.t1[i] * 1000)
             iss, last = comm.get(i, (None, None))
             items.append((a, -(z - a), i, kind, z, iss, last))
-        w = b.waits  # (where its compute stood waiting for a collective: nested in its layer)
-        for j in range(0, len(w), 2):
+        w = b.waits  # (where its compute stood waiting for a collective: a track of its own)
+        for j in range(0, len(w), 3):
             a = off + w[j] * 1000
             z = max(a, off + w[j + 1] * 1000)
-            items.append((a, -(z - a), -1, WAIT, z, None, None))
+            items.append((a, -(z - a), -1 - w[j + 2], WAIT, z, None, None))
         items.sort()
         for a, _neg, i, kind, z, iss, last in items:
-            lane = "compute" if kind == WAIT else LANE_OF_KIND[kind]
-            idx = b.idx[i] if i >= 0 else 0
+            lane = "waits" if kind == WAIT else LANE_OF_KIND[kind]
+            idx = b.idx[i] if i >= 0 else -1 - i
             args = {"rank": r, "strategy": s, "step": k}
-            if kind == WAIT:
-                name = "waiting for a collective"
+            if kind == WAIT:  # (idx: the COLL span's table row it waited for)
+                name = "waiting for " + self._coll(s, r, idx, args)
                 args["kind"] = "wait"
-                args["note"] = "the compute stood waiting for a collective's result: not compute in ddptui's figures"
+                args["note"] = "the compute stood waiting for this collective's result: not compute in ddptui's figures"
             elif kind in (FWD, BWD):
                 lname = self._lname(idx)
                 name = ("forward " if kind == FWD else "backward ") + lname

@@ -35,6 +35,13 @@ def _vs(v: float) -> str:
     return f"{v:.2f}×"
 
 
+def _hidden_verdict(pct: float) -> str:
+    """A share of communication hidden behind compute, told alone: good from half of it, else
+    said as a warning (most of it exposed: a tensor-parallel all_reduce, gloo's blocking
+    collectives, waited for where they are issued)."""
+    return "good" if pct >= 50 else "same"
+
+
 def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
     """(text, verdict) from the fullest to the shortest; verdict: good | bad | same | none.
 
@@ -68,14 +75,14 @@ def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
         return [(f"{best.upper() if best == 'ddp' else best} {_vs(x)} {word} one device", "good" if x > 1 else "bad"),
                 (f"{best} {_vs(x)} vs single", "none")]
     if hid is not None:
-        return [(f"DDP hides {_pct(hid)} of its communication behind backward", "good"),
-                (f"DDP: {_pct(hid)} comm hidden", "good")]
+        return [(f"DDP hides {_pct(hid)} of its communication behind backward", _hidden_verdict(hid)),
+                (f"DDP: {_pct(hid)} comm hidden", _hidden_verdict(hid))]
     alone = [(k, x) for k, x in overlap.items() if x is not None]
     if len(alone) == 1:  # one strategy alone (a script's FSDP2 under `ddptui run`): what it hides
         name, x = alone[0]
         name = "FSDP" if name == "fsdp" else name
-        return [(f"{name} hides {_pct(x)} of its communication behind compute", "good"),
-                (f"{name}: {_pct(x)} comm hidden", "good")]
+        return [(f"{name} hides {_pct(x)} of its communication behind compute", _hidden_verdict(x)),
+                (f"{name}: {_pct(x)} comm hidden", _hidden_verdict(x))]
     return [("waiting for complete steps of two strategies to compare…", "none"), ("waiting…", "none")]
 
 

@@ -148,11 +148,13 @@ HELP = """\
   every other collective on the comm lane, by op: [#00d1d1]███[/] AG all-gather  [#b48cff]███[/] RS reduce-scatter
   [#ffc58f]███[/] AR the script's own all_reduce  [#dcdcff]███[/] A2A all_to_all  [#8d99ae]███[/] broadcast, barrier...
   labelled with the layer that issued it ("AG h.0"); counted in comm, exposed and AR+coll
+  [#7d4b5a]███[/] wait, on the compute lane: the compute stood waiting for a collective's result (a
+  tensor-parallel all_reduce waited on in its layer, a blocking call): exposed, not compute
   [#c8c8c8]███[/] optimizer     ⚑ marks the step where a new bucket cap took effect
 
 [b]Figures[/b]  step ms: the step shown · the rest: medians of the last 100 steps (DDP: since the last
   bucket change) · comm % / exp %: communication and exposed communication as % of the step
-  busy %: share of the step spent computing (forward, backward): the per-strategy GPU utilisation
+  busy %: share of the step spent computing (forward, backward, less waits): the GPU utilisation
   NVML cannot give, strategies alternating step by step · GPU %: NVML over samples inside that
   strategy's steps ("–": steps shorter than a sample) · panels below show as room allows
 

@@ -76,10 +76,15 @@ def legend(ms_per_cell: float, zoom: int, width: int = 1000, colls=(), allreduce
     else:
         ce = coll_entries(colls)
         head = LEGEND[:3] if allreduce else LEGEND[:2]
-        if sum(len(name) + 5 for name, _ in head + ce) > room:  # (every collective's colour stays: AG, RS)
+        we = (("compute waits", theme.COMPUTE_WAIT),) if waits else ()
+        if sum(len(name) + 5 for name, _ in head + ce + we) > room:  # (every collective's colour stays: AG, RS)
             ce = coll_entries(colls, short=True)
+            if waits:  # (and the waits' too, as the lanes label them: the passes said short)
+                we = (("wait", theme.COMPUTE_WAIT),)
+                if sum(len(name) + 5 for name, _ in head + ce + we) > room:
+                    head = (("fwd", theme.FWD_A), ("bwd", theme.BWD_A)) + head[2:]
         rest = LEGEND[3:] if allreduce else tuple(e for e in LEGEND[3:] if e[1] != theme.COMM_LAST)
-        entries = head + ce + ((("compute waits", theme.COMPUTE_WAIT),) if waits else ()) + rest
+        entries = head + ce + we + rest
     for name, c in entries:
         entry = [(" ██", theme.style(theme.LANE_COLOURS[c])), (f" {name} ", theme.style(theme.TEXT))]
         n = sum(len(t) for t, _ in entry)
