@@ -678,3 +678,28 @@ def test_gpu_no_synchronize_inside_measured_steps(tmp_path):
     syncs = {k: v for k, v in doc["syncs"].items() if "prototype feature" not in k}
     assert syncs == {}, syncs
     assert doc["events_allocated"] < 2_000, doc  # pooled: not an event per mark per step
+
+
+@pytest.mark.gpu
+def test_gpu_a_wait_for_a_collective_is_marked_on_the_stream(tmp_path):
+    """On a GPU (NCCL, one rank), a layer's functional all_reduce whose result is used at once
+    (tests/scripts/waited.py, tensor parallelism's row-wise layer): the wait is an event on the
+    training stream where wait_tensor is called, resolved with the step's others, inside the
+    collective's span, every step (the CPU's: tests/test_mesh2d.py, tests/test_collectives.py)."""
+    import os
+
+    from ddptui.recording.loader import load
+    from tests.helpers import ROOT, run_cli
+    rec = tmp_path / "w.ddptui"
+    p = run_cli("run", "--auto", "--headless", "--nproc-per-node", "1", "--record", str(rec), "--",
+                os.path.join(ROOT, "tests", "scripts", "waited.py"), "--cuda", timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    steps = load(str(rec)).store.span_batches()["ddp"]
+    assert len(steps) == 6
+    for k, ranks in steps.items():
+        b = ranks[0]
+        colls = [(b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == 6]
+        waits = list(zip(b.waits[0::3], b.waits[1::3]))
+        assert len(waits) == len(colls) == 1, (k, waits, colls)
+        (w0, w1), (c0, c1) = waits[0], colls[0]
+        assert c0 <= w0 <= w1 <= c1, (k, waits, colls)
