@@ -225,7 +225,7 @@ phase_pass() {
   skipped verify-nccl || verify nccl --gpus 1 --model $BIG --strategies $s --steps 6
   # gloo with CUDA tensors: AllReduce ends are compared with the end of the copy back
   skipped verify-gloo || verify gloo --gpus 1 --ranks 2 --model small --strategies naive,interleaved,ddp --steps 6
-  skipped tests-gpu || timed "tests marked gpu" 60 tests-gpu.txt $PY -m pytest -q -m gpu -p no:cacheprovider tests
+  skipped tests-gpu || timed "tests marked gpu" 75 tests-gpu.txt $PY -m pytest -q -m gpu -p no:cacheprovider tests
   on_cpu_note "P1 and P7"
   # both ways of timing DDP's buckets, back to back: NCCL's own timing (the default on NCCL)
   # and the comm hook, each beside torch.profiler
