@@ -392,6 +392,9 @@ class UserRecorder(Recorder):
                                        *(t for m in c.micro for t in m[2:]), *more))
 
     def _resolve(self, r, yield_every: int = 0) -> tuple:
+        return _one_moment(self._resolve_all(r, yield_every))
+
+    def _resolve_all(self, r, yield_every: int = 0) -> tuple:
         frozen = r.micro
         if not frozen and r.first_fwd is None:
             return super()._resolve(r, yield_every)
@@ -408,6 +411,24 @@ class UserRecorder(Recorder):
             t1s = t1s[:1] + [e[3] for e in extra] + t1s[1:]
             base = min(base, min(e[2] for e in extra))  # (OTHER spans may come before the step)
         return (s, k, base, kinds, idxs, t0s, t1s, iss)
+
+
+SAME_MOMENT_NS = 1_000_000  # (a core taken from the hooks between them: 0.4 ms seen)
+
+
+def _one_moment(item: tuple) -> tuple:
+    """A resolved step whose backward spans meet where one layer's input gradient is the next
+    one's output gradient: both layers' hooks on that one tensor (the lower's start registered
+    first, so run first) mark the one moment a few µs apart (2-21 µs on 2 CPU cores, 0.4 ms
+    once), the lower layer's start before the upper's end. The upper's end is taken back to the lower's start
+    (an overlap of up to SAME_MOMENT_NS: more is left as it was), so the spans follow one
+    another, as the profiler and the exports' tracks have them."""
+    s, k, base, kinds, idxs, t0s, t1s, iss = item
+    bw = sorted((t0s[j], j) for j, kd in enumerate(kinds) if kd == BWD)
+    for (_, a), (b0, _b) in zip(bw, bw[1:]):
+        if b0 < t1s[a] <= b0 + SAME_MOMENT_NS and t0s[a] <= b0:
+            t1s[a] = b0
+    return item
 
 
 def _tensors(obj, out: list, depth: int = 0) -> list:
