@@ -92,9 +92,8 @@ def waits_of(b) -> list[tuple[int, int]]:
 def compute_of(b, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The union of a batch's compute spans (forward and backward) less its WAIT stretches:
     a collective waited on inside a layer is not hidden by that layer, it holds it up."""
-    comp = union(spans)
-    w = getattr(b, "waits", None)
-    return difference(comp, waits_of(b)) if w else comp
+    comp, ws = union(spans), waits_of(b)
+    return difference(comp, ws) if ws else comp
 
 
 def mean(xs) -> float:

@@ -141,11 +141,10 @@ class RankSpans(Mapping):
             off = (b.base_ns - self._origin) / 1e6
             place = placement(b)
             others, lasts = self._arrived(place, r)
-            w = b.waits
             got = self._made[r] = Lane(
                 b.kind, b.idx, [off + a / 1e3 for a in b.t0], [off + z / 1e3 for z in b.t1],
                 [off + x / 1e3 for x in b.iss], others, [last == r for last in lasts], place,
-                [(off + w[j] / 1e3, off + w[j + 1] / 1e3) for j in range(0, len(w), 3)] if w else ())
+                [(off + a / 1e3, off + z / 1e3) for a, z in step_figures.waits_of(b)] if b.waits else ())
         return got
 
     def _arrived(self, place: Placement, r: int) -> tuple[list, list]:

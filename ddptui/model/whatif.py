@@ -169,10 +169,9 @@ def trace_step(batches: dict) -> dict[int, RankTimeline]:
         if start is None:
             continue
         compute = figures.union(comp)
-        w = getattr(b, "waits", None)
-        if w:  # (where its compute stood waiting for a collective: not compute, as in the figures)
-            compute = figures.difference(compute, figures.union(
-                [(off + w[j] / 1e3, off + w[j + 1] / 1e3) for j in range(0, len(w), 3)]))
+        ws = figures.waits_of(b)  # (where its compute stood waiting for a collective: not compute)
+        if ws:
+            compute = figures.difference(compute, [(off + a / 1e3, off + z / 1e3) for a, z in ws])
         out[r] = RankTimeline(r, start, end, compute, bwd, colls, fixed, bwd_span=spans)
     return out
 
