@@ -66,7 +66,8 @@ def parser() -> Parser:
     p.add_argument("--bucket-cap", metavar="MB,...",
                    type=_list("--bucket-cap", NUMERIC["--bucket-cap"].converter("--bucket-cap")),
                    help="DDP bucket caps to predict, in MB (default the ladder "
-                        + ",".join(f"{c:g}" for c in spec.BUCKET_LADDER_MB) + " unless --world is given)")
+                        + ",".join(f"{c:g}" for c in spec.BUCKET_LADDER_MB) + " unless --world is given; "
+                        "a recording without ddp steps: world sizes 2,4,8 instead)")
     p.add_argument("--world", metavar="N,...", type=_list("--world", NUMERIC["--world"].converter("--world")),
                    help="world sizes to predict, every strategy that communicates (e.g. 2,4,8,16,32,64)")
     add_numeric(p, "--bus-gbps", metavar="X", default=None,
@@ -156,18 +157,28 @@ def text(rep: whatif_model.Report) -> list[str]:
     return lines
 
 
+DEFAULT_WORLDS = (2, 4, 8)  # a recording without DDP: the world sizes predicted by default
+
+
 def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     json_target(a.json)
     caps = a.bucket_cap
-    if caps is None and not a.world:
-        caps = list(spec.BUCKET_LADDER_MB)
     from ddptui.model.runinfo import simulated_label
 
     from .summary import read
     got = read(a.file)
+    worlds = a.world
+    if caps is None and not worlds:
+        if "ddp" in got.store.strategies() or a.strategy == "ddp":
+            caps = list(spec.BUCKET_LADDER_MB)
+        else:  # (no DDP: no bucket cap to move; a hand-written naive or interleaved run)
+            worlds = list(DEFAULT_WORLDS)
+            if a.json != "-":
+                print("no ddp steps in the recording: no bucket cap to predict; world sizes "
+                      + ",".join(map(str, worlds)) + " instead (--world)")
     try:
-        rep = whatif_model.whatif(got.store, caps=caps, worlds=a.world, bus_gbps=a.bus_gbps,
+        rep = whatif_model.whatif(got.store, caps=caps, worlds=worlds, bus_gbps=a.bus_gbps,
                        strategy=a.strategy, from_cap=a.from_cap, hop_us=a.hop_us,
                        call_us=a.call_us, contention=not a.no_contention)
     except whatif_model.WhatIfError as e:

@@ -88,7 +88,7 @@ def _wrap(name: str, op: str, orig):
         # output of an all-gather, the input of a reduce-scatter, the tensor of an all_reduce)
         n = max(_nbytes(args[0]) if args else 0, _nbytes(args[1]) if len(args) > 1 else 0)
         is_async = bool(getattr(args[-1], "asyncOp", True)) if args else True
-        token = tap.enter(op, n, self, is_async)
+        token = tap.enter(op, n, self, is_async, args[0] if args else None)
         try:
             work = orig(self, *args, **kwargs)
             if work is not None and not is_async:
@@ -97,7 +97,7 @@ def _wrap(name: str, op: str, orig):
                 # callback on the backend's thread contending for the GIL (a second wait() is
                 # a no-op). On CUDA the end is an event on this stream, which waited for it.
                 # The compute waited all along (a WAIT span: not hidden by the layer it is in)
-                if token.step is not None and token.step is tap.rec.cur:
+                if token.step is not None and token.step is tap.rec.cur and not token.grad:
                     tap.rec.comm_wait(token.step, token.slot, True)
                 work.wait()
                 tap.left(token)
@@ -113,8 +113,8 @@ def _wrap(name: str, op: str, orig):
         except Exception:  # noqa: BLE001 - a Work without a future: ends when the call returned
             tap.left(token)
             return work
-        if token.step is not None:  # (its wait(), where the script calls it: a WAIT from there)
-            _keep_work(work, token)
+        if token.step is not None and not token.grad:  # (its wait(), where the script calls it:
+            _keep_work(work, token)  # a WAIT from there; a gradient's: the step's own exposed time)
         return work
     wrapper.__name__ = name
     wrapper.__qualname__ = f"ProcessGroup.{name}"
@@ -379,12 +379,13 @@ def _wait_wrapper(orig):
 
 
 class Entered:
-    """One collective entered: its recorder slot (None outside a step), its in-flight entry."""
+    """One collective entered: its recorder slot (None outside a step), its in-flight entry;
+    `grad`: a parameter's gradient reduced by hand (a COMM span, as naive's)."""
 
-    __slots__ = ("tap", "step", "slot", "key")
+    __slots__ = ("tap", "step", "slot", "key", "grad")
 
-    def __init__(self, tap, step, slot, key):
-        self.tap, self.step, self.slot, self.key = tap, step, slot, key
+    def __init__(self, tap, step, slot, key, grad=False):
+        self.tap, self.step, self.slot, self.key, self.grad = tap, step, slot, key, grad
 
     def done(self, fut):
         """The Work's future completed (on the backend's thread): the span's end."""
@@ -424,6 +425,12 @@ class CollTap:
         # functional collectives traced into a compiled graph, run inside steps: op -> (count,
         # bytes), since the tap began (`_traced`)
         self.traced: dict[str, tuple[int, int]] = {}
+        # a model no wrapper synchronises (data parallelism written by hand): tensor -> (its
+        # parameter's global index, internal layer) where it is a parameter's .grad, else None.
+        # Such an all_reduce is the step's gradient synchronisation: a COMM span of that
+        # parameter, as the built-in naive and interleaved strategies draw theirs
+        self.grad_of = None
+        self.grad_phases: dict[str, int] = {}  # gradient all_reduces by phase (the first step's form)
 
     def activate(self) -> None:
         global _tap
@@ -492,7 +499,7 @@ class CollTap:
             got = self._names[id(pg)] = (size, name)
         return got
 
-    def enter(self, op: str, nbytes: int, pg, is_async: bool = True) -> Entered:
+    def enter(self, op: str, nbytes: int, pg, is_async: bool = True, tensors=None) -> Entered:
         """A collective is handed to the backend now (the training thread or the autograd
         engine's): its span starts, its in-flight entry is made."""
         self.entered += 1
@@ -500,6 +507,18 @@ class CollTap:
         seq = self.seq[gid] = self.seq.get(gid, 0) + 1
         unit = self.unit
         rec = self.rec
+        if self.grad_of is not None and op == "all_reduce" and unit is None:
+            t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+            got = self.grad_of(t) if isinstance(t, torch.Tensor) else None
+            if got is not None:
+                key = self.entered
+                self.inflight[key] = (op, seq, nbytes, got[1], now_ns())
+                cur = rec.cur
+                if cur is None:
+                    return Entered(self, None, 0, key)
+                phase = self.phase_of() if self.phase_of is not None else "step"
+                self.grad_phases[phase] = self.grad_phases.get(phase, 0) + 1
+                return Entered(self, cur, rec.comm_issue(got[0]), key, True)
         if unit is not None:
             layer = self.layer_of(unit[0])
             # FSDP2 gathers a unit for its forward (or a prefetch in the forward) or, in a

@@ -32,6 +32,12 @@ gloo's concurrent collectives):
   the first step's micro-steps, and says it in its hello (`rank_batch`); the app sums the
   ranks' (RunInfo). Looked at in the first step only: no cost after it.
 
+A model no wrapper synchronises (a plain nn.Module: data parallelism written by hand) is
+timed the same way, its steps ending at its optimizer's step; each all_reduce of one of its
+parameters' `.grad` is that parameter's gradient AllReduce (a COMM span, as the built-in naive
+strategy's), and the run is named naive or interleaved by when its first step issued them
+(RankSession._form).
+
 A step is one gradient synchronisation (RankSession): numbered by the synchronisations, the
 same on every rank, never by a rank's own count of forwards. Micro-steps of gradient
 accumulation (no_sync(), require_backward_grad_sync = False) are drawn inside the step
@@ -67,11 +73,17 @@ from ranks.clock import now_ns
 from ranks.core.emitter import FrameQueue
 from ranks.core import markop
 from ranks.core.colltap import CollTap
+from ranks.core.recorder import NO_COMMS
 from ranks.scripts.commhook import CommState, FrBuckets, timed_hook
 from ranks.core.instrument import CpuClock, CudaClock
 from ranks.scripts.userlayers import UserRecorder, attach_module_hooks, choose_layers, shown_name
 
 STRATEGY = spec.USER_STRATEGY  # a user's DDP run is drawn in the DDP pane (buckets, figures, stragglers)
+# a model whose gradients the script synchronises itself: named by the form its first step
+# shows (RankSession._form), naive until then
+PLAIN_STRATEGY = "naive"
+_KIND_NAMES = {"ddp": "a DistributedDataParallel", "fsdp": "a fully_shard",
+               "plain": "a hand-synchronised model"}
 
 
 class _InOrder:
@@ -204,11 +216,20 @@ class RankSession:
         self.clock = CudaClock(self.device, comm_on_host=self.backend == "gloo") \
             if self.device.type == "cuda" else CpuClock()
         self.rec = UserRecorder(self.clock, 0)
-        self.strategy = first.strategy  # ddp, or fsdp (an FSDP2 model: fully_shard)
+        self.strategy = first.strategy  # ddp, or fsdp (an FSDP2 model: fully_shard), or naive
+        self.kind = first.kind  # ddp, fsdp, plain (a model the script synchronises by hand)
         # every other collective of this rank (its own all_reduce, all_to_all, FSDP2's
         # all-gathers and reduce-scatters): COLL spans, attributed to the running layer
         self._mod_layer: dict[int, int] = {}  # id(module) -> internal layer holding it
         self.tap = CollTap(self.rec, self._unit_layer, self.rec.phase, on_reduce=self._unit_done)
+        # a plain model's parameters (global index, parameter), last first (the order a backward
+        # makes their gradients in), for `_grad_param`
+        self._gparams: list = []
+        self._grad_at: dict[int, tuple] = {}  # id(a gradient seen) -> (global index, internal layer, param)
+        self._grad_shapes: set[tuple] = set()
+        self._grad_cursor = 0
+        if self.kind == "plain":
+            self.tap.grad_of = self._grad_param
         self.tap.activate()
         self.mods: list[Handle] = []
         self.names: list[str] = []  # layer names by internal index (as chosen, unprefixed)
@@ -256,6 +277,70 @@ class RankSession:
                 "strategies": [self.strategy], "world": self.world, "steps": 0,
                 "device": self.device.type, "user": True}
         return FileSink(os.path.join(d, f"rank{self.rank}.ddptui"), self.rank, meta)
+
+    def _grad_param(self, t) -> tuple[int, int] | None:
+        """(global parameter index, internal layer) of the parameter whose `.grad` is `t`, else
+        None: a plain model's gradient reduced by the script (the tap's `grad_of`). Gradients
+        seen are kept by identity (checked: `param.grad is t`); a new one is looked for from
+        where the last was found, in backward order, so that a backward's hooks (the
+        interleaved form) and the loop after it (the naive form) each find theirs at once."""
+        got = self._grad_at.get(id(t))
+        if got is not None and got[2].grad is t:
+            return got[0], got[1]
+        if tuple(t.shape) not in self._grad_shapes:
+            return None
+        ps, at = self._gparams, self._grad_at
+        n = len(ps)
+        if len(at) > 4 * n:
+            at.clear()
+        i = self._grad_cursor % n if n else 0
+        owner = self.param_owner
+        for _ in range(n):
+            j, p = ps[i]
+            i = i + 1 if i + 1 < n else 0
+            g = p.grad
+            if g is not None:
+                entry = at[id(g)] = (j, owner[j] if j < len(owner) else -1, p)
+                if g is t:
+                    self._grad_cursor = i
+                    return entry[0], entry[1]
+        return None
+
+    def _form(self, c) -> None:
+        """A plain model's first step: its strategy named by when its gradients were reduced
+        (the course's forms): interleaved where an all_reduce of a gradient went during the
+        backward, naive where all went after it; single where no collective ran at all (or
+        one rank alone), said once."""
+        ph = self.tap.grad_phases
+        colls = c.comm_idx is not NO_COMMS and len(c.comm_idx) > 0
+        if self.world == 1:
+            name = "single"
+            if not colls:
+                print(f"ddptui: {self.first_name} trains on one rank with no collective: drawn as single",
+                      file=sys.stderr, flush=True)
+        elif not colls:
+            name = "naive"
+            if self.rank == 0:
+                print(f"ddptui: {self.first_name} trains with no collective between the {self.world} ranks: "
+                      "each rank alone, their models apart (no gradient is synchronised)",
+                      file=sys.stderr, flush=True)
+        elif ph.get("backward"):
+            name = "interleaved"
+        else:
+            name = "naive"
+        self.strategy = c.strategy = name
+        for m in self.mods:
+            m.strategy = name
+        meta = getattr(self.sink, "meta", None)
+        if isinstance(meta, dict):
+            meta["strategies"] = [name]
+
+    def _hand_synced(self) -> None:
+        """A plain model's step synchronises where its optimizer steps (or `with step()` ends)
+        after a backward: what the script repeats is the step."""
+        c = self.rec.cur
+        if self.kind == "plain" and c is not None and not c.synced and (c.had_bwd or self.rec.bwd_since()):
+            c.synced = 1
 
     def _unit_layer(self, modules) -> int:
         """An FSDP2 unit's layer (internal index): the chosen layer holding its first module."""
@@ -339,6 +424,9 @@ class RankSession:
         for n, p in named:
             self.param_names.append(shown_name(n))
             self.param_numel.append(int(p.numel()))
+        if h.kind == "plain":
+            self._gparams[:0] = [(pbase + j, p) for j, (_, p) in reversed(list(enumerate(named)))]
+            self._grad_shapes.update(tuple(p.shape) for _, p in named)
         self.mods.append(h)
         return base, pbase
 
@@ -410,6 +498,7 @@ class RankSession:
             self.other_s = None
 
     def opt_begin(self) -> None:
+        self._hand_synced()
         self.rec.opt_begin()
 
     def after_opt(self, opt=None, args=None, kwargs=None) -> None:
@@ -442,6 +531,7 @@ class RankSession:
 
     def step_exit(self) -> None:
         self.explicit = False
+        self._hand_synced()
         c = self.rec.cur
         if c is not None and c.synced:
             self._end()
@@ -471,6 +561,8 @@ class RankSession:
         k = self.k
         self.k += 1
         if self._order is None:
+            if self.kind == "plain":
+                self._form(c)
             self._hello(c)
             ddps = [m for m in self.mods if m.comm is not None]
             if ddps:  # how DDP's buckets are timed (the summary says it): NCCL itself only
@@ -714,25 +806,33 @@ class Handle:
         global _session
         from torch.nn.parallel import DistributedDataParallel as DDP
         fsdp = is_fsdp(ddp)
-        if not isinstance(ddp, DDP) and not fsdp:
-            raise TypeError("ddptui.instrument wants a torch.nn.parallel.DistributedDataParallel model "
-                            "or an FSDP2 model (the module fully_shard was applied to last)")
+        plain = not fsdp and not isinstance(ddp, DDP)
+        if plain and not isinstance(ddp, nn.Module):
+            raise TypeError("ddptui.instrument wants a model: a torch.nn.parallel.DistributedDataParallel, "
+                            "an FSDP2 model (the module fully_shard was applied to last), or an nn.Module "
+                            "whose gradients the script synchronises itself")
         if not dist.is_initialized():
             raise RuntimeError("ddptui.instrument: init the process group first")
         if getattr(ddp, "_ddptui", None) is not None:
             raise RuntimeError("ddptui.instrument: this model is instrumented already")
-        if not fsdp and ddp._comm_hooks:
+        if plain and comm_hook is not None:
+            raise TypeError("ddptui.instrument: comm_hook is for DistributedDataParallel; this model's "
+                            "gradients are the script's own to synchronise")
+        if not fsdp and not plain and ddp._comm_hooks:
             raise RuntimeError("ddptui.instrument: a comm hook is registered already; call "
                                "instrument() first, or pass it as comm_hook=")
         if fsdp and comm_hook is not None:
             raise TypeError("ddptui.instrument: comm_hook is for DistributedDataParallel, not FSDP2")
-        self.ddp = ddp  # the wrapper: a DDP, or the FSDP2 root itself
-        self.strategy = spec.USER_FSDP_STRATEGY if fsdp else STRATEGY
+        self.ddp = ddp  # the wrapper: a DDP, or the FSDP2 root itself, or a plain model itself
+        # what synchronises its gradients: DDP, FSDP2, or the script by hand ("plain": drawn as
+        # naive or interleaved, by when its gradients' all_reduces go: RankSession._form)
+        self.kind = "fsdp" if fsdp else "plain" if plain else "ddp"
+        self.strategy = spec.USER_FSDP_STRATEGY if fsdp else PLAIN_STRATEGY if plain else STRATEGY
         self._hooks: list = []
         self.closed = False
         self.by_auto = False  # made by `ddptui run --auto` (the script's own instrument() returns it)
         self.label: str | None = None
-        self.module = model = ddp if fsdp else ddp.module
+        self.module = model = ddp if fsdp or plain else ddp.module
         self.comm: CommState | None = None
         self.frb: FrBuckets | None = None  # NCCL's own timing of the buckets (no comm hook)
         self.timing, self.timing_why = "comm-hook", None  # how the buckets are timed, and why
@@ -742,11 +842,12 @@ class Handle:
         s = _session
         if s is None or s.closed:
             s = _session = RankSession(self, record, batch, name)
-        elif not s.can_join() or s.strategy != self.strategy:
+        elif not s.can_join() or s.kind != self.kind:
             # a DDP built once training has begun: the hello has named the layers already
-            why = "built after training began" if s.strategy == self.strategy else \
-                f"beside a{'n FSDP2' if s.strategy == 'fsdp' else ' DDP'} model (one kind a rank)"
-            print(f"ddptui: a {'fully_shard' if fsdp else 'DistributedDataParallel'} of "
+            what = {"fsdp": "an FSDP2", "ddp": "a DDP", "plain": "a hand-synchronised"}
+            why = "built after training began" if s.kind == self.kind else \
+                f"beside {what[s.kind]} model (one kind a rank)"
+            print(f"ddptui: {_KIND_NAMES[self.kind]} of "
                   f"{type(model).__name__} {why} is not drawn", file=sys.stderr)
             self.session = None
             ddp._ddptui = self
@@ -765,6 +866,8 @@ class Handle:
             for i, (_, mod) in enumerate(chosen, self.base):
                 s.layer_params[i] = {self.pindex[id(p)] for p in mod.parameters() if id(p) in self.pindex}
         param_ends = self._owners(chosen, named)
+        if plain:
+            self._plain_params = [p for _, p in named]
         if fsdp:  # FSDP2 accumulates gradients on unsharded copies and sets the sharded
             # parameter's after its reduce-scatter (the root's last): its hooks would end a
             # layer's backward there. A layer's backward ends at its input's gradient.
@@ -777,6 +880,8 @@ class Handle:
         self._register_op_codes(ddp)
         if fsdp:
             # FSDP2's own pre-forward hook on the root all-gathers: the step begins before it
+            self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, prepend=True, with_kwargs=True))
+        elif plain:  # (its gradients' collectives are the script's: the tap times them, RankSession)
             self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, prepend=True, with_kwargs=True))
         else:
             # the comm hook: ours, around the user's (given now, or registered later)
@@ -797,7 +902,7 @@ class Handle:
             self._hooks.append(ddp.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         self._hooks.append(ddp.register_forward_hook(self._forward_post))
         self._outer = self._hooks[-2:]  # (the wrapper's own hooks: moved if it is compiled whole)
-        if not fsdp:
+        if not fsdp and not plain:
             _watch_compile()
         if optimizer is not None:
             s.add_optimizer(optimizer, self._hooks)
@@ -1258,7 +1363,10 @@ def _watch_compile() -> None:
 def instrument(ddp_model, layers="auto", optimizer=None, batch: int | None = None,
                record: str | None = None, comm_hook=None, comm_state=None,
                name: str | None = None) -> Handle:
-    """Time a DistributedDataParallel model's layers, buckets and steps (see the module doc).
+    """Time a DistributedDataParallel model's layers, buckets and steps (see the module doc);
+    an FSDP2 model's layers and collectives; or a plain nn.Module whose gradients the script
+    reduces itself (each all_reduce of a parameter's .grad its gradient AllReduce; its steps
+    end at the optimizer's step or at the end of `with handle.step():`).
 
     layers: "auto" | depth (int) | [module names]; optimizer: its step() is timed and ends a
     step when `with handle.step():` is not used; batch: the global batch of one step (of

@@ -7,8 +7,10 @@ through the script's ddptui.instrument handle, or a connection of its own when t
 never got that far), printed, and the process exits 1. With DDPTUI_AUTO=1 (`ddptui run
 --auto`) every DistributedDataParallel the script builds is instrumented as it is
 constructed (layers from DDPTUI_LAYERS, default auto; several DDP modules of a rank drawn
-as one model, ranks.scripts.user.RankSession), and every torch optimizer's step is timed through
-torch's global optimizer hooks: no change to the script.
+as one model, ranks.scripts.user.RankSession), an FSDP2 model at its first forward, and a
+model no wrapper synchronises (data parallelism written by hand) at its optimizer's first
+step; every torch optimizer's step is timed through torch's global optimizer hooks: no
+change to the script.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def _auto() -> None:
 
     DDP.__init__ = init
     _auto_fsdp(layers)
+    _auto_plain(layers)
 
     def begin():  # every DDP module of this rank is in one session: one step
         s = user._session
@@ -82,6 +85,52 @@ def _auto_fsdp(layers) -> None:
     handle = nn.modules.module.register_module_forward_pre_hook(pre)
 
 
+def _auto_plain(layers) -> None:
+    """A model no wrapper synchronises (the script reduces its gradients itself: the course's
+    naive loop, its hook form, an engine of its own): the modules called with autograd on
+    until the first optimizer step are noted (a global forward pre-hook, removed at that
+    step); there, the outermost of them holding parameters that optimizer updates are
+    instrumented (several: one picture), and the next forward starts the first step drawn.
+    A DDP or FSDP2 model, instrumented by then, wins: nothing more is done."""
+    import torch
+    import torch.nn as nn
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from ranks.scripts import user
+    called: dict[int, nn.Module] = {}
+    state = {"done": False}
+
+    def pre(module, args):
+        if torch.is_grad_enabled() and id(module) not in called:
+            called[id(module)] = module
+        return None
+
+    fwd = nn.modules.module.register_module_forward_pre_hook(pre)
+
+    def choose(opt, args, kwargs):  # (torch iterates its global hooks: this one stays, done)
+        if state["done"]:
+            return None
+        state["done"] = True
+        fwd.remove()
+        mods = list(called.values())
+        called.clear()
+        if user._session is not None or user._handles:
+            return None
+        trained = {id(p) for g in opt.param_groups for p in g["params"]}
+        inner = {id(sub) for m in mods for sub in m.modules() if sub is not m}
+        roots = [m for m in mods if id(m) not in inner and any(id(p) in trained for p in m.parameters())]
+        for m in roots:
+            try:
+                h = user.instrument(m, layers=layers)
+            except (TypeError, ValueError, RuntimeError) as e:
+                print(f"ddptui: {type(m).__name__} is not drawn: {e}", file=sys.stderr, flush=True)
+                return None
+            h.by_auto = True
+        return None
+
+    register_optimizer_step_pre_hook(choose)
+
+
 def _report(exc: BaseException) -> None:
     from ranks.scripts import user
     if user._handles:
@@ -125,8 +174,8 @@ def main() -> None:
         os._exit(1)
     from ranks.scripts import user
     if os.environ.get("DDPTUI_AUTO") == "1" and not user._handles:
-        print("ddptui: the script built no DistributedDataParallel and no FSDP2 (fully_shard) "
-              "model, or never ran one: nothing was timed", file=sys.stderr, flush=True)
+        print("ddptui: the script stepped no optimizer over a model it called (DDP, FSDP2 or any "
+              "nn.Module trained by hand): nothing was timed", file=sys.stderr, flush=True)
     user._close_all()
 
 
