@@ -161,3 +161,36 @@ def test_p3_versus_takes_frames_in_turn_from_each_revisions_own_loop(tmp_path):
     # a "revision" without the benchmark: the pacing ends with its error, no hang
     with pytest.raises(SystemExit, match="stopped"):
         p3_drawing.paced_frames({"a": ROOT, "b": str(tmp_path)}, 4, timeout_s=60)
+
+
+def test_the_gpu_pass_preflight_names_a_missing_extra(tmp_path):
+    """The GPU pass stops at its preflight, naming the package, when anything pyproject.toml asks
+    for (the test extra included) is missing or too old; here everything is."""
+    script = os.path.join(ROOT, "benchmarks", "gpu_pass_needs.py")
+    ok = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "packages pyproject.toml asks for are here" in ok.stdout, ok.stdout + ok.stderr
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        text = f.read()
+    fake = tmp_path / "pyproject.toml"
+    fake.write_text(text.replace('"tabulate>=0.9",', '"tabulate>=0.9",\n  "no-such-package-here>=1",\n  "pytest>=999",'))
+    bad = subprocess.run([sys.executable, script, "--pyproject", str(fake)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "no-such-package-here missing (wants >=1)" in bad.stdout and "pytest " in bad.stdout, bad.stdout
+
+
+def test_run_all_versus_a_revision_puts_each_figure_beside_its(tmp_path):
+    """`run_all.py --vs REV`: REV's benchmark (from a git worktree, removed after) and this
+    checkout's in turn, each figure's medians side by side with the ratio; a bad REV is one
+    line and exit 2."""
+    run_all = os.path.join(ROOT, "benchmarks", "run_all.py")
+    p = subprocess.run([sys.executable, run_all, "--quick", "--only", "P4", "--vs", "HEAD", "--rounds", "1"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert "ratio: this code / HEAD" in p.stdout, p.stdout[-2000:]
+    assert re.search(r"^P4 replay bytes_per_span\s+\S+\s+\S+\s+1\.000\s", p.stdout, re.M), p.stdout[-2000:]
+    assert re.search(r"^P4 replay open_index_s=\S+ \(HEAD, round 1, ", p.stdout, re.M), p.stdout[-2000:]
+    trees = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True, cwd=ROOT).stdout
+    assert "ddptui-vs-" not in trees, trees
+    bad = subprocess.run([sys.executable, run_all, "--only", "P4", "--vs", "no-such-revision"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.startswith("run_all: cannot check out no-such-revision"), bad.stderr
