@@ -36,7 +36,9 @@
 # verify-nccl verify-gloo tests-gpu p1 p7 user-nccl nvml deep40 cost nccl-timing), each said in
 # the summary.
 # GPU_PASS_QUICK=1 rehearses the plumbing (small model, 3 steps, short clock and NVML runs, one
-# test file instead of the suite); on a machine without CUDA the CUDA-only steps say so.
+# test file instead of the suite); on a machine without CUDA the CUDA-only steps say so (all of
+# `pass` on 2 CPU cores: ~75 s). GPU_PASS_NO_SETUP=1: no bin/setup, GPU_PASS_PYTHON as it is
+# (tests/test_bench.py rehearses the pass's set-up-free path with every step skipped).
 # GPU_PASS_SUITE="FILES": those test files instead of the whole suite. GPU_PASS_SUITE_MODE=target:
 # the suite as the first H100 pass ran it (the wheels by `pip --target` into GPU_PASS_SITE and
 # PYTHONPATH, the image's python, no venv): to reproduce what it found.
@@ -220,7 +222,11 @@ phase_pass() {
   # gpu_cost.py's steps, last, keep their time (120 s, and 60 s for --nccl-timing on CUDA): the
   # steps before them are cut first
   [ -f benchmarks/gpu_cost.py ] && RESERVE=180
-  deps || { pack; return 1; }
+  if [ -n "${GPU_PASS_NO_SETUP:-}" ]; then  # (the suite's rehearsal: GPU_PASS_PYTHON as it is)
+    step "set-up skipped (GPU_PASS_NO_SETUP): $PY as it is"
+  else
+    deps || { pack; return 1; }
+  fi
   env_report
   preflight || { pack; return 1; }
   local s="naive,interleaved,ddp,single" g

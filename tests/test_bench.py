@@ -194,3 +194,25 @@ def test_run_all_versus_a_revision_puts_each_figure_beside_its(tmp_path):
     bad = subprocess.run([sys.executable, run_all, "--only", "P4", "--vs", "no-such-revision"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr.startswith("run_all: cannot check out no-such-revision"), bad.stderr
+
+
+@pytest.mark.slow
+def test_the_gpu_pass_rehearses_on_a_cpu_up_to_its_first_step(tmp_path):
+    """`benchmarks/gpu_pass.sh pass` on this machine, its steps all skipped and no set-up (this
+    Python as it is): it parses, reports the environment, and its preflight (the project
+    imports, the suite collects, every package pyproject asks for is here) passes, so a GPU
+    session never loses its minutes to a broken pass. (Every step rehearsed on a CPU:
+    GPU_PASS_QUICK=1, ~75 s, benchmarks/README.md.)"""
+    words = ("headless-gloo headless-nccl verify-nccl verify-gloo tests-gpu p1 p7 user-nccl nvml deep40 "
+             "cost nccl-timing")
+    env = dict(os.environ, GPU_PASS_QUICK="1", GPU_PASS_NO_SETUP="1", GPU_PASS_PYTHON=sys.executable,
+               GPU_PASS_SKIP=words, GPU_PASS_WORK=str(tmp_path / "work"))
+    p = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_pass.sh"), "pass", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    summary = (tmp_path / "out" / "summary-pass.txt").read_text()
+    assert p.returncode == 0, (p.stdout + p.stderr + summary)[-3000:]
+    assert "preflight: the project imports and the suite collects" in summary, summary
+    assert re.search(r"\d+ tests? collected", summary), summary
+    assert "FAILED" not in summary and "syntax error" not in p.stderr, summary + p.stderr
+    for w in words.split():
+        assert f"SKIPPED {w} (GPU_PASS_SKIP)" in summary, (w, summary)
