@@ -19,9 +19,9 @@ imports `ddptui` (the app reads its seams from here too).
   Not an int: ValueError. Used by tests/test_faults.py
   (`test_app_stalled_training_goes_on_and_drops_are_counted`).
 - ``DDPTUI_VERIFY_SHIFT`` (`verify_shift`): e.g. ``backward:3,step:1``: the worker moves its
-  spans of those kinds later by that many ms (`ranks.builtin.profwin.parse_shift`), so that `ddptui
-  verify` must fail naming them. Used by tests/test_verify.py
-  (`test_verify_fails_naming_a_shifted_kind`).
+  spans of those kinds later by that many ms (`ranks.builtin.profwin.parse_shift`; ``naive/forward:1``:
+  that strategy's only), so that `ddptui verify` must fail naming them. Used by tests/test_verify.py
+  (`test_verify_fails_naming_a_shifted_kind`, `test_verify_a_compiled_model_passes_and_a_shifted_forward_fails`).
 - ``DDPTUI_SYNC_DEBUG`` (`sync_debug`): a directory; on CUDA the worker turns torch.cuda's
   sync debug mode on inside measured steps and writes every host-device synchronize it saw
   there (`ranks.builtin.worker.SyncProbe`). Used by the GPU pass, benchmarks/gpu_pass.sh (no pytest

@@ -149,24 +149,23 @@ def test_verify_a_compiled_model_passes_and_a_shifted_forward_fails(tmp_path):
     Inductor's own build passed by hand, benchmarks/README.md, and runs end to end in
     tests/test_compiled.py), its forward held to the stretch between two compiled regions
     where ddptui's one boundary mark must be, its backward to its CompiledFunctionBackward
-    node; every kind of naive and ddp passes. The forward shifted by 1 ms (the
-    DDPTUI_VERIFY_SHIFT seam) leaves that stretch and fails: the compiled forward's check is
-    not one that passes anything."""
+    node; every kind of naive and ddp passes. Interleaved's forward, shifted by 1 ms in the same
+    run (the DDPTUI_VERIFY_SHIFT seam, that strategy's only: one compiled run, not two), leaves
+    that stretch and fails, named: the compiled forward's check is not one that passes
+    anything."""
     out = tmp_path / "v.json"
-    args = ("verify", "--gpus", "2", "--model", "small", "--strategies", "naive,ddp",
+    args = ("verify", "--gpus", "2", "--model", "small", "--strategies", "naive,interleaved,ddp",
             "--batch-size", "512", "--steps", "8")
-    p = run_cli(*args, "--compile", "aot_eager", "--json", str(out), timeout=240, env=ENV)
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = run_cli(*args, "--compile", "aot_eager", "--json", str(out), timeout=240,
+                env=dict(ENV, DDPTUI_VERIFY_SHIFT="interleaved/forward:1"))
+    assert p.returncode == 1, p.stdout + p.stderr
     doc, rows = _rows(out)
     for s in ("naive", "ddp"):
         for kind in ("forward", "backward", "optimizer", "step", "allreduce"):
             r = rows[(s, kind)]
             assert r["n"] > 0 and r["unmatched"] == 0 and r["ok"], r
     assert rows[("ddp", "forward")]["n"] == 7 * 2 * 4
-    shifted = tmp_path / "s.json"
-    p = run_cli(*args, "--compile", "aot_eager", "--json", str(shifted),
-                env=dict(ENV, DDPTUI_VERIFY_SHIFT="forward:1"), timeout=240)
-    assert p.returncode == 1, p.stdout + p.stderr
-    doc, rows = _rows(shifted)
-    assert not rows[("naive", "forward")]["ok"] and rows[("naive", "backward")]["ok"]
+    assert not rows[("interleaved", "forward")]["ok"] and rows[("interleaved", "backward")]["ok"]
+    fail_line = [ln for ln in p.stderr.splitlines() if "verify FAILED" in ln]
+    assert fail_line and "interleaved forward" in fail_line[0] and "naive" not in fail_line[0], fail_line
     assert_no_leftovers()

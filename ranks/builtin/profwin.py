@@ -59,23 +59,27 @@ def parse_window(text: str) -> tuple[int, int]:
     return a, b
 
 
-def parse_shift(text: str | None) -> dict[int, int]:
-    """DDPTUI_VERIFY_SHIFT='backward:3,step:1' -> {kind: shift in ns} (test seam)."""
-    out: dict[int, int] = {}
+def parse_shift(text: str | None) -> dict:
+    """DDPTUI_VERIFY_SHIFT='backward:3,ddp/step:1' -> {kind: shift in ns, (strategy, kind): shift
+    in ns} (test seam): a kind of every strategy, or of one (`strategy/kind`)."""
+    out: dict = {}
     for part in (text or "").split(","):
         if not part.strip():
             continue
         name, _, ms = part.partition(":")
-        out[KIND_NAMES.index(name.strip())] = int(float(ms) * 1e6)
+        strategy, _, kind = name.strip().rpartition("/")
+        k = KIND_NAMES.index(kind)
+        out[(strategy, k) if strategy else k] = int(float(ms) * 1e6)
     return out
 
 
-def shift_item(item: tuple, shift: dict[int, int]) -> tuple:
-    """Move the spans of the given kinds later by their shift (a span batch from Recorder.poll)."""
+def shift_item(item: tuple, shift: dict) -> tuple:
+    """Move the spans of the given kinds later by their shift (a span batch from Recorder.poll);
+    a (strategy, kind) key shifts that strategy's only."""
     strategy, step, base, kinds, idxs, t0s, t1s, iss = item
     t0s, t1s = list(t0s), list(t1s)
     for i, kd in enumerate(kinds):
-        d = shift.get(kd)
+        d = shift.get((strategy, kd)) or shift.get(kd)
         if d:
             t0s[i] += d
             t1s[i] += d
