@@ -91,7 +91,10 @@ def _auto_plain(layers) -> None:
     until the first optimizer step are noted (a global forward pre-hook, removed at that
     step); there, the outermost of them holding parameters that optimizer updates are
     instrumented (several: one picture), and the next forward starts the first step drawn.
-    A DDP or FSDP2 model, instrumented by then, wins: nothing more is done."""
+    A DDP or FSDP2 model, instrumented by then, wins: nothing more is done, and the hook is
+    gone at the first module called after it was (a compiled model is traced without it). A
+    compiled model synchronised by hand is compiled once more after its first step (the hooks
+    changed under its guards); no graph break."""
     import torch
     import torch.nn as nn
     from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -101,6 +104,11 @@ def _auto_plain(layers) -> None:
     state = {"done": False}
 
     def pre(module, args):
+        if torch.compiler.is_compiling():  # (nothing traced into a compiled graph)
+            return None
+        if user._session is not None:  # a DDP or FSDP2 model is drawn: nothing to find; gone
+            fwd.remove()  # before any compiled module is traced (no recompile of theirs)
+            return None
         if torch.is_grad_enabled() and id(module) not in called:
             called[id(module)] = module
         return None
