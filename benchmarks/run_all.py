@@ -112,6 +112,8 @@ def versus(rev: str, rounds: int, chosen: list, quick: bool, extra: dict, timeou
                     for name, tree in (sides if k % 2 == 0 else sides[::-1]):
                         print(f"run_all: {tag} round {k + 1}/{rounds}: {name} …", file=sys.stderr, flush=True)
                         output, rc, secs = run_one(tree, script, quick, extra.get(tag, []), timeout)
+                        print(f"--- {tag} ({name}, round {k + 1}) ---")
+                        sys.stdout.write(output if output.endswith("\n") or not output else output + "\n")
                         got = parse(output, tag)
                         if not got or rc != 0:
                             failed = failed or name == "this"

@@ -302,7 +302,8 @@ def test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap(tmp_path, m
     from ddptui.live.session import LiveRun, RunOptions
     monkeypatch.setenv("DDPTUI_FR_STANDIN", "0.3")
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "512")
-    run = LiveRun(RunOptions(model="small", strategies=["ddp"], steps=16, batch_size=256,
+    # (30 steps: on a quick day 16 were over before the cap asked after the fourth was applied)
+    run = LiveRun(RunOptions(model="small", strategies=["ddp"], steps=30, batch_size=256,
                              bucket_cap_mb=0.05, record=str(tmp_path / "cap.ddptui")), plan(2, None, "cpu"))
     run.start()
     deadline, changed = time.monotonic() + 150, False
