@@ -254,8 +254,11 @@ async def test_the_attach_screen_names_the_hang_and_o_shows_the_late_ranks_stack
         assert "hang: default_pg all_reduce #" in text(app.headline) and where in text(app.headline), text(app.headline)
         assert "r1 never issued it" in text(app.status_line), text(app.status_line)
         await pilot.press("o")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, OutputScreen)
+        deadline = time.monotonic() + 10  # (the screen composed: a loaded machine takes its time)
+        while not (isinstance(app.screen, OutputScreen) and app.screen.query("#output-body")):
+            assert time.monotonic() < deadline, app.screen
+            await pilot.pause(0.1)
+        await pilot.pause(0.1)
         shown = text(app.screen.query_one("#output-body"))
         assert "Python stack of rank 1" in shown and f"line {STALL_LINE} in stall_here" in shown, shown
         await pilot.press("escape")
