@@ -33,8 +33,8 @@
 # .venv, which sees the image's torch. GPU_PASS_PYTHON: that python (default python3).
 #
 # GPU_PASS_SKIP="WORDS": the pass's steps left out, by word (headless-gloo headless-nccl
-# verify-nccl verify-gloo tests-gpu p1 p7 user-nccl nvml deep40 cost nccl-timing), each said in
-# the summary.
+# verify-nccl verify-gloo tests-gpu p1 p1-host p7 user-nccl nvml deep40 cost nccl-timing), each
+# said in the summary.
 # GPU_PASS_QUICK=1 rehearses the plumbing (small model, 3 steps, short clock and NVML runs, one
 # test file instead of the suite); on a machine without CUDA the CUDA-only steps say so (all of
 # `pass` on 2 CPU cores: ~75 s). GPU_PASS_NO_SETUP=1: no bin/setup, GPU_PASS_PYTHON as it is
@@ -246,6 +246,10 @@ phase_pass() {
     $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 --steps 90 ${QUICK:+--quick} $CPUQ
   skipped p1 || timed "P1 on $BIG (1 rank, NCCL), buckets by the comm hook" 70 p1-hook.txt \
     $PY benchmarks/p1_overhead.py --model $BIG --device $DEV --ranks 1 --steps 90 --comm-timing comm-hook ${QUICK:+--quick} $CPUQ
+  # host-bound (small layers, batch 16: a step of a few ms): what reading the Flight Recorder
+  # costs a step the host's own work bounds (the sender thread's dumps take the GIL)
+  skipped p1-host || timed "P1 host-bound (small, batch 16, 1 rank, NCCL), buckets by NCCL's own timing" 45 p1-host.txt \
+    $PY benchmarks/p1_overhead.py --model small --host-bound --device $DEV --ranks 1 --steps 120 ${QUICK:+--quick} $CPUQ
   skipped p7 || timed "P7 hook cost and host share with real CUDA events" 60 p7.txt \
     $PY benchmarks/p7_hook_cost.py --device $DEV ${QUICK:+--quick} $CPUQ
   # a user's own DDP script on NCCL (`ddptui run --auto`): gradient accumulation (no_sync and
