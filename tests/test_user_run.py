@@ -285,28 +285,24 @@ def _ddptui(args, timeout=90, **env):
 
 
 @pytest.mark.slow
-def test_run_headless_cnn_layers_and_buckets(tmp_path):
+def test_run_headless_cnn_layers_buckets_and_a_script_that_raises(tmp_path):
+    """`ddptui run --headless` on the CNN example, whose rank 1 raises at its sixth step (one
+    run for both: each costs a torchrun): the five steps before are reported, with the layers
+    by module name and DDP's buckets by parameter name (their bytes DDP's own); the error is
+    named with its rank, the exit status is 1, nothing is left running."""
     js = tmp_path / "r.json"
     out = _ddptui(["run", "--headless", "--nproc-per-node", "2", "--no-record", "--json", str(js),
-                   "--", "examples/train_cnn.py", "--steps", "6"])
-    assert out.returncode == 0, out.stderr[-2000:]
+                   "--", "examples/train_cnn.py", "--steps", "6", "--raise-at", "5"])
+    assert out.returncode == 1, out.stderr[-2000:]
+    err = [ln for ln in out.stderr.splitlines() if ln.startswith("ddptui: error:")]
+    assert err and "rank 1: RuntimeError: boom at step 5" in err[-1], out.stderr[-2000:]
     d = json.loads(js.read_text())
     assert d["layers"] == ["stem", "blocks.0", "blocks.1", "blocks.2", "head"]
     row = d["strategies"][0]
-    assert row["strategy"] == "ddp" and row["steps"] == 6 and d["world_size"] == 2
+    assert row["strategy"] == "ddp" and row["steps"] == 5 and d["world_size"] == 2 and d["state"] == "failed"
     assert [b["bytes"] for b in row["buckets"]] == row["ddp_reported"]
     names = sorted(n for b in row["buckets"] for n in b["params"])
     assert "blocks.0.conv.weight" in names and len(names) == len(set(names)) == 16
-    assert_no_leftovers()
-
-
-@pytest.mark.slow
-def test_run_script_that_raises(tmp_path):
-    out = _ddptui(["run", "--headless", "--nproc-per-node", "2", "--no-record", "--",
-                   "examples/train_cnn.py", "--steps", "6", "--raise-at", "2"])
-    assert out.returncode == 1
-    err = [ln for ln in out.stderr.splitlines() if ln.startswith("ddptui: error:")]
-    assert err and "rank 1: RuntimeError: boom at step 2" in err[-1], out.stderr[-2000:]
     assert_no_leftovers()
 
 
