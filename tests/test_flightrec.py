@@ -260,42 +260,13 @@ def test_the_launcher_turns_nccl_timing_on_for_gpu_runs_and_keeps_the_users_choi
     assert mine == {"TORCH_NCCL_ENABLE_TIMING": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
 
 
-def test_ddp_buckets_timed_by_the_flight_recorder_path(tmp_path):
+def test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap(tmp_path, monkeypatch):
     """Real torchrun ranks, DDP with no comm hook: every bucket's AllReduce timed from the
     Flight Recorder (gloo's, standing in for NCCL's: each lasts the stand-in's 0.3 ms), placed
-    after its ready moment, the summary and its JSON saying which path timed them."""
-    from .helpers import run_cli
-    rec, js = tmp_path / "fr.ddptui", tmp_path / "fr.json"
-    p = run_cli("--headless", "--gpus", "2", "--model", "small", "--strategies", "ddp", "--steps", "6",
-                "--bucket-cap-mb", "0.05", "--record", str(rec), "--json", str(js), timeout=180,
-                env={"DDPTUI_FR_STANDIN": "0.3", "TORCH_FR_BUFFER_SIZE": "512"})
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert "buckets timed by NCCL's own timing" in p.stdout
-    doc = json.loads(js.read_text())
-    (ddp,) = [s for s in doc["strategies"] if s["strategy"] == "ddp"]
-    assert ddp["bucket_timing"] == {"by": "flight-recorder", "ranks": {"0": "flight-recorder",
-                                                                      "1": "flight-recorder"}, "untimed": 0}
-    from ddptui.recording.loader import load
-    from .helpers import spans_of, step_batches
-    got = load(str(rec))
-    batches = step_batches(got)
-    timed = 0
-    for k, by_rank in batches.items():
-        if k < 2:  # (before DDP's rebuild: untimed by design)
-            continue
-        for b in by_rank.values():
-            comm = spans_of(b, 2)
-            assert len(comm) >= 2, "small at a 0.05 MB cap has several buckets"
-            for (_, a0, a1), (_, b0, _) in zip(comm, comm[1:]):
-                assert b0 >= a1, "a bucket overlaps the one before it on the stream"
-            assert all(abs((t1 - t0) - 300) <= 1 for _, t0, t1 in comm)  # (µs, as stored)
-            timed += len(comm)
-    assert timed >= 8 and sorted(batches) == list(range(6)), "every step kept, the last ones too"
-
-
-def test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap(tmp_path, monkeypatch):
-    """A bucket cap changed mid-run re-wraps DDP: the ready hooks of the old buckets go with the
-    old DDP, the new buckets get theirs, and every bucket after the change is timed."""
+    after its ready moment, never overlapping the one before it, every step kept (the last
+    ones too); the recording's summary and its JSON say which path timed them. A bucket cap
+    changed mid-run re-wraps DDP: the ready hooks of the old buckets go with the old DDP, the
+    new buckets get theirs, and every bucket after the change is timed."""
     from ranks.wire import COMM
     from .helpers import assert_no_leftovers
     from ddptui.live.launcher import plan
@@ -334,6 +305,26 @@ def test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap(tmp_path, m
     # (0.05 MB: three buckets of small's gradients; 1 MB: two, DDP's first bucket kept small)
     assert before == {3} and after == {2}, per_step
     assert_no_leftovers()
+    # the recording, read back: every step kept, each bucket after its ready moment and after
+    # the one before it on the stream; its summary and JSON name the path
+    from ddptui.recording.loader import load
+    from .helpers import run_main, spans_of, step_batches
+    rec = tmp_path / "cap.ddptui"
+    batches = step_batches(load(str(rec)))
+    assert sorted(batches) == list(range(30)), sorted(batches)
+    for k, by_rank in batches.items():
+        if k < 2:  # (before DDP's rebuild: untimed by design)
+            continue
+        for b in by_rank.values():
+            comm = spans_of(b, 2)
+            for (_, a0, a1), (_, b0, _) in zip(comm, comm[1:]):
+                assert b0 >= a1, f"step {k}: a bucket overlaps the one before it on the stream"
+    js = tmp_path / "s.json"
+    summ = run_main("summary", str(rec), "--json", str(js))
+    assert summ.returncode == 0 and "buckets timed by NCCL's own timing" in summ.stdout, summ.stdout[-2000:]
+    (ddp,) = [x for x in json.loads(js.read_text())["strategies"] if x["strategy"] == "ddp"]
+    assert ddp["bucket_timing"] == {"by": "flight-recorder", "ranks": {"0": "flight-recorder",
+                                                                      "1": "flight-recorder"}, "untimed": 0}
 
 
 def test_a_users_ddp_script_has_its_buckets_timed_by_nccl_itself_and_a_hang_named(tmp_path):
