@@ -48,7 +48,7 @@ imports `ddptui` (the app reads its seams from here too).
   torch records them, each given the state and the GPU duration NCCL's would have
   (`ranks.core.flightrec.gloo_standin_dump`, the value in ms; "1": 0.2), a step's entries
   waited for up to 10 s (a loaded CPU holds gloo's threads). Needs TORCH_FR_BUFFER_SIZE.
-  Used by tests/test_flightrec.py (`test_ddp_buckets_timed_by_the_flight_recorder_path`).
+  Used by tests/test_flightrec.py (`test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap`).
 - ``DDPTUI_GRAPH_CAPTURE`` (`graph_capture`): ``1``: every layer mark an op of a compiled
   graph runs (ranks.core.markop) finds its stream capturing a CUDA graph, as under
   `mode="reduce-overhead"` on a GPU, so that the marks are skipped and counted, not recorded
