@@ -129,7 +129,8 @@ def test_whatif_predicts_other_world_sizes_of_a_hand_written_run(loop_run):
 
 
 def test_a_run_with_no_collective_says_so_in_one_line(tmp_path):
-    """One rank, no all_reduce: drawn as single, said once; never an empty result."""
+    """One rank, no process group, no all_reduce: drawn as single, said once; never an empty
+    result."""
     import json
     import os
     rec, js = tmp_path / "run.ddptui", tmp_path / "run.json"
@@ -139,5 +140,7 @@ def test_a_run_with_no_collective_says_so_in_one_line(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     said = [ln for ln in r.stderr.splitlines() if "no collective" in ln]
     assert len(said) == 1 and "single" in said[0], r.stderr[-3000:]
-    (row,) = json.loads(js.read_text())["strategies"]
-    assert row["strategy"] == "single" and row["steps"] == 3, row
+    doc = json.loads(js.read_text())
+    (row,) = doc["strategies"]
+    assert row["strategy"] == "single" and row["steps"] == 3 and doc["world_size"] == 1, row
+    assert doc["layers"] and row["compute_ms"] > 0, doc

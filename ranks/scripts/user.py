@@ -210,7 +210,10 @@ class RankSession:
     yet placed in a step with it."""
 
     def __init__(self, first: "Handle", record, batch, name):
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        else:  # (a plain model trained by one process with no process group: a rank alone)
+            self.rank, self.world = int(os.environ.get("RANK", "0")), 1
         self.device = first.device
         self.backend = backend_name(self.device)
         self.clock = CudaClock(self.device, comm_on_host=self.backend == "gloo") \
@@ -811,7 +814,7 @@ class Handle:
             raise TypeError("ddptui.instrument wants a model: a torch.nn.parallel.DistributedDataParallel, "
                             "an FSDP2 model (the module fully_shard was applied to last), or an nn.Module "
                             "whose gradients the script synchronises itself")
-        if not dist.is_initialized():
+        if not dist.is_initialized() and not plain:  # (a plain model trains alone without one)
             raise RuntimeError("ddptui.instrument: init the process group first")
         if getattr(ddp, "_ddptui", None) is not None:
             raise RuntimeError("ddptui.instrument: this model is instrumented already")
@@ -1282,6 +1285,8 @@ def backend_name(device) -> str:
     """The backend this rank's collectives on `device` run on: dist.get_backend(), or where it
     says "undefined" (a group made per device type, as init_device_mesh and an
     init_process_group without a backend make it) the default group's backend for the device."""
+    if not dist.is_initialized():
+        return "none"
     name = dist.get_backend()
     if name and name != "undefined":
         return name

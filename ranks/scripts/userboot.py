@@ -85,6 +85,9 @@ def _auto_fsdp(layers) -> None:
     handle = nn.modules.module.register_module_forward_pre_hook(pre)
 
 
+_not_drawn: list[str] = []  # why a model found by --auto could not be instrumented (said at the end)
+
+
 def _auto_plain(layers) -> None:
     """A model no wrapper synchronises (the script reduces its gradients itself: the course's
     naive loop, its hook form, an engine of its own): the modules called with autograd on
@@ -131,7 +134,7 @@ def _auto_plain(layers) -> None:
             try:
                 h = user.instrument(m, layers=layers)
             except (TypeError, ValueError, RuntimeError) as e:
-                print(f"ddptui: {type(m).__name__} is not drawn: {e}", file=sys.stderr, flush=True)
+                _not_drawn.append(f"{type(m).__name__} is not drawn: {e}")
                 return None
             h.by_auto = True
         return None
@@ -182,8 +185,10 @@ def main() -> None:
         os._exit(1)
     from ranks.scripts import user
     if os.environ.get("DDPTUI_AUTO") == "1" and not user._handles:
-        print("ddptui: the script stepped no optimizer over a model it called (DDP, FSDP2 or any "
-              "nn.Module trained by hand): nothing was timed", file=sys.stderr, flush=True)
+        why = (_not_drawn[0] if _not_drawn else
+               "the script stepped no optimizer over a model it called (DDP, FSDP2 or any nn.Module "
+               "trained by hand)")
+        print(f"ddptui: {why}: nothing was timed", file=sys.stderr, flush=True)
     user._close_all()
 
 

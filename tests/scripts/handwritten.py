@@ -9,7 +9,8 @@ of ddptui. A 7-layer MLP (Linear + ReLU), each rank its own half of the batch.
     --how bucket    a hand-rolled bucketed engine: after the backward the gradients are
                     flattened into one buffer, one all_reduce, copied back (the tensor is no
                     parameter's gradient)
-    --how none      no collective at all (each rank trains alone)
+    --how none      no collective at all (each rank trains alone); run as one process, no
+                    process group is made
     --iters N       optimizer steps (default 24)
     --eval-every K  rank 0 evaluates the model under no_grad before every K-th iteration
                     (default 0: never)
@@ -29,8 +30,11 @@ p.add_argument("--iters", type=int, default=24)
 p.add_argument("--eval-every", type=int, default=0)
 p.add_argument("--micro", type=int, default=1)
 a = p.parse_args()
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+if a.how == "none" and int(__import__("os").environ.get("WORLD_SIZE", "1")) == 1:
+    rank, world = 0, 1  # (alone: no process group at all)
+else:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 widths = [256, 512, 512, 512, 256, 256, 128, 10]
 layers = []
@@ -79,4 +83,5 @@ for it in range(a.iters):
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
     opt.step()
-dist.destroy_process_group()
+if dist.is_initialized():
+    dist.destroy_process_group()
