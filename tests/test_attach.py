@@ -447,3 +447,65 @@ def test_the_hang_step_sent_again_at_each_poll_grows_in_the_store():
     for r in (0, 1):  # (the HTA totals hold each step once, the hang's as it is now)
         total = sum(f.comm_ms for (s, _k, q), f in st.rank_figs.items() if s == "ddp" and q == r)
         assert abs(st.hta_acc[("ddp", r)][0] - total) < 1e-6, (r, st.hta_acc[("ddp", r)], total)
+
+
+def test_every_step_the_buffers_hold_is_drawn_each_a_step_of_the_job():
+    """Between two polls a job makes many steps; each is drawn as a step of its own: the
+    collectives repeat (DDP's two buckets a step, of two sizes), a step is one period of them,
+    cut where the job paused longest (its forward and optimizer), even where the buffer begins
+    mid-step; a last step not yet whole (its second bucket in flight) waits for the next poll,
+    which draws it whole. (Before, a step was whatever the job did between two polls: about
+    one drawn step for every twenty of the job's.)"""
+    from ddptui.model import frverdict
+    from ddptui.model.store import Store
+    from ddptui.recording.frdump import read_dump
+    from ddptui.recording.frstream import FrStream, run_meta
+    tmpl = [e for e in read_dump(os.path.join(ROOT, "demo", "fr-hang-2ranks-gloo", "nccl_trace_rank_0"))["entries"]
+            if "all_reduce" in str(e.get("profiling_name"))][-1]
+    t0 = 1_795_814_961_000_000_000
+    ms = 1_000_000
+
+    def raw(n_steps: int, last_done: bool) -> dict:
+        """A rank's buffer after n_steps steps of two buckets (A: 1,000 floats, then B: 10,
+        5 ms apart; steps 50 ms apart), its first step's A gone (the buffer wrapped)."""
+        es, seq = [], 0
+        for j in range(n_steps):
+            for b, size in enumerate((1000, 10)):
+                seq += 1
+                if j == 0 and b == 0:
+                    continue
+                done = last_done or not (j == n_steps - 1 and b == 1)
+                made = t0 + j * 50 * ms + b * 5 * ms
+                es.append(dict(tmpl, record_id=seq - 1, collective_seq_id=seq, op_id=seq,
+                               input_sizes=[[size]], output_sizes=[[size]], time_created_ns=made,
+                               state="completed" if done else "started",
+                               time_discovered_started_ns=made + ms,
+                               time_discovered_completed_ns=made + 2 * ms if done else None,
+                               retired=done))
+        last = seq if last_done else seq - 1
+        return {"version": "2.10", "pg_config": {}, "entries": es, "pg_status": {"0": {
+            "last_enqueued_collective": seq, "last_started_collective": seq, "last_completed_collective": last}}}
+
+    st, stream = Store(), FrStream(2, t0, "gloo")
+    st.set_meta(run_meta(2, "gloo", "127.0.0.1:1", []))
+
+    def poll(n_steps: int, last_done: bool) -> None:
+        dumps = {r: frverdict.rank_dump(raw(n_steps, last_done), r, t0 + n_steps * 50 * ms) for r in (0, 1)}
+        for f in stream.poll(dumps, frverdict.verdict(dumps), t0 + n_steps * 50 * ms, False):
+            st.ingest(f)
+
+    from ranks.wire import COLL
+
+    def drawn() -> dict[int, int]:  # step -> its collectives a rank (rank 0's, rank 1's the same)
+        out = {}
+        for k, by_rank in st.span_batches()["ddp"].items():
+            per = {r: sum(1 for kd in b.kind if kd == COLL) for r, b in by_rank.items()}
+            assert per[0] == per[1], (k, per)
+            out[k] = per[0]
+        return out
+
+    poll(8, last_done=False)  # the 8th step's B still in flight: steps 1-6 drawn whole, B of 0 alone
+    assert drawn() == {0: 1, **{k: 2 for k in range(1, 7)}}, drawn()
+    poll(12, last_done=True)  # the 8th step whole now, and four more
+    assert drawn() == {0: 1, **{k: 2 for k in range(1, 12)}}, drawn()
+    assert stream.steps == 12

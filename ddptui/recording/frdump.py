@@ -23,7 +23,8 @@ flight, to the dump's moment (its file's time: model/frverdict.RankDump.moment; 
 latest time of any dump); one that ended by an error, to its timeout; one that ended where the
 backend records no times (gloo), a moment. Steps:
 the collectives (every rank's entries of one group's sequence number are one) in the order
-they were first issued, STEP_COLLS a step, and the ones from the first that went wrong
+they were first issued, cut into the job's own steps where they repeat (`job_steps`; else
+STEP_COLLS a step), and the ones from the first that went wrong
 (in flight, or at a group's first disagreement) on in a last step of their own: the hang.
 The verdict (model/frverdict.py) is the header's ``flight_recorder`` (summary's text and
 JSON, the replay's headline) and the recording's first status lines.
@@ -66,6 +67,53 @@ def _sniff(path: str) -> bool:
     text = head.lstrip()
     return text[:1] == b"{" and b'"entries"' in text and b'"traceEvents"' not in text
 
+
+
+def job_steps(keys: list, sig, when, limit: int = STEP_COLLS, hold_tail: bool = False) -> tuple[list, list]:
+    """Collectives' keys in the order they were issued, cut into the job's own steps:
+    (steps, held). A training job issues the same collectives every step (DDP's buckets, FSDP's
+    gathers and scatters, a tensor-parallel layer's): where the run's last ones repeat with a
+    period of p (p at most `limit`, seen at least twice: `sig(key)` the op, group and bytes),
+    each p of them in turn is a step, cut where the time between two (`when(key)`: first issued)
+    is longest across the repetitions (the forward and the optimizer lie between steps; a
+    step's collectives come close together in its backward). What comes before the repeating
+    part, and a run with no period, are cut `limit` a step. `hold_tail`: a last step not yet
+    whole (fewer than p of its collectives so far) is held, not cut (returned in `held`: the
+    next poll draws it whole)."""
+    n = len(keys)
+    if n == 0:
+        return [], []
+    s = [sig(k) for k in keys]
+    period = None
+    for p in range(1, min(limit, n // 2) + 1):
+        # the tail periodic over at least two full periods
+        span = min(n, max(2 * p, 4 * p))
+        if all(s[i] == s[i + p] for i in range(n - span, n - p)):
+            period = p
+            break
+    if period is None:
+        return [keys[i:i + limit] for i in range(0, n, limit)], []
+    p = period
+    start = n - p  # the periodic region: as far back as the pattern holds
+    while start - 1 >= 0 and s[start - 1] == s[start - 1 + p]:
+        start -= 1
+    # the phase: the boundary offset (within the region) whose gaps before it are longest
+    t = [when(k) or 0 for k in keys]
+    best, phase = -1, start
+    for o in range(start, min(start + p, n)):
+        gap = sum(t[i] - t[i - 1] for i in range(o, n, p) if i > 0)
+        if gap > best:
+            best, phase = gap, o
+    steps = [keys[i:min(i + limit, phase)] for i in range(0, phase, limit)]
+    i = phase
+    while i + p <= n:
+        steps.append(keys[i:i + p])
+        i += p
+    held = keys[i:]
+    if held and not hold_tail:
+        steps.append(held)
+        held = []
+    return steps, held
 
 class DumpFiles:
     """A directory's dumps: rank -> file, their common prefix, the files of other prefixes."""
@@ -207,7 +255,12 @@ class FrDumpReader:
             if g.first is not None:
                 bad.add((g.name, False, g.first.seq))
         cut = next((i for i, (_, k) in enumerate(inst) if k in bad), len(inst))
-        steps = [[k for _, k in inst[i:min(i + STEP_COLLS, cut)]] for i in range(0, cut, STEP_COLLS)]
+        sigs: dict[tuple, tuple] = {}
+        for d in self.dumps.values():
+            for e in d.entries:
+                sigs.setdefault((e.group, e.p2p, e.seq), (e.group, e.p2p, e.op, e.in_sizes, e.in_dtypes))
+        when = {k: t for t, k in inst}
+        steps, _ = job_steps([k for _, k in inst[:cut]], sigs.get, when.get, STEP_COLLS)
         if cut < len(inst):
             steps.append([k for _, k in inst[cut:]])
         return steps

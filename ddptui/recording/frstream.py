@@ -7,8 +7,11 @@ Each poll hands `FrStream.poll` every rank's buffer as it is now (RankDumps) and
 A collective (every rank's entries of one group's sequence number) is drawn once it is
 *settled*: ended on every rank that holds it, and issued by every rank of its group that
 answered (a rank whose buffer no longer reaches back to it does not count). The settled
-ones not drawn yet, in the order they were first issued, become the next step (STEP_COLLS at
-most a step: more make more steps), so a step is what the job did since the last poll.
+ones not drawn yet, in the order they were first issued, are cut into the job's own steps
+(`frdump.job_steps`: where they repeat with a period, a period a step, cut where the job
+paused longest; a last step not yet whole waits for the next poll; with no period, STEP_COLLS
+a step), so every step the buffers still hold is drawn, however many the job made between
+two polls.
 While a hang is named (`hung`), the collectives not settled are drawn too, in flight up to
 this poll's moment, in a step of their own that is sent again at every poll (it grows as
 the hang lasts; a rank that never issued one has no bar there), after the settled ones that
@@ -25,7 +28,7 @@ from __future__ import annotations
 from ranks import frames
 
 from ddptui.model import frverdict
-from .frdump import MODEL, STRATEGY, coll_row, span_of, step_frames
+from .frdump import MODEL, STRATEGY, coll_row, job_steps, span_of, step_frames
 
 STEP_COLLS = 32
 MAX_GROUPS = 256  # process groups given a "layer" of their own (later ones: drawn unlabelled)
@@ -112,8 +115,22 @@ class FrStream:
                 self.step += 1
                 self.steps += 1
         self.open = []
-        while len(carry) > STEP_COLLS or (carry and not hung):
-            chunk, carry = carry[:STEP_COLLS], carry[STEP_COLLS:]
+        if not hung:  # the job's own steps, each drawn as one (a last one not yet whole: next poll)
+            def sig(key):
+                for r in by_key:
+                    es = by_key[r].get(key)
+                    if es:
+                        e = es[0]
+                        return key[0], key[1], e.op, e.in_sizes, e.in_dtypes
+                return key[0], key[1]
+            chunks, _ = job_steps(carry, sig, first.get, STEP_COLLS, hold_tail=bool(pending))
+            carry = []
+        else:
+            chunks = []
+            while len(carry) > STEP_COLLS:
+                chunk, carry = carry[:STEP_COLLS], carry[STEP_COLLS:]
+                chunks.append(chunk)
+        for chunk in chunks:
             out += self._step(chunk, dumps, by_key, groups, flying, failed, now_ns)
             self.drawn.update(chunk)
             self.step += 1
