@@ -43,6 +43,7 @@ BENCHMARKS = [
     ("P9", "p9_whatif.py", "what-if predictions vs measurement (bucket caps)"),
     ("P10", "p10_stragglers.py", "stragglers named from per-layer evidence"),
     ("P11", "p11_scale.py", "many ranks into the collector and store"),
+    ("P12", "attach_cost.py", "what ddptui attach costs the job it watches"),
 ]
 LINE = re.compile(r"^(P\d+)([a-z]*)\s+(\S+)\s+(\S+)=(\S+)\s+goal\s*(<=|>=|<|>|==)\s*(\S+)\s+(OK|MISS|SMOKE)\b")
 

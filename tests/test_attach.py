@@ -508,4 +508,12 @@ def test_every_step_the_buffers_hold_is_drawn_each_a_step_of_the_job():
     assert drawn() == {0: 1, **{k: 2 for k in range(1, 7)}}, drawn()
     poll(12, last_done=True)  # the 8th step whole now, and four more
     assert drawn() == {0: 1, **{k: 2 for k in range(1, 12)}}, drawn()
-    assert stream.steps == 12
+    assert stream.steps == 12 and stream.per_drawn == 1
+    # 80 more between two polls (a host-bound job): more than DRAWN_MAX drawn apart, so three of
+    # the job's steps to a drawn step, every collective drawn, said (per_drawn)
+    from ddptui.recording.frstream import DRAWN_MAX
+    poll(92, last_done=True)
+    got = drawn()
+    later = [got[k] for k in sorted(got) if k >= 12]
+    assert stream.per_drawn == 3 and len(later) <= DRAWN_MAX and sum(later) == 160, (stream.per_drawn, later)
+    assert later[:-1] == [6] * (len(later) - 1), later

@@ -179,6 +179,8 @@ def _progress(run: AttachRun) -> str:
     cur = run.watch.current
     what = cur.short() if cur is not None else "no hang"
     drawn = f"{st.steps} step(s) drawn" if st is not None else "nothing drawn yet"
+    if st is not None and st.per_drawn > 1:  # (more of the job's steps a poll than are drawn apart)
+        drawn += f" (up to {st.per_drawn} of the job's steps to one: it made many since the last poll)"
     down = f" · {len(run.down)} rank(s) not answering" if run.down else ""
     return (f"{run.polls} poll(s) of {len(run.servers)} rank(s) ({run.last_poll_s * 1e3:.0f} ms the last) · "
             f"{run.entries_seen} entries in the buffers · {drawn}{down} · {what}")

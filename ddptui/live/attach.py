@@ -277,8 +277,13 @@ class AttachRun:
             self.store.set_meta(run_meta(self.world, backend, self.opts.target, []))
             self._open_recording(backend)
         self.store.revise_meta("flight_recorder", self.doc(verdict))
+        was = self.stream.per_drawn
         for f in self.stream.poll(dumps, verdict, now_ns, self.watch.current is not None):
             self.feed.frame(f)
+        per = self.stream.per_drawn
+        if per > 1 and was == 1:  # (said once a stretch: when it starts)
+            self._say("info", f"the job makes more steps between two polls than are drawn apart: up to {per} "
+                              "of its steps to a drawn step (every collective is drawn)")
         self.busy_polls = self.busy_polls + 1 if self.stream.last_settled else 0
         self.store.update()
 

@@ -11,7 +11,8 @@ ones not drawn yet, in the order they were first issued, are cut into the job's 
 (`frdump.job_steps`: where they repeat with a period, a period a step, cut where the job
 paused longest; a last step not yet whole waits for the next poll; with no period, STEP_COLLS
 a step), so every step the buffers still hold is drawn, however many the job made between
-two polls.
+two polls (up to DRAWN_MAX of them a poll: past that, several of the job's steps to a drawn
+step, said).
 While a hang is named (`hung`), the collectives not settled are drawn too, in flight up to
 this poll's moment, in a step of their own that is sent again at every poll (it grows as
 the hang lasts; a rank that never issued one has no bar there), after the settled ones that
@@ -31,6 +32,11 @@ from ddptui.model import frverdict
 from .frdump import MODEL, STRATEGY, coll_row, job_steps, span_of, step_frames
 
 STEP_COLLS = 32
+# the job's steps drawn a poll at most: where it made more since the last poll (a host-bound job
+# of a few ms a step: hundreds), consecutive ones are drawn together, as few to a drawn step as
+# keeps it within this (`per_drawn`, said), so that nothing is left out and the app's work a
+# poll stays bounded
+DRAWN_MAX = 32
 MAX_GROUPS = 256  # process groups given a "layer" of their own (later ones: drawn unlabelled)
 
 
@@ -53,6 +59,7 @@ class FrStream:
         self.open: list = []  # settled keys in the hang's step (sent again each poll); [None]: open, none yet
         self.steps = 0  # steps finished (sent as ordinary steps)
         self.last_settled = 0  # collectives settled in the last poll (0: the job did none)
+        self.per_drawn = 1  # the job's steps in a drawn step at the last poll (DRAWN_MAX)
 
     def _hellos(self) -> list:
         """Every rank's hello and phase, before the first step; later, when a process group
@@ -125,6 +132,10 @@ class FrStream:
                 return key[0], key[1]
             chunks, _ = job_steps(carry, sig, first.get, STEP_COLLS, hold_tail=bool(pending))
             carry = []
+            per = -(-len(chunks) // DRAWN_MAX)  # (ceil)
+            self.per_drawn = per
+            if per > 1:
+                chunks = [[k for c in chunks[i:i + per] for k in c] for i in range(0, len(chunks), per)]
         else:
             chunks = []
             while len(carry) > STEP_COLLS:

@@ -1,0 +1,165 @@
+#!/usr/bin/env python
+"""What `ddptui attach` costs the job it watches: the job's step time with and without ddptui
+attached, in turns, in one run.
+
+    python benchmarks/attach_cost.py [--quick] [--phase-s S] [--pairs N] [--interval S]
+
+Two jobs, one after the other (benchmarks/_attach_job.py: plain DDP on gloo, 2 ranks under
+torchrun, PyTorch's debug server started as a user starts it, steps back to back): a host-bound
+one (4 Linear layers of 256, batch 32: a few ms a step) and one of ~100 ms steps (width 2048).
+For each, phases of S seconds (default 10) alternate: detached, then `ddptui attach --headless
+--no-record` (the default poll rate unless --interval), in pairs (default 4; the order turns
+each pair: off-on, on-off, ...). Each phase's first second is left out (the attach starting or
+going). Figures per job: the median over pairs of (median step time attached / detached), the
+job's ranks' CPU time a second attached and detached (what serving the debug server costs
+them: each poll makes every rank dump its Flight Recorder buffer as JSON), and the attach
+process's own CPU share. On 2 cores the attach process shares the job's cores (no core of its
+own to pin it to): its CPU is printed beside the figure.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import ROOT, env_for_ranks, result_line
+
+import psutil
+
+JOB = os.path.join(ROOT, "benchmarks", "_attach_job.py")
+GOAL = 1.01
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _tree_cpu(p: psutil.Process) -> float:
+    """CPU seconds of a process and its children (the ranks under torchrun)."""
+    total = 0.0
+    for q in [p] + p.children(recursive=True):
+        try:
+            t = q.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float | None, tmp: str) -> dict:
+    d = tempfile.mkdtemp(prefix=f"{name}-", dir=tmp)
+    ready, times = os.path.join(d, "ready"), os.path.join(d, "times.txt")
+    port = _free_port()
+    env = env_for_ranks(1)
+    env["TORCH_FR_BUFFER_SIZE"] = "2000"
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                            "--master-addr=127.0.0.1", f"--master-port={port}", JOB, "--ready", ready,
+                            "--times", times, "--width", str(width)],
+                           stdout=open(os.path.join(d, "job.log"), "w"), stderr=subprocess.STDOUT,
+                           start_new_session=True, env=env)
+    phases: list[tuple[str, int, int, float, float]] = []  # (on/off, start ns, end ns, job cpu s, attach cpu s)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ready):
+            if job.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: the job did not start: " + open(os.path.join(d, "job.log")).read()[-2000:])
+            time.sleep(0.2)
+        jp = psutil.Process(job.pid)
+        order = []
+        for k in range(pairs):
+            order += ["off", "on"] if k % 2 == 0 else ["on", "off"]
+        for kind in order:
+            att = None
+            if kind == "on":
+                cmd = [sys.executable, "-m", "ddptui", "attach", f"127.0.0.1:{port}", "--headless", "--no-record",
+                       "--duration", str(phase_s + 5)]
+                if interval:
+                    cmd += ["--interval", str(interval)]
+                att = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=d,
+                                       env=env_for_ranks(1))
+            time.sleep(1.0)  # (left out: the attach starting, or the last one going)
+            c0, t0 = _tree_cpu(jp), time.monotonic_ns()
+            a0 = _tree_cpu(psutil.Process(att.pid)) if att is not None else 0.0
+            time.sleep(phase_s - 1.0)
+            c1, t1 = _tree_cpu(jp), time.monotonic_ns()
+            a1 = _tree_cpu(psutil.Process(att.pid)) if att is not None and att.poll() is None else a0
+            if att is not None:
+                att.send_signal(signal.SIGINT)
+                try:
+                    att.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    att.kill()
+                    att.wait()
+            phases.append((kind, t0, t1, c1 - c0, a1 - a0))
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGTERM)
+            job.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(job.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            job.wait()
+    steps = []
+    with open(times) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3:
+                steps.append((int(parts[0]), int(parts[1]) / 1e6))
+    med = []
+    for kind, t0, t1, cpu, acpu in phases:
+        got = [ms for end, ms in steps if t0 <= end <= t1]
+        med.append((kind, statistics.median(got) if got else float("nan"), len(got), cpu / ((t1 - t0) / 1e9),
+                    acpu / ((t1 - t0) / 1e9)))
+    ratios = []
+    for i in range(0, len(med) - 1, 2):
+        a, b = med[i], med[i + 1]
+        on, off = (a, b) if a[0] == "on" else (b, a)
+        ratios.append(on[1] / off[1])
+    on_cpu = statistics.median(m[3] for m in med if m[0] == "on")
+    off_cpu = statistics.median(m[3] for m in med if m[0] == "off")
+    att_cpu = statistics.median(m[4] for m in med if m[0] == "on")
+    return {"name": name, "phases": med, "ratios": ratios, "ratio": statistics.median(ratios),
+            "job_cpu_on": on_cpu, "job_cpu_off": off_cpu, "attach_cpu": att_cpu,
+            "step_off": statistics.median(m[1] for m in med if m[0] == "off")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one pair of 4 s phases, the host-bound job only")
+    p.add_argument("--phase-s", type=float, default=None, help="seconds a phase (default 10)")
+    p.add_argument("--pairs", type=int, default=None, help="pairs of phases a job (default 4)")
+    p.add_argument("--interval", type=float, default=None, help="attach's poll interval (default: its own, 1 s)")
+    a = p.parse_args(argv)
+    phase_s = a.phase_s or (4.0 if a.quick else 10.0)
+    pairs = a.pairs or (1 if a.quick else 4)
+    jobs = [("host-bound", 256)] if a.quick else [("host-bound", 256), ("100ms", 2048)]
+    with tempfile.TemporaryDirectory(prefix="ddptui-attach-cost-") as tmp:
+        results = [one_job(n, w, phase_s, pairs, a.interval, tmp) for n, w in jobs]
+    for r in results:
+        print(f"{r['name']} job: detached step median {r['step_off']:.2f} ms; per pair attached/detached "
+              + " ".join(f"{x:.3f}" for x in r["ratios"]) + f"; median {r['ratio']:.3f}")
+        print(f"  the job's ranks' CPU: {r['job_cpu_on'] * 100:.0f} % of a core attached, "
+              f"{r['job_cpu_off'] * 100:.0f} % detached (serving the debug server: "
+              f"{(r['job_cpu_on'] - r['job_cpu_off']) * 100:+.1f} points); the attach process "
+              f"{r['attach_cpu'] * 100:.1f} % of a core")
+        for kind, ms, n, cpu, acpu in r["phases"]:
+            print(f"    {kind:>3}: {n} steps, median {ms:.2f} ms, job CPU {cpu * 100:.0f} %, attach {acpu * 100:.1f} %")
+    host = results[0]
+    print(result_line("P12", "attach_cost", "step_ratio", host["ratio"], "<=", GOAL, "{:.3f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
