@@ -29,3 +29,30 @@ def result_line(bench: str, name: str, key: str, value: float, op: str, goal: fl
     """The last line every benchmark prints, e.g. 'P1 overhead median_ratio=1.012 goal<=1.03 OK'."""
     ok = value <= goal if op == "<=" else value >= goal
     return f"{bench} {name} {key}={fmt.format(value)} goal{op}{goal:g} {'OK' if ok else 'MISS'}"
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now (for a job's master port)."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def stop_group(proc, grace: float = 15.0) -> None:
+    """End a process started with start_new_session=True and everything it started: SIGTERM to
+    its group, then SIGKILL after `grace` seconds."""
+    import os
+    import signal
+    import subprocess
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

@@ -21,27 +21,18 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from _common import ROOT, env_for_ranks, result_line
+from _common import ROOT, env_for_ranks, free_port, result_line, stop_group
 
 import psutil
 
 JOB = os.path.join(ROOT, "benchmarks", "_attach_job.py")
 GOAL = 1.01
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _tree_cpu(p: psutil.Process) -> float:
@@ -59,7 +50,7 @@ def _tree_cpu(p: psutil.Process) -> float:
 def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float | None, tmp: str) -> dict:
     d = tempfile.mkdtemp(prefix=f"{name}-", dir=tmp)
     ready, times = os.path.join(d, "ready"), os.path.join(d, "times.txt")
-    port = _free_port()
+    port = free_port()
     env = env_for_ranks(1)
     env["TORCH_FR_BUFFER_SIZE"] = "2000"
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
@@ -102,15 +93,7 @@ def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float |
                     att.wait()
             phases.append((kind, t0, t1, c1 - c0, a1 - a0))
     finally:
-        try:
-            os.killpg(job.pid, signal.SIGTERM)
-            job.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(job.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            job.wait()
+        stop_group(job)
     steps = []
     with open(times) as f:
         for line in f:

@@ -37,23 +37,16 @@ import itertools
 import json
 import os
 import queue
-import socket
 import statistics
 import sys
 import threading
 import time
 
-from _common import ROOT
+from _common import ROOT, free_port
 
 sys.path.insert(0, ROOT)
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def unit_costs(torch, device, n: int = 2000) -> dict:
@@ -137,7 +130,7 @@ def main(argv=None) -> int:
     if cuda:
         torch.cuda.set_device(device)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     kw = {"device_id": device} if cuda else {}
     if cuda:  # NCCL's own timing and a Flight Recorder buffer, as the launcher sets them: the
         # default group timed (ddptui's sides), the plain sides on a group made without timing
