@@ -68,7 +68,6 @@ def _sniff(path: str) -> bool:
     return text[:1] == b"{" and b'"entries"' in text and b'"traceEvents"' not in text
 
 
-
 def job_steps(keys: list, sig, when, limit: int = STEP_COLLS, hold_tail: bool = False) -> tuple[list, list]:
     """Collectives' keys in the order they were issued, cut into the job's own steps:
     (steps, held). A training job issues the same collectives every step (DDP's buckets, FSDP's
@@ -86,8 +85,8 @@ def job_steps(keys: list, sig, when, limit: int = STEP_COLLS, hold_tail: bool = 
     s = [sig(k) for k in keys]
     period = None
     for p in range(1, min(limit, n // 2) + 1):
-        # the tail periodic over at least two full periods
-        span = min(n, max(2 * p, 4 * p))
+        # the tail periodic over its last four periods (at least two: n >= 2p)
+        span = min(n, 4 * p)
         if all(s[i] == s[i + p] for i in range(n - span, n - p)):
             period = p
             break
@@ -114,6 +113,7 @@ def job_steps(keys: list, sig, when, limit: int = STEP_COLLS, hold_tail: bool = 
         steps.append(held)
         held = []
     return steps, held
+
 
 class DumpFiles:
     """A directory's dumps: rank -> file, their common prefix, the files of other prefixes."""

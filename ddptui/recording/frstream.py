@@ -132,7 +132,7 @@ class FrStream:
                 return key[0], key[1]
             chunks, _ = job_steps(carry, sig, first.get, STEP_COLLS, hold_tail=bool(pending))
             carry = []
-            per = -(-len(chunks) // DRAWN_MAX)  # (ceil)
+            per = max(1, -(-len(chunks) // DRAWN_MAX))  # (ceil; a poll with none: 1)
             self.per_drawn = per
             if per > 1:
                 chunks = [[k for c in chunks[i:i + per] for k in c] for i in range(0, len(chunks), per)]
