@@ -89,14 +89,25 @@ def test_the_hook_form_is_interleaved_and_hides_part_of_its_communication(hook_r
     assert row["steps"] == ITERS - 1, row
     assert row["allreduce_calls_per_step"] == N_PARAMS, row
     assert row["overlap_pct"] > 0, row
+    # A COMM span starts when its AllReduce runs: after the one before it on the backend's
+    # queue, and not before the peer has issued it too. A rank ahead of its peer (two CPU
+    # ranks on two cores take turns being late by 10-90 ms, longer than this backward) sees
+    # its reductions start once the peer's arrive, after its own backward; the later rank of
+    # each step sees them start during its backward. So: in every step, some rank's first
+    # AllReduces ran while its backward went on; over the run, a quarter of them at least
+    # (measured: 148 and 238 of 308 on a slow and a quick day; the loop form: none)
     early = 0
     for k, ranks in step_batches(got, "interleaved").items():
+        most = 0
         for r, b in ranks.items():
             comm = spans_of(b, SPAN_COMM)
             assert sorted(i for i, _, _ in comm) == list(range(N_PARAMS)), (k, r, comm)
             last_bwd = max(t1 for _, _, t1 in spans_of(b, SPAN_BWD))
-            early += sum(t0 < last_bwd for _, t0, _ in comm)
-    assert early >= (ITERS - 1) * 2 * (N_PARAMS // 2), early  # (the upper layers' at least)
+            n = sum(t0 < last_bwd for _, t0, _ in comm)
+            early += n
+            most = max(most, n)
+        assert most >= 1, (k, "no rank's AllReduce ran during its backward")
+    assert early >= (ITERS - 1) * 2 * N_PARAMS // 4, early
 
 
 def test_a_gradient_all_reduce_belongs_to_its_parameters_layer(hook_run):
