@@ -47,9 +47,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         shared = sorted(set(SHARED_RUNS).intersection(getattr(item, "fixturenames", ())))
         if shared:
+            # a module's shared runs in one group (a test reading two of them, others one each:
+            # one worker makes each once), a session's by its name
             name = shared[0]
-            where = "session" if SHARED_RUNS[name] == "session" else item.module.__name__
-            item.add_marker(pytest.mark.xdist_group(f"{where}:{name}"))
+            group = f"session:{name}" if SHARED_RUNS[name] == "session" else f"{item.module.__name__}:runs"
+            item.add_marker(pytest.mark.xdist_group(group))
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

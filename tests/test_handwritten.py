@@ -13,7 +13,8 @@ import pytest
 
 from tests.helpers import SPAN_BWD, SPAN_COLL, SPAN_COMM, SPAN_FWD, SPAN_OTHER, SPAN_STEP, run_cli, run_script, spans_of, step_batches, ROOT
 
-pytestmark = pytest.mark.slow  # (real torchrun runs)
+# (real torchrun runs; the tests reading one run go to one pytest-xdist worker, made once)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("handwritten")]
 
 ITERS = 12
 N_PARAMS = 14  # 7 Linear layers: a weight and a bias each
