@@ -55,7 +55,7 @@ Wall = Annotated[float, Meta(ge=0, le=_FMAX)]  # seconds since the epoch
 Text = Annotated[str, Meta(max_length=4000)]
 Name = Annotated[str, Meta(max_length=256)]
 Hex = Annotated[str, Meta(max_length=128)]
-StrategyT = Literal[tuple(spec.STRATEGIES)]  # type: ignore[valid-type]
+StrategyT = Literal[tuple(spec.WIRE_STRATEGIES)]  # type: ignore[valid-type]
 CapMb = Annotated[float, Meta(gt=0, le=4096)]
 SlowMs = Annotated[float, Meta(ge=0, le=60_000)]
 Level = Literal["info", "warn", "error"]
@@ -83,6 +83,20 @@ class Auth(Frame, tag="auth", kw_only=True):
 ParamRow = tuple[Name, Count, U16]  # (name, elements, layer index)
 
 
+class PipeInfo(Struct, omit_defaults=True, kw_only=True):
+    """A pipeline's schedule, as a rank runs it (ranks.core.pipetap): the strategy it is
+    drawn as, its stages and microbatches, this rank's stage indices, and the schedule's
+    planned idle share of each rank's step (each action one time unit; None: unknown)."""
+    schedule: Literal[spec.PIPELINE_STRATEGIES]  # type: ignore[valid-type]
+    stages: Annotated[int, Meta(ge=1, le=4096)]
+    microbatches: Annotated[int, Meta(ge=1, le=1 << 20)]
+    rank_stages: Annotated[list[Annotated[int, Meta(ge=0, le=4095)]], Meta(max_length=64)]
+    plan_idle: Annotated[list[Annotated[float, Meta(ge=0.0, le=1.0)]], Meta(max_length=MAX_RANK + 1)] | None = None
+    # this rank's own layer names, stage-prefixed (the hello's `layers` are positions: "block 0"
+    # is each rank's first block, whatever it holds)
+    layers: Annotated[list[Name], Meta(max_length=0xFFFF)] | UnsetType = UNSET
+
+
 class Hello(Frame, tag="hello", kw_only=True):
     """A rank's description of itself and of the run (rank 0's describes the run)."""
     rank: RankT = field(name="r")
@@ -97,7 +111,7 @@ class Hello(Frame, tag="hello", kw_only=True):
     model: Annotated[str, Meta(max_length=32)] | UnsetType = UNSET
     layers: Annotated[list[Name], Meta(max_length=0xFFFF)] | UnsetType = UNSET
     params: Annotated[list[ParamRow], Meta(max_length=0xFFFF)] | UnsetType = UNSET
-    strategies: Annotated[list[StrategyT], Meta(max_length=len(spec.STRATEGIES))] | UnsetType = UNSET
+    strategies: Annotated[list[StrategyT], Meta(max_length=len(spec.WIRE_STRATEGIES))] | UnsetType = UNSET
     batch: Annotated[int, Meta(ge=1, le=2**31)] | UnsetType = UNSET
     # (a user's model, its global batch not given) this rank's samples in its first step:
     # the first dimension of the first tensor its model was called with, summed over the
@@ -114,6 +128,7 @@ class Hello(Frame, tag="hello", kw_only=True):
     # everything under DDP; and the device allocator's peak so far (CUDA)
     memory: tuple[Count, Count, Count, Count] | UnsetType = field(name="mem", default=UNSET)
     mem_peak: Count | UnsetType = UNSET
+    pipe: PipeInfo | UnsetType = UNSET  # a pipeline's schedule (its strategy one of PIPELINE_STRATEGIES)
 
 
 class Phase(Frame, tag="phase", kw_only=True):
@@ -548,7 +563,7 @@ class Limits:
         self.max_idx = max(64, n_layers or 0, n_params or 0) if (n_layers or n_params) else 0xFFFF
         # for the spans fast path: one range check, one set lookup
         self.max_rank = world - 1 if world else MAX_RANK
-        known = frozenset(spec.STRATEGIES)
+        known = frozenset(spec.WIRE_STRATEGIES)
         self.span_strategies = known & strategies if strategies is not None else known
 
     @classmethod

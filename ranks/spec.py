@@ -11,6 +11,10 @@ MODEL_WIDTHS: dict[str, list[int]] = {
 }
 MODELS = tuple(MODEL_WIDTHS)
 STRATEGIES = ("naive", "interleaved", "ddp", "single", "fsdp")
+# a user's pipeline (torch.distributed.pipelining), drawn as its schedule: GPipe, 1F1B,
+# interleaved 1F1B, looped BFS, interleaved zero bubble, ZBV zero bubble, DualPipeV
+PIPELINE_STRATEGIES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev")
+WIRE_STRATEGIES = STRATEGIES + PIPELINE_STRATEGIES  # any a rank may send
 DEFAULT_STRATEGIES = ("naive", "ddp")
 BUCKET_LADDER_MB = (1.0, 5.0, 25.0, 100.0)
 DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch's default

@@ -25,7 +25,7 @@ import msgspec
 
 LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 1024 * 1024  # a frame claiming more than this is rejected unread
-PROTOCOL_VERSION = 2  # 2: PASS spans (layers marked on a sample of steps) and COLL collectives
+PROTOCOL_VERSION = 3  # 2: PASS spans (layers marked on a sample of steps) and COLL collectives; 3: MB and PIPE
 
 # span kinds. OTHER: a rank's own work that synchronises nothing (an evaluation forward under
 # no_grad, a forward no backward followed): drawn on its lane, in no figure of a step; idx 0.
@@ -37,8 +37,26 @@ PROTOCOL_VERSION = 2  # 2: PASS spans (layers marked on a sample of steps) and C
 # PASS: a whole forward (idx 0) or backward (idx 1) of a step whose layers were not marked one
 # by one (layer marks on a sample of steps: ranks.core.sampling.LAYER_SHARE); compute in every
 # figure, in no per-layer one.
-FWD, BWD, COMM, OPT, STEP, OTHER, COLL, PASS = 0, 1, 2, 3, 4, 5, 6, 7
-KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other", "collective", "pass")
+# MB: a pipeline stage's work on one microbatch (torch.distributed.pipelining: a chunk's
+# forward, its full backward, or the input-grad and weight-grad halves of a zero-bubble
+# schedule's): idx `mb_idx(stage, microbatch, part)`; it holds that microbatch's layer spans
+# (FWD, BWD: the compute), in no figure itself but the pipeline's bubble. PIPE: a schedule's
+# step() call on the rank (idx 0): what the bubble is a share of.
+FWD, BWD, COMM, OPT, STEP, OTHER, COLL, PASS, MB, PIPE = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
+KIND_NAMES = ("forward", "backward", "allreduce", "optimizer", "step", "other", "collective", "pass",
+              "microbatch", "schedule")
+MB_PARTS = ("F", "B", "I", "W")  # a microbatch span's part: forward, full backward, input-grad, weight-grad
+MB_STAGE_MAX, MB_MAX = 63, 255
+
+
+def mb_idx(stage: int, mb: int, part: int) -> int:
+    """A microbatch span's idx: stage (< 64), microbatch (< 256, larger ones wrap) and part."""
+    return (min(stage, MB_STAGE_MAX) << 10) | ((mb & MB_MAX) << 2) | part
+
+
+def mb_of(idx: int) -> tuple[int, int, int]:
+    """(stage, microbatch, part) of a microbatch span's idx."""
+    return idx >> 10, (idx >> 2) & MB_MAX, idx & 3
 PASS_FWD, PASS_BWD = 0, 1  # a PASS span's idx
 PASS_NAMES = ("forward", "backward")  # by a PASS span's idx
 N_KINDS = len(KIND_NAMES)
@@ -138,9 +156,9 @@ def _check_kind_idx(kind: bytes, idx: bytes, max_idx: int, iss_len: int) -> int:
     n_comm = kind.count(COMM) + n_coll
     if iss_len != 4 * n_comm:
         raise FrameError("spans frame issue column does not match its allreduce spans")
-    if n_coll:  # a collective's idx is a table row (any u16): only the other spans' are checked
-        ia = _from_le("H", idx)
-        if max((i for k, i in zip(kind, ia) if k != COLL), default=0) > max_idx:
+    if n_coll or MB in kind:  # a collective's idx is a table row (any u16), a microbatch's its
+        ia = _from_le("H", idx)  # stage, number and part: only the other spans' are checked
+        if max((i for k, i in zip(kind, ia) if k != COLL and k != MB), default=0) > max_idx:
             raise FrameError("spans frame names a layer or parameter that does not exist")
     elif n:
         if 0 <= max_idx < 256:  # u16 little-endian: every high byte 0, every low byte <= max_idx

@@ -47,6 +47,10 @@ class RunInfo:
     devices: dict[str, str] = field(default_factory=dict)  # rank (as text) -> its device
     settings: dict[str, Any] = field(default_factory=dict)  # the CLI's options of a live run
     simulated: dict[str, Any] | None = None  # a simulated run (`ddptui demo`): its profile, basis
+    # a pipeline (torch.distributed.pipelining): {"schedule", "stages", "microbatches",
+    # "plan_idle": [share by rank] | None, "rank_stages": {rank as text: [stage indices]},
+    # "rank_layers": {rank as text: its own layer names}: the run's `layers` are positions}
+    pipeline: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # header keys not named above
 
     # -- building ------------------------------------------------------------------------
@@ -75,6 +79,15 @@ class RunInfo:
             if getattr(self, k) is None and v is not frames.UNSET and v is not None:
                 setattr(self, k, v)
         self.devices[str(f.rank)] = device
+        pipe = getattr(f, "pipe", frames.UNSET)
+        if pipe is not frames.UNSET and pipe is not None:
+            if self.pipeline is None:
+                self.pipeline = {"schedule": pipe.schedule, "stages": pipe.stages,
+                                 "microbatches": pipe.microbatches, "plan_idle": pipe.plan_idle,
+                                 "rank_stages": {}}
+            self.pipeline["rank_stages"][str(f.rank)] = list(pipe.rank_stages)
+            if pipe.layers is not frames.UNSET:
+                self.pipeline.setdefault("rank_layers", {})[str(f.rank)] = list(pipe.layers)
         if f.rank_batch is not frames.UNSET:
             self.rank_batches[str(f.rank)] = int(f.rank_batch)
         if self.rank_batches and (self.batch_from == "inputs" or not self.batch):

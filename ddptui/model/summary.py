@@ -3,9 +3,11 @@ strategy (`strategy_summary`) and DDP's bucket assignment with parameter names (
 Read through the Store's queries."""
 from __future__ import annotations
 
+from ranks import spec
 from ranks.wire import COMM
 
 from . import collectives
+from . import pipeline
 from . import figures
 from . import hang
 from . import stragglers
@@ -42,6 +44,9 @@ def strategy_summary(store, strategy: str) -> dict:
         traced = store.traced_collectives()
         if traced is not None:  # (collectives torch.compile traced into its graphs: untimed)
             out["traced_collectives"] = traced
+        pp = pipeline_summary(store, strategy)
+        if pp is not None:  # (a pipeline: its bubble beside its schedule's plan)
+            out["pipeline"] = pp
         colls = collective_rows(store, strategy)
         if colls:  # (a strategy with COLL spans: runs without them say nothing new)
             out["collectives"] = colls
@@ -57,6 +62,18 @@ def strategy_summary(store, strategy: str) -> dict:
             out["buckets"] = buckets
             out["ddp_reported"] = store.ddp_reported(strategy)
         return out
+
+
+def pipeline_summary(store, strategy: str) -> dict | None:
+    """A pipeline's figures (model/pipeline.py) over the kept complete steps but the first;
+    None for a run that is no pipeline."""
+    with store.lock:
+        info = store.meta.pipeline
+        if info is None and strategy not in spec.PIPELINE_STRATEGIES:
+            return None
+        ks = store.complete_steps(strategy)
+        steps = [b for b in (store.step_batches(strategy, k) for k in (ks[1:] if len(ks) > 1 else ks)) if b]
+        return pipeline.summarize(steps, info, list(store.meta.layers))
 
 
 def stall_rows(store, strategy: str, stalled: list[tuple]) -> list[dict]:

@@ -12,6 +12,7 @@ from ddptui.model import collectives
 from ddptui.model import figures
 from ddptui.model import frverdict
 from ddptui.model import hang
+from ddptui.model import pipeline
 from ddptui.model import stragglers
 from ddptui.model.gpu import gpu_info, gpu_text, shared_gpu_doc, shared_gpu_note
 from ddptui.model.runinfo import simulated_label
@@ -202,6 +203,10 @@ def print_summary(rows: list[dict], meta: dict, file=None, title: str = "") -> N
             console.print(f"{r.get('strategy')}: collectives inside compiled graphs, a step: {what}: "
                           "torch.compile traced them into its graph, counted, not timed "
                           "(docs/compiled.md)", markup=False, highlight=False)
+    for r in rows:
+        pp = r.get("pipeline")
+        if pp:  # a pipeline's bubble beside its schedule's plan (model/pipeline.py)
+            console.print(pipeline.line(r.get("strategy", "?"), pp), markup=False, highlight=False)
     hta = [x for x in (hta_line(r) for r in rows) if x]
     if hta:
         console.print("overlap % per rank as HTA computes it (every step but the last, warm-up "

@@ -110,8 +110,11 @@ def _wrap(name: str, op: str, orig):
             return work
         try:
             work.get_future().then(token.done)
-        except Exception:  # noqa: BLE001 - a Work without a future: ends when the call returned
-            tap.left(token)
+        except Exception:  # noqa: BLE001 - a Work without a future (gloo's send and recv):
+            if token.step is not None:  # it ends where it is waited on (a pipeline's P2P ops)
+                _keep_work(work, token, True)
+            else:
+                tap.left(token)
             return work
         if token.step is not None and not token.grad:  # (its wait(), where the script calls it:
             _keep_work(work, token)  # a WAIT from there; a gradient's: the step's own exposed time)
@@ -148,7 +151,9 @@ _works: dict = {}
 _WORKS_MAX = 256  # (works never waited on from Python are dropped past this)
 
 
-def _keep_work(work, token) -> None:
+def _keep_work(work, token, ends: bool = False) -> None:
+    """Note an asynchronous call's Work inside a step: its wait() from Python is a WAIT from
+    there; `ends`: the collective ends when that wait returns (a Work with no future)."""
     if len(_works) >= _WORKS_MAX:
         for k, v in list(_works.items()):  # (a copy: another thread may issue meanwhile)
             if v[1]() is None:
@@ -156,7 +161,7 @@ def _keep_work(work, token) -> None:
         if len(_works) >= _WORKS_MAX:
             _works.clear()
     try:
-        _works[id(work)] = (token, weakref.ref(work))
+        _works[id(work)] = (token, weakref.ref(work), ends)
     except TypeError:  # (a Work without weak references: its wait is not seen)
         pass
 
@@ -175,6 +180,11 @@ def _install_work_wait() -> None:
                 rec = token.tap.rec
                 if token.step is rec.cur:  # (the compute waits from here)
                     rec.comm_wait(token.step, token.slot)
+                if got[2]:  # (no future: it ends as the wait returns)
+                    try:
+                        return orig(self, *args, **kwargs)
+                    finally:
+                        token.done(None)
         return orig(self, *args, **kwargs)
     wait.__wrapped__ = wait._ddptui_orig = orig
     wait.__name__, wait.__qualname__, wait.__doc__ = "wait", "Work.wait", orig.__doc__
@@ -413,6 +423,7 @@ class CollTap:
         self.bucket_of: dict[int, int] = {}  # key -> DDP bucket, of the in-flight bucket AllReduces
         self.seq: dict[int, int] = {}  # id(group) -> collectives issued on it
         self.entered = 0
+        self.p2p_of = None  # tensor -> (direction, peer) of a pipeline's P2P op, else None (PipeTap's)
         self.unit = None  # (FSDP unit's modules, "gather" | "reduce") while FSDP2 issues
         self.suspended = False  # inside ddptui's own DDP comm hook: its bucket is a COMM span
         self._names: dict[int, tuple[int, str]] = {}  # id(group) -> (size, name)
@@ -534,6 +545,13 @@ class CollTap:
         if cur is None:
             return Entered(self, None, 0, key)
         size, name = self._group(pg)
+        if self.p2p_of is not None and (op == "send" or op == "recv"):
+            # a pipeline's: activations forward, gradients backward, to or from its peer
+            tt = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+            got = self.p2p_of(tt)
+            if got is not None:
+                phase = got[0]
+                name = f"{name}{'>' if op == 'send' else '<'}{got[1]}"[:64]
         sig = (op, nbytes, size, name, layer, phase, is_async)
         rid = self.table.get(sig)
         if rid is None:

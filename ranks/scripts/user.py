@@ -71,7 +71,7 @@ import torch.nn as nn
 from ranks import frames, spec, wire
 from ranks.clock import now_ns
 from ranks.core.emitter import FrameQueue
-from ranks.core import markop
+from ranks.core import markop, pipetap
 from ranks.core.colltap import CollTap
 from ranks.core.recorder import NO_COMMS
 from ranks.scripts.commhook import CommState, FrBuckets, timed_hook
@@ -234,6 +234,13 @@ class RankSession:
         if self.kind == "plain":
             self.tap.grad_of = self._grad_param
         self.tap.activate()
+        # a pipeline (torch.distributed.pipelining imported by the script): its microbatches,
+        # its schedule's step and its P2P ops seen (ranks.core.pipetap)
+        self.pipe = None
+        if "torch.distributed.pipelining" in sys.modules and pipetap.install():
+            self.pipe = pipetap.PipeTap(self)
+            self.tap.p2p_of = self.pipe.p2p_of
+            pipetap.activate(self.pipe)
         self.mods: list[Handle] = []
         self.names: list[str] = []  # layer names by internal index (as chosen, unprefixed)
         self.param_names: list[str] = []  # by global parameter index (unprefixed)
@@ -316,7 +323,9 @@ class RankSession:
         one rank alone), said once."""
         ph = self.tap.grad_phases
         colls = c.comm_idx is not NO_COMMS and len(c.comm_idx) > 0
-        if self.world == 1:
+        if self.pipe is not None and self.pipe.sched is not None:  # a pipeline: its schedule
+            name = pipetap.schedule_name(self.pipe.sched)
+        elif self.world == 1:
             name = "single"
             if not colls:
                 print(f"ddptui: {self.first_name} trains on one rank with no collective: drawn as single",
@@ -532,6 +541,21 @@ class RankSession:
             rec.micro()
             self.fwd_mods.clear()
 
+    def pipe_step_begin(self) -> None:
+        """A pipeline schedule's step() begins: the rank's step starts here if none is open (a
+        stage's wait for its first input is in it); one that has synchronised ends first."""
+        rec = self.rec
+        if self.stash is not None:
+            rec.cur, self.stash = self.stash, None
+        self._drop_other_start()
+        c = rec.cur
+        if c is not None and c.synced and not self.explicit:
+            self._end()
+            c = None
+        if c is None:
+            self._begin()
+        self.fwd_mods.clear()
+
     def step_exit(self) -> None:
         self.explicit = False
         self._hand_synced()
@@ -635,6 +659,20 @@ class RankSession:
             elif model is None:
                 model = "+".join(_class_name(m.module) for m in self.mods)
         model = model or self.first_name
+        own = None
+        if self.pipe is not None and self.pipe.mod_stage:
+            # a pipeline: each rank holds other layers, and the app names a layer index once for
+            # every rank: the hello's names are positions ("block 0": each rank's first block;
+            # "v1 block 0" its second stage's), the rank's own names (stage-prefixed) in its pipe
+            own = list(shown)
+            slots = sorted({self.pipe.mod_stage.get(id(m.module), -1) for m in self.mods})
+            for m in self.mods:
+                st = self.pipe.mod_stage.get(id(m.module), -1)
+                slot = slots.index(st)
+                for j, i in enumerate(range(m.base, m.base + m.n_layers)):
+                    own[i] = f"s{st}.{self.names[i]}" if st >= 0 else self.names[i]
+                    shown[i] = f"block {j}" if len(slots) == 1 else f"v{slot} block {j}"
+            model = f"{model} (pipeline)"
         self.layers = [None] * n
         for i, name in enumerate(shown):
             self.layers[self._order[i]] = name
@@ -652,6 +690,15 @@ class RankSession:
             rank_batch = self.step_batch if self.batch_looked else frames.UNSET
             if rank_batch is not frames.UNSET and self.tap.batch_copy:  # (a tensor-parallel peer's
                 rank_batch = 0  # samples: counted by the first rank of its group)
+        own_layers = None
+        if own is not None:
+            own_layers = [None] * n
+            for i, name in enumerate(own):
+                own_layers[self._order[i]] = name
+            del own_layers[shown_n:]
+        pipe = self.pipe.info(self.world, own_layers) if self.pipe is not None else None
+        if pipe is not None and rank_batch is not frames.UNSET and 0 not in pipe["rank_stages"]:
+            rank_batch = 0  # (a later stage's inputs are the first stage's samples: counted there)
         dev = str(self.device) if self.device.type == "cuda" else "cpu"
         ddp0 = self.mods[0].ddp
         memory, peak = self._memory()
@@ -666,6 +713,7 @@ class RankSession:
             rank_batch=rank_batch,
             steps=0, bucket_cap_mb=_cap_mb(ddp0), threads=torch.get_num_threads(),
             memory=memory, mem_peak=peak,
+            pipe=frames.PipeInfo(**pipe) if pipe is not None else frames.UNSET,
         ))
         self.sink.phase = "training"
         self.sink.send_now(frames.Phase(rank=self.rank, phase="training"))
@@ -766,6 +814,8 @@ class RankSession:
             self.sink.send_now(frames.Bye(rank=self.rank, why=why))  # (counts: the sink's, FrameQueue._final)
         self.sink.close(timeout=3.0)
         self.tap.deactivate()
+        if self.pipe is not None and pipetap.active() is self.pipe:
+            pipetap.activate(None)
         for m in self.mods:
             m.remove_hooks()
 

@@ -1,0 +1,102 @@
+"""(tests) A pipeline, as torch.distributed.pipelining's docs write one: nothing of ddptui. A
+stack of MLP blocks split into one stage a rank (or two a rank for the looped schedules),
+each stage a `PipelineStage`, a schedule run on microbatches, the optimizer stepping each
+iteration.
+
+    --schedule S    gpipe | 1f1b | interleaved1f1b | loopedbfs | zbv (default 1f1b)
+    --microbatches M  microbatches a step (default 4)
+    --iters N       optimizer steps (default 12)
+    --blocks B      MLP blocks in all (default 6), split evenly among the stages
+    --slow-stage K  the stage K's blocks each run twice (an unbalanced pipeline)
+    --width W       the blocks' width (default 256)
+"""
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed import pipelining as pp
+
+p = argparse.ArgumentParser()
+p.add_argument("--schedule", default="1f1b",
+               choices=("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "zbv"))
+p.add_argument("--microbatches", type=int, default=4)
+p.add_argument("--iters", type=int, default=12)
+p.add_argument("--blocks", type=int, default=6)
+p.add_argument("--width", type=int, default=256)
+p.add_argument("--slow-stage", type=int, default=-1)
+a = p.parse_args()
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+multi = a.schedule in ("interleaved1f1b", "loopedbfs", "zbv")
+per_rank = 2 if multi else 1
+n_stages = world * per_rank
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, repeat: int = 1):
+        super().__init__()
+        self.up, self.down, self.repeat = nn.Linear(width, 2 * width), nn.Linear(2 * width, width), repeat
+
+    def forward(self, x):
+        for _ in range(self.repeat):  # (a slow stage's blocks run twice: forward and backward)
+            x = x + self.down(F.relu(self.up(x)))
+        return x
+
+
+class Head(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.out = nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.out(x)
+
+
+def stage_ids() -> list[int]:
+    """This rank's stage indices: one, or two for the looped schedules (ZBV: a V, rank r
+    holding stages r and 2 * world - 1 - r)."""
+    if not multi:
+        return [rank]
+    if a.schedule == "zbv":
+        return [rank, n_stages - 1 - rank]
+    return [rank, rank + world]
+
+
+torch.manual_seed(0)
+per_stage = max(1, a.blocks // n_stages)
+stages, mods = [], []
+for s in stage_ids():
+    torch.manual_seed(s)
+    blocks = [Block(a.width, 2 if s == a.slow_stage else 1) for _ in range(per_stage)]
+    if s == n_stages - 1:
+        blocks.append(Head(a.width))
+    m = nn.Sequential(*blocks)
+    mods.append(m)
+    stages.append(pp.PipelineStage(m, s, n_stages, torch.device("cpu")))
+
+
+def loss_fn(out, target):
+    return F.cross_entropy(out, target)
+
+
+kinds = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B,
+         "interleaved1f1b": pp.ScheduleInterleaved1F1B, "loopedbfs": pp.ScheduleLoopedBFS,
+         "zbv": pp.ScheduleZBVZeroBubble}
+cls = kinds[a.schedule]
+sched = cls(stages if multi else stages[0], a.microbatches, loss_fn=loss_fn)
+opt = torch.optim.SGD([q for m in mods for q in m.parameters()], lr=0.01)
+g = torch.Generator().manual_seed(1)
+batch = 16 * a.microbatches
+x, y = torch.randn(batch, a.width, generator=g), torch.randint(0, 10, (batch,), generator=g)
+first = 0 in stage_ids()
+last = n_stages - 1 in stage_ids()
+for it in range(a.iters):
+    opt.zero_grad()
+    args = (x,) if first else ()
+    kw = {"target": y} if last else {}
+    sched.step(*args, **kw)
+    opt.step()
+dist.destroy_process_group()
