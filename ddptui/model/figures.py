@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from ranks import spec
 from ranks.spec import strategy_ranks
-from ranks.wire import BWD, COMM, FWD, PASS, STEP, SpanBatch
+from ranks.wire import BWD, COMM, FWD, MB, PASS, PIPE, STEP, SpanBatch
 
 from .columns import placement
 
@@ -150,6 +150,30 @@ class RankStep:
     bytes: int
     colls: int = 0
     bus_bytes: float | None = None
+    bubble_pct: float | None = None  # a pipeline stage's: pipe_bubble (None: no pipeline)
+
+
+def pipe_bubble(b: SpanBatch) -> float | None:
+    """A pipeline stage's bubble in this step, in %: the share of its schedule's step() calls
+    (PIPE spans) in which it ran no microbatch (MB spans); None without a PIPE span (no
+    pipeline). ddptui.model.pipeline has the rest of a pipeline's figures."""
+    kind = b.kind
+    if PIPE not in kind:
+        return None
+    t0, t1 = b.t0, b.t1
+    pipes = [(t0[i], t1[i]) for i in range(len(kind)) if kind[i] == PIPE]
+    total = sum(z - a for a, z in pipes)
+    if total <= 0:
+        return None
+    inside = []
+    for i in range(len(kind)):
+        if kind[i] == MB:
+            for pa, pz in pipes:
+                lo, hi = max(t0[i], pa), min(t1[i], pz)
+                if hi > lo:
+                    inside.append((lo, hi))
+    busy = union_length(inside) if inside else 0
+    return 100.0 * max(0, total - busy) / total
 
 
 def rank_step(b: SpanBatch, comm_bytes, coll_row=None, world: int = 0) -> RankStep:
@@ -170,7 +194,8 @@ def rank_step(b: SpanBatch, comm_bytes, coll_row=None, world: int = 0) -> RankSt
     cu, mu = union_length(comp), union_length(comm)
     if not place.colls:  # (gradient AllReduces alone: as before every collective was drawn)
         nbytes = sum(map(comm_bytes, place.comm_idx))
-        return RankStep(step / 1e3, cu / 1e3, mu / 1e3, (union_length(both) - cu) / 1e3, calls, nbytes)
+        return RankStep(step / 1e3, cu / 1e3, mu / 1e3, (union_length(both) - cu) / 1e3, calls, nbytes,
+                        bubble_pct=pipe_bubble(b) if PIPE in b.kind else None)
     ar_bytes = sum(map(comm_bytes, place.allreduce_idx))
     nbytes, bus = ar_bytes, ar_bytes * spec.bus_factor("all_reduce", world)
     for j in place.coll_idx:
@@ -179,7 +204,7 @@ def rank_step(b: SpanBatch, comm_bytes, coll_row=None, world: int = 0) -> RankSt
             nbytes += row[2]
             bus += row[2] * spec.bus_factor(row[1], row[3])
     return RankStep(step / 1e3, cu / 1e3, mu / 1e3, (union_length(both) - cu) / 1e3, calls, nbytes,
-                    len(place.colls), bus)
+                    len(place.colls), bus, pipe_bubble(b) if PIPE in b.kind else None)
 
 
 def step_interval(batches) -> tuple[int, int] | None:
@@ -236,6 +261,7 @@ class StepFigures:
     bytes: float
     colls: float = 0.0  # of the calls, COLL spans (not gradient AllReduces)
     bus_bytes: float | None = None  # bytes x bus factor, with COLL spans (RankStep.bus_bytes)
+    bubble_pct: float | None = None  # a pipeline's: its stages' bubble, mean of the ranks
 
 
 def combine(step: int, per_rank: list[RankStep]) -> StepFigures:
@@ -252,6 +278,9 @@ def combine(step: int, per_rank: list[RankStep]) -> StepFigures:
     if any(r.bus_bytes is not None for r in per_rank):
         got.colls = sum(r.colls for r in per_rank) / n
         got.bus_bytes = sum(r.bus_bytes or 0.0 for r in per_rank) / n
+    bub = [r.bubble_pct for r in per_rank if r.bubble_pct is not None]
+    if bub:
+        got.bubble_pct = sum(bub) / len(bub)
     return got
 
 
@@ -305,6 +334,9 @@ def summarize(strategy: str, steps: list[StepFigures], batch: int, world: int,
     }
     if colls is not None:  # (every other collective: said only by strategies that issued any)
         out["collective_calls_per_step"] = colls
+    bub = [s.bubble_pct for s in use if s.bubble_pct is not None]
+    if bub:  # (a pipeline: its stages' bubble, the median step; model/pipeline.py per rank)
+        out["bubble_pct"] = statistics.median(bub)
     return out
 
 

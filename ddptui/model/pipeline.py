@@ -18,7 +18,7 @@ import statistics
 
 from ranks.wire import BWD, FWD, MB, PIPE, SpanBatch, mb_of
 
-from .figures import union_length
+from .figures import pipe_bubble, union_length
 
 SLOW_STAGE_EXCESS = 1.15  # a stage computing this much more than the others' median is named
 
@@ -44,8 +44,7 @@ def rank_step(b: SpanBatch) -> dict | None:
                 inside.append((lo, hi))
     busy = union_length(inside) if inside else 0
     parts = [mb_of(idx[i]) for i in mbs]
-    return {"pipe_ms": pipe_us / 1e3, "busy_ms": busy / 1e3,
-            "bubble_pct": 100.0 * max(0, pipe_us - busy) / pipe_us,
+    return {"pipe_ms": pipe_us / 1e3, "busy_ms": busy / 1e3, "bubble_pct": pipe_bubble(b),
             "microbatches": len({(s, m) for s, m, p in parts if p == 0}),
             "stages": sorted({s for s, _, _ in parts})}
 

@@ -34,7 +34,8 @@ import sys
 import tempfile
 
 from ranks import frames, spec, wire
-from ranks.wire import BWD, COLL, COMM, FWD, OPT, OTHER, PASS, PASS_NAMES, STEP, WAIT
+from ranks.wire import (BWD, COLL, COMM, FWD, MB, MB_PARTS, OPT, OTHER, PASS, PASS_NAMES, PIPE, STEP, WAIT,
+                        mb_of)
 
 from ddptui import __version__
 from ddptui.model.clocksync import HostClocks
@@ -49,11 +50,16 @@ from ddptui.model.stragglers import comm_spans, rank_arrival_keys
 # lane: (tid offset, thread name); "waits": where the compute stood waiting for a collective
 # (a WAIT), its own track under the compute one (sorted by SORT_OF)
 LANES = {"step": (1, "step"), "compute": (2, "compute"), "communication": (3, "communication"),
-         "optimizer": (4, "optimizer"), "events": (5, "ddp events"), "waits": (6, "compute waits")}
+         "optimizer": (4, "optimizer"), "events": (5, "ddp events"), "waits": (6, "compute waits"),
+         "microbatches": (7, "pipeline microbatches")}
 SORT_OF = {"waits": 2}  # (a lane sorted elsewhere than its tid offset: beside compute, after it)
 # (OTHER: a rank's own work that synchronises nothing, an evaluation: on its compute lane)
 LANE_OF_KIND = {STEP: "step", FWD: "compute", BWD: "compute", COMM: "communication", OPT: "optimizer",
-                OTHER: "compute", COLL: "communication", PASS: "compute"}
+                OTHER: "compute", COLL: "communication", PASS: "compute",
+                # a pipeline's: each microbatch's forward / backward a slice ("F3" as pipeline
+                # diagrams write it), inside its schedule's step, on a track of their own
+                MB: "microbatches", PIPE: "microbatches"}
+MB_PART_NAMES = ("forward", "backward", "backward input-grad", "backward weight-grad")
 SUBLANE_STRIDE = 10  # extra lanes for partly overlapping slices: tid offset + 10 * j
 
 
@@ -361,6 +367,13 @@ class TraceWriter:
             elif kind == OTHER:
                 name = "other (no synchronisation: evaluation)"
                 args["kind"] = "other"
+            elif kind == MB:
+                stage, mb, part = mb_of(idx)
+                name = f"{MB_PARTS[part]}{mb}"
+                args.update(stage=stage, microbatch=mb, part=MB_PART_NAMES[part])
+            elif kind == PIPE:
+                name = "schedule step"
+                args["kind"] = "pipeline schedule step()"
             else:
                 name = f"{s} step {k}"
             sub = self._sublane(r, lane, a, z)

@@ -59,6 +59,8 @@ def _chunk(part: int, orig):
         else:
             p = part
         token = tap.chunk_begin(self, chunk_id)
+        if p == MB_FWD and self.stage_index == 0 and args:  # (the pipeline's samples: its inputs)
+            tap.count_samples(args[0])
         try:
             return orig(self, chunk_id, *args, **kwargs)
         finally:
@@ -164,11 +166,14 @@ class PipeTap:
         self.mod_stage: dict[int, int] = {}  # id(a stage's module) -> its stage index
         self.p2p: dict[int, tuple[str, int]] = {}  # id(tensor) -> (direction, peer), this step's
         self.steps = 0  # schedule steps seen
+        self.samples = 0  # the first stage's microbatch samples, in the step before the hello
 
     # -- the schedule's step ------------------------------------------------------------
     def step_begin(self, sched):
         self.sched = sched
         self.steps += 1
+        if self.session._order is None:  # (the samples counted are the step's: the hello's)
+            self.samples = 0
         s = self.session
         s.pipe_step_begin()
         rec = self.rec
@@ -209,6 +214,17 @@ class PipeTap:
         self.session.fwd_mods.clear()
         from ranks.wire import MB, mb_idx
         c.micro.append((MB, mb_idx(stage.stage_index, mb, part), token, t))
+
+    def count_samples(self, inputs) -> None:
+        """The first stage's microbatch inputs: their first dimension, counted into the step's
+        samples until the hello (every other stage's inputs are these samples again)."""
+        s = self.session
+        if s._order is not None:
+            return
+        t = inputs[0] if isinstance(inputs, (list, tuple)) and inputs else inputs
+        shape = getattr(t, "shape", None)
+        if shape is not None and len(shape) > 0:
+            self.samples += int(shape[0])
 
     # -- its sends and receives ---------------------------------------------------------
     def note_ops(self, ops, direction: str, stage: int, mb: int) -> None:

@@ -697,8 +697,8 @@ class RankSession:
                 own_layers[self._order[i]] = name
             del own_layers[shown_n:]
         pipe = self.pipe.info(self.world, own_layers) if self.pipe is not None else None
-        if pipe is not None and rank_batch is not frames.UNSET and 0 not in pipe["rank_stages"]:
-            rank_batch = 0  # (a later stage's inputs are the first stage's samples: counted there)
+        if pipe is not None and not self.batch:  # (the first stage's microbatches: the samples;
+            rank_batch = self.pipe.samples  # a later stage's inputs are those samples again)
         dev = str(self.device) if self.device.type == "cuda" else "cpu"
         ddp0 = self.mods[0].ddp
         memory, peak = self._memory()

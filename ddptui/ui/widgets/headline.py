@@ -42,7 +42,7 @@ def _hidden_verdict(pct: float) -> str:
     return "good" if pct >= 50 else "same"
 
 
-def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
+def candidates(sp: dict, overlap: dict, bubble: dict | None = None) -> list[tuple[str, str]]:
     """(text, verdict) from the fullest to the shortest; verdict: good | bad | same | none.
 
     `sp`: speedups (ddptui.model.figures.speedups: ddp_vs_naive, X_vs_single); `overlap`: the
@@ -74,6 +74,11 @@ def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
         word = "faster than" if x > 1 + SAME else "slower than" if x < 1 - SAME else "as fast as"
         return [(f"{best.upper() if best == 'ddp' else best} {_vs(x)} {word} one device", "good" if x > 1 else "bad"),
                 (f"{best} {_vs(x)} vs single", "none")]
+    if bubble:  # a pipeline: its bubble, the figure its users tune
+        name, x = max(bubble.items(), key=lambda kv: kv[1])
+        verdict = "good" if x < 20 else "same" if x < 50 else "bad"
+        return [(f"{name}: each stage idle {_pct(x)} of its step (the pipeline's bubble)", verdict),
+                (f"{name}: bubble {_pct(x)} of the step", verdict), (f"{name} bubble {_pct(x)}", verdict)]
     if hid is not None:
         return [(f"DDP hides {_pct(hid)} of its communication behind backward", _hidden_verdict(hid)),
                 (f"DDP: {_pct(hid)} comm hidden", _hidden_verdict(hid))]
@@ -87,14 +92,15 @@ def candidates(sp: dict, overlap: dict) -> list[tuple[str, str]]:
 
 
 def headline(sp: dict, overlap: dict, width: int = 80, slow: str = "", note: str = "",
-             why: list[str] | tuple = ()) -> tuple[str, str]:
+             why: list[str] | tuple = (), bubble: dict | None = None) -> tuple[str, str]:
     """The fullest candidate within `width` cells (the shortest, cut, if none fits). `slow`:
     a straggler in words ('rank 1 · fc2 backward +40 ms'), said first when there is one;
     else `note` ('gathering evidence (3/20 steps)': no verdict yet), said last where it fits.
     `why`: what explains the figures, fullest first (ranks sharing one GPU over gloo:
     ddptui.model.gpu.shared_gpu_note): its fullest form that fits after any form of the
-    sentence comes before the sentence alone (the lesson before the long wording)."""
-    cands = candidates(sp, overlap)
+    sentence comes before the sentence alone (the lesson before the long wording). `bubble`:
+    a pipeline's bubble (%) by strategy."""
+    cands = candidates(sp, overlap, bubble)
     if why:
         cands = [(f"{t} · {w}", v) for w in why for t, v in cands] + cands
     if slow:
@@ -127,6 +133,7 @@ def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = ""
         text, v = fitted([(t, "bad" if verdict[1] else "good") for t in verdict[0] if t], max(0, width - 2))
         return [[(" " + text + " ", theme.style("#000000", COLOUR[v], bold=True))]]
     overlap = {r["strategy"]: r.get("overlap_pct") for r in rows}
+    bubble = {r["strategy"]: r["bubble_pct"] for r in rows if r.get("bubble_pct") is not None}
     warm = warming(rows)
     head: Parts = []
     if label is not None:
@@ -140,7 +147,7 @@ def build(rows: list[dict], sp: dict, width: int, slow: str = "", note: str = ""
             wait = [(f"slow: {slow} · {t}", "bad") for t, _ in wait] + [(f"slow: {slow}", "bad")] + wait
         text, verdict = fitted(wait, max(0, width - 2))
     else:
-        text, verdict = headline(sp, overlap, max(0, width - 2), slow, note, why)
+        text, verdict = headline(sp, overlap, max(0, width - 2), slow, note, why, bubble)
     return [head + [(" " + text + " ", theme.style("#000000" if verdict != "none" else theme.TEXT,
                                                COLOUR[verdict] if verdict != "none" else theme.BG, bold=True))]]
 

@@ -13,7 +13,7 @@ from operator import itemgetter, lt
 from rich.segment import Segment
 
 from ranks import spec
-from ranks.wire import BWD, COMM, FWD, OPT, OTHER, PASS, PASS_BWD, PASS_FWD
+from ranks.wire import BWD, COMM, FWD, MB, MB_PARTS, OPT, OTHER, PASS, PASS_BWD, PASS_FWD, mb_of
 
 from ddptui.model.collectives import group_label, with_group
 from ddptui.model.figures import difference, union
@@ -37,6 +37,9 @@ def _compute_plan(lane: Lane, layer_names: list[str]) -> tuple[list[int], list[i
     got = _PLANS.get(key)
     if got is None:
         kind, idx, n = lane.kind, lane.idx, len(layer_names)
+        if MB in kind:  # a pipeline: a bar per microbatch ("F3", "B3"), as pipeline diagrams draw
+            got = _PLANS[key] = _microbatch_plan(kind, idx)
+            return got
         pos = [i for i in range(len(kind)) if kind[i] in _DRAWN]
         colours = [_FIXED[kind[i]][0] if kind[i] in _FIXED else _PASS[idx[i] & 1][0] if kind[i] == PASS
                    else (theme.FWD_A if kind[i] == FWD else theme.BWD_A) + (idx[i] & 1) for i in pos]
@@ -48,6 +51,28 @@ def _compute_plan(lane: Lane, layer_names: list[str]) -> tuple[list[int], list[i
     return got
 
 
+def _microbatch_plan(kind, idx) -> tuple[list[int], list[int], list[str]]:
+    """A pipeline stage's lane: each microbatch's forward and backward (its input-grad and
+    weight-grad halves apart where the schedule splits them) one bar, labelled with its part
+    and number, shaded by microbatch; the optimizer and other time as ever. (Its layers'
+    spans, inside those bars, are in the per-layer views.)"""
+    pos, colours, labels = [], [], []
+    stages = {mb_of(idx[i])[0] for i in range(len(kind)) if kind[i] == MB}
+    for i in range(len(kind)):
+        k = kind[i]
+        if k == MB:
+            stage, mb, part = mb_of(idx[i])
+            pos.append(i)
+            colours.append((theme.FWD_A if part == 0 else theme.BWD_A) + (mb & 1))
+            # (a rank of several stages: which one, first: "s3F0")
+            labels.append(f"{MB_PARTS[part]}{mb}" if len(stages) == 1 else f"s{stage}{MB_PARTS[part]}{mb}")
+        elif k in _FIXED:
+            pos.append(i)
+            colours.append(_FIXED[k][0])
+            labels.append(_FIXED[k][1])
+    return pos, colours, labels
+
+
 def compute_bars(spans, layer_names: list[str], groups=None) -> list[Bar]:
     """Forward and backward per layer (alternating shades, layer labels), the optimizer and
     the rank's "other" time (an evaluation: in no figure, dim), from a Lane (or a list of
@@ -56,7 +81,7 @@ def compute_bars(spans, layer_names: list[str], groups=None) -> list[Bar]:
     lane = Lane.of_spans(spans)
     pos, colours, labels = _compute_plan(lane, layer_names)
     starts, ends = lane.starts, lane.ends
-    if groups is not None:
+    if groups is not None and MB not in lane.kind:
         bars = _grouped(lane, pos, colours, labels, groups)
     else:
         bars = list(zip(map(starts.__getitem__, pos), map(ends.__getitem__, pos), colours, labels))
