@@ -1,0 +1,181 @@
+"""Pipelines under `ddptui run --auto` (real torchrun, 2 gloo CPU ranks, nothing of ddptui in
+the script: tests/scripts/pipeline.py, torch.distributed.pipelining's PipelineStage and a
+schedule). A step is the optimizer's (one schedule step() of M microbatches); each microbatch's
+forward and backward on a stage is an MB span (its stage, number and part: F, B, or a
+zero-bubble schedule's I and W halves); the schedule's step() a PIPE span; the P2P sends and
+receives COLL spans by direction and peer; the bubble each rank's share of its PIPE span with
+no microbatch running, beside the schedule's plan; a stage slower than the others named.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ranks import wire
+from tests.helpers import SPAN_COLL, run_main, run_script, spans_of, step_batches
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pipelining")]
+
+ITERS = 10
+M = 4  # microbatches a step
+MB_ROWS = 16  # samples a microbatch (the script's)
+
+
+@pytest.fixture(scope="module")
+def one_f1b(tmp_path_factory):
+    """1F1B, 2 stages, stage 1's blocks running twice (the slow stage)."""
+    d = tmp_path_factory.mktemp("1f1b")
+    return run_script(d, "pipeline.py", "--schedule", "1f1b", "--microbatches", str(M), "--iters", str(ITERS),
+                      "--slow-stage", "1") + (d / "run.ddptui",)
+
+
+@pytest.fixture(scope="module")
+def zbv(tmp_path_factory):
+    """ZBV zero bubble: 4 stages in a V (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2),
+    each backward split into its input-grad and weight-grad halves."""
+    return run_script(tmp_path_factory.mktemp("zbv"), "pipeline.py", "--schedule", "zbv", "--microbatches",
+                      str(M), "--iters", "8", "--blocks", "8")
+
+
+def microbatches(b) -> list[tuple[int, int, str, int, int]]:
+    """(stage, microbatch, part letter, start ns, end ns) of a batch's MB spans, in time order
+    (absolute ns: the ranks share the host's clock)."""
+    out = []
+    for i in range(len(b.kind)):
+        if b.kind[i] == wire.MB:
+            s, mb, p = wire.mb_of(b.idx[i])
+            out.append((s, mb, wire.MB_PARTS[p], b.base_ns + 1000 * b.t0[i], b.base_ns + 1000 * b.t1[i]))
+    return sorted(out, key=lambda x: x[3])
+
+
+def test_1f1b_microbatches_are_on_their_stage_in_the_schedules_order(one_f1b):
+    """Each step, on each rank: its own stage's M forwards and M backwards, once each, in
+    1F1B's order (stage 0: two forwards of warm-up, then one backward one forward; stage 1
+    alternates); a microbatch's forward on stage 1 starts after it ended on stage 0, and its
+    backward on stage 0 after it ended on stage 1. A step is an optimizer step, not a
+    microbatch; the global batch is the first stage's samples, counted once."""
+    doc, got, out, _ = one_f1b
+    (row,) = doc["strategies"]
+    assert row["strategy"] == "1f1b", row
+    assert row["steps"] == ITERS - 1, row
+    assert doc["batch"] == M * MB_ROWS, doc["batch"]
+    want = {0: ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"],
+            1: ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]}
+    batches = step_batches(got, "1f1b")
+    assert sorted(batches) == list(range(ITERS - 1)), sorted(batches)
+    for k, ranks in batches.items():
+        assert sorted(ranks) == [0, 1], (k, sorted(ranks))
+        mbs = {r: microbatches(b) for r, b in ranks.items()}
+        for r, got_r in mbs.items():
+            assert {s for s, *_ in got_r} == {r}, (k, r, got_r)
+            assert [f"{p}{mb}" for _, mb, p, _, _ in got_r] == want[r], (k, r, got_r)
+        at = {(r, p, mb): (a, z) for r, ms in mbs.items() for _, mb, p, a, z in ms}
+        for mb in range(M):
+            assert at[(1, "F", mb)][0] >= at[(0, "F", mb)][1], (k, mb, "forward on stage 1 before stage 0's")
+            assert at[(0, "B", mb)][0] >= at[(1, "B", mb)][1], (k, mb, "backward on stage 0 before stage 1's")
+
+
+def test_sends_and_receives_are_communication_by_direction_and_peer(one_f1b):
+    """The P2P ops are COLL spans, never inside a microbatch (not compute): rank 0 sends
+    activations forward to 1 and receives gradients back from it; rank 1 the reverse; M of
+    each a step."""
+    doc, got, _, _ = one_f1b
+    tables = got.store.collective_tables("1f1b")
+    named = {r: {(row[1], row[4].split("@")[-1] if "@" in row[4] else row[4], row[6]) for row in t.values()}
+             for r, t in tables.items()}
+    assert ("send", "world>1", "forward") in named[0] and ("recv", "world<1", "backward") in named[0], named[0]
+    assert ("recv", "world<0", "forward") in named[1] and ("send", "world>0", "backward") in named[1], named[1]
+    for k, ranks in step_batches(got, "1f1b").items():
+        for r, b in ranks.items():
+            colls = spans_of(b, SPAN_COLL)
+            assert len(colls) == 2 * M, (k, r, len(colls))
+            mbs = [(b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == wire.MB]
+            for _, t0, _ in colls:
+                assert not any(a < t0 < z for a, z in mbs), (k, r, t0, "a send or receive issued inside a microbatch")
+    (row,) = doc["strategies"]
+    ops = {(c["op"], c["phase"]) for c in row["collectives"]}
+    assert {("send", "forward"), ("recv", "forward"), ("send", "backward"), ("recv", "backward")} <= ops, ops
+
+
+def test_the_bubble_is_measured_beside_the_plan_and_waits_for_the_slow_stage(one_f1b):
+    """Per rank, the bubble is the share of its schedule step with no microbatch running
+    (recomputed here from the spans); the plan is 1F1B's (p - 1) / (m + p - 1) = 20 %; the
+    fast stage waits for the slow one (its bubble the larger), and the summary names rank 1,
+    stage 1, as the one the bubble waits for."""
+    from ddptui.model.figures import union_length
+    doc, got, out, _ = one_f1b
+    (row,) = doc["strategies"]
+    pp = row["pipeline"]
+    assert pp["schedule"] == "1f1b" and pp["stages"] == 2 and pp["microbatches"] == M, pp
+    assert pp["plan_pct"] == {"0": 20.0, "1": 20.0}, pp
+    ks = sorted(step_batches(got, "1f1b"))[1:]
+    for r in (0, 1):
+        mine = []
+        for k in ks:
+            b = step_batches(got, "1f1b")[k][r]
+            pipe = [(b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == wire.PIPE]
+            assert len(pipe) == 1, (k, r, pipe)
+            (pa, pz), = pipe
+            busy = union_length([(max(a, pa), min(z, pz)) for (_, _, _, a, z) in
+                                 [(0, 0, 0, b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == wire.MB]])
+            mine.append(100.0 * (pz - pa - busy) / (pz - pa))
+        import statistics
+        assert pp["ranks"][str(r)]["bubble_pct"] == pytest.approx(statistics.median(mine), abs=0.2), (r, pp)
+        assert pp["ranks"][str(r)]["microbatches"] == M, pp
+    assert pp["ranks"]["0"]["bubble_pct"] > pp["ranks"]["1"]["bubble_pct"], pp
+    slow = pp["slowest"]
+    assert slow["rank"] == 1 and slow["stages"] == [1] and slow["ratio"] >= 1.3, slow
+    assert all(name.startswith("s1.") for name, _ in slow["layers"]), slow
+    assert "pipeline 1f1b: 2 stages × 4 microbatches · bubble r0 " in out, out[-3000:]
+    assert "(plan 20 %) · the bubble waits for rank 1 (stage 1)" in out, out[-3000:]
+    assert row["bubble_pct"] > 0, row
+
+
+def test_each_rank_names_its_own_layers_and_the_exports_show_each_microbatch(one_f1b, tmp_path):
+    """The run's layers are positions ("block 0" is each rank's first block), each rank's own
+    names stage-prefixed in the pipeline's description; the Chrome export has each
+    microbatch as a slice named as pipeline diagrams write it (F0 ... B3), M forwards and M
+    backwards a rank and step, on a track of their own."""
+    doc, got, _, rec = one_f1b
+    layers = got.store.meta.layers
+    assert layers and all(n.startswith("block ") for n in layers), layers
+    own = got.store.meta.pipeline["rank_layers"]
+    assert all(n.startswith("s0.") for n in own["0"]) and all(n.startswith("s1.") for n in own["1"]), own
+    trace = tmp_path / "t.json"
+    r = run_main("export", str(rec), "--format", "chrome", "-o", str(trace))
+    assert r.returncode == 0, r.stderr
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    per = {}
+    for e in events:
+        if e.get("cat") == "microbatches" and e["name"] != "schedule step":
+            a = e["args"]
+            per.setdefault((a["rank"], a["step"]), []).append(e["name"])
+    assert len(per) == 2 * ITERS - 2 or len(per) == 2 * ITERS, sorted(per)
+    for key, names in per.items():
+        assert sorted(names) == sorted([f"F{i}" for i in range(M)] + [f"B{i}" for i in range(M)]), (key, names)
+
+
+def test_a_zero_bubble_v_schedule_splits_each_backward_on_two_stages_a_rank(zbv):
+    """ZBV: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2; every stage runs each
+    microbatch's forward once and its backward as an input-grad and a weight-grad half (or
+    whole, where the schedule does it whole); the plan is the schedule's own, by rank."""
+    doc, got, out = zbv
+    (row,) = doc["strategies"]
+    assert row["strategy"] == "zbv" and row["steps"] == 7, row
+    assert doc["batch"] == M * MB_ROWS, doc["batch"]
+    pipe = got.store.meta.pipeline
+    assert pipe["rank_stages"] == {"0": [0, 3], "1": [1, 2]}, pipe
+    assert pipe["stages"] == 4 and pipe["microbatches"] == M and len(pipe["plan_idle"]) == 2, pipe
+    split = 0
+    for k, ranks in step_batches(got, "zbv").items():
+        for r, b in ranks.items():
+            ms = microbatches(b)
+            for st in pipe["rank_stages"][str(r)]:
+                for mb in range(M):
+                    parts = sorted(p for s, m, p, _, _ in ms if s == st and m == mb)
+                    assert parts in (["B", "F"], ["F", "I", "W"]), (k, r, st, mb, parts)
+                    split += parts == ["F", "I", "W"]
+    assert split, "no backward was split into its input-grad and weight-grad halves"
+    assert "pipeline zbv: 4 stages × 4 microbatches · bubble r0 " in out, out[-3000:]
