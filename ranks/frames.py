@@ -86,12 +86,12 @@ ParamRow = tuple[Name, Count, U16]  # (name, elements, layer index)
 class PipeInfo(Struct, omit_defaults=True, kw_only=True):
     """A pipeline's schedule, as a rank runs it (ranks.core.pipetap): the strategy it is
     drawn as, its stages and microbatches, this rank's stage indices, and the schedule's
-    planned idle share of each rank's step (each action one time unit; None: unknown)."""
+    planned idle share of this rank's step (each action one time unit; None: unknown)."""
     schedule: Literal[spec.PIPELINE_STRATEGIES]  # type: ignore[valid-type]
     stages: Annotated[int, Meta(ge=1, le=4096)]
     microbatches: Annotated[int, Meta(ge=1, le=1 << 20)]
     rank_stages: Annotated[list[Annotated[int, Meta(ge=0, le=4095)]], Meta(max_length=64)]
-    plan_idle: Annotated[list[Annotated[float, Meta(ge=0.0, le=1.0)]], Meta(max_length=MAX_RANK + 1)] | None = None
+    plan_idle: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     # this rank's own layer names, stage-prefixed (the hello's `layers` are positions: "block 0"
     # is each rank's first block, whatever it holds)
     layers: Annotated[list[Name], Meta(max_length=0xFFFF)] | UnsetType = UNSET

@@ -179,3 +179,14 @@ def test_a_zero_bubble_v_schedule_splits_each_backward_on_two_stages_a_rank(zbv)
                     split += parts == ["F", "I", "W"]
     assert split, "no backward was split into its input-grad and weight-grad halves"
     assert "pipeline zbv: 4 stages × 4 microbatches · bubble r0 " in out, out[-3000:]
+
+
+def test_whatif_on_a_pipeline_says_what_it_cannot_predict_in_one_line(one_f1b):
+    """`ddptui whatif` predicts data parallelism only: on a pipeline it says so in one line,
+    with where the bubble is, and exits 2 (no traceback, no empty table)."""
+    rec = one_f1b[3]
+    r = run_main("whatif", str(rec))
+    assert r.returncode == 2, (r.returncode, r.stdout[-1000:], r.stderr[-1000:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "a pipeline (1f1b, 2 stages × 4 microbatches)" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and not r.stdout.strip(), r.stdout

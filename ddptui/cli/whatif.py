@@ -168,6 +168,12 @@ def main(argv: list[str]) -> int:
 
     from .summary import read
     got = read(a.file)
+    pipe = got.store.meta.pipeline
+    if pipe is not None and not any(s in got.store.strategies() for s in ("ddp", "naive", "interleaved")):
+        raise CliError(f"{a.file}: a pipeline ({pipe.get('schedule')}, {pipe.get('stages')} stages × "
+                       f"{pipe.get('microbatches')} microbatches): `ddptui whatif` predicts data parallelism "
+                       "(bucket caps, world sizes), not yet a pipeline's microbatches or schedule; its bubble and "
+                       "the schedule's plan are in `ddptui summary` (docs/pipelines.md)")
     worlds = a.world
     if caps is None and not worlds:
         if "ddp" in got.store.strategies() or a.strategy == "ddp":

@@ -91,9 +91,9 @@ def summarize(steps: list[dict[int, SpanBatch]], info: dict | None, layers: list
            "bubble_pct": round(statistics.mean(v["bubble_pct"] for v in ranks_out.values()), 1),
            "definition": "share of each rank's schedule step() in which it ran no microbatch "
                          "(idle, or waiting for a neighbour's activations or gradients)"}
-    if isinstance(plan, list) and plan:
-        out["plan_pct"] = {str(r): round(100.0 * v, 1) for r, v in enumerate(plan)}
-        out["plan_bubble_pct"] = round(100.0 * statistics.mean(plan), 1)
+    if isinstance(plan, dict) and plan:  # (each rank's, as it said it)
+        out["plan_pct"] = {r: round(100.0 * plan[r], 1) for r in sorted(plan, key=int)}
+        out["plan_bubble_pct"] = round(100.0 * statistics.mean(plan.values()), 1)
     slow = slowest_stage(ranks_out, layer_us, layers, info.get("rank_layers") or {})
     if slow is not None:
         out["slowest"] = slow

@@ -48,7 +48,7 @@ class RunInfo:
     settings: dict[str, Any] = field(default_factory=dict)  # the CLI's options of a live run
     simulated: dict[str, Any] | None = None  # a simulated run (`ddptui demo`): its profile, basis
     # a pipeline (torch.distributed.pipelining): {"schedule", "stages", "microbatches",
-    # "plan_idle": [share by rank] | None, "rank_stages": {rank as text: [stage indices]},
+    # "plan_idle": {rank as text: its planned idle share}, "rank_stages": {rank as text: [stage indices]},
     # "rank_layers": {rank as text: its own layer names}: the run's `layers` are positions}
     pipeline: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # header keys not named above
@@ -83,9 +83,10 @@ class RunInfo:
         if pipe is not frames.UNSET and pipe is not None:
             if self.pipeline is None:
                 self.pipeline = {"schedule": pipe.schedule, "stages": pipe.stages,
-                                 "microbatches": pipe.microbatches, "plan_idle": pipe.plan_idle,
-                                 "rank_stages": {}}
+                                 "microbatches": pipe.microbatches, "plan_idle": {}, "rank_stages": {}}
             self.pipeline["rank_stages"][str(f.rank)] = list(pipe.rank_stages)
+            if pipe.plan_idle is not None:
+                self.pipeline["plan_idle"][str(f.rank)] = pipe.plan_idle
             if pipe.layers is not frames.UNSET:
                 self.pipeline.setdefault("rank_layers", {})[str(f.rank)] = list(pipe.layers)
         if f.rank_batch is not frames.UNSET:

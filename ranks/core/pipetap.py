@@ -20,7 +20,7 @@ no tap is active, as the collective tap's wrappers); with a `PipeTap` active:
   receive of it by direction, activations forward or gradients backward, and peer.
 
 The schedule (name, stages, microbatches, this rank's stage indices, the plan's idle share
-per rank) is `info()`, for the hello.
+of its step) is `info()`, for the hello.
 """
 from __future__ import annotations
 
@@ -128,30 +128,25 @@ def install() -> bool:
         return True
 
 
-def plan_idle(sched, world: int) -> list[float] | None:
-    """The schedule's planned idle share of each rank's step, each action one time unit:
+def plan_idle(sched) -> float | None:
+    """The schedule's planned idle share of this rank's step, each action one time unit:
     GPipe and 1F1B `(p - 1) / (m + p - 1)` (p stages, m microbatches, a forward and a
-    backward each); the others from their `pipeline_order` (a rank's empty slots over its
-    slots, to its last action). None where neither is known."""
+    backward each); the others from their `pipeline_order` (the rank's empty slots over its
+    slots, to its last action; the rank as the schedule counts it, in its pipeline group).
+    None where neither is known."""
     stages = getattr(sched, "_num_stages", None)
     m = getattr(sched, "_n_microbatches", None)
-    name = schedule_name(sched)
-    if name in ("gpipe", "1f1b") and stages and m:
-        share = (stages - 1) / (m + stages - 1)
-        return [share] * world
+    if schedule_name(sched) in ("gpipe", "1f1b") and stages and m:
+        return (stages - 1) / (m + stages - 1)
     order = getattr(sched, "pipeline_order", None)
-    if not isinstance(order, dict) or not order:
+    me = getattr(sched, "rank", None)
+    if not isinstance(order, dict) or me not in order:
         return None
-    out = []
-    for r in range(world):
-        acts = list(order.get(r) or ())
-        compute = [a for a in acts if a is None or str(getattr(a, "computation_type", "")).split(".")[-1]
-                   in ("F", "B", "I", "W", "FORWARD", "FULL_BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT",
-                       "OVERLAP_F_B")]
-        while compute and compute[-1] is None:
-            compute.pop()
-        out.append(sum(a is None for a in compute) / len(compute) if compute else 0.0)
-    return out
+    acts = [a for a in order[me] if a is None or str(getattr(a, "computation_type", "")).split(".")[-1]
+            in ("F", "B", "I", "W", "FORWARD", "FULL_BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "OVERLAP_F_B")]
+    while acts and acts[-1] is None:
+        acts.pop()
+    return sum(a is None for a in acts) / len(acts) if acts else None
 
 
 class PipeTap:
@@ -239,9 +234,9 @@ class PipeTap:
         """(direction, peer) of a tensor a P2P op of the schedule sends or receives, else None."""
         return self.p2p.get(id(t))
 
-    def info(self, world: int, layers: list[str] | None = None) -> dict | None:
+    def info(self, layers: list[str] | None = None) -> dict | None:
         """The schedule, for the hello: name, stages, microbatches, this rank's stage indices,
-        the plan's idle share per rank, and `layers`: this rank's own layer names (each rank
+        the plan's idle share of its step, and `layers`: this rank's own layer names (each rank
         holds other layers)."""
         sched = self.sched
         if sched is None:
@@ -249,7 +244,7 @@ class PipeTap:
         out = {"schedule": schedule_name(sched), "stages": max(1, int(getattr(sched, "_num_stages", 1) or 1)),
                "microbatches": max(1, int(getattr(sched, "_n_microbatches", 1) or 1)),
                "rank_stages": sorted(set(self.stages.values())),
-               "plan_idle": plan_idle(sched, world)}
+               "plan_idle": plan_idle(sched)}
         if layers is not None:
             out["layers"] = [str(x)[:64] for x in layers]
         return out

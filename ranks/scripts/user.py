@@ -696,7 +696,7 @@ class RankSession:
             for i, name in enumerate(own):
                 own_layers[self._order[i]] = name
             del own_layers[shown_n:]
-        pipe = self.pipe.info(self.world, own_layers) if self.pipe is not None else None
+        pipe = self.pipe.info(own_layers) if self.pipe is not None else None
         if pipe is not None and not self.batch:  # (the first stage's microbatches: the samples;
             rank_batch = self.pipe.samples  # a later stage's inputs are those samples again)
         dev = str(self.device) if self.device.type == "cuda" else "cpu"

@@ -8,6 +8,8 @@ iteration.
     --iters N       optimizer steps (default 12)
     --blocks B      MLP blocks in all (default 6), split evenly among the stages
     --slow-stage K  the stage K's blocks each run twice (an unbalanced pipeline)
+    --dp D          pp x dp: the world as (pipeline, data-parallel) on a DeviceMesh, each
+                    stage's module replicated over "dp" (--dp-wrap ddp, default, or fsdp)
     --width W       the blocks' width (default 256)
 """
 import argparse
@@ -26,10 +28,21 @@ p.add_argument("--iters", type=int, default=12)
 p.add_argument("--blocks", type=int, default=6)
 p.add_argument("--width", type=int, default=256)
 p.add_argument("--slow-stage", type=int, default=-1)
+p.add_argument("--dp", type=int, default=1)
+p.add_argument("--dp-wrap", choices=("ddp", "fsdp"), default="ddp")
 a = p.parse_args()
 
 dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+grank, gworld = dist.get_rank(), dist.get_world_size()
+pp_group = dp_group = None
+if a.dp > 1:  # pp x dp on a DeviceMesh, as torchtitan composes them: a stage's replicas on "dp"
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (gworld // a.dp, a.dp), mesh_dim_names=("pp", "dp"))
+    pp_group, dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+    rank, world = mesh["pp"].get_local_rank(), gworld // a.dp
+    replica = mesh["dp"].get_local_rank()
+else:
+    rank, world, replica = grank, gworld, 0
 multi = a.schedule in ("interleaved1f1b", "loopedbfs", "zbv")
 per_rank = 2 if multi else 1
 n_stages = world * per_rank
@@ -74,8 +87,16 @@ for s in stage_ids():
     if s == n_stages - 1:
         blocks.append(Head(a.width))
     m = nn.Sequential(*blocks)
+    if a.dp > 1 and a.dp_wrap == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        m = DDP(m, process_group=dp_group)
+    elif a.dp > 1:
+        from torch.distributed.fsdp import fully_shard
+        for blk in m:
+            fully_shard(blk, mesh=mesh["dp"])
+        fully_shard(m, mesh=mesh["dp"])
     mods.append(m)
-    stages.append(pp.PipelineStage(m, s, n_stages, torch.device("cpu")))
+    stages.append(pp.PipelineStage(m, s, n_stages, torch.device("cpu"), group=pp_group))
 
 
 def loss_fn(out, target):
@@ -88,7 +109,7 @@ kinds = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B,
 cls = kinds[a.schedule]
 sched = cls(stages if multi else stages[0], a.microbatches, loss_fn=loss_fn)
 opt = torch.optim.SGD([q for m in mods for q in m.parameters()], lr=0.01)
-g = torch.Generator().manual_seed(1)
+g = torch.Generator().manual_seed(1 + replica)  # (each replica its own samples)
 batch = 16 * a.microbatches
 x, y = torch.randn(batch, a.width, generator=g), torch.randint(0, 10, (batch,), generator=g)
 first = 0 in stage_ids()
