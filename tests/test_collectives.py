@@ -366,16 +366,16 @@ def test_every_public_entry_point_is_seen(tmp_path):
             assert all(n == 32 for op, n in seen if op == "all_reduce"), seen  # (no bucket)
             # every one of them waited on where the script issued it (a blocking call, an
             # asynchronous call's work.wait(), a functional collective's wait or first use):
-            # a WAIT each, within its collective, not compute; but gloo's send and recv, whose
-            # Work has no future: their span is the call, the wait after it is not seen
+            # a WAIT each, within its collective, not compute; gloo's send and recv too, whose
+            # Work has no future: their span ends where the wait returns
             b = got.store.span_batches()["ddp"][k][rank]
             spans = sorted((b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == COLL)
             waits = list(zip(b.waits[0::3], b.waits[1::3]))
             tab = got.store.collective_tables("ddp")[rank]
             bare = [tab[b.idx[i]][1] for i in range(len(b.kind)) if b.kind[i] == COLL
                     and not any(b.t0[i] <= w0 and w1 <= b.t1[i] for w0, w1 in waits)]
-            assert bare == ["send" if rank == 0 else "recv"], (rank, k, bare)
-            assert len(waits) == len(spans) - 1, (rank, k, len(waits), len(spans))
+            assert bare == [], (rank, k, bare)
+            assert len(waits) == len(spans), (rank, k, len(waits), len(spans))
             assert all(any(a <= w0 and w1 <= z for a, z in spans) for w0, w1 in waits), (waits, spans)
             # each names the collective it waited for (its table row, as the COLL span's idx)
             rows = {b.idx[i] for i in range(len(b.kind)) if b.kind[i] == COLL}

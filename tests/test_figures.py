@@ -111,7 +111,7 @@ def test_bus_bandwidth_like_nccl_tests():
 def test_decode_rejects_inconsistent_frames():
     f = spans_frame(0, "naive", 0, 0, [STEP, COMM], [0, 1], [0, 0], [5, 5], [0])
     wire.decode_spans(f)
-    for key, value, why in [("kind", bytes([9, 9]), "unknown span kind"),
+    for key, value, why in [("kind", bytes([wire.N_KINDS, wire.N_KINDS]), "unknown span kind"),
                             ("t0", b"\0" * 4, "disagree"),
                             ("iss", b"", "issue column"),
                             ("idx", b"\xff\xff\0\0", "does not exist")]:
@@ -227,7 +227,7 @@ def test_other_spans_sit_in_no_placement_and_are_drawn_as_other():
     lane = Lane(b.kind, b.idx, [a / 1e3 for a in b.t0], [z / 1e3 for z in b.t1], [45 / 1e3], [None], [False])
     bars = lanes.compute_bars(lane, ["l0"])
     assert (0.0, 0.01, theme.OTHER, "other") in bars and len(bars) == 4
-    assert wire.KIND_NAMES[wire.OTHER] == "other" and wire.N_KINDS == 8  # (COLL: 6, PASS: 7)
+    assert wire.KIND_NAMES[wire.OTHER] == "other" and wire.N_KINDS == 10  # (COLL: 6, PASS: 7, MB: 8, PIPE: 9)
 
 
 def test_a_rank_with_other_spans_stays_in_its_band():
