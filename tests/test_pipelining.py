@@ -190,3 +190,31 @@ def test_whatif_on_a_pipeline_says_what_it_cannot_predict_in_one_line(one_f1b):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "a pipeline (1f1b, 2 stages × 4 microbatches)" in lines[0], r.stderr
     assert "Traceback" not in r.stderr and not r.stdout.strip(), r.stdout
+
+
+def test_pp_by_dp_on_a_mesh_each_stage_ddp_replicated(tmp_path):
+    """pp 2 × dp 2 on 4 ranks (a DeviceMesh ("pp", "dp"), each stage's module in DDP over
+    "dp", as torchtitan composes them): it runs to its end (ddptui's comm hook reduces over
+    DDP's own group, by its size: on the world it deadlocked), each rank's microbatches on its
+    stage, activations sent to the same replica of the next stage, DDP's buckets reduced once
+    a step (the last microbatch's backward), the global batch both replicas' samples."""
+    import os
+
+    from tests.helpers import ROOT, run_cli
+    rec, js = tmp_path / "run.ddptui", tmp_path / "run.json"
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "4", "--record", str(rec), "--json", str(js),
+                "--", os.path.join(ROOT, "tests", "scripts", "pipeline.py"), "--schedule", "1f1b", "--dp", "2",
+                "--iters", "6", timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "warning" not in r.stderr, r.stderr[-3000:]
+    doc = json.loads(js.read_text())
+    (row,) = doc["strategies"]
+    assert row["strategy"] == "ddp" and row["steps"] == 6 and doc["batch"] == 2 * M * MB_ROWS, (row, doc["batch"])
+    assert row["allreduce_calls_per_step"] >= 1, row
+    pp = row["pipeline"]
+    assert {r_: v["stages"] for r_, v in pp["ranks"].items()} == {"0": [0], "1": [0], "2": [1], "3": [1]}, pp
+    assert all(v["microbatches"] == M for v in pp["ranks"].values()), pp
+    sends = {(c["op"], c["phase"], c["group"].split(">")[-1] if ">" in c["group"] else c["group"].split("<")[-1])
+             for c in row["collectives"] if c["op"] in ("send", "recv")}
+    assert ("send", "forward", "2") in sends and ("send", "forward", "3") in sends, sends
+    assert ("send", "backward", "0") in sends and ("send", "backward", "1") in sends, sends

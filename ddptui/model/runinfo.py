@@ -81,6 +81,15 @@ class RunInfo:
         self.devices[str(f.rank)] = device
         pipe = getattr(f, "pipe", frames.UNSET)
         if pipe is not frames.UNSET and pipe is not None:
+            # a pipeline's ranks hold other blocks, as many or more: its layers are positions
+            # ("block 3": each rank's fourth), the run's as many as the rank holding the most;
+            # a parameter index past the first hello's table is named by the rank that has it
+            more = list(f.layers or [])
+            if len(more) > len(self.layers):
+                self.layers += more[len(self.layers):]
+            rows = [list(p) for p in f.params or []]
+            if len(rows) > len(self.params):
+                self.params += rows[len(self.params):]
             if self.pipeline is None:
                 self.pipeline = {"schedule": pipe.schedule, "stages": pipe.stages,
                                  "microbatches": pipe.microbatches, "plan_idle": {}, "rank_stages": {}}

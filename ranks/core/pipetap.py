@@ -179,6 +179,7 @@ class PipeTap:
     def step_end(self, token) -> None:
         rec = self.rec
         self.p2p.clear()
+        self.session.pipe_step_end()
         c = rec.cur
         if c is None or token is None:
             return

@@ -66,7 +66,7 @@ def timed_hook(h: CommState, bucket):  # DDP requires the name `bucket`
         if inner is None:
             sent = buf.numel() * buf.element_size()
             with colltap.suspended():  # (the bucket's AllReduce is this COMM span, not a COLL one)
-                fut = _default_allreduce(buf, h.world)
+                fut = _default_allreduce(buf, h)
         else:
             _install_counter()
             _capture = cap = []
@@ -104,14 +104,19 @@ def _layer(h: CommState, bucket) -> int:
         return -1
 
 
-def _default_allreduce(buf, world):
-    buf.div_(world)  # DDP's default: the mean
-    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+def _default_allreduce(buf, h: "CommState"):
+    """DDP's default (allreduce_hook): the mean over DDP's own process group (a DDP on a
+    sub-group, a pipeline's or a mesh's data-parallel dimension, reduces over that group
+    only, by its size)."""
+    pg = h.pg
+    n = dist.get_world_size(pg) if pg is not None else h.world
+    buf.div_(n)
+    return dist.all_reduce(buf, group=pg, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
 def _call_inner(h: CommState, bucket):
     if h.inner is None:
-        return _default_allreduce(bucket.buffer(), h.world)
+        return _default_allreduce(bucket.buffer(), h)
     return h.inner(h.inner_state, bucket)
 
 

@@ -258,7 +258,8 @@ class RankSession:
         self.name = name
         self.first_name = _class_name(first.module)
         self.k = 0  # the next step's number: synchronisations so far
-        self.explicit = False  # inside `with handle.step():`
+        self.explicit = False  # inside `with handle.step():` (or a pipeline schedule's step())
+        self.pipe_explicit = False  # what `explicit` was when the schedule's step() began
         self.fwd_mods: set[int] = set()  # DDP modules forwarded in the current micro-step
         self.stash = None  # the open step, while an evaluation forward (no_grad) runs
         self.other_s = None  # the start mark of the evaluation forward (no_grad) running now
@@ -555,6 +556,14 @@ class RankSession:
         if c is None:
             self._begin()
         self.fwd_mods.clear()
+        # inside the schedule, a forward after a synchronising backward is the next microbatch
+        # (a DDP stage's forwards run with its gradient sync on; only the last backward syncs):
+        # the step ends at the optimizer's step, or at the next schedule step
+        self.pipe_explicit, self.explicit = self.explicit, True
+
+    def pipe_step_end(self) -> None:
+        """The schedule's step() returned: the step goes on to the optimizer's."""
+        self.explicit = self.pipe_explicit
 
     def step_exit(self) -> None:
         self.explicit = False
@@ -583,6 +592,11 @@ class RankSession:
         rec.end()
         c = rec.pending[-1]
         if not c.synced:  # synchronised nothing: not a step
+            rec.drop_last()
+            return
+        if self._order is None and self.pipe is not None and self.pipe.stages and self.pipe.sched is None:
+            # a pipeline's model found inside its schedule's step() (FSDP2's, at its first
+            # forward): that step is partly seen; the first drawn is the next schedule's step
             rec.drop_last()
             return
         k = self.k
@@ -1167,7 +1181,9 @@ class Handle:
     def layout_update(self) -> bool:
         """This module's buckets as seen in the step just ended: True if they changed."""
         from ranks.builtin.strategies import ddp_reported_sizes
-        seen = sorted(self.comm.seen)
+        # (a bucket reduced twice in one step, its last: a pipeline stage's first step, where
+        # DDP reduces before its first bucket rebuild and again after)
+        seen = sorted({b[0]: b for b in self.comm.seen}.values())
         reported = ddp_reported_sizes(self.ddp)
         if seen == self.layout and reported == self.reported:
             self.stable += 1
