@@ -215,6 +215,11 @@ class Hb(Frame, tag="hb", kw_only=True):
     colls: Count | UnsetType = field(name="nc", default=UNSET)  # collectives entered so far
     # the DDP bucket `waiting` is the AllReduce of (ddptui's comm hook), if it is one
     bucket: Count | UnsetType = field(name="wb", default=UNSET)
+    # a pipeline's send or receive `waiting` is (ranks.core.pipetap): activations ("forward")
+    # or gradients ("backward"), the peer rank, this rank's stage, the microbatch
+    p2p: tuple[Literal["forward", "backward"], Annotated[int, Meta(ge=-1, le=MAX_RANK)],
+               Annotated[int, Meta(ge=0, le=4095)], Annotated[int, Meta(ge=0, le=1 << 20)]] | UnsetType = \
+        field(name="wp", default=UNSET)
 
 
 class Bye(Frame, tag="bye", kw_only=True):

@@ -218,3 +218,44 @@ def test_pp_by_dp_on_a_mesh_each_stage_ddp_replicated(tmp_path):
              for c in row["collectives"] if c["op"] in ("send", "recv")}
     assert ("send", "forward", "2") in sends and ("send", "forward", "3") in sends, sends
     assert ("send", "backward", "0") in sends and ("send", "backward", "1") in sends, sends
+
+
+def test_a_hung_stage_is_named_within_5_s_with_the_microbatch_its_neighbour_waits_on(tmp_path):
+    """Stage 0's forward of a microbatch never ends (a hung stage: asleep in its compute):
+    within 5 s of the last step the run says which rank stands waiting in which send or
+    receive, of which microbatch, to or from whom, and that stage 0's rank is inside no
+    collective (its sends, long taken, are not what it waits on); Ctrl-C then ends it, every
+    rank stopped."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from tests.helpers import ROOT, start_cli
+    p = start_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--no-record", "--",
+                  os.path.join(ROOT, "tests", "scripts", "pipeline.py"), "--hang-stage", "0", "--hang-at", "3",
+                  "--iters", "12", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(ln.rstrip("\n") for ln in p.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline, line = time.monotonic() + 120, None
+        while time.monotonic() < deadline and line is None and p.poll() is None:
+            line = next((ln for ln in list(lines) if "no progress for" in ln), None)
+            time.sleep(0.05)
+        assert line is not None, "\n".join(lines)
+        assert "rank 1 inside send" in line and "gradients to rank 0 (stage 1)" in line, line
+        assert "of microbatch " in line, line
+        assert "rank 0 never entered it (inside no collective" in line, line
+        assert "no progress for 3 s" in line or "no progress for 4 s" in line or "no progress for 5 s" in line, line
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+    reader.join(5)
+    assert "Traceback" not in "\n".join(lines), "\n".join(lines)
+    assert any("every rank has exited" in ln for ln in lines), "\n".join(lines[-20:])

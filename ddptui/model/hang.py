@@ -33,6 +33,7 @@ class Stall:
     past: dict[int, str] = field(default_factory=dict)  # rank -> where it went, past it
     bucket: int | None = None  # a DDP bucket's AllReduce: the bucket
     layers: list[str] = field(default_factory=list)  # ... and its layers (the assignment's), if known
+    p2p: tuple | None = None  # a pipeline's send or receive: (direction, peer, stage, microbatch)
 
     def _others(self) -> list[str]:
         """'rank 2 never entered it (...)', 'rank 3 went past it (...)', by rank."""
@@ -47,6 +48,8 @@ class Stall:
         if self.bucket is not None:
             where = f"layers {layers_text(self.layers)}" if self.layers else self.layer
             return f"DDP bucket {self.bucket} AllReduce #{self.seq} ({mb}{', ' + where if where else ''})"
+        if self.p2p is not None:  # 'recv #12 of microbatch 2's activations from rank 0 (stage 1; 16,384 B)'
+            return f"{self.op} #{self.seq} of {p2p_text(self.op, self.p2p)} ({mb})"
         return f"{self.op} #{self.seq} ({mb}{', ' + self.layer if self.layer else ''})"
 
     def lines(self) -> list[str]:
@@ -72,6 +75,9 @@ class Stall:
             what = f"bucket {self.bucket} AR"
             names = layers_text(self.layers, 2) if self.layers else self.layer
             layer = f" ({names})" if names else ""
+        elif self.p2p is not None:  # 'stuck in RECV #12 (mb 2 from r0): ...'
+            d, peer, _stage, mbn = self.p2p
+            layer = f" (mb {mbn} {'from' if self.op == 'recv' else 'to'} r{peer})"
         text = (f"stuck in {what} #{self.seq}{layer}: "
                 f"{' '.join(f'r{r}' for r in sorted(self.inside))} inside {max(self.inside.values()):.0f} s")
         if self.never:
@@ -79,6 +85,13 @@ class Stall:
         if self.past:
             text += f" · {' '.join(f'r{r}' for r in sorted(self.past))} went past"
         return text
+
+
+def p2p_text(op: str, p2p: tuple) -> str:
+    """"microbatch 2's activations from rank 0 (stage 1)": a pipeline's send or receive."""
+    d, peer, stage, mb = p2p
+    what = "activations" if d == "forward" else "gradients"
+    return f"microbatch {mb}'s {what} {'from' if op == 'recv' else 'to'} rank {peer} (stage {stage})"
 
 
 def layers_text(names: list[str], most: int = 3) -> str:
@@ -103,10 +116,13 @@ def bucket_layers(assignment, params: list, layer_names: list[str]) -> dict[int,
     return out
 
 
-def _where(w: tuple, bucket, layer_names: list[str]) -> str:
-    """'inside all_gather #17 (h.3)', 'inside DDP bucket 1 AllReduce #38'."""
+def _where(w: tuple, bucket, layer_names: list[str], p2p: tuple | None = None) -> str:
+    """'inside all_gather #17 (h.3)', 'inside DDP bucket 1 AllReduce #38', 'inside send #9
+    of microbatch 3's activations to rank 1 (stage 0)'."""
     if bucket is not None:
         return f"inside DDP bucket {bucket} AllReduce #{w[1]}"
+    if p2p is not None:
+        return f"inside {w[0]} #{w[1]} of {p2p_text(w[0], p2p)}"
     return f"inside {w[0]} #{w[1]}" + (f" ({layer_names[w[3]]})" if 0 <= w[3] < len(layer_names) else "")
 
 
@@ -135,6 +151,7 @@ def stall(ranks: dict, layer_names: list[str], min_s: float = STALL_S,
     layer = first[3]
     out = Stall(op, seq, first[2], layer_names[layer] if 0 <= layer < len(layer_names) else None, {})
     out.bucket = getattr(ranks[first_r], "waiting_bucket", None)
+    out.p2p = getattr(ranks[first_r], "waiting_p2p", None)
     if out.bucket is not None:
         out.layers = list((buckets or {}).get(out.bucket) or [])
     entered = [i.colls_entered for r, i in ranks.items() if i.waiting is not None
@@ -151,7 +168,7 @@ def stall(ranks: dict, layer_names: list[str], min_s: float = STALL_S,
         count = f"{n} entered" + (f", {most} by those inside" if most is not None and n is not None and n < most else "") \
             if n is not None else "entered count unknown"
         where = "inside no collective" if w is None else \
-            _where(w, getattr(info, "waiting_bucket", None), layer_names)
+            _where(w, getattr(info, "waiting_bucket", None), layer_names, getattr(info, "waiting_p2p", None))
         # past it: inside a later one of the group's (its sequence number beyond), or inside
         # none having entered as many as those inside
         past = w[1] > seq if w is not None else (n is not None and most is not None and n >= most)

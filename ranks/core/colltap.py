@@ -180,10 +180,13 @@ def _install_work_wait() -> None:
                 rec = token.tap.rec
                 if token.step is rec.cur:  # (the compute waits from here)
                     rec.comm_wait(token.step, token.slot)
-                if got[2]:  # (no future: it ends as the wait returns)
-                    try:
-                        return orig(self, *args, **kwargs)
-                    finally:
+                tap = token.tap
+                tap.blocked = token.key  # (the rank stands in this wait: what a hang names)
+                try:
+                    return orig(self, *args, **kwargs)
+                finally:
+                    tap.blocked = None
+                    if got[2]:  # (no future: it ends as the wait returns)
                         token.done(None)
         return orig(self, *args, **kwargs)
     wait.__wrapped__ = wait._ddptui_orig = orig
@@ -403,6 +406,8 @@ class Entered:
         if self.step is not None:
             tap.rec.comm_done(self.step, self.slot)
         tap.inflight.pop(self.key, None)
+        if tap.p2p_at:
+            tap.p2p_at.pop(self.key, None)
         return None
 
 
@@ -423,7 +428,9 @@ class CollTap:
         self.bucket_of: dict[int, int] = {}  # key -> DDP bucket, of the in-flight bucket AllReduces
         self.seq: dict[int, int] = {}  # id(group) -> collectives issued on it
         self.entered = 0
-        self.p2p_of = None  # tensor -> (direction, peer) of a pipeline's P2P op, else None (PipeTap's)
+        self.p2p_of = None  # tensor -> (direction, peer, stage, microbatch) of a pipeline's P2P op (PipeTap's)
+        self.p2p_at: dict[int, tuple] = {}  # in-flight key -> that, for a pipeline's send or receive
+        self.blocked = None  # the in-flight key whose Work's wait() the rank stands in, if any
         self.unit = None  # (FSDP unit's modules, "gather" | "reduce") while FSDP2 issues
         self.suspended = False  # inside ddptui's own DDP comm hook: its bucket is a COMM span
         self._names: dict[int, tuple[int, str]] = {}  # id(group) -> (size, name)
@@ -552,6 +559,7 @@ class CollTap:
             if got is not None:
                 phase = got[0]
                 name = f"{name}{'>' if op == 'send' else '<'}{got[1]}"[:64]
+                self.p2p_at[key] = got
         sig = (op, nbytes, size, name, layer, phase, is_async)
         rid = self.table.get(sig)
         if rid is None:
@@ -595,14 +603,28 @@ class CollTap:
 
     def waiting_bucket(self) -> tuple[tuple | None, int | None]:
         """(waiting(), the DDP bucket it is an AllReduce of, or None)."""
+        w, bucket, _ = self.waiting_more()
+        return w, bucket
+
+    def waiting_more(self) -> tuple[tuple | None, int | None, tuple | None]:
+        """(waiting(), the DDP bucket it is an AllReduce of, or None, the pipeline P2P it is:
+        (direction, peer, stage, microbatch), or None)."""
         fl = self.inflight
         if not fl:
-            return None, None
+            return None, None, None
         try:
-            key = min(fl)
-            return fl[key], self.bucket_of.get(key)
+            key = self.blocked
+            if key is None or key not in fl:
+                # the oldest entered; a pipeline's sends and receives only while waited on (the
+                # schedule issues them and computes on: a stage hung in its compute is inside
+                # no collective, whatever it sent)
+                p2p = self.p2p_at
+                key = min(fl) if not p2p else min((k for k in fl if k not in p2p), default=None)
+                if key is None:
+                    return None, None, None
+            return fl[key], self.bucket_of.get(key), self.p2p_at.get(key)
         except (ValueError, KeyError):  # (a callback removed it meanwhile)
-            return None, None
+            return None, None, None
 
     def new_rows(self) -> list[tuple]:
         """Rows not sent yet (marked sent)."""

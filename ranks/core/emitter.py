@@ -248,7 +248,7 @@ class Emitter(FrameQueue):
     def _heartbeat(self) -> None:
         while not self.closed.wait(1.0):
             res, bound = self.clock_residual_ns, self.clock_bound_ns
-            waiting, entered, bucket = frames.UNSET, frames.UNSET, frames.UNSET
+            waiting, entered, bucket, p2p = frames.UNSET, frames.UNSET, frames.UNSET, frames.UNSET
             if self.collectives is not None:
                 try:
                     got = self.collectives()
@@ -256,13 +256,15 @@ class Emitter(FrameQueue):
                     waiting = frames.UNSET if w is None else w
                     if w is not None and len(got) > 2 and got[2] is not None:
                         bucket = got[2]
+                    if w is not None and len(got) > 3 and got[3] is not None:
+                        p2p = got[3]
                 except Exception:  # noqa: BLE001 - never lose the heartbeat for it
                     pass
             self.put(frames.Hb(rank=self.rank, step=self.step, phase=self.phase,
                                dropped=self.dropped_spans, dropped_frames=self.dropped_frames,
                                ts=now_ns(), residual_ns=frames.UNSET if res is None else res,
                                bound_ns=frames.UNSET if bound is None else bound,
-                               waiting=waiting, colls=entered, bucket=bucket))
+                               waiting=waiting, colls=entered, bucket=bucket, p2p=p2p))
 
     def _recv_loop(self) -> None:
         reader = wire.FrameReader(max_frame=1 << 20)

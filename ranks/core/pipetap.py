@@ -159,7 +159,7 @@ class PipeTap:
         self.sched = None  # the schedule last stepped
         self.stages: dict[int, int] = {}  # id(stage object) -> its stage index
         self.mod_stage: dict[int, int] = {}  # id(a stage's module) -> its stage index
-        self.p2p: dict[int, tuple[str, int]] = {}  # id(tensor) -> (direction, peer), this step's
+        self.p2p: dict[int, tuple] = {}  # id(tensor) -> (direction, peer, stage, microbatch), this step's
         self.steps = 0  # schedule steps seen
         self.samples = 0  # the first stage's microbatch samples, in the step before the hello
 
@@ -229,10 +229,11 @@ class PipeTap:
             t = getattr(op, "tensor", None)
             if t is not None:
                 peer = getattr(op, "peer", None)
-                p2p[id(t)] = (direction, int(peer) if peer is not None else -1)
+                p2p[id(t)] = (direction, int(peer) if peer is not None else -1, int(stage), int(mb))
 
-    def p2p_of(self, t) -> tuple[str, int] | None:
-        """(direction, peer) of a tensor a P2P op of the schedule sends or receives, else None."""
+    def p2p_of(self, t) -> tuple[str, int, int, int] | None:
+        """(direction, peer, stage, microbatch) of a tensor a P2P op of the schedule sends or
+        receives, else None."""
         return self.p2p.get(id(t))
 
     def info(self, layers: list[str] | None = None) -> dict | None:

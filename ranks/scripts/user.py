@@ -400,22 +400,23 @@ class RankSession:
 
     def _collectives(self):
         """(the collective this rank is inside, layer in forward order; entered so far; the DDP
-        bucket it is an AllReduce of, or None): the heartbeat's. Buckets timed by NCCL itself,
+        bucket it is an AllReduce of, or None; the pipeline send or receive it is, or None):
+        the heartbeat's. Buckets timed by NCCL itself,
         in flight for over 2 s: the process group's own last completed one read first (a
         Flight Recorder dump, only then), those it completed out of flight."""
         tap = self.tap
-        w, bucket = tap.waiting_bucket()
+        w, bucket, p2p = tap.waiting_more()
         fr = self.rec.fr
         if w is not None and bucket is not None and fr is not None and now_ns() - w[4] > 2_000_000_000:
             fr.refresh(force=True)
             for m in self.mods:
                 if m.frb is not None and m.frb.group in fr.completed:
                     m.frb.settle(fr.completed[m.frb.group])
-            w, bucket = tap.waiting_bucket()
+            w, bucket, p2p = tap.waiting_more()
         if w is not None:
             op, seq, nb, layer, t = w
             w = (op, seq, nb, self._place(layer), t)
-        return w, tap.entered, bucket
+        return w, tap.entered, bucket, p2p
 
     def _on_control(self, msg: frames.Frame) -> None:
         if type(msg) is frames.Stop:

@@ -8,6 +8,8 @@ iteration.
     --iters N       optimizer steps (default 12)
     --blocks B      MLP blocks in all (default 6), split evenly among the stages
     --slow-stage K  the stage K's blocks each run twice (an unbalanced pipeline)
+    --hang-stage K  stage K's forward of the third microbatch of iteration --hang-at (default
+                    4) never ends (a hung stage: its neighbour waits in a receive)
     --dp D          pp x dp: the world as (pipeline, data-parallel) on a DeviceMesh, each
                     stage's module replicated over "dp" (--dp-wrap ddp, default, or fsdp)
     --width W       the blocks' width (default 256)
@@ -28,6 +30,8 @@ p.add_argument("--iters", type=int, default=12)
 p.add_argument("--blocks", type=int, default=6)
 p.add_argument("--width", type=int, default=256)
 p.add_argument("--slow-stage", type=int, default=-1)
+p.add_argument("--hang-stage", type=int, default=-1)
+p.add_argument("--hang-at", type=int, default=4)
 p.add_argument("--dp", type=int, default=1)
 p.add_argument("--dp-wrap", choices=("ddp", "fsdp"), default="ddp")
 a = p.parse_args()
@@ -95,6 +99,15 @@ for s in stage_ids():
         for blk in m:
             fully_shard(blk, mesh=mesh["dp"])
         fully_shard(m, mesh=mesh["dp"])
+    if s == a.hang_stage:  # (its forward of the third microbatch of iteration --hang-at never ends)
+        seen = [0]
+
+        def hang(mod, args, n=seen):
+            n[0] += 1
+            if n[0] == a.hang_at * a.microbatches + 3:
+                import time
+                time.sleep(3600)
+        m.register_forward_pre_hook(hang)
     mods.append(m)
     stages.append(pp.PipelineStage(m, s, n_stages, torch.device("cpu"), group=pp_group))
 

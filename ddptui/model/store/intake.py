@@ -144,6 +144,7 @@ class Intake:
             info.hb_ts = f.ts
         info.waiting = None if f.waiting is frames.UNSET else tuple(f.waiting)
         info.waiting_bucket = None if f.bucket is frames.UNSET or info.waiting is None else f.bucket
+        info.waiting_p2p = None if f.p2p is frames.UNSET or info.waiting is None else tuple(f.p2p)
         if f.colls is not frames.UNSET:
             info.colls_entered = f.colls
         if info.phase in ("connected", "connecting") and f.phase:

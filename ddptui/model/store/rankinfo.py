@@ -32,6 +32,8 @@ class RankInfo:
     waiting: tuple | None = None
     colls_entered: int | None = None
     waiting_bucket: int | None = None  # the DDP bucket `waiting` is the AllReduce of, if one
+    # the pipeline send or receive `waiting` is, if one: (direction, peer, stage, microbatch)
+    waiting_p2p: tuple | None = None
     hb_ts: int | None = None  # the last heartbeat's time, the rank's host ns (how long it has waited)
 
     def copy(self) -> "RankInfo":
