@@ -31,11 +31,22 @@ def one_f1b(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def zbv(tmp_path_factory):
+def zbv_run(tmp_path_factory):
     """ZBV zero bubble: 4 stages in a V (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2),
     each backward split into its input-grad and weight-grad halves."""
-    return run_script(tmp_path_factory.mktemp("zbv"), "pipeline.py", "--schedule", "zbv", "--microbatches",
-                      str(M), "--iters", "8", "--blocks", "8")
+    d = tmp_path_factory.mktemp("zbv")
+    return run_script(d, "pipeline.py", "--schedule", "zbv", "--microbatches",
+                      str(M), "--iters", "8", "--blocks", "8") + (d / "run.ddptui",)
+
+
+@pytest.fixture(scope="module")
+def zbv(zbv_run):
+    return zbv_run[:3]
+
+
+@pytest.fixture(scope="module")
+def zbv_rec(zbv_run):
+    return zbv_run[3]
 
 
 def microbatches(b) -> list[tuple[int, int, str, int, int]]:
@@ -181,15 +192,51 @@ def test_a_zero_bubble_v_schedule_splits_each_backward_on_two_stages_a_rank(zbv)
     assert "pipeline zbv: 4 stages × 4 microbatches · bubble r0 " in out, out[-3000:]
 
 
-def test_whatif_on_a_pipeline_says_what_it_cannot_predict_in_one_line(one_f1b):
-    """`ddptui whatif` predicts data parallelism only: on a pipeline it says so in one line,
-    with where the bubble is, and exits 2 (no traceback, no empty table)."""
+def test_whatif_predicts_other_microbatch_counts_and_schedules(one_f1b, tmp_path):
+    """`ddptui whatif` on a 1F1B recording: the model at the recorded configuration beside the
+    measured step, then GPipe and 1F1B at half, the same, twice and four times the
+    microbatches (the same global batch), 1F1B never below the stages' count; its JSON the
+    same; --world on a pipeline says what a pipeline's options are, exit 2."""
     rec = one_f1b[3]
-    r = run_main("whatif", str(rec))
+    r = run_main("whatif", str(rec), "--json", "-")
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["measured"]["schedule"] == "1f1b" and doc["measured"]["microbatches"] == M, doc["measured"]
+    assert doc["at_recorded"]["microbatches"] == M and doc["at_recorded"]["step_ms"] > 0, doc["at_recorded"]
+    got = [(p["schedule"], p["microbatches"]) for p in doc["predictions"]]
+    assert got == [("gpipe", 2), ("gpipe", 4), ("gpipe", 8), ("gpipe", 16),
+                   ("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("1f1b", 16)], got
+    assert all(len(p["bubble_pct"]) == 2 for p in doc["predictions"]), doc["predictions"]
+    r = run_main("whatif", str(rec), "--microbatches", "8", "--schedule", "gpipe")
+    assert r.returncode == 0 and "the model at it" in r.stdout and "gpipe" in r.stdout, r.stdout
+    r = run_main("whatif", str(rec), "--world", "4")
+    assert r.returncode == 2 and "--microbatches, --schedule" in r.stderr, r.stderr
+
+
+def test_whatif_on_a_v_schedule_says_what_it_predicts_in_one_line(zbv_rec):
+    """A schedule of several stages a rank (ZBV): one line saying what whatif predicts, exit 2."""
+    r = run_main("whatif", str(zbv_rec))
     assert r.returncode == 2, (r.returncode, r.stdout[-1000:], r.stderr[-1000:])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "a pipeline (1f1b, 2 stages × 4 microbatches)" in lines[0], r.stderr
+    assert len(lines) == 1 and "predicts a pipeline of one stage a rank (GPipe, 1F1B)" in lines[0], r.stderr
     assert "Traceback" not in r.stderr and not r.stdout.strip(), r.stdout
+
+
+def test_the_pipeline_model_meets_the_plan_where_the_plan_holds():
+    """Equal stages, a forward as long as a backward, free transfers: GPipe's and 1F1B's step
+    is 2(m + p - 1) actions and every stage's bubble (p - 1) / (m + p - 1), as the plan says;
+    a hop adds to the step; a slower stage makes the others wait."""
+    from ddptui.model import pipewhatif as pw
+    for p in (2, 4):
+        for m in (4, 8):
+            meas = pw.PipeMeasured(p, m, [1.0] * p, [1.0] * p, 0.0, 0.0, 0.0, "1f1b")
+            for sched in pw.SCHEDULES:
+                got = pw.simulate(meas, sched, m)
+                assert got.step_ms == pytest.approx(2 * (m + p - 1)), (p, m, sched, got)
+                assert got.bubble_pct == [pytest.approx(100.0 * (p - 1) / (m + p - 1), abs=0.05)] * p, (p, m, sched, got)
+    slow = pw.PipeMeasured(2, 4, [1.0, 2.0], [1.0, 2.0], 0.5, 3.0, 0.0, "1f1b")
+    got = pw.simulate(slow, "1f1b", 4)
+    assert got.step_ms > 2 * 4 * 2 + 3.0 and got.bubble_pct[0] > got.bubble_pct[1], got
 
 
 def test_pp_by_dp_on_a_mesh_each_stage_ddp_replicated(tmp_path):

@@ -13,6 +13,7 @@ import sys
 
 from ranks import spec
 
+from ddptui.model import pipewhatif
 from ddptui.model import whatif as whatif_model
 from .common import CliError, JSON_METAVAR, Parser, json_target
 from .options import NUMERIC, add_numeric
@@ -86,8 +87,55 @@ def parser() -> Parser:
                    help="predict from the ddp steps run with this cap (default the cap in force last)")
     p.add_argument("--strategy", choices=[s for s in spec.STRATEGIES if s != "single"],
                    help="only this strategy (default: every one that communicates)")
+    p.add_argument("--microbatches", metavar="M,...", type=_list("--microbatches", _positive_int),
+                   help="a pipeline's recording: microbatch counts to predict, the same global batch (default "
+                        "half, the same, twice and four times the recorded)")
+    p.add_argument("--schedule", metavar="S,...", type=_list("--schedule", _schedule),
+                   help="a pipeline's recording: schedules to predict, from " + ", ".join(pipewhatif.SCHEDULES)
+                        + " (default both)")
     p.add_argument("--json", metavar=JSON_METAVAR, help="also write the predictions as JSON to PATH (-: the JSON alone, on stdout)")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"--microbatches: {text!r} is not a whole number") from None
+    if not 1 <= v <= 4096:
+        raise ValueError(f"--microbatches: {v} is not between 1 and 4096")
+    return v
+
+
+def _schedule(text: str) -> str:
+    if text not in pipewhatif.SCHEDULES:
+        raise ValueError(f"--schedule: {text!r} is not one of {', '.join(pipewhatif.SCHEDULES)}")
+    return text
+
+
+def pipeline_main(a, got) -> int:
+    """`ddptui whatif` on a pipeline's recording (model/pipewhatif.py)."""
+    store = got.store
+    pipe = store.meta.pipeline
+    strategy = next(iter(store.strategies()), None)
+    ks = store.complete_steps(strategy) if strategy else []
+    steps = [b for b in (store.step_batches(strategy, k) for k in (ks[1:] if len(ks) > 1 else ks)) if b]
+    try:
+        meas = pipewhatif.measure(steps, pipe)
+    except pipewhatif.PipeWhatIfError as e:
+        raise CliError(f"{a.file}: a pipeline ({pipe.get('schedule')}, {pipe.get('stages')} stages × "
+                       f"{pipe.get('microbatches')} microbatches): `ddptui whatif` {e}") from None
+    doc = pipewhatif.predict(meas, a.schedule or pipewhatif.SCHEDULES, a.microbatches)
+    doc["recording"] = a.file
+    if a.json == "-":
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print("\n".join(pipewhatif.text(doc)))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0
 
 
 def _f(v, fmt="{:.1f}") -> str:
@@ -169,11 +217,13 @@ def main(argv: list[str]) -> int:
     from .summary import read
     got = read(a.file)
     pipe = got.store.meta.pipeline
-    if pipe is not None and not any(s in got.store.strategies() for s in ("ddp", "naive", "interleaved")):
-        raise CliError(f"{a.file}: a pipeline ({pipe.get('schedule')}, {pipe.get('stages')} stages × "
-                       f"{pipe.get('microbatches')} microbatches): `ddptui whatif` predicts data parallelism "
-                       "(bucket caps, world sizes), not yet a pipeline's microbatches or schedule; its bubble and "
-                       "the schedule's plan are in `ddptui summary` (docs/pipelines.md)")
+    if pipe is not None and not any(s in got.store.strategies() for s in ("ddp", "naive", "interleaved", "fsdp")):
+        if caps is not None or a.world:
+            raise CliError(f"{a.file}: a pipeline ({pipe.get('schedule')}): --bucket-cap and --world predict data "
+                           "parallelism; a pipeline's: --microbatches, --schedule (docs/pipelines.md)")
+        return pipeline_main(a, got)
+    if a.microbatches or a.schedule:
+        raise CliError(f"{a.file}: --microbatches and --schedule predict a pipeline's recording; this one is none")
     worlds = a.world
     if caps is None and not worlds:
         if "ddp" in got.store.strategies() or a.strategy == "ddp":

@@ -1,0 +1,292 @@
+"""A pipeline's step at other microbatch counts and schedules, from one recorded pipeline run
+(`ddptui whatif` on a torch.distributed.pipelining run; docs/pipelines.md).
+
+Measured, over the recorded steps after the first (MB and PIPE spans, ranks.wire):
+- each stage's forward and backward of one microbatch (medians; a zero-bubble schedule's
+  input-grad and weight-grad halves summed as its backward);
+- a hop: what a microbatch's activations or gradients take from one stage to the next, the
+  lower quartile of the gaps between a microbatch's end on one stage and its start on the
+  next (a gap is a hop where the next stage was idle waiting for it; its lower quartile
+  leaves out the gaps where that stage was still busy);
+- the step outside the schedule's step() (the optimizer, zeroing the gradients): median.
+
+Predicted: the same global batch cut into m microbatches (each stage's forward and backward
+scale with the microbatch: × recorded m / m), run as torch's GPipe or 1F1B code runs it (`_program`: every forward then every backward, or
+p − s warm-up forwards on stage s then one backward one forward; the sends and receives
+posted and waited where that code does), a transfer done a hop after both its stages posted
+it, the step the last stage's end plus the time outside the schedule. Checked at the
+recorded configuration first: the model's step beside the measured one (`at_recorded`).
+Pure: span batches in, plain data out; no torch.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from ranks.wire import MB, PIPE, STEP, mb_of
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+class PipeWhatIfError(ValueError):
+    """A recording this model cannot predict from; the message says why."""
+
+
+@dataclass
+class PipeMeasured:
+    stages: int
+    microbatches: int
+    fwd_ms: list[float]  # by stage, one microbatch's forward
+    bwd_ms: list[float]  # by stage, one microbatch's backward (input-grad + weight-grad)
+    hop_ms: float
+    outside_ms: float  # the step outside the schedule's step()
+    step_ms: float  # measured, median
+    schedule: str
+
+
+@dataclass
+class PipePrediction:
+    schedule: str
+    microbatches: int
+    step_ms: float
+    bubble_pct: list[float] = field(default_factory=list)  # by stage
+    plan_pct: float = 0.0
+
+
+def _q(vals: list[float], q: float) -> float:
+    vals = sorted(vals)
+    return vals[min(len(vals) - 1, int(q * len(vals)))]
+
+
+def measure(steps: list[dict], info: dict) -> PipeMeasured:
+    """steps: rank -> span batch each (the warm-up left out by the caller); info: RunInfo.pipeline."""
+    stages = int(info.get("stages") or 0)
+    m = int(info.get("microbatches") or 0)
+    schedule = str(info.get("schedule"))
+    rank_stages = {int(r): v for r, v in (info.get("rank_stages") or {}).items()}
+    if stages < 2 or m < 1 or any(len(v) != 1 for v in rank_stages.values()):
+        raise PipeWhatIfError(f"predicts a pipeline of one stage a rank (GPipe, 1F1B); this run's {schedule} holds "
+                              "several stages a rank")
+    fwd: dict[int, list[float]] = {}
+    bwd: dict[int, list[float]] = {}
+    gaps: list[float] = []
+    outside: list[float] = []
+    step_ms: list[float] = []
+    for ranks in steps:
+        ends: dict[tuple, tuple[float, float]] = {}  # (stage, mb, "F"|"B") -> (start, end) ns
+        longest = 0.0
+        for r, b in ranks.items():
+            kind, idx = b.kind, b.idx
+            pipe = step = None
+            half: dict[tuple, float] = {}
+            for i in range(len(kind)):
+                a, z = b.base_ns + 1000 * b.t0[i], b.base_ns + 1000 * b.t1[i]
+                if kind[i] == MB:
+                    s, mb, part = mb_of(idx[i])
+                    d = (z - a) / 1e6
+                    if part == 0:
+                        fwd.setdefault(s, []).append(d)
+                        ends[(s, mb, "F")] = (a, z)
+                    elif part == 1:
+                        bwd.setdefault(s, []).append(d)
+                        ends[(s, mb, "B")] = (a, z)
+                    else:  # (input-grad and weight-grad halves: one backward)
+                        half[(s, mb)] = half.get((s, mb), 0.0) + d
+                        if part == 2:
+                            ends[(s, mb, "B")] = (a, z)
+                elif kind[i] == PIPE:
+                    pipe = (z - a) / 1e6
+                elif kind[i] == STEP:
+                    step = (z - a) / 1e6
+            for (s, _mb), d in half.items():
+                bwd.setdefault(s, []).append(d)
+            if pipe is not None and step is not None:
+                outside.append(max(0.0, step - pipe))
+                longest = max(longest, step)
+        if longest:
+            step_ms.append(longest)
+        for (s, mb, d), (a, z) in ends.items():
+            nxt = (s + 1, mb, "F") if d == "F" else (s - 1, mb, "B")
+            got = ends.get(nxt)
+            if got is not None and got[0] >= z:
+                gaps.append((got[0] - z) / 1e6)
+    if len(fwd) < stages or len(bwd) < stages or not step_ms:
+        raise PipeWhatIfError("no complete pipeline step in the recording (every stage's forwards and backwards)")
+    return PipeMeasured(stages, m, [statistics.median(fwd[s]) for s in range(stages)],
+                        [statistics.median(bwd[s]) for s in range(stages)],
+                        _q(gaps, 0.25) if gaps else 0.0, statistics.median(outside) if outside else 0.0,
+                        statistics.median(step_ms), schedule)
+
+
+def _program(schedule: str, s: int, p: int, m: int) -> list[tuple]:
+    """Stage s's program as torch.distributed.pipelining's schedule runs it (schedules.py):
+    ("post", [transfer...]) hands sends and receives to the backend, ("wait", [transfer...])
+    waits for them, ("F"|"B", i) computes. A transfer: (microbatch, "F"|"B", from stage)."""
+    def recv_f(i):
+        return [(i, "F", s - 1)] if s > 0 else []
+
+    def send_f(i):
+        return [(i, "F", s)] if s < p - 1 else []
+
+    def recv_b(i):
+        return [(i, "B", s + 1)] if s < p - 1 else []
+
+    def send_b(i):
+        return [(i, "B", s)] if s > 0 else []
+    prog: list[tuple] = []
+
+    def exchange(ts):
+        if ts:
+            prog.append(("post", ts))
+            prog.append(("wait", ts))
+    if schedule == "gpipe":
+        sent: list = []
+        for i in range(m):
+            exchange(recv_f(i))
+            prog.append(("F", i))
+            if send_f(i):
+                prog.append(("post", send_f(i)))
+                sent += send_f(i)
+        if sent:
+            prog.append(("wait", sent))
+        sent = []
+        for i in range(m):
+            exchange(recv_b(i))
+            prog.append(("B", i))
+            if send_b(i):
+                prog.append(("post", send_b(i)))
+                sent += send_b(i)
+        if sent:
+            prog.append(("wait", sent))
+        return prog
+    # 1F1B (Schedule1F1B._step_microbatches)
+    warm = min(m, p - s)
+    f = b = 0
+    pending: list = []  # sends posted, to be waited on
+    fwd_sends: list = []
+    for k in range(warm):
+        exchange(recv_f(f))
+        prog.append(("F", f))
+        if pending:
+            prog.append(("wait", pending))
+            pending = []
+        fwd_sends = send_f(f)
+        if k != warm - 1 and fwd_sends:
+            prog.append(("post", fwd_sends))
+            pending, fwd_sends = fwd_sends, []
+        f += 1
+    bwd_sends: list = []
+    while True:
+        exchange(fwd_sends + recv_b(b))
+        fwd_sends = []
+        prog.append(("B", b))
+        bwd_sends = send_b(b)
+        b += 1
+        if f == m:
+            break
+        exchange(bwd_sends + recv_f(f))
+        bwd_sends = []
+        prog.append(("F", f))
+        fwd_sends = send_f(f)
+        f += 1
+    if bwd_sends:
+        prog.append(("post", bwd_sends))
+        pending = bwd_sends
+    while b < m:
+        exchange(recv_b(b))
+        prog.append(("B", b))
+        if pending:
+            prog.append(("wait", pending))
+        pending = send_b(b)
+        if pending:
+            prog.append(("post", pending))
+        b += 1
+    if pending:
+        prog.append(("wait", pending))
+    return prog
+
+
+def simulate(meas: PipeMeasured, schedule: str, m: int) -> PipePrediction:
+    """The step of `schedule` on m microbatches (the same global batch): every stage runs its
+    program (`_program`); a transfer is done a hop after both its sender and its receiver
+    posted it (a send waits for its receive, as gloo's and NCCL's do); a wait lasts until its
+    transfers are done."""
+    p = meas.stages
+    scale = meas.microbatches / m
+    cost = {"F": [t * scale for t in meas.fwd_ms], "B": [t * scale for t in meas.bwd_ms]}
+    hop = meas.hop_ms
+    progs = [_program(schedule, s, p, m) for s in range(p)]
+    pos, now, busy = [0] * p, [0.0] * p, [0.0] * p
+    posted: dict[tuple, dict[int, float]] = {}  # transfer -> {stage: when it posted it}
+    while any(pos[s] < len(progs[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while pos[s] < len(progs[s]):
+                op = progs[s][pos[s]]
+                if op[0] == "post":
+                    for t in op[1]:
+                        posted.setdefault(t, {})[s] = now[s]
+                elif op[0] == "wait":
+                    ends = []
+                    for t in op[1]:
+                        got = posted.get(t, {})
+                        if len(got) < 2:
+                            break
+                        ends.append(max(got.values()) + hop)
+                    else:
+                        now[s] = max([now[s], *ends])
+                        pos[s] += 1
+                        moved = True
+                        continue
+                    break
+                else:
+                    c = cost[op[0]][s]
+                    now[s] += c
+                    busy[s] += c
+                pos[s] += 1
+                moved = True
+        if not moved:  # (never: torch's schedules are deadlock-free)
+            raise PipeWhatIfError(f"{schedule} with {m} microbatches cannot be ordered")
+    span = max(now)
+    return PipePrediction(schedule, m, span + meas.outside_ms,
+                          # (each stage's share of the whole step: in steady state a stage that ends
+                          # early waits as long at its next step's start, inside its own step())
+                          [round(100.0 * (1 - b / span), 1) if span > 0 else 0.0 for b in busy],
+                          round(100.0 * (p - 1) / (m + p - 1), 1))
+
+
+def predict(meas: PipeMeasured, schedules=SCHEDULES, microbatches=None) -> dict:
+    """The model at the recorded configuration (beside the measured step), and every schedule
+    × microbatch count asked (default: half, the same, twice and four times the recorded)."""
+    m0 = meas.microbatches
+    counts = list(microbatches) if microbatches else sorted({max(1, m0 // 2), m0, 2 * m0, 4 * m0})
+    sched0 = meas.schedule if meas.schedule in SCHEDULES else "1f1b"
+    at = simulate(meas, sched0, m0)
+    rows = [simulate(meas, s, m) for s in schedules for m in counts if not (s == "1f1b" and m < meas.stages)]
+    return {"measured": {"schedule": meas.schedule, "stages": meas.stages, "microbatches": m0,
+                         "step_ms": round(meas.step_ms, 3), "fwd_ms": [round(x, 3) for x in meas.fwd_ms],
+                         "bwd_ms": [round(x, 3) for x in meas.bwd_ms], "hop_ms": round(meas.hop_ms, 3),
+                         "outside_ms": round(meas.outside_ms, 3)},
+            "at_recorded": {"schedule": sched0, "microbatches": m0, "step_ms": round(at.step_ms, 3),
+                            "error_pct": round(100.0 * (at.step_ms - meas.step_ms) / meas.step_ms, 1)
+                            if meas.step_ms > 0 else None},
+            "predictions": [{"schedule": r.schedule, "microbatches": r.microbatches, "step_ms": round(r.step_ms, 3),
+                             "bubble_pct": r.bubble_pct, "plan_pct": r.plan_pct} for r in rows]}
+
+
+def text(doc: dict) -> list[str]:
+    """The CLI's lines."""
+    me, at = doc["measured"], doc["at_recorded"]
+    out = [f"pipeline {me['schedule']}: {me['stages']} stages × {me['microbatches']} microbatches, step "
+           f"{me['step_ms']:.1f} ms measured; the model at it: {at['step_ms']:.1f} ms"
+           + (f" ({at['error_pct']:+.0f} %)" if at.get("error_pct") is not None else ""),
+           "  a microbatch: forward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(me["fwd_ms"]))
+           + " ms · backward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(me["bwd_ms"]))
+           + f" ms · hop {me['hop_ms']:.2f} ms · outside the schedule {me['outside_ms']:.1f} ms",
+           f"  {'schedule':<9} {'microbatches':>12} {'step ms':>9} {'bubble % by stage':>22} {'plan %':>7}"]
+    for r in doc["predictions"]:
+        bub = ", ".join(f"{x:.0f}" for x in r["bubble_pct"])
+        out.append(f"  {r['schedule']:<9} {r['microbatches']:>12} {r['step_ms']:>9.1f} {bub:>22} {r['plan_pct']:>7.0f}")
+    out.append("  (the same global batch in every row: a microbatch's work scales with its size; a hop costs "
+               "the same at any size)")
+    return out
