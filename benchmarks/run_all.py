@@ -44,6 +44,7 @@ BENCHMARKS = [
     ("P10", "p10_stragglers.py", "stragglers named from per-layer evidence"),
     ("P11", "p11_scale.py", "many ranks into the collector and store"),
     ("P12", "attach_cost.py", "what ddptui attach costs the job it watches"),
+    ("P13", "p13_pipeline_whatif.py", "a pipeline's step at other microbatch counts and schedules, predicted vs measured"),
 ]
 LINE = re.compile(r"^(P\d+)([a-z]*)\s+(\S+)\s+(\S+)=(\S+)\s+goal\s*(<=|>=|<|>|==)\s*(\S+)\s+(OK|MISS|SMOKE)\b")
 

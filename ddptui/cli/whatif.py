@@ -90,6 +90,9 @@ def parser() -> Parser:
     p.add_argument("--microbatches", metavar="M,...", type=_list("--microbatches", _positive_int),
                    help="a pipeline's recording: microbatch counts to predict, the same global batch (default "
                         "half, the same, twice and four times the recorded)")
+    p.add_argument("--and", dest="and_file", metavar="FILE",
+                   help="a pipeline's recording: the same pipeline recorded at another microbatch count (a "
+                        "microbatch's fixed cost, whatever its size, fitted from the two)")
     p.add_argument("--schedule", metavar="S,...", type=_list("--schedule", _schedule),
                    help="a pipeline's recording: schedules to predict, from " + ", ".join(pipewhatif.SCHEDULES)
                         + " (default both)")
@@ -125,7 +128,26 @@ def pipeline_main(a, got) -> int:
     except pipewhatif.PipeWhatIfError as e:
         raise CliError(f"{a.file}: a pipeline ({pipe.get('schedule')}, {pipe.get('stages')} stages × "
                        f"{pipe.get('microbatches')} microbatches): `ddptui whatif` {e}") from None
-    doc = pipewhatif.predict(meas, a.schedule or pipewhatif.SCHEDULES, a.microbatches)
+    other = None
+    if a.and_file:
+        from .summary import read
+        og = read(a.and_file)
+        opipe = og.store.meta.pipeline
+        if opipe is None:
+            raise CliError(f"{a.and_file}: not a pipeline's recording (--and takes the same pipeline at another "
+                           "microbatch count)")
+        ostrat = next(iter(og.store.strategies()), None)
+        oks = og.store.complete_steps(ostrat) if ostrat else []
+        osteps = [b for b in (og.store.step_batches(ostrat, k) for k in (oks[1:] if len(oks) > 1 else oks)) if b]
+        try:
+            other = pipewhatif.measure(osteps, opipe)
+        except pipewhatif.PipeWhatIfError as e:
+            raise CliError(f"{a.and_file}: `ddptui whatif` {e}") from None
+        if other.stages != meas.stages or other.microbatches == meas.microbatches:
+            raise CliError(f"{a.and_file}: --and takes the same pipeline ({meas.stages} stages) at another "
+                           f"microbatch count than {meas.microbatches}; it has {other.stages} stages × "
+                           f"{other.microbatches}")
+    doc = pipewhatif.predict(meas, a.schedule or pipewhatif.SCHEDULES, a.microbatches, other)
     doc["recording"] = a.file
     if a.json == "-":
         json.dump(doc, sys.stdout, indent=2)
@@ -222,8 +244,8 @@ def main(argv: list[str]) -> int:
             raise CliError(f"{a.file}: a pipeline ({pipe.get('schedule')}): --bucket-cap and --world predict data "
                            "parallelism; a pipeline's: --microbatches, --schedule (docs/pipelines.md)")
         return pipeline_main(a, got)
-    if a.microbatches or a.schedule:
-        raise CliError(f"{a.file}: --microbatches and --schedule predict a pipeline's recording; this one is none")
+    if a.microbatches or a.schedule or a.and_file:
+        raise CliError(f"{a.file}: --microbatches, --schedule and --and predict a pipeline's recording; this one is none")
     worlds = a.world
     if caps is None and not worlds:
         if "ddp" in got.store.strategies() or a.strategy == "ddp":

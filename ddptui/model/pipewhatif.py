@@ -8,14 +8,20 @@ Measured, over the recorded steps after the first (MB and PIPE spans, ranks.wire
   lower quartile of the gaps between a microbatch's end on one stage and its start on the
   next (a gap is a hop where the next stage was idle waiting for it; its lower quartile
   leaves out the gaps where that stage was still busy);
+- a stage's own cost between two of its actions (posting its sends and receives, the loss):
+  the lower quartile of the gaps between its consecutive microbatch spans;
 - the step outside the schedule's step() (the optimizer, zeroing the gradients): median.
 
-Predicted: the same global batch cut into m microbatches (each stage's forward and backward
-scale with the microbatch: × recorded m / m), run as torch's GPipe or 1F1B code runs it (`_program`: every forward then every backward, or
-p − s warm-up forwards on stage s then one backward one forward; the sends and receives
-posted and waited where that code does), a transfer done a hop after both its stages posted
-it, the step the last stage's end plus the time outside the schedule. Checked at the
-recorded configuration first: the model's step beside the measured one (`at_recorded`).
+Predicted: the same global batch cut into m microbatches (a microbatch's work on a stage
+`Scaling`: a + b / m, a fitted from a second recording at another count, else 0), run as
+torch's GPipe or 1F1B code runs it (`_program`: every forward then every backward, or p − s
+warm-up forwards on stage s then one backward one forward; the sends and receives posted and
+waited where that code does), a transfer done a hop after both its stages posted it, the step
+the last stage's end plus the time outside the schedule. Calibrated at the recorded
+configuration: the model's step there beside the measured one (`at_recorded`); what it
+leaves out (a stage's own cost around each action: posting and waiting for its sends and
+receives, the loss) added to every prediction as a cost per action of a stage (and, with a
+second recording, a constant a step: fitted through both).
 Pure: span batches in, plain data out; no torch.
 """
 from __future__ import annotations
@@ -42,6 +48,47 @@ class PipeMeasured:
     outside_ms: float  # the step outside the schedule's step()
     step_ms: float  # measured, median
     schedule: str
+    act_ms: float = 0.0  # a stage's own cost between two of its microbatch actions (posting its sends, the loss)
+
+
+@dataclass
+class Scaling:
+    """A microbatch's forward and backward on each stage as a + b / m (m microbatches of one
+    global batch): from two recordings at two counts, a fit; from one, b alone (a = 0)."""
+    fwd_a: list[float]
+    fwd_b: list[float]
+    bwd_a: list[float]
+    bwd_b: list[float]
+    fitted: bool
+
+    def at(self, m: int) -> tuple[list[float], list[float]]:
+        return ([a + b / m for a, b in zip(self.fwd_a, self.fwd_b)],
+                [a + b / m for a, b in zip(self.bwd_a, self.bwd_b)])
+
+
+def scaling(meas: PipeMeasured, other: "PipeMeasured | None" = None) -> Scaling:
+    """How a microbatch's work scales with the microbatch count. With `other` (the same
+    pipeline recorded at another count) each stage's a + b / m through both (a clamped to
+    at least 0, b at least 0); else all of it proportional to the microbatch's size."""
+    p = meas.stages
+    if other is None or other.microbatches == meas.microbatches or other.stages != p:
+        m = meas.microbatches
+        return Scaling([0.0] * p, [t * m for t in meas.fwd_ms], [0.0] * p, [t * m for t in meas.bwd_ms], False)
+
+    def fit(t1: float, m1: int, t2: float, m2: int) -> tuple[float, float]:
+        b = (t1 - t2) / (1 / m1 - 1 / m2)
+        b = max(0.0, b)
+        a = max(0.0, t1 - b / m1)
+        return a, b
+    fa, fb, ba, bb = [], [], [], []
+    for s in range(p):
+        a, b = fit(meas.fwd_ms[s], meas.microbatches, other.fwd_ms[s], other.microbatches)
+        fa.append(a)
+        fb.append(b)
+        a, b = fit(meas.bwd_ms[s], meas.microbatches, other.bwd_ms[s], other.microbatches)
+        ba.append(a)
+        bb.append(b)
+    return Scaling(fa, fb, ba, bb, True)
 
 
 @dataclass
@@ -70,6 +117,7 @@ def measure(steps: list[dict], info: dict) -> PipeMeasured:
     fwd: dict[int, list[float]] = {}
     bwd: dict[int, list[float]] = {}
     gaps: list[float] = []
+    between: list[float] = []  # a stage's idle between two of its actions
     outside: list[float] = []
     step_ms: list[float] = []
     for ranks in steps:
@@ -100,6 +148,8 @@ def measure(steps: list[dict], info: dict) -> PipeMeasured:
                     step = (z - a) / 1e6
             for (s, _mb), d in half.items():
                 bwd.setdefault(s, []).append(d)
+            own = sorted((b.t0[i], b.t1[i]) for i in range(len(kind)) if kind[i] == MB)
+            between += [(x[0] - y[1]) / 1e3 for y, x in zip(own, own[1:]) if x[0] >= y[1]]
             if pipe is not None and step is not None:
                 outside.append(max(0.0, step - pipe))
                 longest = max(longest, step)
@@ -115,7 +165,7 @@ def measure(steps: list[dict], info: dict) -> PipeMeasured:
     return PipeMeasured(stages, m, [statistics.median(fwd[s]) for s in range(stages)],
                         [statistics.median(bwd[s]) for s in range(stages)],
                         _q(gaps, 0.25) if gaps else 0.0, statistics.median(outside) if outside else 0.0,
-                        statistics.median(step_ms), schedule)
+                        statistics.median(step_ms), schedule, _q(between, 0.25) if between else 0.0)
 
 
 def _program(schedule: str, s: int, p: int, m: int) -> list[tuple]:
@@ -206,14 +256,14 @@ def _program(schedule: str, s: int, p: int, m: int) -> list[tuple]:
     return prog
 
 
-def simulate(meas: PipeMeasured, schedule: str, m: int) -> PipePrediction:
+def simulate(meas: PipeMeasured, schedule: str, m: int, scale: Scaling | None = None) -> PipePrediction:
     """The step of `schedule` on m microbatches (the same global batch): every stage runs its
     program (`_program`); a transfer is done a hop after both its sender and its receiver
     posted it (a send waits for its receive, as gloo's and NCCL's do); a wait lasts until its
     transfers are done."""
     p = meas.stages
-    scale = meas.microbatches / m
-    cost = {"F": [t * scale for t in meas.fwd_ms], "B": [t * scale for t in meas.bwd_ms]}
+    fwd, bwd = (scale or scaling(meas)).at(m)
+    cost = {"F": fwd, "B": bwd}
     hop = meas.hop_ms
     progs = [_program(schedule, s, p, m) for s in range(p)]
     pos, now, busy = [0] * p, [0.0] * p, [0.0] * p
@@ -241,7 +291,7 @@ def simulate(meas: PipeMeasured, schedule: str, m: int) -> PipePrediction:
                     break
                 else:
                     c = cost[op[0]][s]
-                    now[s] += c
+                    now[s] += c + meas.act_ms
                     busy[s] += c
                 pos[s] += 1
                 moved = True
@@ -255,21 +305,54 @@ def simulate(meas: PipeMeasured, schedule: str, m: int) -> PipePrediction:
                           round(100.0 * (p - 1) / (m + p - 1), 1))
 
 
-def predict(meas: PipeMeasured, schedules=SCHEDULES, microbatches=None) -> dict:
+def predict(meas: PipeMeasured, schedules=SCHEDULES, microbatches=None, other: PipeMeasured | None = None) -> dict:
     """The model at the recorded configuration (beside the measured step), and every schedule
-    × microbatch count asked (default: half, the same, twice and four times the recorded)."""
+    × microbatch count asked (default: half, the same, twice and four times the recorded).
+    `other`: the same pipeline recorded at another microbatch count (the work a microbatch
+    costs whatever its size fitted from the two: `scaling`)."""
     m0 = meas.microbatches
     counts = list(microbatches) if microbatches else sorted({max(1, m0 // 2), m0, 2 * m0, 4 * m0})
     sched0 = meas.schedule if meas.schedule in SCHEDULES else "1f1b"
-    at = simulate(meas, sched0, m0)
-    rows = [simulate(meas, s, m) for s in schedules for m in counts if not (s == "1f1b" and m < meas.stages)]
+    sc = scaling(meas, other)
+    at = simulate(meas, sched0, m0, sc)
+    # calibrated where it was measured: what the model leaves out (a stage's own cost around
+    # each action: posting and waiting for its sends and receives, the loss) as r0 + x a step
+    # per action of a stage (2 m): from the recorded configuration, x alone; with a second
+    # recording at another count, both (fitted through the two residuals)
+    res0 = meas.step_ms - at.step_ms
+    r0, x = 0.0, res0 / (2 * m0)
+    osched = None
+    if other is not None and sc.fitted:
+        osched = other.schedule if other.schedule in SCHEDULES else sched0
+        res1 = other.step_ms - simulate(meas, osched, other.microbatches, sc).step_ms
+        m1 = other.microbatches
+        x = (res1 - res0) / (2 * m1 - 2 * m0)
+        r0 = res0 - x * 2 * m0
+
+    def calibrated(r: PipePrediction) -> PipePrediction:
+        r.step_ms += r0 + x * 2 * r.microbatches
+        return r
+    rows = [calibrated(simulate(meas, s, m, sc)) for s in schedules for m in counts
+            if not (s == "1f1b" and m < meas.stages)]
+    out_other = None
+    if osched is not None:  # (the model at the other recording's count, beside it)
+        o = calibrated(simulate(meas, osched, other.microbatches, sc))
+        out_other = {"microbatches": other.microbatches, "step_ms": round(o.step_ms, 3),
+                     "measured_ms": round(other.step_ms, 3),
+                     "error_pct": round(100.0 * (o.step_ms - other.step_ms) / other.step_ms, 1)
+                     if other.step_ms > 0 else None}
     return {"measured": {"schedule": meas.schedule, "stages": meas.stages, "microbatches": m0,
                          "step_ms": round(meas.step_ms, 3), "fwd_ms": [round(x, 3) for x in meas.fwd_ms],
                          "bwd_ms": [round(x, 3) for x in meas.bwd_ms], "hop_ms": round(meas.hop_ms, 3),
+                         "act_ms": round(meas.act_ms, 3),
                          "outside_ms": round(meas.outside_ms, 3)},
             "at_recorded": {"schedule": sched0, "microbatches": m0, "step_ms": round(at.step_ms, 3),
                             "error_pct": round(100.0 * (at.step_ms - meas.step_ms) / meas.step_ms, 1)
-                            if meas.step_ms > 0 else None},
+                            if meas.step_ms > 0 else None,
+                            "calibration": {"step_ms": round(r0, 3), "per_action_ms": round(x, 4)}},
+            "scaling": {"fitted": sc.fitted, "fixed_fwd_ms": [round(x, 3) for x in sc.fwd_a],
+                        "fixed_bwd_ms": [round(x, 3) for x in sc.bwd_a]},
+            **({"at_other": out_other} if out_other is not None else {}),
             "predictions": [{"schedule": r.schedule, "microbatches": r.microbatches, "step_ms": round(r.step_ms, 3),
                              "bubble_pct": r.bubble_pct, "plan_pct": r.plan_pct} for r in rows]}
 
@@ -279,14 +362,27 @@ def text(doc: dict) -> list[str]:
     me, at = doc["measured"], doc["at_recorded"]
     out = [f"pipeline {me['schedule']}: {me['stages']} stages × {me['microbatches']} microbatches, step "
            f"{me['step_ms']:.1f} ms measured; the model at it: {at['step_ms']:.1f} ms"
-           + (f" ({at['error_pct']:+.0f} %)" if at.get("error_pct") is not None else ""),
+           + (f" ({at['error_pct']:+.0f} %); below, {at['calibration']['per_action_ms']:+.2f} ms each action of a "
+              f"stage{'' if not at['calibration']['step_ms'] else ' and ' + format(at['calibration']['step_ms'], '+.1f') + ' ms a step'}"
+              " added, what the model leaves out where it was measured"
+              if at.get("error_pct") is not None else ""),
            "  a microbatch: forward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(me["fwd_ms"]))
            + " ms · backward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(me["bwd_ms"]))
-           + f" ms · hop {me['hop_ms']:.2f} ms · outside the schedule {me['outside_ms']:.1f} ms",
+           + f" ms · hop {me['hop_ms']:.2f} ms · between two actions {me['act_ms']:.2f} ms · outside the schedule "
+           + f"{me['outside_ms']:.1f} ms",
            f"  {'schedule':<9} {'microbatches':>12} {'step ms':>9} {'bubble % by stage':>22} {'plan %':>7}"]
+    ot = doc.get("at_other")
+    if ot is not None:
+        sc = doc["scaling"]
+        out.insert(2, f"  with the recording at {ot['microbatches']} microbatches: a microbatch's fixed cost "
+                      "(whatever its size) forward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(sc["fixed_fwd_ms"]))
+                   + " ms, backward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(sc["fixed_bwd_ms"]))
+                   + f" ms; the model at {ot['microbatches']}: {ot['step_ms']:.1f} ms against {ot['measured_ms']:.1f} "
+                   + f"measured" + (f" ({ot['error_pct']:+.0f} %)" if ot.get("error_pct") is not None else ""))
     for r in doc["predictions"]:
         bub = ", ".join(f"{x:.0f}" for x in r["bubble_pct"])
         out.append(f"  {r['schedule']:<9} {r['microbatches']:>12} {r['step_ms']:>9.1f} {bub:>22} {r['plan_pct']:>7.0f}")
-    out.append("  (the same global batch in every row: a microbatch's work scales with its size; a hop costs "
-               "the same at any size)")
+    out.append("  (the same global batch in every row; a hop costs the same at any size; a microbatch's work "
+               + ("its fixed cost plus the rest in proportion to its size)" if doc["scaling"]["fitted"] else
+                  "in proportion to its size: --and another recording at another count fits its fixed cost)"))
     return out
