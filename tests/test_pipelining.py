@@ -306,3 +306,20 @@ def test_a_hung_stage_is_named_within_5_s_with_the_microbatch_its_neighbour_wait
     reader.join(5)
     assert "Traceback" not in "\n".join(lines), "\n".join(lines)
     assert any("every rank has exited" in ln for ln in lines), "\n".join(lines[-20:])
+
+
+def test_a_stage_lane_draws_each_microbatch_numbered_as_pipeline_diagrams_do(one_f1b):
+    """On screen a stage's compute lane is its microbatches (F0 ... B3, forward and backward
+    in their colours), not its layers; a microbatch too narrow for 'F3' still shows its number."""
+    from ddptui.ui.widgets import lanes, theme
+    _, got, _, _ = one_f1b
+    store = got.store
+    v = store.view("1f1b", 3)
+    for r, spans in v.spans.items():
+        bars = lanes.compute_bars(spans, list(store.meta.layers))
+        labels = [t for _, _, _, t in bars if t not in ("wait", "opt", "other")]
+        assert sorted(labels) == sorted([f"F{i}" for i in range(M)] + [f"B{i}" for i in range(M)]), (r, labels)
+        colours = {t[0]: c for _, _, c, t in bars if t and t[0] in "FB"}
+        assert colours["F"] in (theme.FWD_A, theme.FWD_A + 1) and colours["B"] in (theme.BWD_A, theme.BWD_A + 1), colours
+    segs = lanes.lane_segments([(0.0, 2.0, theme.FWD_A + 1, "F7")], 4, 1.0)
+    assert "7" in "".join(s.text for s in segs), segs

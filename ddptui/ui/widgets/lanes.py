@@ -7,6 +7,7 @@ right colour as background. Labels go on bars wide enough to hold them.
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from operator import itemgetter, lt
 
@@ -26,6 +27,7 @@ _DRAWN = (FWD, BWD, OPT, OTHER, PASS)  # (OTHER: a rank's evaluation, in no figu
 _FIXED = {OPT: (theme.OPT, "opt"), OTHER: (theme.OTHER, "other")}  # kind -> colour, label
 # PASS: a step whose layers were not marked (sampled): its forward and backward as one bar each
 _PASS = {PASS_FWD: (theme.FWD_A, "fwd: all layers"), PASS_BWD: (theme.BWD_A, "bwd: all layers")}
+_MB_LABEL = re.compile(r"^(?:s\d+)?[FBIW](\d+)$")  # a microbatch bar's label (_microbatch_plan)
 _PLANS: dict = {}  # (Placement, layer names) -> the compute lane's positions, colours, labels
 _PLANS_MAX = 256
 
@@ -292,6 +294,12 @@ def raster(bars: list[Bar], width: int, ms_per_cell: float, labels: bool = True)
             elif c in _LAYER_COLOURS and "." in label:  # a layer's 'model.layers.3' (a group's 'h.0-3'): '3' ('0-3')
                 short = label.rpartition(".")[2]
                 if short and room >= len(short):
+                    spans.append(((a + 7) >> 3, c, short))
+            elif c in _LAYER_COLOURS and (got := _MB_LABEL.match(label)):
+                # a pipeline's microbatch 'F3' (or 's3F3'): its number alone, no margin, as
+                # pipeline diagrams number their boxes
+                short = got.group(1)
+                if room + 2 >= len(short):
                     spans.append(((a + 7) >> 3, c, short))
     return sub, edges, spans
 
