@@ -713,7 +713,8 @@ class RankSession:
             del own_layers[shown_n:]
         pipe = self.pipe.info(own_layers) if self.pipe is not None else None
         if pipe is not None and not self.batch:  # (the first stage's microbatches: the samples;
-            rank_batch = self.pipe.samples  # a later stage's inputs are those samples again)
+            # a later stage's inputs are those samples again; a tensor-parallel peer's too)
+            rank_batch = 0 if self.tap.batch_copy else self.pipe.samples
         dev = str(self.device) if self.device.type == "cuda" else "cpu"
         ddp0 = self.mods[0].ddp
         memory, peak = self._memory()

@@ -3,7 +3,8 @@ stack of MLP blocks split into one stage a rank (or two a rank for the looped sc
 each stage a `PipelineStage`, a schedule run on microbatches, the optimizer stepping each
 iteration.
 
-    --schedule S    gpipe | 1f1b | interleaved1f1b | loopedbfs | zbv (default 1f1b)
+    --schedule S    gpipe | 1f1b | interleaved1f1b | loopedbfs | interleavedzb | zbv | dualpipev
+                    (default 1f1b)
     --microbatches M  microbatches a step (default 4)
     --iters N       optimizer steps (default 12)
     --blocks B      MLP blocks in all (default 6), split evenly among the stages
@@ -12,6 +13,8 @@ iteration.
                     4) never ends (a hung stage: its neighbour waits in a receive)
     --dp D          pp x dp: the world as (pipeline, data-parallel) on a DeviceMesh, each
                     stage's module replicated over "dp" (--dp-wrap ddp, default, or fsdp)
+    --tp T          pp x dp x tp: each block's Linears tensor-parallel over "tp" (up column-,
+                    down row-wise), FSDP2 over "dp"
     --width W       the blocks' width (default 256)
 """
 import argparse
@@ -24,7 +27,7 @@ from torch.distributed import pipelining as pp
 
 p = argparse.ArgumentParser()
 p.add_argument("--schedule", default="1f1b",
-               choices=("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "zbv"))
+               choices=("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"))
 p.add_argument("--microbatches", type=int, default=4)
 p.add_argument("--iters", type=int, default=12)
 p.add_argument("--blocks", type=int, default=6)
@@ -33,13 +36,21 @@ p.add_argument("--slow-stage", type=int, default=-1)
 p.add_argument("--hang-stage", type=int, default=-1)
 p.add_argument("--hang-at", type=int, default=4)
 p.add_argument("--dp", type=int, default=1)
+p.add_argument("--tp", type=int, default=1)
 p.add_argument("--dp-wrap", choices=("ddp", "fsdp"), default="ddp")
 a = p.parse_args()
 
 dist.init_process_group("gloo")
 grank, gworld = dist.get_rank(), dist.get_world_size()
-pp_group = dp_group = None
-if a.dp > 1:  # pp x dp on a DeviceMesh, as torchtitan composes them: a stage's replicas on "dp"
+pp_group = dp_group = mesh = None
+if a.tp > 1:  # pp x dp x tp, as torchtitan composes them: FSDP2 over "dp", tensor parallel over "tp"
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (gworld // (a.dp * a.tp), a.dp, a.tp), mesh_dim_names=("pp", "dp", "tp"))
+    pp_group, dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+    rank, world = mesh["pp"].get_local_rank(), gworld // (a.dp * a.tp)
+    replica = mesh["dp"].get_local_rank()
+    a.dp_wrap = "fsdp"
+elif a.dp > 1:  # pp x dp on a DeviceMesh, as torchtitan composes them: a stage's replicas on "dp"
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (gworld // a.dp, a.dp), mesh_dim_names=("pp", "dp"))
     pp_group, dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
@@ -47,7 +58,7 @@ if a.dp > 1:  # pp x dp on a DeviceMesh, as torchtitan composes them: a stage's 
     replica = mesh["dp"].get_local_rank()
 else:
     rank, world, replica = grank, gworld, 0
-multi = a.schedule in ("interleaved1f1b", "loopedbfs", "zbv")
+multi = a.schedule in ("interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev")
 per_rank = 2 if multi else 1
 n_stages = world * per_rank
 
@@ -77,7 +88,7 @@ def stage_ids() -> list[int]:
     holding stages r and 2 * world - 1 - r)."""
     if not multi:
         return [rank]
-    if a.schedule == "zbv":
+    if a.schedule in ("zbv", "dualpipev"):
         return [rank, n_stages - 1 - rank]
     return [rank, rank + world]
 
@@ -91,7 +102,12 @@ for s in stage_ids():
     if s == n_stages - 1:
         blocks.append(Head(a.width))
     m = nn.Sequential(*blocks)
-    if a.dp > 1 and a.dp_wrap == "ddp":
+    if a.tp > 1:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        for blk in blocks:
+            if isinstance(blk, Block):
+                parallelize_module(blk, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    if a.dp > 1 and a.dp_wrap == "ddp" and a.tp == 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
         m = DDP(m, process_group=dp_group)
     elif a.dp > 1:
@@ -118,7 +134,8 @@ def loss_fn(out, target):
 
 kinds = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B,
          "interleaved1f1b": pp.ScheduleInterleaved1F1B, "loopedbfs": pp.ScheduleLoopedBFS,
-         "zbv": pp.ScheduleZBVZeroBubble}
+         "interleavedzb": pp.ScheduleInterleavedZeroBubble, "zbv": pp.ScheduleZBVZeroBubble,
+         "dualpipev": getattr(pp, "ScheduleDualPipeV", None)}
 cls = kinds[a.schedule]
 sched = cls(stages if multi else stages[0], a.microbatches, loss_fn=loss_fn)
 opt = torch.optim.SGD([q for m in mods for q in m.parameters()], lr=0.01)
