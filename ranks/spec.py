@@ -15,6 +15,10 @@ STRATEGIES = ("naive", "interleaved", "ddp", "single", "fsdp")
 # interleaved 1F1B, looped BFS, interleaved zero bubble, ZBV zero bubble, DualPipeV
 PIPELINE_STRATEGIES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev")
 WIRE_STRATEGIES = STRATEGIES + PIPELINE_STRATEGIES  # any a rank may send
+# the built-in workers' pipelines (`ddptui --strategies naive,ddp,gpipe,1f1b`): the model's
+# blocks split into one stage a rank, `--microbatches` of the global batch a step
+BUILTIN_PIPELINES = ("gpipe", "1f1b")
+DEFAULT_MICROBATCHES = 4
 DEFAULT_STRATEGIES = ("naive", "ddp")
 BUCKET_LADDER_MB = (1.0, 5.0, 25.0, 100.0)
 DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch's default
@@ -83,11 +87,12 @@ def param_count(model: str) -> int:
 def parse_strategies(text: str) -> list[str]:
     """'naive,ddp' -> ['naive', 'ddp']; raises ValueError with a one-line reason."""
     names = [s.strip().lower() for s in text.split(",") if s.strip()]
+    known = STRATEGIES + BUILTIN_PIPELINES
     if not names:
-        raise ValueError("--strategies is empty; choose from " + ", ".join(STRATEGIES))
-    bad = [n for n in names if n not in STRATEGIES]
+        raise ValueError("--strategies is empty; choose from " + ", ".join(known))
+    bad = [n for n in names if n not in known]
     if bad:
-        raise ValueError(f"unknown strategy {bad[0]!r}; choose from " + ", ".join(STRATEGIES))
+        raise ValueError(f"unknown strategy {bad[0]!r}; choose from " + ", ".join(known))
     seen: list[str] = []
     for n in names:
         if n not in seen:

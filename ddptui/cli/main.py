@@ -53,7 +53,11 @@ def live_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="small", metavar="NAME",
                    help="model: " + ", ".join(spec.MODELS) + " (default small)")
     p.add_argument("--strategies", default=",".join(spec.DEFAULT_STRATEGIES), metavar="LIST",
-                   help="comma-separated, from " + ", ".join(spec.STRATEGIES) + " (default naive,ddp)")
+                   help="comma-separated, from " + ", ".join(spec.STRATEGIES + spec.BUILTIN_PIPELINES)
+                        + " (default naive,ddp; gpipe and 1f1b: the model's blocks as one pipeline stage a rank)")
+    add_numeric(p, "--microbatches", default=spec.DEFAULT_MICROBATCHES,
+                help=f"the pipelines' (gpipe, 1f1b) microbatches a step, of the global batch (default "
+                     f"{spec.DEFAULT_MICROBATCHES})")
     add_numeric(p, "--steps", default=None,
                 help="steps per strategy (default: 10 headless, until you quit in the UI; 0: until "
                      "Ctrl-C, then the report)")
@@ -105,6 +109,18 @@ def build_live(argv: list[str]):
             raise CliError(str(e)) from None
     if a.batch_size % plan.ranks:
         raise CliError(f"--batch-size {a.batch_size} must divide evenly across {plan.ranks} ranks")
+    pipes = [s for s in strategies if s in spec.BUILTIN_PIPELINES]
+    if pipes:  # (the model's blocks, one stage a rank; microbatches of the global batch)
+        blocks = len(spec.MODEL_WIDTHS[a.model]) - 1
+        if plan.ranks < 2:
+            raise CliError(f"{pipes[0]} needs 2 ranks or more (one pipeline stage a rank)")
+        if blocks < plan.ranks:
+            raise CliError(f"{pipes[0]}: model {a.model}'s {blocks} blocks cannot make {plan.ranks} stages "
+                           f"(one a rank); choose a model with more, or fewer ranks")
+        if a.batch_size % a.microbatches:
+            raise CliError(f"--batch-size {a.batch_size} must divide evenly into --microbatches {a.microbatches}")
+        if "1f1b" in pipes and a.microbatches < plan.ranks:
+            raise CliError(f"1f1b needs --microbatches at least the stages' count ({plan.ranks}); got {a.microbatches}")
     multinode = None
     if a.nnodes is not None:  # node 0 of a multi-node run (ddptui/live/multinode.py)
         from .join import node0_plan
@@ -122,7 +138,9 @@ def build_live(argv: list[str]):
                       threads=a.threads, record=record, hang_s=max(30.0, a.pg_timeout + 10),
                       extra_worker_args=["--queue-size", str(a.queue_size)]
                       + (["--slow-rank", a.slow_rank] if a.slow_rank else [])
-                      + (["--layer-every", a.layer_every] if a.layer_every != "auto" else []),
+                      + (["--layer-every", a.layer_every] if a.layer_every != "auto" else [])
+                      + (["--microbatches", str(a.microbatches)]
+                         if any(s in spec.BUILTIN_PIPELINES for s in strategies) else []),
                       multinode=multinode)
     return a, opts, plan
 

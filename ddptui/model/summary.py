@@ -50,7 +50,8 @@ def strategy_summary(store, strategy: str) -> dict:
         colls = collective_rows(store, strategy)
         if colls:  # (a strategy with COLL spans: runs without them say nothing new)
             out["collectives"] = colls
-        sampling = store.layer_sampling(strategy)
+        # (a built-in pipeline's microbatches are its marks: its blocks are never marked one by one)
+        sampling = store.layer_sampling(strategy) if strategy not in spec.BUILTIN_PIPELINES else None
         if sampling is not None:  # (runs whose every step's layers were marked say nothing new)
             out["layer_marks"] = {"steps_marked": sampling[0], "steps": sampling[1],
                                   "every": store.layer_period(strategy),
@@ -73,7 +74,10 @@ def pipeline_summary(store, strategy: str) -> dict | None:
             return None
         ks = store.complete_steps(strategy)
         steps = [b for b in (store.step_batches(strategy, k) for k in (ks[1:] if len(ks) > 1 else ks)) if b]
-        return pipeline.summarize(steps, info, list(store.meta.layers))
+        got = pipeline.summarize(steps, info, list(store.meta.layers))
+        if got is not None and strategy in spec.PIPELINE_STRATEGIES:
+            got["schedule"] = strategy  # (a run of several: the built-in gpipe and 1f1b)
+        return got
 
 
 def stall_rows(store, strategy: str, stalled: list[tuple]) -> list[dict]:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ranks.core import flightrec
-from ranks import seams, spec
+from ranks import seams, spec, wire
 from ranks.core.recorder import Recorder
 
 def comm_timing_for(device) -> tuple[str, str | None]:
@@ -807,4 +807,139 @@ class FSDPStrategy(Strategy):
                 for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]
 
 
-STRATEGY_CLASSES = {c.name: c for c in (Naive, Interleaved, DDPStrategy, Single, FSDPStrategy)}
+class _BuiltinPipeTap:
+    """What ranks.core.pipetap's wrappers call, for a built-in pipeline strategy: each
+    microbatch an MB span and a PASS span (its compute: the blocks are not marked one by one,
+    a microbatch runs them again), the schedule's step a PIPE span, the P2P ops noted by
+    direction, peer, stage and microbatch (the collective tap names them)."""
+
+    __slots__ = ("rec", "p2p")
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self.p2p: dict[int, tuple] = {}
+
+    def _add(self, kind: int, idx: int, a, z) -> None:
+        c = self.rec.cur
+        if c is not None:
+            if c.extra is None:
+                c.extra = []
+            c.extra.append((kind, idx, a, z))
+
+    def step_begin(self, sched):
+        return self.rec.clock.mark() if self.rec.cur is not None else None
+
+    def step_end(self, token) -> None:
+        self.p2p.clear()
+        if token is not None:
+            self._add(wire.PIPE, 0, token, self.rec.clock.mark())
+
+    def chunk_begin(self, stage, mb: int):
+        return self.rec.clock.mark() if self.rec.cur is not None else None
+
+    def chunk_end(self, stage, mb: int, part: int, token) -> None:
+        if token is None:
+            return
+        t = self.rec.clock.mark()
+        self._add(wire.MB, wire.mb_idx(stage.stage_index, mb, part), token, t)
+        self._add(wire.PASS, wire.PASS_FWD if part == 0 else wire.PASS_BWD, token, t)
+
+    def count_samples(self, inputs) -> None:
+        pass
+
+    def note_ops(self, ops, direction: str, stage: int, mb: int) -> None:
+        for op in ops:
+            t = getattr(op, "tensor", None)
+            if t is not None:
+                peer = getattr(op, "peer", None)
+                self.p2p[id(t)] = (direction, int(peer) if peer is not None else -1, int(stage), int(mb))
+
+    def p2p_of(self, t):
+        return self.p2p.get(id(t))
+
+
+class PipelineStrategy(Strategy):
+    """A pipeline of the built-in model (torch.distributed.pipelining): its blocks split in
+    order into one stage a rank, the global batch in `microbatches` microbatches a step, run by
+    the schedule (GPipe, 1F1B) on the default group; stage 0 takes the whole batch, the last
+    stage the targets. Timed as a user's pipeline is (ranks.core.pipetap): each microbatch an
+    MB span (with a PASS span: its compute), the schedule's step a PIPE span, the sends and
+    receives COLL spans by direction and peer, waited on as WAITs."""
+    name = "pipeline"
+    schedule = "ScheduleGPipe"
+    whole_batch = True  # (every stage sees the whole batch's microbatches: not split by rank)
+    microbatches = spec.DEFAULT_MICROBATCHES
+
+    def __init__(self, base: nn.Module, rec: Recorder, device, lr: float, world: int):
+        self.module = copy.deepcopy(base).to(device)
+        self.rec, self.world, self.device, self.lr = rec, world, device, lr
+        blocks = list(self.module.children())
+        if len(blocks) < world:
+            raise ValueError(f"{self.name}: the model's {len(blocks)} blocks cannot make {world} stages")
+        self.sched = None
+        self.tap = None
+        self.ptap = _BuiltinPipeTap(rec)
+        self.params: list = []
+        self.opt = None
+        self.first = self.last = False
+
+    def _build(self) -> None:
+        from torch.distributed import pipelining
+
+        from ranks.core import pipetap
+        from ranks.core.colltap import CollTap
+        pipetap.install()
+        rank = dist.get_rank()
+        blocks = list(self.module.children())
+        n, w = len(blocks), self.world
+        lo, hi = rank * n // w, (rank + 1) * n // w
+        stage_mod = nn.Sequential(*blocks[lo:hi])
+        self.params = list(stage_mod.parameters())
+        self.opt = PlainSGD(self.params, lr=self.lr)
+        stage = pipelining.PipelineStage(stage_mod, rank, w, self.device)
+        cls = getattr(pipelining, self.schedule)
+        self.sched = cls(stage, self.microbatches, loss_fn=F.cross_entropy)
+        self.first, self.last = rank == 0, rank == w - 1
+        self.tap = CollTap(self.rec, lambda modules: -1)
+        self.tap.p2p_of = self.ptap.p2p_of
+
+    def prepare(self) -> None:
+        if self.sched is None:
+            self._build()
+        super().prepare()
+
+    def step(self, x, y) -> None:
+        from ranks.core import pipetap
+        rec = self.rec
+        self.tap.activate()  # (only while the pipeline steps: the others' collectives are theirs)
+        pipetap.activate(self.ptap)
+        try:
+            self.sched.step(*((x,) if self.first else ()), **({"target": y} if self.last else {}))
+        finally:
+            pipetap.activate(None)
+            self.tap.deactivate()
+        self.opt.step(rec.opt_begin)
+        rec.opt_end(last=True)
+
+    def take_colls(self) -> list | None:
+        """Rows of the collectives table not reported yet, as a colls frame's rows."""
+        rows = self.tap.new_rows() if self.tap is not None else []
+        if not rows:
+            return None
+        first = self.tap.sent - len(rows)
+        return [(first + j, op, nb, size, group, layer, phase, asy)
+                for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]
+
+
+class GPipeStrategy(PipelineStrategy):
+    name = "gpipe"
+    schedule = "ScheduleGPipe"
+
+
+class OneFOneBStrategy(PipelineStrategy):
+    name = "1f1b"
+    schedule = "Schedule1F1B"
+
+
+STRATEGY_CLASSES = {c.name: c for c in (Naive, Interleaved, DDPStrategy, Single, FSDPStrategy,
+                                         GPipeStrategy, OneFOneBStrategy)}

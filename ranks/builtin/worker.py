@@ -47,6 +47,8 @@ def parse_args(argv=None):
                    choices=spec.LAYER_EVERY,
                    help="mark each layer on one step in N (auto: as few steps as keep ddptui's host "
                         "time within 1%% of a step, on the device's step where that is longer)")
+    p.add_argument("--microbatches", type=int, default=spec.DEFAULT_MICROBATCHES,
+                   help="the pipelines' (gpipe, 1f1b) microbatches a step")
     p.add_argument("--queue-size", type=int, default=256, help="frames queued for the app before dropping")
     p.add_argument("--save-weights", default=None, help="(tests) save final weights here")
     # --- ddptui verify (ranks/builtin/profwin.py) ---
@@ -262,6 +264,16 @@ def main(argv=None) -> None:
     os._exit(code)
 
 
+def _pipe_info(names: list[str], rank: int, world: int, m: int):
+    """The hello's description of the built-in pipelines (gpipe, 1f1b), if any run: the
+    model's blocks in `world` stages, one a rank, `m` microbatches; both plan (p - 1) / (m + p - 1)."""
+    pipes = [n for n in names if n in spec.BUILTIN_PIPELINES]
+    if not pipes or world < 2:
+        return frames.UNSET
+    return frames.PipeInfo(schedule=pipes[0], stages=world, microbatches=m, rank_stages=[rank],
+                           plan_idle=(world - 1) / (m + world - 1))
+
+
 def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     import torch
     import torch.distributed as dist
@@ -269,7 +281,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     from ranks.core.clocks import CpuClock, CudaClock
     from ranks.core.recorder import Recorder
     from ranks.builtin.models import build_model, make_dataset
-    from ranks.builtin.strategies import STRATEGY_CLASSES, DDPStrategy, FSDPStrategy, Strategy
+    from ranks.builtin.strategies import STRATEGY_CLASSES, DDPStrategy, FSDPStrategy, PipelineStrategy, Strategy
 
     names = spec.parse_strategies(args.strategies)
     if args.batch_size % world:
@@ -287,6 +299,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
         strategies=names, batch=args.batch_size, steps=args.steps,
         bucket_cap_mb=args.bucket_cap_mb, seed=args.seed, lr=args.lr,
         threads=torch.get_num_threads(),
+        pipe=_pipe_info(names, rank, world, args.microbatches),
     ))
     em.phase = "rendezvous"
     em.send_now(frames.Phase(rank=rank, phase="rendezvous"))
@@ -304,6 +317,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
     rec = Recorder(clock, n_layers, every=None if args.layer_every == "auto" else int(args.layer_every))
     strategies = []
     Strategy.compile_backend = args.compile
+    PipelineStrategy.microbatches = args.microbatches
     for n in names:
         cls = STRATEGY_CLASSES[n]
         if n == "ddp":
@@ -430,7 +444,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
                 continue
             s0 = (k % n_batches) * args.batch_size
             xb, yb = X[s0:s0 + args.batch_size], Y[s0:s0 + args.batch_size]
-            if strat.communicates:
+            if strat.communicates and not getattr(strat, "whole_batch", False):
                 xb, yb = xb[rank * local:(rank + 1) * local], yb[rank * local:(rank + 1) * local]
             strat.prepare()
             clock.maybe_calibrate()  # GPU timer -> host clock, outside any measured span
@@ -444,7 +458,7 @@ def run(args, rank, world, local_rank, em: Emitter, control: Control) -> int:
             rec.end()
             if probe is not None:
                 probe.after(strat.name, k)
-            colls = strat.take_colls() if isinstance(strat, FSDPStrategy) else None
+            colls = strat.take_colls() if isinstance(strat, (FSDPStrategy, PipelineStrategy)) else None
             if colls:  # the collectives its spans name, before them
                 em.send_now(frames.Colls(rank=rank, strategy=strat.name, rows=colls))
             emit(rec.poll(lazy=True))

@@ -42,7 +42,7 @@ class StepRecord:
     __slots__ = ("strategy", "step", "n_layers", "step_start", "step_end", "fwd_s", "fwd_e",
                  "bwd_s", "bwd_e", "bwd_h", "bwd_n", "comm_idx", "comm_kind", "comm_ready", "comm_end",
                  "comm_hend", "comm_thr", "comm_strm", "opt_s", "opt_e", "ref", "synced", "layers",
-                 "host0", "fwd_first", "bwd_at", "defer", "waits")
+                 "host0", "fwd_first", "bwd_at", "defer", "waits", "extra")
 
     def __init__(self, strategy: str, step: int, n_layers: int, layers: bool = True):
         # (on the training thread at every step's begin: as few statements as it takes)
@@ -74,6 +74,7 @@ class StepRecord:
         self.comm_idx = self.comm_kind = self.comm_ready = self.comm_end = self.comm_hend = \
             self.comm_thr = self.comm_strm = self.waits = NO_COMMS
         self.synced = 0  # gradient synchronisations issued (COMM spans, FSDP's reduce-scatters)
+        self.extra = None  # spans a strategy adds as (kind, idx, start mark, end mark): a pipeline's
 
 
 class _GivenBack(list):
@@ -117,6 +118,7 @@ class Pending:
         r = self.r
         n = 1 + len(r.comm_idx) + (r.opt_s is not None and r.opt_e is not None)
         n += len(getattr(r, "micro", None) or ())  # (a user's step: its earlier micro-steps' spans)
+        n += len(r.extra or ())  # (a built-in pipeline's microbatches)
         if not r.layers:  # (the forward and backward as a whole: PASS spans)
             return n + (r.fwd_s[0] is not None) + (r.bwd_e[0] is not None)
         n += sum(1 for a, b in zip(r.fwd_s, r.fwd_e) if a is not None and b is not None)
@@ -216,7 +218,7 @@ class Recorder:
             c.strategy, c.step = strategy, step
             c.step_end = c.opt_s = c.opt_e = c.fwd_s[0] = c.fwd_e[0] = c.bwd_s[0] = c.bwd_e[0] = \
                 c.bwd_h[0] = None
-            c.fwd_first, c.bwd_at, c.defer = True, -1, None
+            c.fwd_first, c.bwd_at, c.defer, c.extra = True, -1, None, None
             if c.comm_idx is not NO_COMMS:
                 c.comm_idx = c.comm_kind = c.comm_ready = c.comm_end = c.comm_hend = \
                     c.comm_thr = c.comm_strm = c.waits = NO_COMMS
@@ -532,6 +534,8 @@ class Recorder:
                 t1s.append(z)
         if r.opt_s is not None and r.opt_e is not None:
             kinds.append(OPT); idxs.append(0); t0s.append(ns(r.opt_s)); t1s.append(ns(r.opt_e))
+        for k, i, a, z in r.extra or ():  # (a built-in pipeline's microbatches and schedule step)
+            kinds.append(k); idxs.append(i); t0s.append(ns(a)); t1s.append(ns(z))
         # the "issue" column is when each collective was READY: handed to the backend on CPU,
         # reached by the training stream on GPU (the host's issue time runs ahead there)
         iss = ready
@@ -595,7 +599,8 @@ class Recorder:
         seen = set(keep)
         release = self.clock.release
         for tok in (r.step_start, r.step_end, r.opt_s, r.opt_e, *r.fwd_s, *r.fwd_e,
-                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end, *[t for _, t in r.waits], *more):
+                    *r.bwd_s, *r.bwd_e, *r.comm_ready, *r.comm_end, *[t for _, t in r.waits],
+                    *(t for e in r.extra or () for t in e[2:]), *more):
             if tok is not None and id(tok) not in seen and type(tok) is not FrEnd:
                 seen.add(id(tok))
                 release(tok)
