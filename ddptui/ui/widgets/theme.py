@@ -46,7 +46,8 @@ COMPUTE_WAIT = 24  # the compute lane where the rank stood waiting for a collect
 COLL_COLOURS = {"all_gather": COLL_AG, "reduce_scatter": COLL_RS, "all_reduce": COLL_AR,
                 "all_to_all": COLL_A2A}
 
-STRATEGY_COLOURS = {"naive": "#ff6b6b", "interleaved": "#c792ea", "ddp": "#4cd964", "single": "#8ab4f8", "fsdp": "#ffb454"}
+STRATEGY_COLOURS = {"naive": "#ff6b6b", "interleaved": "#c792ea", "ddp": "#4cd964", "single": "#8ab4f8", "fsdp": "#ffb454",
+                    "gpipe": "#40c8e0", "1f1b": "#ffd426"}  # (the other pipelines: the text colour)
 
 # left-aligned eighth blocks: LEFT_EIGHTHS[n] covers n/8 of a cell from the left
 LEFT_EIGHTHS = " ▏▎▍▌▋▊▉█"

@@ -186,7 +186,10 @@ class TimelinePane(Widget):
             text += self._buckets(v)
         out.append((text, theme.style(theme.TEXT, bold=True)))
         drop = []  # (index in out, in the order they go)
-        if v.sampling is not None:  # layers marked on a sample of steps (short steps)
+        bub = [f.bubble_pct for f in figs if getattr(f, "bubble_pct", None) is not None]
+        if bub:  # a pipeline: its stages' bubble this step (its microbatches are its marks)
+            out.append((f" · bubble {sum(bub) / len(bub):.0f} %", theme.style(theme.WARN, bold=True)))
+        elif v.sampling is not None:  # layers marked on a sample of steps (short steps)
             drop.append(len(out))
             out.append((f" · {sampling_text(v.sampling, short=True, period=v.period)}", theme.style(theme.WARN)))
         if st.cap_note:
