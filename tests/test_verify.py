@@ -160,10 +160,16 @@ def test_verify_a_compiled_model_passes_and_a_shifted_forward_fails(tmp_path):
     out = tmp_path / "v.json"
     args = ("verify", "--gpus", "2", "--model", "small", "--strategies", "naive,interleaved,ddp",
             "--batch-size", "512", "--steps", "8")
-    p = run_cli(*args, "--compile", "aot_eager", "--json", str(out), timeout=240,
-                env=dict(ENV, DDPTUI_VERIFY_SHIFT="interleaved/forward:1"))
-    assert p.returncode == 1, p.stdout + p.stderr
-    doc, rows = _rows(out)
+    for attempt in range(2):  # (judged again on a second run where the suite's load took a core
+        # from a rank for a few ms in more than a quarter of one kind's spans: seen once in CI's
+        # suite, an allreduce's within 400 µs in under 75 % of them; a real fault fails both)
+        p = run_cli(*args, "--compile", "aot_eager", "--json", str(out), timeout=240,
+                    env=dict(ENV, DDPTUI_VERIFY_SHIFT="interleaved/forward:1"))
+        assert p.returncode == 1, p.stdout + p.stderr
+        doc, rows = _rows(out)
+        if all(rows[(s, k)]["ok"] for s in ("naive", "ddp")
+               for k in ("forward", "backward", "optimizer", "step", "allreduce")):
+            break
     for s in ("naive", "ddp"):
         for kind in ("forward", "backward", "optimizer", "step", "allreduce"):
             r = rows[(s, kind)]

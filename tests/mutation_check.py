@@ -1,0 +1,176 @@
+#!/usr/bin/env python
+"""The suite's own mutation check: a dozen deliberate faults in the instrument, the figures,
+the verdicts and the doors, each put into a revision's code in turn (a git worktree of it),
+and the tests that should catch it run against it. A fault its tests pass is a hole in the
+suite; run on two revisions (`--vs`), a fault the old suite caught and the new one does not
+is a check a consolidation of the suite lost.
+
+    python tests/mutation_check.py                        # this checkout's HEAD
+    python tests/mutation_check.py --vs c0bbed7           # HEAD and c0bbed7, side by side
+    python tests/mutation_check.py --only overlap,token   # some faults
+
+Each fault names the text it changes (found in the first of its paths that a revision has;
+a revision without it: "n/a", the feature is not there) and the test files that should catch
+it (those a revision lacks are left out). The tests run with this interpreter, the worktree
+first on the path (its own `ddptui` and `ranks`), one pytest process a fault and revision,
+`-x`: caught is a non-zero exit. A table at the end; exit 1 when a fault the suite exists to
+catch passes on the newest revision. Not part of `bin/test` (it runs every test file it names
+once per fault): a contributor's check after a change to the suite.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Fault:
+    key: str
+    what: str
+    paths: tuple[str, ...]
+    find: str
+    put: str
+    tests: tuple[str, ...]
+    k: str = ""  # a pytest -k expression, where a file holds more than the fault's tests
+
+
+FAULTS = [
+    Fault("overlap", "overlap % inverted (the exposed share shown as hidden)", ("ddptui/model/figures.py",),
+          "100.0 * (1.0 - exposed_ms / comm_ms)", "100.0 * (exposed_ms / comm_ms)", ("tests/test_figures.py",)),
+    Fault("bus", "a doubled price: bus bandwidth 2x", ("ddptui/model/figures.py",),
+          "nbytes * 2 * (world - 1) / world", "nbytes * 4 * (world - 1) / world", ("tests/test_figures.py",)),
+    Fault("compute", "communication counted as compute", ("ddptui/model/columns.py",),
+          "kind[i] == FWD or kind[i] == BWD or kind[i] == PASS]",
+          "kind[i] == FWD or kind[i] == BWD or kind[i] == PASS or kind[i] == COMM]", ("tests/test_figures.py",)),
+    Fault("kinds", "a span of an unknown kind let in", ("ranks/wire.py",),
+          "if kind.translate(None, _KNOWN_KINDS):", "if False:", ("tests/test_figures.py", "tests/test_bad_frames.py")),
+    Fault("token", "a client without the run's token let in", ("ddptui/ingest/collector.py",),
+          "or not hmac.compare_digest(tok.encode(), self.token.encode())", "or False",
+          ("tests/test_bad_frames.py",)),
+    Fault("headline", "DDP said faster when it is slower", ("ddptui/ui/widgets/headline.py",),
+          "        elif v > 1:", "        elif v < 1:", ("tests/test_headline.py",)),
+    Fault("hang", "a hang named for the collective fewest ranks are stuck in", ("ddptui/model/hang.py",),
+          "max(votes.items(), key=lambda kv: (len(kv[1]), -kv[0][1]))",
+          "min(votes.items(), key=lambda kv: (len(kv[1]), -kv[0][1]))",
+          ("tests/test_coll_app.py", "tests/test_app.py"), "hang or stall or stuck or never"),
+    Fault("culprit", "no straggler ever named", ("ddptui/model/stragglers.py",),
+          "MIN_CULPRIT_STEPS_PCT = 85.0", "MIN_CULPRIT_STEPS_PCT = 101.0",
+          ("tests/test_evidence.py", "tests/test_aggregate.py")),
+    Fault("whatif", "what-if's ring: every collective's bytes counted twice", ("ddptui/model/whatif.py",),
+          "return 2 * (n - 1) / n if n > 1 else 0.0", "return 4 * (n - 1) / n if n > 1 else 0.0",
+          ("tests/test_whatif.py",)),
+    Fault("naive-idx", "naive's AllReduce of a parameter drawn as the next one's (the instrument, real ranks)",
+          ("ranks/builtin/strategies.py", "ranks/strategies.py"),
+          "            slot = rec.comm_issue(i)\n            with rec.issuing(slot):",
+          "            slot = rec.comm_issue(min(i + 1, len(self.params) - 1))\n            with rec.issuing(slot):",
+          ("tests/test_pipeline.py",)),
+    Fault("wait", "a dropped wait: the compute's waits for a collective lost (real ranks)",
+          ("ranks/core/recorder.py", "ranks/recorder.py"),
+          "for j, tok in r.waits:", "for j, tok in ():",
+          ("tests/test_collectives.py",), "functional_collective_ends or every_public"),
+    Fault("bubble", "a pipeline's bubble from its compute, not its microbatches (real ranks)",
+          ("ddptui/model/figures.py",), "        if kind[i] == MB:\n            for pa, pz in pipes:",
+          "        if kind[i] == PIPE:\n            for pa, pz in pipes:", ("tests/test_pipelining.py",),
+          "bubble or microbatches_are"),
+]
+
+
+def worktree(rev: str, where: str) -> str:
+    path = os.path.join(where, rev.replace("/", "_"))
+    p = subprocess.run(["git", "worktree", "add", "--detach", path, rev], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"mutation_check: cannot check out {rev}: {p.stderr.strip().splitlines()[-1] if p.stderr else ''}")
+    return path
+
+
+def run_fault(tree: str, f: Fault, timeout: float) -> tuple[str, float]:
+    """'caught' | 'MISSED' | 'n/a (why)', seconds."""
+    path = next((os.path.join(tree, p) for p in f.paths if os.path.exists(os.path.join(tree, p))), None)
+    if path is None:
+        return "n/a (no file)", 0.0
+    with open(path) as fh:
+        text = fh.read()
+    if f.find not in text:
+        return "n/a (not there)", 0.0
+    tests = [t for t in f.tests if os.path.exists(os.path.join(tree, t))]
+    if not tests:
+        return "n/a (no test file)", 0.0
+    env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1", CI="true")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not heavy", *tests]
+    if f.k:
+        cmd += ["-k", f.k]
+    t0 = time.monotonic()
+    try:
+        with open(path, "w") as fh:
+            fh.write(text.replace(f.find, f.put, 1))
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        rc = -1
+    finally:
+        with open(path, "w") as fh:
+            fh.write(text)
+    secs = time.monotonic() - t0
+    if rc == 5:  # (no test selected)
+        return "n/a (no test)", secs
+    return ("caught" if rc != 0 else "MISSED"), secs
+
+
+def main() -> int:
+    a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a.add_argument("--rev", default="HEAD", help="the revision whose suite is checked (default HEAD)")
+    a.add_argument("--vs", default=None, metavar="REV", help="and this one's, side by side")
+    a.add_argument("--only", default=None, metavar="KEY,...", help="these faults: " + ",".join(f.key for f in FAULTS))
+    a.add_argument("--timeout", type=float, default=600.0, help="seconds a fault's tests may take")
+    args = a.parse_args()
+    faults = FAULTS
+    if args.only:
+        keys = args.only.split(",")
+        bad = [k for k in keys if k not in {f.key for f in FAULTS}]
+        if bad:
+            print(f"mutation_check: unknown fault {bad[0]!r}; choose from " + ", ".join(f.key for f in FAULTS),
+                  file=sys.stderr)
+            return 2
+        faults = [f for f in FAULTS if f.key in keys]
+    revs = [args.rev] + ([args.vs] if args.vs else [])
+    where = tempfile.mkdtemp(prefix="ddptui-mutation-")
+    trees = {}
+    try:
+        for rev in revs:
+            trees[rev] = worktree(rev, where)
+        rows = []
+        for f in faults:
+            got = []
+            for rev in revs:
+                print(f"mutation_check: {f.key} on {rev} …", file=sys.stderr, flush=True)
+                got.append(run_fault(trees[rev], f, args.timeout))
+            rows.append((f, got))
+    finally:
+        for rev, tree in trees.items():
+            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, capture_output=True)
+        shutil.rmtree(where, ignore_errors=True)
+    head = "| fault | what | " + " | ".join(revs) + " |"
+    print(head)
+    print("|" + "---|" * (2 + len(revs)))
+    for f, got in rows:
+        print(f"| {f.key} | {f.what} | " + " | ".join(f"{r} ({s:.0f} s)" if s else r for r, s in got) + " |")
+    lost = [f.key for f, got in rows if len(got) > 1 and got[1][0] == "caught" and got[0][0] != "caught"]
+    missed = [f.key for f, got in rows if got[0][0] == "MISSED"]
+    if lost:
+        print(f"caught by {revs[1]}'s suite, not by {revs[0]}'s: {', '.join(lost)}")
+    if missed:
+        print(f"not caught by {revs[0]}'s suite: {', '.join(missed)}")
+    return 1 if missed or lost else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
