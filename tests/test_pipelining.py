@@ -363,3 +363,36 @@ def test_the_built_in_workers_run_gpipe_and_1f1b_beside_naive_and_ddp(tmp_path):
     bad = run_main("--headless", "--gpus", "2", "--strategies", "1f1b", "--microbatches", "1")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "ddptui: error: 1f1b needs --microbatches at least the stages' count (2); got 1"], bad.stderr
+
+
+@pytest.mark.asyncio
+async def test_the_live_screen_draws_a_stage_lane_per_rank_and_says_the_bubble_beside_the_plan(one_f1b):
+    """The recorded 1F1B run in the real app (a replay, Textual's Pilot): the 1F1B pane's
+    header says the step's bubble beside the plan (20 %), each rank's compute lane its
+    microbatches (numbers drawn, zoomed in), and the headline the bubble."""
+    from textual.geometry import Region
+
+    from ddptui.recording.replay import ReplaySource
+    from ddptui.ui.app import DdpApp
+    from ddptui.ui.widgets.timeline import TimelinePane
+
+    def drawn(widget) -> list[str]:
+        return [strip.text for strip in widget.render_lines(Region(0, 0, *widget.size))]
+
+    src = ReplaySource(str(one_f1b[3]), clock=lambda: 0)
+    src.seek(6)
+    app = DdpApp(src)
+    async with app.run_test(size=(160, 45)) as pilot:
+        for _ in range(6):
+            await pilot.pause(0.1)
+        pane = app.query_one("#pane-1f1b", TimelinePane)
+        header = drawn(pane)[0]
+        assert "1F1B" in header and "bubble " in header and "(plan 20 %)" in header, header
+        await pilot.press("plus", "plus")
+        for _ in range(4):
+            await pilot.pause(0.1)
+        lines = drawn(pane)
+        r0 = next(ln for ln in lines if ln.startswith("r0 "))
+        assert any(f"F{i}" in r0 or f"B{i}" in r0 for i in range(M)), lines
+        head = " ".join(ln for w in app.query("Headline") for ln in drawn(w))
+        assert "bubble" in head, head

@@ -314,13 +314,16 @@ class DdpApp(App):
         cap_since = store.cap_changed_at(shown.get("ddp") or 0)
         hosts = store.hosts()
         nodes = tuple((r, n) for n, rs in sorted(hosts.items()) for r in rs) if len(hosts) > 1 else None
+        pipe = store.meta.pipeline
+        plan = pipe.get("plan_idle") if pipe else None
+        plan_pct = 100.0 * sum(plan.values()) / len(plan) if plan else None
         for s, pane in self.panes.items():
             ddp = s == "ddp"
             view, height = views.get(s), sizes[pane].height
             culprit = waits.culprit_rank(store, shown, s) if aggregate.banded(view, height) else None
             view, labels = aggregate.for_pane(view, height, hosts, culprit)
             pane.show(PaneState(view, mpc, self._cap_note() if ddp else "", cap_since if ddp else None,
-                                nodes if labels is None else None, labels))
+                                nodes if labels is None else None, labels, plan_pct))
         key, rows = self._prepared_rows
         if key != (tuple(shown.items()), self._prepared) or not self._prepares():
             rows = figures_panel.compare_rows(store, shown)

@@ -41,12 +41,13 @@ class PaneState:
     cap_since: int | None = None  # DDP: step where the current cap took effect
     nodes: tuple | None = None  # multi-node: ((rank, node), ...) — lanes grouped and labelled by host
     labels: dict | None = None  # aggregated lanes (widgets/aggregate.py): lane -> (compute, comm) labels
+    plan_pct: float | None = None  # a pipeline: its schedule's planned bubble, the ranks' mean (RunInfo.pipeline)
 
     def key(self) -> tuple:
         v = self.view
         shown = (v.step, v.n_buckets, v.bucket_cap_mb, tuple(v.marks)) if v else None
         return shown, self.ms_per_cell, self.cap_note, self.cap_since, self.nodes, \
-            tuple(self.labels.items()) if self.labels else None
+            tuple(self.labels.items()) if self.labels else None, self.plan_pct
 
 
 class TimelinePane(Widget):
@@ -188,7 +189,8 @@ class TimelinePane(Widget):
         drop = []  # (index in out, in the order they go)
         bub = [f.bubble_pct for f in figs if getattr(f, "bubble_pct", None) is not None]
         if bub:  # a pipeline: its stages' bubble this step (its microbatches are its marks)
-            out.append((f" · bubble {sum(bub) / len(bub):.0f} %", theme.style(theme.WARN, bold=True)))
+            plan = f" (plan {st.plan_pct:.0f} %)" if st.plan_pct is not None else ""
+            out.append((f" · bubble {sum(bub) / len(bub):.0f} %{plan}", theme.style(theme.WARN, bold=True)))
         elif v.sampling is not None:  # layers marked on a sample of steps (short steps)
             drop.append(len(out))
             out.append((f" · {sampling_text(v.sampling, short=True, period=v.period)}", theme.style(theme.WARN)))
