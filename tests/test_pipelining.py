@@ -141,6 +141,9 @@ def test_the_bubble_is_measured_beside_the_plan_and_waits_for_the_slow_stage(one
     assert "pipeline 1f1b: 2 stages × 4 microbatches · bubble r0 " in out, out[-3000:]
     assert "(plan 20 %) · the bubble waits for rank 1 (stage 1)" in out, out[-3000:]
     assert row["bubble_pct"] > 0, row
+    # a pipeline's ranks hold other layers under one index: no layer compared across ranks
+    st = row["stragglers"]
+    assert st["evidence"] is None and st["culprit"] == "" and st["culprit_layer"] is None, st
 
 
 def test_each_rank_names_its_own_layers_and_the_exports_show_each_microbatch(one_f1b, tmp_path):

@@ -16,9 +16,19 @@ from __future__ import annotations
 
 import statistics
 
+from ranks import spec
 from ranks.wire import BWD, FWD, MB, PIPE, SpanBatch, mb_of
 
 from .figures import pipe_bubble, union_length
+
+def pipelined(meta, strategy: str) -> bool:
+    """Whether a strategy's ranks are a pipeline's stages (each holding other layers under the
+    same layer index): a pipeline's schedule, or a user's model in a pipeline (its DDP or FSDP2
+    stages); the built-in naive and DDP beside the built-in pipelines are not."""
+    if strategy in spec.PIPELINE_STRATEGIES:
+        return True
+    return getattr(meta, "pipeline", None) is not None and getattr(meta, "model", None) not in spec.MODELS
+
 
 SLOW_STAGE_EXCESS = 1.25  # a stage computing this much more than the others' median is named (CPU ranks on shared cores differ by 10-20 % alone)
 

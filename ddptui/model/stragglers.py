@@ -327,7 +327,7 @@ def culprit_text(culprit: tuple[int, int, float] | None, layer_names: list[str])
 
 
 def summarize(steps: list[StepWaits | None], layer_names: list[str],
-              evidence_steps: list[StepWaits] | None = None) -> dict | None:
+              evidence_steps: list[StepWaits] | None = None, per_layer: bool = True) -> dict | None:
     """A strategy's figures over its steps: `last_arriver_rank` (the rank the others waited for
     longest, most often) and `last_arriver_pct` (in how many steps), `wait_ms_median` per rank,
     `transfer_ms_median`, `culprit_layer` (that rank's most frequent culprit layer, among the
@@ -357,7 +357,10 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str],
     by_group = _group_medians(steps)
     if by_group:  # (a device mesh: the waits in each dimension's collectives)
         out["wait_ms_median_by_group"] = by_group
-    ev = evidence(steps if evidence_steps is None else evidence_steps, layer_names)
+    # (per_layer False: a pipeline, whose ranks hold different layers under the same index: no
+    # layer is compared across ranks, no culprit named from layers; the pipeline's own figures
+    # name the stage its bubble waits for)
+    ev = evidence(steps if evidence_steps is None else evidence_steps, layer_names) if per_layer else None
     out["evidence"] = ev
     have = ev["steps"] if ev else len(steps)
     out.update(evidence_steps=have, window_steps=layer_evidence.WINDOW, gathering=have < layer_evidence.WINDOW)
@@ -365,8 +368,12 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str],
     for s in steps:
         if s.last_arriver is not None:
             counts[s.last_arriver] = counts.get(s.last_arriver, 0) + 1
-    if counts:
+    if counts and per_layer:
         _arrival_culprit(out, steps, counts, layer_names)
+    elif counts:
+        rank = max(counts, key=lambda r: (counts[r], -r))
+        out["last_arriver_rank"] = rank
+        out["last_arriver_pct"] = round(100.0 * counts[rank] / len(steps), 1)
     if out["gathering"]:  # who arrived last, but no culprit yet
         out.update(culprit_layer=None, culprit="", culprit_rank=None, culprit_from=None)
     elif ev and ev["culprit"]:  # the per-layer evidence names the culprit when it can
@@ -421,15 +428,15 @@ _SUMMARIES = Kept(16)
 
 
 def summarize_cached(steps: list[StepWaits | None], layer_names: list[str],
-                     evidence_steps: list[StepWaits] | None = None) -> dict | None:
+                     evidence_steps: list[StepWaits] | None = None, per_layer: bool = True) -> dict | None:
     """summarize(steps, layer_names, evidence_steps), kept while they are the same steps: the
     panel, the status line, the headline and the lanes ask for it every frame, and the
     Updater's thread asks first, as soon as a step is complete."""
     ev = evidence_steps if evidence_steps is not None else steps
     key = (tuple(layer_names), len(steps), id(steps[0]) if steps else 0, id(steps[-1]) if steps else 0,
-           len(ev), id(ev[0]) if ev else 0)
+           len(ev), id(ev[0]) if ev else 0, per_layer)
     sources = steps if evidence_steps is None else [*steps, *evidence_steps]  # (compared one by one)
-    return _SUMMARIES.get(key, sources, lambda: summarize(steps, layer_names, evidence_steps))
+    return _SUMMARIES.get(key, sources, lambda: summarize(steps, layer_names, evidence_steps, per_layer))
 
 
 def _arrival_culprit(out: dict, steps: list[StepWaits], counts: dict[int, int], layer_names: list[str]) -> None:

@@ -31,8 +31,9 @@ def strategy_summary(store, strategy: str) -> dict:
                 out["stalls_not_listed"] = more
         # who waits for whom, over the kept steps but the first (warm-up)
         waits = store.recent_waits(strategy, n=None)
-        marked = store.evidence_waits(strategy) if store.layer_sampling(strategy) is not None else None
-        out["stragglers"] = stragglers.summarize(waits, list(store.meta.layers), marked)
+        per_layer = not pipeline.pipelined(store.meta, strategy)  # (a pipeline's ranks hold other layers)
+        marked = store.evidence_waits(strategy) if store.layer_sampling(strategy) is not None and per_layer else None
+        out["stragglers"] = stragglers.summarize(waits, list(store.meta.layers), marked, per_layer)
         if strategy == "ddp":
             timing = store.bucket_timing()
             if timing is not None:  # (how its buckets were timed: NCCL's own timing, or a hook)

@@ -3,6 +3,7 @@ late; per rank, its wait (for the others) against the transfer itself over the l
 One summary line when that is all the room there is."""
 from __future__ import annotations
 
+from ddptui.model import pipeline
 from ddptui.model import stragglers
 from ddptui.model.store import Store
 from . import theme
@@ -18,8 +19,9 @@ def _summary(store: Store, strategy: str, upto: int | None) -> dict | None:
     where layers are marked on a sample of steps, its per-layer evidence over the last steps
     that hold RECENT marked ones (the evidence judges those only)."""
     layers = list(store.meta.layers)
-    if store.layer_sampling(strategy) is None:
-        return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT), layers)
+    per_layer = not pipeline.pipelined(store.meta, strategy)  # (a pipeline's ranks hold other layers)
+    if store.layer_sampling(strategy) is None or not per_layer:
+        return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT), layers, None, per_layer)
     marked = store.evidence_waits(strategy, upto)[-RECENT:]
     return stragglers.summarize_cached(store.recent_waits(strategy, upto, RECENT), layers, marked)
 
