@@ -363,7 +363,8 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str],
     ev = evidence(steps if evidence_steps is None else evidence_steps, layer_names) if per_layer else None
     out["evidence"] = ev
     have = ev["steps"] if ev else len(steps)
-    out.update(evidence_steps=have, window_steps=layer_evidence.WINDOW, gathering=have < layer_evidence.WINDOW)
+    out.update(evidence_steps=have, window_steps=layer_evidence.WINDOW,
+               gathering=per_layer and have < layer_evidence.WINDOW)  # (a pipeline: no culprit to gather for)
     counts: dict[int, int] = {}
     for s in steps:
         if s.last_arriver is not None:
@@ -388,6 +389,8 @@ def _group_medians(steps: list[StepWaits]) -> dict[str, dict[str, float]] | None
     got: dict[str, dict[str, list[float]]] = {}
     for s in steps:
         for label, waits in (s.wait_by_group or {}).items():
+            if ">" in label or "<" in label:  # (a pipeline's send or receive, by its peer: no
+                continue  # collective every rank of a group enters, nobody arrives last in it)
             g = got.setdefault(label, {})
             for r, v in waits.items():
                 g.setdefault(str(r), []).append(v)
