@@ -66,7 +66,7 @@ def test_1f1b_microbatches_are_on_their_stage_in_the_schedules_order(one_f1b):
     alternates); a microbatch's forward on stage 1 starts after it ended on stage 0, and its
     backward on stage 0 after it ended on stage 1. A step is an optimizer step, not a
     microbatch; the global batch is the first stage's samples, counted once."""
-    doc, got, out, _ = one_f1b
+    doc, got, _, _ = one_f1b
     (row,) = doc["strategies"]
     assert row["strategy"] == "1f1b", row
     assert row["steps"] == ITERS - 1, row
@@ -151,7 +151,7 @@ def test_each_rank_names_its_own_layers_and_the_exports_show_each_microbatch(one
     names stage-prefixed in the pipeline's description; the Chrome export has each
     microbatch as a slice named as pipeline diagrams write it (F0 ... B3), M forwards and M
     backwards a rank and step, on a track of their own."""
-    doc, got, _, rec = one_f1b
+    _, got, _, rec = one_f1b
     layers = got.store.meta.layers
     assert layers and all(n.startswith("block ") for n in layers), layers
     own = got.store.meta.pipeline["rank_layers"]

@@ -76,7 +76,7 @@ class Stall:
             names = layers_text(self.layers, 2) if self.layers else self.layer
             layer = f" ({names})" if names else ""
         elif self.p2p is not None:  # 'stuck in RECV #12 (mb 2 from r0): ...'
-            d, peer, _stage, mbn = self.p2p
+            _d, peer, _stage, mbn = self.p2p
             layer = f" (mb {mbn} {'from' if self.op == 'recv' else 'to'} r{peer})"
         text = (f"stuck in {what} #{self.seq}{layer}: "
                 f"{' '.join(f'r{r}' for r in sorted(self.inside))} inside {max(self.inside.values()):.0f} s")
