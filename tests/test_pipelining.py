@@ -366,6 +366,8 @@ def test_the_built_in_workers_run_gpipe_and_1f1b_beside_naive_and_ddp(tmp_path):
     bad = run_main("--headless", "--gpus", "2", "--strategies", "1f1b", "--microbatches", "1")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "ddptui: error: 1f1b needs --microbatches at least the stages' count (2); got 1"], bad.stderr
+    bad = run_main("verify", "--gpus", "2", "--strategies", "naive,gpipe", "--steps", "3")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not the pipelines (gpipe)" in bad.stderr
 
 
 @pytest.mark.asyncio

@@ -23,7 +23,7 @@ from ranks import spec
 from ranks.wire import COMM
 
 from ddptui.reports import verify
-from .common import JSON_METAVAR, json_target, Parser
+from .common import CliError, JSON_METAVAR, json_target, Parser
 from .options import add_numeric
 
 
@@ -74,6 +74,10 @@ def main(argv: list[str]) -> int:
             "--batch-size", str(a.batch_size), "--threads", str(a.threads),
             "--pg-timeout", str(a.pg_timeout)] + (["--ranks", str(a.ranks)] if a.ranks else [])
     _, opts, plan = build_live(live)
+    pipes = [s for s in opts.strategies if s in spec.BUILTIN_PIPELINES]
+    if pipes:  # (their microbatches are not what torch.profiler's spans are matched to)
+        raise CliError(f"verify checks the spans of {', '.join(VERIFIED)} against torch.profiler, not the "
+                       f"pipelines ({', '.join(pipes)}): leave them out of --strategies")
     json_path = json_target(a.json)
     prof_dir = tempfile.mkdtemp(prefix="ddptui-verify-")  # private (0700)
     try:
