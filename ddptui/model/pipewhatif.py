@@ -189,25 +189,17 @@ def _program(schedule: str, s: int, p: int, m: int) -> list[tuple]:
         if ts:
             prog.append(("post", ts))
             prog.append(("wait", ts))
-    if schedule == "gpipe":
-        sent: list = []
-        for i in range(m):
-            exchange(recv_f(i))
-            prog.append(("F", i))
-            if send_f(i):
-                prog.append(("post", send_f(i)))
-                sent += send_f(i)
-        if sent:
-            prog.append(("wait", sent))
-        sent = []
-        for i in range(m):
-            exchange(recv_b(i))
-            prog.append(("B", i))
-            if send_b(i):
-                prog.append(("post", send_b(i)))
-                sent += send_b(i)
-        if sent:
-            prog.append(("wait", sent))
+    if schedule == "gpipe":  # every forward (its sends waited for after them), then every backward
+        for what, recv, send in (("F", recv_f, send_f), ("B", recv_b, send_b)):
+            sent: list = []
+            for i in range(m):
+                exchange(recv(i))
+                prog.append((what, i))
+                if send(i):
+                    prog.append(("post", send(i)))
+                    sent += send(i)
+            if sent:
+                prog.append(("wait", sent))
         return prog
     # 1F1B (Schedule1F1B._step_microbatches)
     warm = min(m, p - s)

@@ -711,6 +711,16 @@ class DDPStrategy(Strategy):
         return seen, reported
 
 
+def colls_rows(tap) -> list | None:
+    """A collective tap's rows not reported yet, as a colls frame's rows (id first); None: none."""
+    rows = tap.new_rows() if tap is not None else []
+    if not rows:
+        return None
+    first = tap.sent - len(rows)
+    return [(first + j, op, nb, size, group, layer, phase, asy)
+            for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]
+
+
 class FSDPStrategy(Strategy):
     """FSDP2: fully_shard on every block fcN, then on the model (sharded at the first fsdp
     step, every rank together). Each block's parameters are all-gathered before its forward
@@ -799,12 +809,7 @@ class FSDPStrategy(Strategy):
 
     def take_colls(self) -> list | None:
         """Rows of the collectives table not reported yet, as a colls frame's rows."""
-        rows = self.tap.new_rows() if self.tap is not None else []
-        if not rows:
-            return None
-        first = self.tap.sent - len(rows)
-        return [(first + j, op, nb, size, group, layer, phase, asy)
-                for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]
+        return colls_rows(self.tap)
 
 
 class _BuiltinPipeTap:
@@ -923,12 +928,7 @@ class PipelineStrategy(Strategy):
 
     def take_colls(self) -> list | None:
         """Rows of the collectives table not reported yet, as a colls frame's rows."""
-        rows = self.tap.new_rows() if self.tap is not None else []
-        if not rows:
-            return None
-        first = self.tap.sent - len(rows)
-        return [(first + j, op, nb, size, group, layer, phase, asy)
-                for j, (op, nb, size, group, layer, phase, asy) in enumerate(rows)]
+        return colls_rows(self.tap)
 
 
 class GPipeStrategy(PipelineStrategy):
