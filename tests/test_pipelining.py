@@ -144,6 +144,7 @@ def test_the_bubble_is_measured_beside_the_plan_and_waits_for_the_slow_stage(one
     # a pipeline's ranks hold other layers under one index: no layer compared across ranks
     st = row["stragglers"]
     assert st["evidence"] is None and st["culprit"] == "" and st["culprit_layer"] is None, st
+    assert "1f1b: " in out and "· a pipeline: no layer compared across its stages" in out, out[-3000:]
 
 
 def test_each_rank_names_its_own_layers_and_the_exports_show_each_microbatch(one_f1b, tmp_path):

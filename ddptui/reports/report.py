@@ -124,6 +124,8 @@ def straggler_line(r: dict) -> str | None:
         return line + f" · culprit {st['culprit']}{how}"
     if st.get("gathering"):  # too few steps for a verdict (evidence.WINDOW); the run is over
         return line + f" · {stragglers.too_few_text(st)}"
+    if r.get("pipeline") is not None:  # (its ranks hold other layers: the pipeline's line names a slow stage)
+        return line + " · a pipeline: no layer compared across its stages"
     return line + " · no culprit"
 
 
