@@ -420,3 +420,9 @@ class StubNvml:
 
     def nvmlDeviceGetFieldValues(self, h, ids):
         raise self.NVMLError_NotSupported()
+
+
+def drawn(widget) -> list[str]:
+    """What a Textual widget draws, line by line, as plain text."""
+    from textual.geometry import Region
+    return [strip.text for strip in widget.render_lines(Region(0, 0, *widget.size))]

@@ -9,7 +9,6 @@ import re
 import types
 
 import pytest
-from textual.geometry import Region
 from textual.widgets._footer import FooterKey
 
 from ddptui.live import nvml
@@ -22,7 +21,7 @@ from ddptui.ui.widgets.lanes import comm_bars, compute_bars, lane_segments
 from ddptui.ui.widgets.theme import COMM_A, COMM_B, COMM_LAST, FWD_A, WAIT
 from ranks.wire import COMM
 
-from .helpers import StubNvml
+from .helpers import StubNvml, drawn
 
 DEMO = "demo/cpu-medium-2ranks.ddptui"
 
@@ -37,11 +36,6 @@ class NotingApp(DdpApp):
     def notify(self, message, **kw):
         self.notes.append(str(message))
         return super().notify(message, **kw)
-
-
-def drawn(widget) -> list[str]:
-    """What a widget draws, line by line, as plain text."""
-    return [strip.text for strip in widget.render_lines(Region(0, 0, *widget.size))]
 
 
 def lanes(pane: TimelinePane, rank: int) -> tuple[str, str]:

@@ -269,6 +269,9 @@ def test_pp_by_dp_on_a_mesh_each_stage_ddp_replicated(tmp_path):
              for c in row["collectives"] if c["op"] in ("send", "recv")}
     assert ("send", "forward", "2") in sends and ("send", "forward", "3") in sends, sends
     assert ("send", "backward", "0") in sends and ("send", "backward", "1") in sends, sends
+    from ddptui.recording.loader import load
+    own = load(str(rec)).store.meta.pipeline["rank_layers"]  # (each rank's own names, through DDP)
+    assert all(n.startswith(f"s{int(r_) // 2}.") for r_, names in own.items() for n in names), own
 
 
 def test_a_hung_stage_is_named_within_5_s_with_the_microbatch_its_neighbour_waits_on(tmp_path):
@@ -376,14 +379,10 @@ async def test_the_live_screen_draws_a_stage_lane_per_rank_and_says_the_bubble_b
     """The recorded 1F1B run in the real app (a replay, Textual's Pilot): the 1F1B pane's
     header says the step's bubble beside the plan (20 %), each rank's compute lane its
     microbatches (numbers drawn, zoomed in), and the headline the bubble."""
-    from textual.geometry import Region
-
     from ddptui.recording.replay import ReplaySource
     from ddptui.ui.app import DdpApp
     from ddptui.ui.widgets.timeline import TimelinePane
-
-    def drawn(widget) -> list[str]:
-        return [strip.text for strip in widget.render_lines(Region(0, 0, *widget.size))]
+    from tests.helpers import drawn
 
     src = ReplaySource(str(one_f1b[3]), clock=lambda: 0)
     src.seek(6)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from textual.geometry import Region
 
 from ddptui.model import figures
 from ddptui.model.gpu import shared_gpu_note
@@ -15,7 +14,7 @@ from ddptui.ui.widgets import figures_panel, gpu_panel
 from ddptui.ui.widgets.headline import build as build_headline
 from ranks import frames
 
-from .helpers import ROOT
+from .helpers import ROOT, drawn
 
 GLOO = os.path.join(ROOT, "demo", "gpu-h100-xlarge-2ranks-gloo.ddptui")
 SIMULATED = os.path.join(ROOT, "demo", "simulated-a100-pcie-xlarge-4gpus.ddptui")
@@ -71,10 +70,6 @@ def test_nvlink_is_left_out_where_the_gpu_has_none_and_a_simulated_run_says_it_h
     sim.seek(sim.steps_total - 1)
     assert sim.store.samples() == ([], [])
     assert [text(x) for x in gpu_panel.build(sim.store, 120, 5)] == ["GPU / CPU: simulated: no device samples"]
-
-
-def drawn(widget) -> list[str]:
-    return [strip.text for strip in widget.render_lines(Region(0, 0, *widget.size))]
 
 
 async def settle(pilot) -> None:

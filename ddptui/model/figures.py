@@ -153,18 +153,15 @@ class RankStep:
     bubble_pct: float | None = None  # a pipeline stage's: pipe_bubble (None: no pipeline)
 
 
-def pipe_bubble(b: SpanBatch) -> float | None:
-    """A pipeline stage's bubble in this step, in %: the share of its schedule's step() calls
-    (PIPE spans) in which it ran no microbatch (MB spans); None without a PIPE span (no
-    pipeline). ddptui.model.pipeline has the rest of a pipeline's figures."""
+def pipe_busy(b: SpanBatch) -> tuple[int, int] | None:
+    """A pipeline stage's step: (µs in its schedule's step() calls, PIPE spans; µs of them
+    with a microbatch running, the union of its MB spans inside them); None without a PIPE
+    span (no pipeline)."""
     kind = b.kind
     if PIPE not in kind:
         return None
     t0, t1 = b.t0, b.t1
     pipes = [(t0[i], t1[i]) for i in range(len(kind)) if kind[i] == PIPE]
-    total = sum(z - a for a, z in pipes)
-    if total <= 0:
-        return None
     inside = []
     for i in range(len(kind)):
         if kind[i] == MB:
@@ -172,7 +169,17 @@ def pipe_bubble(b: SpanBatch) -> float | None:
                 lo, hi = max(t0[i], pa), min(t1[i], pz)
                 if hi > lo:
                     inside.append((lo, hi))
-    busy = union_length(inside) if inside else 0
+    return sum(z - a for a, z in pipes), union_length(inside) if inside else 0
+
+
+def pipe_bubble(b: SpanBatch) -> float | None:
+    """A pipeline stage's bubble in this step, in %: the share of its schedule's step() calls
+    in which it ran no microbatch (`pipe_busy`); None without one. ddptui.model.pipeline has
+    the rest of a pipeline's figures."""
+    got = pipe_busy(b)
+    if got is None or got[0] <= 0:
+        return None
+    total, busy = got
     return 100.0 * max(0, total - busy) / total
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import statistics
 
 from ranks import spec
-from ranks.wire import BWD, FWD, MB, PIPE, SpanBatch, mb_of
+from ranks.wire import BWD, FWD, MB, SpanBatch, mb_of
 
-from .figures import pipe_bubble, union_length
+from .figures import pipe_busy
 
 def pipelined(meta, strategy: str) -> bool:
     """Whether a strategy's ranks are a pipeline's stages (each holding other layers under the
@@ -37,24 +37,13 @@ def rank_step(b: SpanBatch) -> dict | None:
     """One rank's step of a pipeline: {"pipe_ms", "busy_ms", "bubble_pct", "microbatches",
     "stages"} (busy: the union of its microbatch spans inside its schedule's steps); None for a
     batch with no schedule step."""
-    kind, t0, t1, idx = b.kind, b.t0, b.t1, b.idx
-    pipes = [(t0[i], t1[i]) for i in range(len(kind)) if kind[i] == PIPE]
-    if not pipes:
+    got = pipe_busy(b)
+    if got is None or got[0] <= 0:
         return None
-    pipe_us = sum(z - a for a, z in pipes)
-    if pipe_us <= 0:
-        return None
-    mbs = [i for i in range(len(kind)) if kind[i] == MB]
-    inside = []
-    for i in mbs:
-        a, z = t0[i], t1[i]
-        for pa, pz in pipes:
-            lo, hi = max(a, pa), min(z, pz)
-            if hi > lo:
-                inside.append((lo, hi))
-    busy = union_length(inside) if inside else 0
-    parts = [mb_of(idx[i]) for i in mbs]
-    return {"pipe_ms": pipe_us / 1e3, "busy_ms": busy / 1e3, "bubble_pct": pipe_bubble(b),
+    pipe_us, busy = got
+    kind, idx = b.kind, b.idx
+    parts = [mb_of(idx[i]) for i in range(len(kind)) if kind[i] == MB]
+    return {"pipe_ms": pipe_us / 1e3, "busy_ms": busy / 1e3, "bubble_pct": 100.0 * max(0, pipe_us - busy) / pipe_us,
             "microbatches": len({(s, m) for s, m, p in parts if p == 0}),
             "stages": sorted({s for s, _, _ in parts})}
 

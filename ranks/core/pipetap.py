@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import threading
 
+from ranks.wire import MB, PIPE, mb_idx
+
 MB_FWD, MB_BWD, MB_BWD_IN, MB_BWD_W = 0, 1, 2, 3  # a microbatch span's part (ranks.wire.mb_idx)
 
 _tap: "PipeTap | None" = None
@@ -185,7 +187,6 @@ class PipeTap:
             return
         rec.micro()
         self.session.fwd_mods.clear()
-        from ranks.wire import PIPE
         c.micro.append((PIPE, 0, token, rec.clock.mark()))
 
     # -- a microbatch -------------------------------------------------------------------
@@ -208,7 +209,6 @@ class PipeTap:
         t = rec.clock.mark()
         rec.micro()
         self.session.fwd_mods.clear()
-        from ranks.wire import MB, mb_idx
         c.micro.append((MB, mb_idx(stage.stage_index, mb, part), token, t))
 
     def count_samples(self, inputs) -> None:

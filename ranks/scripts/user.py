@@ -680,9 +680,11 @@ class RankSession:
             # every rank: the hello's names are positions ("block 0": each rank's first block;
             # "v1 block 0" its second stage's), the rank's own names (stage-prefixed) in its pipe
             own = list(shown)
-            slots = sorted({self.pipe.mod_stage.get(id(m.module), -1) for m in self.mods})
+            ms = self.pipe.mod_stage  # (a stage's module: the model, or its DDP wrapper)
+            stage_of = {id(m): ms.get(id(m.module), ms.get(id(m.ddp), -1)) for m in self.mods}
+            slots = sorted(set(stage_of.values()))
             for m in self.mods:
-                st = self.pipe.mod_stage.get(id(m.module), -1)
+                st = stage_of[id(m)]
                 slot = slots.index(st)
                 for j, i in enumerate(range(m.base, m.base + m.n_layers)):
                     own[i] = f"s{st}.{self.names[i]}" if st >= 0 else self.names[i]
