@@ -517,3 +517,68 @@ def test_every_step_the_buffers_hold_is_drawn_each_a_step_of_the_job():
     later = [got[k] for k in sorted(got) if k >= 12]
     assert stream.per_drawn == 3 and len(later) <= DRAWN_MAX and sum(later) == 160, (stream.per_drawn, later)
     assert later[:-1] == [6] * (len(later) - 1), later
+
+
+# -- how often it polls ----------------------------------------------------------------------------
+def _job_bodies(t0: int, at_s: float, per_s: int, buffer: int, hang_at_s: float | None = None) -> dict:
+    """Each rank's fr_trace_json at `at_s` s into a gloo job making `per_s` all_reduces a second
+    (a buffer of `buffer` entries); from `hang_at_s` rank 1 issues no more and rank 0 stands
+    inside the first all_reduce it issued after."""
+    from ddptui.recording.frdump import read_dump
+    tmpl = [e for e in read_dump(os.path.join(ROOT, "demo", "fr-hang-2ranks-gloo", "nccl_trace_rank_0"))["entries"]
+            if "all_reduce" in str(e.get("profiling_name"))][-1]
+    hung = hang_at_s is not None and at_s >= hang_at_s
+    done = int((hang_at_s if hung else at_s) * per_s)
+    out = {}
+    for r in (0, 1):
+        top = done + (1 if hung and r == 0 else 0)
+        es = [dict(tmpl, record_id=j, collective_seq_id=j + 1, op_id=j + 1, retired=j < done, state="scheduled",
+                   time_created_ns=t0 + (j + 1) * 1_000_000_000 // per_s) for j in range(max(0, top - buffer), top)]
+        out[r] = debugserver.Reply(True, msgspec.json.encode({"version": "2.10", "pg_config": {}, "entries": es,
+                                   "pg_status": {"0": {"last_enqueued_collective": str(top), "last_started_collective": "-1",
+                                                       "last_completed_collective": str(done)}}}))
+    return out
+
+
+def _polled(hang_at_s: float | None, until_s: float, per_s: int = 20, buffer: int = 200,
+            interval_s: float = 1.0) -> tuple[AttachRun, list[float], float | None]:
+    """AttachRun fed a simulated job at the moments its own next_gap() asks for (a clock of its
+    own: nothing sleeps); the polls' moments and when a hang was named (s)."""
+    run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=interval_s))
+    run.world = 2
+    t0 = time.time_ns() - 60_000_000_000
+    at, polls, named = 0.3, [], None
+    while at < until_s and named is None:
+        run.take(_job_bodies(t0, at, per_s, buffer, hang_at_s), t0 + int(at * 1e9), at)
+        polls.append(at)
+        if run.watch.current is not None:
+            named = at
+        at += run.next_gap()
+    return run, polls, named
+
+
+def test_a_healthy_job_is_polled_less_often_and_a_hang_still_named_within_3_s():
+    """A poll makes every rank dump its whole buffer (what attaching costs the job), so a job
+    seen progressing is polled every IDLE_S, never so slowly that a buffer wraps past what was
+    not read; the first polls, a collective standing stuck and a hang named are polled at
+    --interval (or at the moment a stuck one would be named): a hang is named as soon as with
+    one poll a second, wherever it falls between two polls."""
+    from ddptui.live.attach import EMPTY_POLLS, IDLE_S
+    run, polls, named = _polled(None, 30.0)
+    gaps = [round(b - a, 3) for a, b in zip(polls, polls[1:])]
+    assert gaps[:EMPTY_POLLS - 1] == [1.0] * (EMPTY_POLLS - 1) and set(gaps[EMPTY_POLLS:]) == {IDLE_S}, gaps
+    assert run.stream.steps > 0 and run.watch.current is None
+    # a buffer of 200 filled at 100 entries a second: polled every second (half its 2 s), not 2.5
+    run, polls, _ = _polled(None, 20.0, per_s=100, buffer=200, interval_s=0.5)
+    assert {round(b - a, 3) for a, b in zip(polls[4:], polls[5:])} == {1.0}, polls
+    # a hang anywhere between two idle polls: named within 3 s of its start (before: up to 1 s
+    # of polling and then 2 s of no progress counted from the poll that first saw it)
+    _, healthy, _ = _polled(None, 12.0)
+    last = healthy[-1]
+    for k in range(6):
+        began = last + k * IDLE_S / 5
+        run, polls, at = _polled(began, began + 10)
+        assert at is not None, (began, polls)
+        first_issued = (int(began * 20) + 1) / 20  # (rank 0's all_reduce that rank 1 never issues)
+        assert at - first_issued <= 3.0, (k, began, polls[-4:])
+        assert run.watch.current.never == [1] and run.next_gap() == 1.0

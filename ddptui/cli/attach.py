@@ -25,7 +25,7 @@ import time
 
 from .common import CliError, JSON_METAVAR, Parser, json_target, record_path, require_terminal, sigterm_to_interrupt
 from .options import add_numeric
-from ddptui.live.attach import AttachError, AttachOptions, AttachRun
+from ddptui.live.attach import IDLE_S, AttachError, AttachOptions, AttachRun
 from ddptui.live.storeclient import parse_target
 from ddptui.model import frwatch
 
@@ -44,7 +44,13 @@ def parser() -> Parser:
                    help="the job's MASTER_ADDR:MASTER_PORT (its TCPStore), e.g. node0:29500")
     p.add_argument("--headless", action="store_true",
                    help="no UI: progress on stderr, what is named (and each late rank's stack) on stdout")
-    add_numeric(p, "--interval", default=1.0, metavar="S", help="seconds between polls of every rank (default 1)")
+    add_numeric(p, "--interval", default=1.0, metavar="S",
+                help="seconds between polls of every rank at the start, while a collective stands stuck, a hang "
+                     "is named or a rank does not answer (default 1)")
+    add_numeric(p, "--idle-interval", default=IDLE_S, metavar="S",
+                help=f"seconds between polls while the job runs healthy: each poll makes every rank dump its "
+                     f"Flight Recorder, so fewer cost the job less; never so long that a buffer wraps past what "
+                     f"was not read (default {IDLE_S:g}; the same as --interval: one rate)")
     add_numeric(p, "--hang-s", default=frwatch.HANG_S, metavar="S",
                 help=f"inside one collective this long, with no progress in its group: a hang "
                      f"(default {frwatch.HANG_S:g}; above the job's slowest step names no slow step)")
@@ -79,8 +85,8 @@ def build(argv: list[str]) -> tuple:
     if a.duration is not None and not a.headless:
         raise CliError("--duration needs --headless (the UI runs until you quit)")
     json_path = json_target(a.json)
-    opts = AttachOptions(host, port, interval_s=a.interval, hang_s=a.hang_s, timeout_s=a.timeout,
-                         cap_mb=a.max_reply_mb)
+    opts = AttachOptions(host, port, interval_s=a.interval, idle_s=max(a.interval, a.idle_interval), hang_s=a.hang_s,
+                         timeout_s=a.timeout, cap_mb=a.max_reply_mb)
     run = AttachRun(opts)
     try:
         run.connect()
@@ -182,5 +188,6 @@ def _progress(run: AttachRun) -> str:
     if st is not None and st.per_drawn > 1:  # (more of the job's steps a poll than are drawn apart)
         drawn += f" (up to {st.per_drawn} of the job's steps to one: it made many since the last poll)"
     down = f" · {len(run.down)} rank(s) not answering" if run.down else ""
-    return (f"{run.polls} poll(s) of {len(run.servers)} rank(s) ({run.last_poll_s * 1e3:.0f} ms the last) · "
+    return (f"{run.polls} poll(s) of {len(run.servers)} rank(s) ({run.last_poll_s * 1e3:.0f} ms the last, "
+            f"the next {run.gap_s:.1f} s after it) · "
             f"{run.entries_seen} entries in the buffers · {drawn}{down} · {what}")

@@ -91,6 +91,7 @@ NUMERIC: dict[str, Whole | Real] = {
     "--call-us": Real(0, 1e7, unit="µs"),
     # ddptui attach (ddptui/live/attach.py)
     "--interval": Real(0.2, 60, unit="s"),
+    "--idle-interval": Real(0.2, 600, unit="s"),
     "--hang-s": Real(0, 3600, lo_open=True, unit="s"),
     "--timeout": Real(0, 600, lo_open=True, unit="s"),
     "--max-reply-mb": Real(0, 4096, lo_open=True, unit="MB"),

@@ -54,6 +54,14 @@ REPROBE_S = 10.0  # ranks missing from the store looked for again this often
 TRAINING_POLLS = 2  # polls in a row with new collectives: the job trains (a profile may be asked)
 PENDING_MAX = 1000  # frames kept for the recording until it opens
 EMPTY_POLLS = 3  # polls that found every buffer empty before that is said
+# Polls apart while the job runs healthy (`idle_s`): a poll makes every rank dump its whole
+# buffer (a 2,000-entry one: ~1 MB of JSON a rank, 10-70 ms of its host's CPU) and costs the
+# attach process as much to read, so a job seen progressing is polled less often; the next
+# poll comes after `interval_s` (or when a collective stuck for SUSPECT_S would become a hang)
+# while one is, while a hang is named, a rank is silent, and at the start; and never later
+# than half the time the busiest rank's buffer takes to fill (nothing it holds goes unread).
+IDLE_S = 2.5
+SUSPECT_S = 0.25
 NAMED_KEPT = 100  # hangs (and their ends) kept for the report
 
 
@@ -66,6 +74,7 @@ class AttachOptions:
     host: str
     port: int
     interval_s: float = 1.0
+    idle_s: float = IDLE_S
     hang_s: float = frwatch.HANG_S
     timeout_s: float = 3.0
     cap_mb: float = 64.0
@@ -102,6 +111,9 @@ class AttachRun:
         self.polls = 0
         self.entries_seen = 0
         self.last_poll_s = 0.0  # how long the last poll took
+        self.gap_s = opts.interval_s  # the last gap between polls (next_gap)
+        self.fill_s: float | None = None  # seconds the busiest wrapped buffer takes to fill, as last seen
+        self._last_rid: dict[int, tuple[float, int]] = {}  # rank -> (when, its newest record_id)
         self.down: dict[int, str] = {}  # rank -> why it did not answer (said once)
         self.profiles: list[str] = []  # traces directories written
         self._silent = 0
@@ -205,7 +217,23 @@ class AttachRun:
                 self._say("warn", self.message)
                 self._close_recording()
                 return
-            self._stop.wait(max(0.05, self.opts.interval_s - self.last_poll_s))
+            self.gap_s = self.next_gap()
+            self._stop.wait(max(0.05, self.gap_s - self.last_poll_s))
+
+    def next_gap(self) -> float:
+        """Seconds from this poll's start to the next's (IDLE_S above)."""
+        o = self.opts
+        fast = o.interval_s
+        if o.idle_s <= fast or self.polls < EMPTY_POLLS or self.stream is None or self.watch.current is not None \
+                or self.down or self._silent:
+            return fast
+        pending = self.watch.pending_s
+        if pending >= SUSPECT_S:  # (at the latest when it would be named)
+            return max(0.2, min(fast, self.watch.hang_s - pending + 0.05))
+        gap = o.idle_s
+        if self.fill_s is not None:
+            gap = min(gap, self.fill_s / 2)
+        return max(fast, gap)
 
     def _fetch(self, handler: str, ranks, params=None, timeout=None, cap=None, deadline=None) -> dict:
         """rank -> Reply of one handler, every rank at once."""
@@ -250,6 +278,7 @@ class AttachRun:
         self._silent = 0 if dumps else self._silent + 1
         if not dumps:
             return
+        self._fill(dumps, now_s)
         self.polls += 1
         self.entries_seen = sum(len(d.entries) for d in dumps.values())
         if self.polls == EMPTY_POLLS and not self.entries_seen and not self._empty_said:
@@ -286,6 +315,22 @@ class AttachRun:
                               "of its steps to a drawn step (every collective is drawn)")
         self.busy_polls = self.busy_polls + 1 if self.stream.last_settled else 0
         self.store.update()
+
+    def _fill(self, dumps: dict[int, frverdict.RankDump], now_s: float) -> None:
+        """How fast the buffers fill (`fill_s`): each rank's new record_ids a second since the
+        last poll, against its buffer's size where it has wrapped (its entries' count)."""
+        fill = []
+        for r, d in dumps.items():
+            if not d.entries:
+                continue
+            rid = d.entries[-1].record_id
+            last = self._last_rid.get(r)
+            self._last_rid[r] = (now_s, rid)
+            if last is None or now_s <= last[0] or rid <= last[1] or not d.wrapped:
+                continue
+            rate = (rid - last[1]) / (now_s - last[0])
+            fill.append(len(d.entries) / rate)
+        self.fill_s = min(fill) if fill else None
 
     def _reprobe(self) -> None:
         try:

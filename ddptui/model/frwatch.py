@@ -12,7 +12,8 @@ names only what lasts:
   issued) for `hang_s` or more by the job's clock (now less when it was first issued), and the
   group made no progress for as long (no rank issued or completed any of its collectives:
   each rank's last issued and last completed, as the verdict says them, unchanged across
-  polls; when first seen, since its newest entry): a job whose backend runs ahead of its
+  polls; since the newest moment its entries hold, and at most since the poll before the
+  one that saw it change, so that polls seconds apart add nothing to the time it takes): a job whose backend runs ahead of its
   collectives (NCCL's queue) keeps issuing, and is not named.
 
 Point-to-point ops the same way, as the verdict pairs them (`GroupVerdict.p2p`: a group's
@@ -167,6 +168,7 @@ class Named:
 class _Progress:
     marker: tuple
     changed_s: float
+    polled_s: float
 
 
 class Watch:
@@ -176,19 +178,27 @@ class Watch:
         self.hang_s = hang_s
         self.current: Named | None = None
         self._progress: dict[str, _Progress] = {}
+        # the longest any collective not (yet) named has stood stuck, as of the last update:
+        # inside it (or never issued by some rank) this long, with no progress in its group
+        # for as long (0: none); `ddptui attach` polls sooner while it is over a moment
+        self.pending_s = 0.0
 
     def _quiet_s(self, g: GroupVerdict, now_ns: int, now_s: float) -> float:
         """Seconds the group made no progress (module docstring)."""
         marker = tuple(sorted((r, a.last_issued, a.last_done.record_id if a.last_done else None, len(a.in_flight))
                               for r, a in g.at.items()))
         got = self._progress.get(g.name)
-        if got is None:
+        if got is None or got.marker != marker:
+            # progress seen (or the group first seen): since the newest moment its entries hold,
+            # not since this poll (polls a few seconds apart would otherwise add their gap to
+            # the time a hang takes to be named)
             newest = [t for a in g.at.values() for e in ([a.last_done] if a.last_done else []) + a.in_flight
                       for t in (e.created_ns, e.started_ns, e.completed_ns) if t]
             idle = max(0.0, (now_ns - max(newest)) / 1e9) if newest else 0.0
-            got = self._progress[g.name] = _Progress(marker, now_s - idle)
-        elif got.marker != marker:
-            got.marker, got.changed_s = marker, now_s
+            if got is not None:  # (it progressed after the last poll)
+                idle = min(idle, now_s - got.polled_s)
+            got = self._progress[g.name] = _Progress(marker, now_s - idle, now_s)
+        got.polled_s = now_s
         return now_s - got.changed_s
 
     def _candidate(self, g: GroupVerdict, now_ns: int, p2p_too: bool = True) -> Named | None:
@@ -267,12 +277,14 @@ class Watch:
         lead = verdict.lead()
         p2ps = [c for _, c in pairs]
         stuck: Named | None = None
+        self.pending_s = 0.0
         for c in (p2ps + colls if lead is not None and lead[0] == "p2p" else colls + p2ps):
             age = (now_ns - c.since_ns) / 1e9 if c.since_ns else 0.0
             at_once = c.kind == "desync" and (c.issue is None or c.issue.index is not None)
             if at_once or (age >= self.hang_s and quiet[c.group_name] >= self.hang_s):
                 stuck = c
                 break
+            self.pending_s = max(self.pending_s, min(age, quiet[c.group_name]))
         events: list[tuple] = []
         cur = self.current
         if cur is not None and (stuck is None or stuck.key != cur.key):
