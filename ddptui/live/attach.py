@@ -285,7 +285,8 @@ class AttachRun:
             self._empty_said = True
             self._say("warn", "every rank's Flight Recorder is empty: the job has issued no collective yet "
                               "(still starting?), or TORCH_FR_BUFFER_SIZE (e.g. 2000) was not set when it "
-                              "started (without it PyTorch records no collective)")
+                              "started (without it PyTorch records no collective); on gloo it records no send "
+                              "or recv either (a pipeline's stages show only their collectives)")
         no_dump = {r: w for r, w in self.down.items()}
         no_dump.update({r: w for r, w in self.unregistered.items()})
         verdict = frverdict.verdict(_unsettled(dumps, self.stream), self.world, no_dump=no_dump)
