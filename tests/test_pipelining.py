@@ -209,12 +209,27 @@ def test_whatif_predicts_other_microbatch_counts_and_schedules(one_f1b, tmp_path
     assert doc["at_recorded"]["microbatches"] == M and doc["at_recorded"]["step_ms"] > 0, doc["at_recorded"]
     got = [(p["schedule"], p["microbatches"]) for p in doc["predictions"]]
     assert got == [("gpipe", 2), ("gpipe", 4), ("gpipe", 8), ("gpipe", 16),
-                   ("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("1f1b", 16)], got
+                   ("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("1f1b", 16),
+                   ("interleaved1f1b", 2), ("interleaved1f1b", 4), ("interleaved1f1b", 8),
+                   ("interleaved1f1b", 16)], got
     assert all(len(p["bubble_pct"]) == 2 for p in doc["predictions"]), doc["predictions"]
+    inter = {p["microbatches"]: p for p in doc["predictions"] if p["schedule"] == "interleaved1f1b"}
+    one = {p["microbatches"]: p for p in doc["predictions"] if p["schedule"] == "1f1b"}
+    assert all(p["stages_a_rank"] == 2 for p in inter.values()), inter
+    assert all(inter[m]["plan_pct"] < one[m]["plan_pct"] for m in inter), (inter, one)  # (a smaller bubble)
     r = run_main("whatif", str(rec), "--microbatches", "8", "--schedule", "gpipe")
     assert r.returncode == 0 and "the model at it" in r.stdout and "gpipe" in r.stdout, r.stdout
     r = run_main("whatif", str(rec), "--world", "4")
     assert r.returncode == 2 and "--microbatches, --schedule" in r.stderr, r.stderr
+    # three stages a rank where a rank holds three blocks: the rows that cannot run are said
+    r = run_main("whatif", str(rec), "--schedule", "loopedbfs,interleaved1f1b", "--virtual-stages", "3",
+                 "--microbatches", "4,5")
+    assert r.returncode == 0, r.stderr
+    assert "loopedbfs ×3" in r.stdout and "not predicted: interleaved1f1b × 5: interleaved 1F1B needs the " \
+        "microbatches (5) a multiple of its rounds (2)" in r.stdout, r.stdout
+    r = run_main("whatif", str(rec), "--virtual-stages", "4", "--schedule", "interleaved1f1b")
+    assert r.returncode == 0 and "not predicted" in r.stdout and "holds 3 block(s): not 4 stages' worth" in r.stdout, \
+        r.stdout
 
 
 def test_whatif_on_a_v_schedule_says_what_it_predicts_in_one_line(zbv_rec):
@@ -241,6 +256,52 @@ def test_the_pipeline_model_meets_the_plan_where_the_plan_holds():
     slow = pw.PipeMeasured(2, 4, [1.0, 2.0], [1.0, 2.0], 0.5, 3.0, 0.0, "1f1b")
     got = pw.simulate(slow, "1f1b", 4)
     assert got.step_ms > 2 * 4 * 2 + 3.0 and got.bubble_pct[0] > got.bubble_pct[1], got
+    # v stages a rank (interleaved 1F1B), each 1/v of the rank's work: the bubble shrinks v-fold,
+    # the step 2m + 2(p - 1)/v, as Megatron-LM's paper has it; looped BFS keeps GPipe's order of
+    # a stage's microbatches, so its bubble is no smaller than interleaved's
+    for p in (2, 4):
+        for v in (2, 3):
+            for m in (4, 8):
+                meas = pw.PipeMeasured(p, m, [1.0] * p, [1.0] * p, 0.0, 0.0, 0.0, "1f1b")
+                got = pw.simulate_multi(meas, "interleaved1f1b", m, v)
+                assert got.step_ms == pytest.approx(2 * m + 2 * (p - 1) / v), (p, v, m, got)
+                assert got.bubble_pct == [pytest.approx(100.0 * (p - 1) / (v * m + p - 1), abs=0.05)] * p, got
+                looped = pw.simulate_multi(meas, "loopedbfs", m, v)
+                assert looped.step_ms >= got.step_ms - 1e-9, (p, v, m, looped, got)
+    # a hop between stages costs more the more stages there are
+    hop = pw.PipeMeasured(2, 4, [1.0, 1.0], [1.0, 1.0], 0.5, 0.0, 0.0, "1f1b")
+    assert pw.simulate_multi(hop, "interleaved1f1b", 4, 2).step_ms > 2 * 4 + 1.0
+
+
+def test_the_multi_stage_order_is_torchs_own():
+    """whatif's order of each rank's actions for interleaved 1F1B and looped BFS (pure Python,
+    no torch) is the `pipeline_order` torch's own schedules compute (built here on a fake
+    process group, each rank's stages real PipelineStages), idle slots aside."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B, ScheduleLoopedBFS
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from ddptui.model import pipewhatif as pw
+    kinds = {"interleaved1f1b": ScheduleInterleaved1F1B, "loopedbfs": ScheduleLoopedBFS}
+    compared = 0
+    for p, v, m in ((2, 2, 4), (4, 2, 8), (3, 3, 5)):
+        for name, cls in kinds.items():
+            if pw.valid(name, p, m, v):
+                continue
+            for r in range(p):
+                dist.init_process_group("fake", store=FakeStore(), rank=r, world_size=p)
+                try:
+                    stages = [PipelineStage(nn.Linear(2, 2), c * p + r, p * v, torch.device("cpu")) for c in range(v)]
+                    order = cls(stages, m, loss_fn=lambda a, b: a.sum()).pipeline_order[r]
+                finally:
+                    dist.destroy_process_group()
+                theirs = [("B" if "BACKWARD" in str(a.computation_type) or str(a.computation_type).endswith("B")
+                           else "F", a.stage_index, a.microbatch_index) for a in order if a is not None]
+                assert pw._order(name, r, p, v, m) == theirs, (name, p, v, m, r)
+                compared += 1
+    assert compared == 18, compared
 
 
 def test_pp_by_dp_on_a_mesh_each_stage_ddp_replicated(tmp_path):

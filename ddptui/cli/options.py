@@ -76,6 +76,7 @@ NUMERIC: dict[str, Whole | Real] = {
     "--threads": Whole(1, 256),
     "--queue-size": Whole(1, 100_000),
     "--microbatches": Whole(1, 4096),
+    "--virtual-stages": Whole(2, 64),
     "--pg-timeout": Real(0, 7 * 86400, lo_open=True, unit="s"),
     "--speed": Real(spec.SPEED_LADDER[0], spec.SPEED_LADDER[-1]),
     "--port": Whole(1, 65535),

@@ -94,8 +94,13 @@ def parser() -> Parser:
                    help="a pipeline's recording: the same pipeline recorded at another microbatch count (a "
                         "microbatch's fixed cost, whatever its size, fitted from the two)")
     p.add_argument("--schedule", metavar="S,...", type=_list("--schedule", _schedule),
-                   help="a pipeline's recording: schedules to predict, from " + ", ".join(pipewhatif.SCHEDULES)
-                        + " (default both)")
+                   help="a pipeline's recording: schedules to predict, from " + ", ".join(pipewhatif.ALL)
+                        + " (default " + ", ".join(pipewhatif.DEFAULT) + "; the last two: several stages a "
+                        "rank, --virtual-stages)")
+    p.add_argument("--virtual-stages", metavar="V", type=NUMERIC["--virtual-stages"].converter("--virtual-stages"),
+                   default=None,
+                   help=f"a pipeline's recording: stages a rank for interleaved1f1b and loopedbfs, each rank's "
+                        f"recorded stage cut into V of equal work (default {pipewhatif.VIRTUAL})")
     p.add_argument("--json", metavar=JSON_METAVAR, help="also write the predictions as JSON to PATH (-: the JSON alone, on stdout)")
     return p
 
@@ -111,8 +116,8 @@ def _positive_int(text: str) -> int:
 
 
 def _schedule(text: str) -> str:
-    if text not in pipewhatif.SCHEDULES:
-        raise ValueError(f"--schedule: {text!r} is not one of {', '.join(pipewhatif.SCHEDULES)}")
+    if text not in pipewhatif.ALL:
+        raise ValueError(f"--schedule: {text!r} is not one of {', '.join(pipewhatif.ALL)}")
     return text
 
 
@@ -147,7 +152,8 @@ def pipeline_main(a, got) -> int:
             raise CliError(f"{a.and_file}: --and takes the same pipeline ({meas.stages} stages) at another "
                            f"microbatch count than {meas.microbatches}; it has {other.stages} stages × "
                            f"{other.microbatches}")
-    doc = pipewhatif.predict(meas, a.schedule or pipewhatif.SCHEDULES, a.microbatches, other)
+    doc = pipewhatif.predict(meas, a.schedule or pipewhatif.DEFAULT, a.microbatches, other,
+                             a.virtual_stages or pipewhatif.VIRTUAL)
     doc["recording"] = a.file
     if a.json == "-":
         json.dump(doc, sys.stdout, indent=2)
@@ -244,8 +250,9 @@ def main(argv: list[str]) -> int:
             raise CliError(f"{a.file}: a pipeline ({pipe.get('schedule')}): --bucket-cap and --world predict data "
                            "parallelism; a pipeline's: --microbatches, --schedule (docs/pipelines.md)")
         return pipeline_main(a, got)
-    if a.microbatches or a.schedule or a.and_file:
-        raise CliError(f"{a.file}: --microbatches, --schedule and --and predict a pipeline's recording; this one is none")
+    if a.microbatches or a.schedule or a.and_file or a.virtual_stages:
+        raise CliError(f"{a.file}: --microbatches, --schedule, --virtual-stages and --and predict a pipeline's "
+                       "recording; this one is none")
     worlds = a.world
     if caps is None and not worlds:
         if "ddp" in got.store.strategies() or a.strategy == "ddp":

@@ -17,10 +17,14 @@ Predicted: the same global batch cut into m microbatches (a microbatch's work on
 torch's GPipe or 1F1B code runs it (`_program`: every forward then every backward, or p − s
 warm-up forwards on stage s then one backward one forward; the sends and receives posted and
 waited where that code does), a transfer done a hop after both its stages posted it, the step
-the last stage's end plus the time outside the schedule. Calibrated at the recorded
+the last stage's end plus the time outside the schedule. Schedules of several stages a rank
+(interleaved 1F1B, looped BFS: `simulate_multi`): each rank's recorded stage cut into v chunks
+of equal work, stage c·p + r its c-th, each rank's actions in the order torch's schedule
+computes (`_order`, checked against torch's `pipeline_order`), each as soon as the rank is free
+and its input is there. Calibrated at the recorded
 configuration: the model's step there beside the measured one (`at_recorded`); what it
 leaves out (a stage's own cost around each action: posting and waiting for its sends and
-receives, the loss) added to every prediction as a cost per action of a stage (and, with a
+receives, the loss) added to every prediction as a cost per action of a rank (and, with a
 second recording, a constant a step: fitted through both).
 Pure: span batches in, plain data out; no torch.
 """
@@ -32,6 +36,12 @@ from dataclasses import dataclass, field
 from ranks.wire import MB, PIPE, STEP, mb_of
 
 SCHEDULES = ("gpipe", "1f1b")
+# several stages a rank (its stage cut into `virtual` chunks of equal work, stage c·p + r on rank
+# r), run in the order torch's schedule computes (`_order`)
+MULTI = ("interleaved1f1b", "loopedbfs")
+ALL = SCHEDULES + MULTI
+VIRTUAL = 2  # stages a rank for MULTI, unless asked
+DEFAULT = ("gpipe", "1f1b", "interleaved1f1b")  # predicted unless asked
 
 
 class PipeWhatIfError(ValueError):
@@ -49,6 +59,7 @@ class PipeMeasured:
     step_ms: float  # measured, median
     schedule: str
     act_ms: float = 0.0  # a stage's own cost between two of its microbatch actions (posting its sends, the loss)
+    layers: list[int] = field(default_factory=list)  # by stage, its blocks (where the run says them)
 
 
 @dataclass
@@ -96,8 +107,10 @@ class PipePrediction:
     schedule: str
     microbatches: int
     step_ms: float
-    bubble_pct: list[float] = field(default_factory=list)  # by stage
+    bubble_pct: list[float] = field(default_factory=list)  # by stage (by rank where several a rank)
     plan_pct: float = 0.0
+    virtual: int = 1  # stages a rank
+    actions: int = 0  # a rank's microbatch actions (forwards and backwards): the calibration's count
 
 
 def _q(vals: list[float], q: float) -> float:
@@ -162,10 +175,13 @@ def measure(steps: list[dict], info: dict) -> PipeMeasured:
                 gaps.append((got[0] - z) / 1e6)
     if len(fwd) < stages or len(bwd) < stages or not step_ms:
         raise PipeWhatIfError("no complete pipeline step in the recording (every stage's forwards and backwards)")
+    own = {int(r): len(v) for r, v in (info.get("rank_layers") or {}).items()}
+    by_stage = {v[0]: own[r] for r, v in rank_stages.items() if r in own and v}
     return PipeMeasured(stages, m, [statistics.median(fwd[s]) for s in range(stages)],
                         [statistics.median(bwd[s]) for s in range(stages)],
                         _q(gaps, 0.25) if gaps else 0.0, statistics.median(outside) if outside else 0.0,
-                        statistics.median(step_ms), schedule, _q(between, 0.25) if between else 0.0)
+                        statistics.median(step_ms), schedule, _q(between, 0.25) if between else 0.0,
+                        [by_stage[s] for s in range(stages)] if len(by_stage) == stages else [])
 
 
 def _program(schedule: str, s: int, p: int, m: int) -> list[tuple]:
@@ -248,6 +264,97 @@ def _program(schedule: str, s: int, p: int, m: int) -> list[tuple]:
     return prog
 
 
+def valid(schedule: str, p: int, m: int, v: int = VIRTUAL, layers: list[int] | None = None) -> str:
+    """Why `schedule` cannot run p ranks × m microbatches (v stages a rank), as torch refuses
+    it (or a rank holds fewer blocks than v stages would take); '' where it can."""
+    if schedule in MULTI and layers and min(layers) < v:
+        return f"a rank holds {min(layers)} block(s): not {v} stages' worth"
+    if schedule == "1f1b" and m < p:
+        return f"1F1B needs at least as many microbatches as stages ({p})"
+    if schedule == "interleaved1f1b":
+        rounds = max(1, m // p)
+        if m % rounds:
+            return f"interleaved 1F1B needs the microbatches ({m}) a multiple of its rounds ({rounds})"
+    if schedule in MULTI and v < 2:
+        return f"{schedule} needs 2 or more stages a rank"
+    return ""
+
+
+def _order(schedule: str, r: int, p: int, v: int, m: int) -> list[tuple[str, int, int]]:
+    """Rank r's microbatch actions ("F"|"B", stage, microbatch) in the order torch's schedule
+    computes them (schedules.py: ScheduleInterleaved1F1B's and ScheduleLoopedBFS's
+    `_calculate_single_rank_operations`, less their idle slots); stage c·p + r is the rank's
+    c-th."""
+    if schedule == "loopedbfs":
+        own = [c * p + r for c in range(v)]
+        return [("F", st, i) for st in own for i in range(m)] + \
+               [("B", st, i) for st in reversed(own) for i in reversed(range(m))]
+    per_round = m // max(1, m // p)
+    warm = min((v - 1) * per_round + 2 * (p - 1 - r), m * v)
+    total = v * m
+    fdone: dict[int, int] = {}
+    bdone: dict[int, int] = {}
+    out: list[tuple[str, int, int]] = []
+
+    def f(step: int) -> None:
+        st = ((step // per_round) % v) * p + r
+        out.append(("F", st, fdone.get(st, 0)))
+        fdone[st] = fdone.get(st, 0) + 1
+
+    def b(step: int) -> None:
+        st = (v - 1 - ((step - warm) // per_round) % v) * p + r
+        out.append(("B", st, bdone.get(st, 0)))
+        bdone[st] = bdone.get(st, 0) + 1
+    for op in range(warm + total):  # (warm-up forwards, then a forward and a backward, then backwards)
+        if op < warm:
+            f(op)
+        elif op < total:
+            f(op)
+            b(op)
+        else:
+            b(op)
+    return out
+
+
+def simulate_multi(meas: PipeMeasured, schedule: str, m: int, v: int = VIRTUAL,
+                   scale: Scaling | None = None) -> PipePrediction:
+    """The step of a schedule of v stages a rank on m microbatches: each rank's recorded stage
+    cut into v chunks of equal work (stage c·p + r: its c-th); every rank runs its actions in
+    `_order`'s order, each as soon as the rank is free and its input is there (a forward: the
+    stage before's forward of that microbatch, a hop later; a backward: the stage after's
+    backward), as torch's runtime waits on each action's receive before computing it and
+    sends after."""
+    p = meas.stages
+    fwd, bwd = (scale or scaling(meas)).at(m)
+    orders = [_order(schedule, r, p, v, m) for r in range(p)]
+    last = p * v - 1
+    done: dict[tuple, float] = {}
+    pos, now, busy = [0] * p, [0.0] * p, [0.0] * p
+    hop = meas.hop_ms
+    while any(pos[r] < len(orders[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            while pos[r] < len(orders[r]):
+                kind, st, i = orders[r][pos[r]]
+                dep = (("F", st - 1, i) if st > 0 else None) if kind == "F" else \
+                    (("B", st + 1, i) if st < last else ("F", st, i))
+                if dep is not None and dep not in done:
+                    break
+                ready = done[dep] + (hop if dep[1] != st else 0.0) if dep is not None else 0.0
+                c = (fwd if kind == "F" else bwd)[r] / v
+                now[r] = max(now[r], ready) + c + meas.act_ms
+                busy[r] += c
+                done[(kind, st, i)] = now[r]
+                pos[r] += 1
+                moved = True
+        if not moved:  # (never: torch's schedules are deadlock-free)
+            raise PipeWhatIfError(f"{schedule} with {m} microbatches cannot be ordered")
+    span = max(now)
+    return PipePrediction(schedule, m, span + meas.outside_ms,
+                          [round(100.0 * (1 - b / span), 1) if span > 0 else 0.0 for b in busy],
+                          round(100.0 * (p - 1) / (v * m + p - 1), 1), v, 2 * m * v)
+
+
 def simulate(meas: PipeMeasured, schedule: str, m: int, scale: Scaling | None = None) -> PipePrediction:
     """The step of `schedule` on m microbatches (the same global batch): every stage runs its
     program (`_program`); a transfer is done a hop after both its sender and its receiver
@@ -294,10 +401,11 @@ def simulate(meas: PipeMeasured, schedule: str, m: int, scale: Scaling | None = 
                           # (each stage's share of the whole step: in steady state a stage that ends
                           # early waits as long at its next step's start, inside its own step())
                           [round(100.0 * (1 - b / span), 1) if span > 0 else 0.0 for b in busy],
-                          round(100.0 * (p - 1) / (m + p - 1), 1))
+                          round(100.0 * (p - 1) / (m + p - 1), 1), 1, 2 * m)
 
 
-def predict(meas: PipeMeasured, schedules=SCHEDULES, microbatches=None, other: PipeMeasured | None = None) -> dict:
+def predict(meas: PipeMeasured, schedules=DEFAULT, microbatches=None, other: PipeMeasured | None = None,
+            virtual: int = VIRTUAL) -> dict:
     """The model at the recorded configuration (beside the measured step), and every schedule
     × microbatch count asked (default: half, the same, twice and four times the recorded).
     `other`: the same pipeline recorded at another microbatch count (the work a microbatch
@@ -322,10 +430,17 @@ def predict(meas: PipeMeasured, schedules=SCHEDULES, microbatches=None, other: P
         r0 = res0 - x * 2 * m0
 
     def calibrated(r: PipePrediction) -> PipePrediction:
-        r.step_ms += r0 + x * 2 * r.microbatches
+        r.step_ms += r0 + x * r.actions
         return r
-    rows = [calibrated(simulate(meas, s, m, sc)) for s in schedules for m in counts
-            if not (s == "1f1b" and m < meas.stages)]
+
+    def one(s: str, m: int) -> PipePrediction:
+        if s in MULTI:
+            return simulate_multi(meas, s, m, virtual, sc)
+        return simulate(meas, s, m, sc)
+    rows = [calibrated(one(s, m)) for s in schedules for m in counts
+            if not valid(s, meas.stages, m, virtual, meas.layers)]
+    left = [f"{s} × {m}: {why}" for s in schedules for m in counts
+            for why in [valid(s, meas.stages, m, virtual, meas.layers)] if why]
     out_other = None
     if osched is not None:  # (the model at the other recording's count, beside it)
         o = calibrated(simulate(meas, osched, other.microbatches, sc))
@@ -346,7 +461,9 @@ def predict(meas: PipeMeasured, schedules=SCHEDULES, microbatches=None, other: P
                         "fixed_bwd_ms": [round(x, 3) for x in sc.bwd_a]},
             **({"at_other": out_other} if out_other is not None else {}),
             "predictions": [{"schedule": r.schedule, "microbatches": r.microbatches, "step_ms": round(r.step_ms, 3),
-                             "bubble_pct": r.bubble_pct, "plan_pct": r.plan_pct} for r in rows]}
+                             "bubble_pct": r.bubble_pct, "plan_pct": r.plan_pct,
+                             **({"stages_a_rank": r.virtual} if r.virtual > 1 else {})} for r in rows],
+            "not_predicted": left}
 
 
 def text(doc: dict) -> list[str]:
@@ -373,7 +490,14 @@ def text(doc: dict) -> list[str]:
                    + f"measured" + (f" ({ot['error_pct']:+.0f} %)" if ot.get("error_pct") is not None else ""))
     for r in doc["predictions"]:
         bub = ", ".join(f"{x:.0f}" for x in r["bubble_pct"])
-        out.append(f"  {r['schedule']:<9} {r['microbatches']:>12} {r['step_ms']:>9.1f} {bub:>22} {r['plan_pct']:>7.0f}")
+        name = r["schedule"] + (f" ×{r['stages_a_rank']}" if r.get("stages_a_rank") else "")
+        out.append(f"  {name:<9} {r['microbatches']:>12} {r['step_ms']:>9.1f} {bub:>22} {r['plan_pct']:>7.0f}")
+    if any(r.get("stages_a_rank") for r in doc["predictions"]):
+        v = max(r.get("stages_a_rank") or 1 for r in doc["predictions"])
+        out.append(f"  (×{v}: {v} stages a rank, each rank's recorded stage cut into {v} of equal work; "
+                   "its bubble % by rank)")
+    for line in doc.get("not_predicted") or []:
+        out.append(f"  not predicted: {line}")
     out.append("  (the same global batch in every row; a hop costs the same at any size; a microbatch's work "
                + ("its fixed cost plus the rest in proportion to its size)" if doc["scaling"]["fitted"] else
                   "in proportion to its size: --and another recording at another count fits its fixed cost)"))
