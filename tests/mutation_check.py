@@ -80,6 +80,13 @@ FAULTS = [
           ("ddptui/model/figures.py",), "        if kind[i] == MB:\n            for pa, pz in pipes:",
           "        if kind[i] == PIPE:\n            for pa, pz in pipes:", ("tests/test_pipelining.py",),
           "bubble or microbatches_are"),
+    Fault("quiet", "attach: a hang's quiet time counted from the poll that saw it (named a poll's gap late)",
+          ("ddptui/model/frwatch.py",), "                idle = min(idle, now_s - got.polled_s)",
+          "                idle = 0.0", ("tests/test_attach.py",), "polled_less"),
+    Fault("interleaved", "what-if's interleaved 1F1B: a rank's backwards in the forwards' stage order",
+          ("ddptui/model/pipewhatif.py",), "        st = (v - 1 - ((step - warm) // per_round) % v) * p + r",
+          "        st = (((step - warm) // per_round) % v) * p + r", ("tests/test_pipelining.py",),
+          "plan_where or torchs_own"),
 ]
 
 

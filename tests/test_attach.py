@@ -177,6 +177,8 @@ def test_headless_names_the_hang_within_5_s_with_the_late_ranks_line(job, tmp_pa
     try:
         err.wait(r"^ddptui: attached to 127\.0\.0\.1:\d+: 2 ranks", 20)
         err.wait(r"^ddptui: Ctrl-C stops", 5)
+        import psutil
+        assert psutil.Process(p.pid).nice() == 10  # (an observer: the job's cores first, --nice)
         time.sleep(1.0)  # (a poll of the healthy job first)
         began = time.time()
         open(job.hang, "w").close()  # rank 1 stops before its next step

@@ -30,6 +30,7 @@ from ddptui.live.storeclient import parse_target
 from ddptui.model import frwatch
 
 PROGRESS_S = 10.0  # a progress line on stderr this often (headless)
+NICE = 10  # --nice's default
 UI_PROFILE_S = 2.0  # the UI's key p: a window this long, unless --profile-s
 
 
@@ -51,6 +52,9 @@ def parser() -> Parser:
                 help=f"seconds between polls while the job runs healthy: each poll makes every rank dump its "
                      f"Flight Recorder, so fewer cost the job less; never so long that a buffer wraps past what "
                      f"was not read (default {IDLE_S:g}; the same as --interval: one rate)")
+    add_numeric(p, "--nice", default=NICE, metavar="N",
+                help=f"run at this much lower CPU priority (default {NICE}; 0: as started): where the job keeps "
+                     f"the host's cores busy, the attach takes what they leave, not a share of the job's")
     add_numeric(p, "--hang-s", default=frwatch.HANG_S, metavar="S",
                 help=f"inside one collective this long, with no progress in its group: a hang "
                      f"(default {frwatch.HANG_S:g}; above the job's slowest step names no slow step)")
@@ -105,6 +109,11 @@ def main(argv: list[str]) -> int:
     if not a.headless:
         require_terminal("the attach UI", "use --headless to print what is named")
     a, run, json_path = build(argv)
+    if a.nice:
+        try:  # (the process and the threads it starts: an observer that yields the cores to the job's)
+            os.nice(a.nice)
+        except OSError:
+            pass
     if a.headless:
         return headless(a, run, json_path)
     from ddptui.ui.launch import run_attach_app

@@ -93,6 +93,7 @@ NUMERIC: dict[str, Whole | Real] = {
     # ddptui attach (ddptui/live/attach.py)
     "--interval": Real(0.2, 60, unit="s"),
     "--idle-interval": Real(0.2, 600, unit="s"),
+    "--nice": Whole(0, 19),
     "--hang-s": Real(0, 3600, lo_open=True, unit="s"),
     "--timeout": Real(0, 600, lo_open=True, unit="s"),
     "--max-reply-mb": Real(0, 4096, lo_open=True, unit="MB"),
