@@ -584,3 +584,29 @@ def test_a_healthy_job_is_polled_less_often_and_a_hang_still_named_within_3_s():
         first_issued = (int(began * 20) + 1) / 20  # (rank 0's all_reduce that rank 1 never issues)
         assert at - first_issued <= 3.0, (k, began, polls[-4:])
         assert run.watch.current.never == [1] and run.next_gap() == 1.0
+
+
+def test_the_typed_read_of_a_poll_is_the_tolerant_reads(job):
+    """A poll's JSON is decoded straight into typed entries (frverdict.rank_dump_json, a poll's
+    most work halved): the same RankDump as the tolerant read of its dict, on the job's real
+    buffers, read fresh and again through the cache (every entry a hit), and on JSON of
+    another shape (numbers as text, an entry of no shape), which takes the tolerant path."""
+    from ddptui.model import frverdict
+    for r, body in job.bodies.items():
+        want = frverdict.rank_dump(msgspec.json.decode(body), r, 5)
+        cache: dict = {}
+        for _ in range(2):
+            got = frverdict.rank_dump_json(body, r, 5, cache=cache)
+            assert got == want and len(got.entries) > 10 and got.status, (r, got, want)
+        odd = msgspec.json.decode(body)
+        odd["entries"][0]["record_id"] = str(odd["entries"][0]["record_id"])  # (numbers as text)
+        odd["entries"].append({"profiling_name": 7})  # (an entry of no shape: skipped, counted)
+        want = frverdict.rank_dump(msgspec.json.decode(msgspec.json.encode(odd)), r, 5)
+        got = frverdict.rank_dump_json(msgspec.json.encode(odd), r, 5, cache=cache)
+        assert got == want and got.skipped == 1, (got.skipped, want.skipped)
+    with pytest.raises(msgspec.DecodeError):
+        frverdict.rank_dump_json(b"<html>", 0)
+    with pytest.raises(frverdict.DumpFormatError):
+        frverdict.rank_dump_json(b"[1, 2]", 0)
+    empty = frverdict.rank_dump_json(b'{"version": "2.10", "pg_status": {}}', 0)
+    assert empty.entries == [] and empty.version == "2.10"

@@ -36,6 +36,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import msgspec
 from ranks import frames
 from ranks.recfile import HDR, MAGIC, FORMAT_VERSION, RecordingError, RecordingStopped, RecordWriter, read_header
 
@@ -263,15 +264,14 @@ class AttachRun:
         clock. (The polling thread's; a test hands it replies of its own.)"""
         dumps: dict[int, frverdict.RankDump] = {}
         for r, reply in sorted(replies.items()):
-            raw, why = debugserver.json_of(reply)
-            if raw is not None:
-                if isinstance(raw, dict) and "entries" not in raw:
-                    raw["entries"] = []  # (an empty buffer: the handler leaves the key out)
+            why = reply.error
+            if reply.ok:  # (decoded straight into typed entries: frverdict.rank_dump_json)
                 try:
-                    dumps[r] = frverdict.rank_dump(raw, r, now_ns, cache=self._entries.setdefault(r, {}))
+                    dumps[r] = frverdict.rank_dump_json(reply.body, r, now_ns, cache=self._entries.setdefault(r, {}))
+                except msgspec.DecodeError:
+                    why = debugserver.json_of(reply)[1]  # (not JSON: the phrase says what it is)
                 except frverdict.DumpFormatError as e:
                     why = f"its fr_trace_json is not a Flight Recorder dump ({e})"
-            del raw
             if r not in dumps:
                 self._entries.pop(r, None)
             self._note_answer(r, None if r in dumps else why)

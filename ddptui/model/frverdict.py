@@ -42,6 +42,8 @@ Pure: plain data in, a `Verdict` out (`doc()` for JSON, `lines()` and `headline(
 from __future__ import annotations
 
 from collections import Counter
+
+import msgspec
 from dataclasses import dataclass, field
 
 from ranks.core.flightrec import entry_bytes
@@ -238,6 +240,100 @@ _CHANGING = ("record_id", "state", "retired", "time_discovered_started_ns", "tim
              "duration_ms", "collective_seq_id", "p2p_seq_id", "profiling_name", "time_created_ns")
 
 
+class _JEntry(msgspec.Struct, gc=False):
+    """An entry of the JSON form as torch 2.11-2.15 write it, typed (rank_dump_json); a field of
+    another type fails the whole decode, which then takes the tolerant path."""
+    record_id: int
+    profiling_name: str = ""
+    process_group: tuple[str, str] | None = None
+    pg_id: int | None = None
+    collective_seq_id: int | None = None
+    p2p_seq_id: int | None = None
+    op_id: int | None = None
+    is_p2p: bool | None = None
+    input_sizes: tuple[tuple[int, ...], ...] = ()
+    input_dtypes: tuple[str, ...] = ()
+    output_sizes: tuple[tuple[int, ...], ...] = ()
+    output_dtypes: tuple[str, ...] = ()
+    state: str = ""
+    retired: bool | None = None
+    time_created_ns: int | None = None
+    time_discovered_started_ns: int | None = None
+    time_discovered_completed_ns: int | None = None
+    duration_ms: float | None = None
+    timeout_ms: int | None = None
+    frames: list | None = None
+
+
+class _JDump(msgspec.Struct, gc=False):
+    entries: list[_JEntry] = []
+    version: str | int | float | None = None
+    pg_config: dict | None = None
+    pg_status: dict | None = None
+
+
+_JSON_DUMP = msgspec.json.Decoder(_JDump)
+
+
+def _jentry(rank: int, e: _JEntry) -> FrEntry | None:
+    """`_entry` of a typed entry (the same reading, without the tolerant conversions)."""
+    name = e.profiling_name
+    if not name:
+        return None
+    backend, _, op = name.partition(":")
+    if not op:
+        backend, op = "", backend
+    pg = e.process_group
+    gname, desc = pg if pg is not None else (str(e.pg_id if e.pg_id is not None else "?"), "")
+    p2p = e.is_p2p if e.is_p2p is not None else op.split(" ")[0] in ("send", "recv")
+    seq = e.p2p_seq_id if p2p else e.collective_seq_id
+    if seq is None:
+        return None
+    return FrEntry(rank=rank, record_id=e.record_id, group=gname, desc=desc, pg_id=e.pg_id, seq=seq, p2p=p2p,
+                   op=op.strip(), backend=backend.strip(), in_sizes=e.input_sizes, in_dtypes=e.input_dtypes,
+                   out_sizes=e.output_sizes, out_dtypes=e.output_dtypes, state=e.state, retired=e.retired,
+                   created_ns=e.time_created_ns, started_ns=e.time_discovered_started_ns,
+                   completed_ns=e.time_discovered_completed_ns,
+                   duration_ms=e.duration_ms if e.duration_ms == e.duration_ms else None,
+                   timeout_ms=e.timeout_ms, where=_where(e.frames), op_id=e.op_id,
+                   coll_seq=e.collective_seq_id if p2p else None)
+
+
+def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: dict | None = None) -> RankDump:
+    """`rank_dump` of a dump's JSON form (the debug server's ``fr_trace_json``), decoded straight
+    into typed entries: an entry read at the last poll with the same state is not read again,
+    a new one without a dict or a conversion a field (a poll's most work, `ddptui attach`).
+    JSON of another shape (older versions' numbers as text) takes `rank_dump`'s tolerant path;
+    msgspec.DecodeError where it is not JSON at all."""
+    try:
+        d = _JSON_DUMP.decode(body)
+    except msgspec.ValidationError:
+        raw = msgspec.json.decode(body)
+        if isinstance(raw, dict) and "entries" not in raw:
+            raw["entries"] = []  # (an empty buffer: the handler leaves the key out)
+        return rank_dump(raw, rank, dumped_ns, cache)
+    out = RankDump(rank=rank, version=str(d.version or ""), dumped_ns=dumped_ns)
+    kept: dict = {}
+    for e in d.entries:
+        sig = (e.record_id, e.state, e.retired, e.time_discovered_started_ns, e.time_discovered_completed_ns,
+               e.duration_ms, e.collective_seq_id, e.p2p_seq_id, e.profiling_name, e.time_created_ns)
+        hit = cache.get(sig[0]) if cache is not None else None
+        got = hit[1] if hit is not None and hit[0] == sig else _jentry(rank, e)
+        if got is None:
+            out.skipped += 1
+            continue
+        kept[sig[0]] = (sig, got)
+        out.entries.append(got)
+    if cache is not None:
+        cache.clear()
+        cache.update(kept)
+    if d.entries and not out.entries:
+        raise DumpFormatError(f"none of its {len(d.entries)} entries has a Flight Recorder entry's shape")
+    out.entries.sort(key=lambda x: x.record_id)
+    _groups(out, d.pg_config, d.pg_status)
+    return out
+
+
 def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None = None) -> RankDump:
     """One rank's dump (plain data: the pickle's or the JSON's) read; DumpFormatError when it
     is not a Flight Recorder dump. Entries of no readable shape are skipped (counted).
@@ -270,7 +366,12 @@ def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None =
     if raw["entries"] and not out.entries:
         raise DumpFormatError(f"none of its {len(raw['entries'])} entries has a Flight Recorder entry's shape")
     out.entries.sort(key=lambda x: x.record_id)
-    cfg = raw.get("pg_config")
+    _groups(out, raw.get("pg_config"), raw.get("pg_status"))
+    return out
+
+
+def _groups(out: RankDump, cfg, st) -> None:
+    """A dump's pg_config and pg_status read into `out` (its entries read already)."""
     if isinstance(cfg, dict):
         for key, c in cfg.items():
             if not isinstance(c, dict):
@@ -282,7 +383,6 @@ def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None =
             if name and c.get("desc"):
                 out.group_desc[name] = str(c["desc"])
     names = {e.pg_id: e.group for e in out.entries if e.pg_id is not None}
-    st = raw.get("pg_status")
     if isinstance(st, dict):
         gloo = out.backend in NO_STATE_BACKENDS
         for key, s in st.items():
@@ -294,7 +394,6 @@ def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None =
             out.status[name] = tuple(_status_seq(mine, _int(s.get(f), -1), gloo, f.endswith("completed"))  # type: ignore[assignment]
                                      for f in ("last_enqueued_collective", "last_started_collective",
                                                "last_completed_collective"))
-    return out
 
 
 def _status_seq(mine: list[FrEntry], v: int, gloo: bool, completed: bool) -> int:
