@@ -610,3 +610,13 @@ def test_the_typed_read_of_a_poll_is_the_tolerant_reads(job):
         frverdict.rank_dump_json(b"[1, 2]", 0)
     empty = frverdict.rank_dump_json(b'{"version": "2.10", "pg_status": {}}', 0)
     assert empty.entries == [] and empty.version == "2.10"
+
+
+def test_an_idle_interval_below_the_interval_is_one_line():
+    """--idle-interval under --interval would poll a healthy job more often than one that may
+    hang: refused in one line, before anything connects (nothing listens at the target)."""
+    got = run_main("attach", "127.0.0.1:1", "--headless", "--interval", "2", "--idle-interval", "0.5")
+    assert got.returncode == 2 and got.stdout == "", got
+    assert got.stderr.splitlines() == ["ddptui: error: --idle-interval 0.5 s is less than --interval 2 s: a healthy "
+                                       "job is never polled more often than one that may hang (give --interval 0.5 "
+                                       "for one rate)"], got.stderr

@@ -9,6 +9,7 @@ no microbatch running, beside the schedule's plan; a stage slower than the other
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -225,11 +226,15 @@ def test_whatif_predicts_other_microbatch_counts_and_schedules(one_f1b, tmp_path
     r = run_main("whatif", str(rec), "--schedule", "loopedbfs,interleaved1f1b", "--virtual-stages", "3",
                  "--microbatches", "4,5")
     assert r.returncode == 0, r.stderr
-    assert "loopedbfs ×3" in r.stdout and "not predicted: interleaved1f1b × 5: interleaved 1F1B needs the " \
-        "microbatches (5) a multiple of its rounds (2)" in r.stdout, r.stdout
+    assert "loopedbfs ×3" in r.stdout and "not predicted: interleaved1f1b at 5 microbatches: torch's interleaved " \
+        "1F1B runs its microbatches in rounds of about 2 (the ranks): 5 // 2 = 2 rounds, and 5 is not a multiple of 2 " \
+        "(try 4 or 6)" in r.stdout, r.stdout
+    rows = [ln for ln in r.stdout.splitlines() if re.match(r"  (loopedbfs|interleaved1f1b) ", ln)]
+    assert len(rows) == 3 and len({ln.index(" ms") if " ms" in ln else len(ln) for ln in rows}) == 1, rows  # (aligned)
+    # nothing left to predict: one line, exit 2
     r = run_main("whatif", str(rec), "--virtual-stages", "4", "--schedule", "interleaved1f1b")
-    assert r.returncode == 0 and "not predicted" in r.stdout and "holds 3 block(s): not 4 stages' worth" in r.stdout, \
-        r.stdout
+    assert r.returncode == 2 and "nothing to predict" in r.stderr and "holds 3 block(s): not 4 stages' worth" in r.stderr, \
+        (r.stdout, r.stderr)
 
 
 def test_whatif_on_a_v_schedule_says_what_it_predicts_in_one_line(zbv_rec):

@@ -40,7 +40,8 @@ def parser() -> Parser:
                            "(nothing of ddptui inside it): every rank's Flight Recorder polled through its "
                            "own debug server, the collectives drawn per rank, a hang or desync named with "
                            "each late rank's Python stack (file, line, function). Read-only: it never "
-                           "writes to the job's store or changes the job. docs/attach.md.")
+                           "writes to the job's store or changes the job. Headless, it exits 1 when a hang or "
+                           "desync stands at the end, 0 otherwise. docs/attach.md.")
     p.add_argument("target", metavar="HOST:PORT",
                    help="the job's MASTER_ADDR:MASTER_PORT (its TCPStore), e.g. node0:29500")
     p.add_argument("--headless", action="store_true",
@@ -48,10 +49,11 @@ def parser() -> Parser:
     add_numeric(p, "--interval", default=1.0, metavar="S",
                 help="seconds between polls of every rank at the start, while a collective stands stuck, a hang "
                      "is named or a rank does not answer (default 1)")
-    add_numeric(p, "--idle-interval", default=IDLE_S, metavar="S",
+    add_numeric(p, "--idle-interval", default=None, metavar="S",
                 help=f"seconds between polls while the job runs healthy: each poll makes every rank dump its "
                      f"Flight Recorder, so fewer cost the job less; never so long that a buffer wraps past what "
-                     f"was not read (default {IDLE_S:g}; the same as --interval: one rate)")
+                     f"was not read (default {IDLE_S:g}, or --interval where that is longer; the same as "
+                     f"--interval: one rate; never less than --interval)")
     add_numeric(p, "--nice", default=NICE, metavar="N",
                 help=f"run at this much lower CPU priority (default {NICE}; 0: as started): where the job keeps "
                      f"the host's cores busy, the attach takes what they leave, not a share of the job's")
@@ -88,8 +90,13 @@ def build(argv: list[str]) -> tuple:
         raise CliError("--json needs --headless (the UI writes no JSON)")
     if a.duration is not None and not a.headless:
         raise CliError("--duration needs --headless (the UI runs until you quit)")
+    if a.idle_interval is not None and a.idle_interval < a.interval:
+        raise CliError(f"--idle-interval {a.idle_interval:g} s is less than --interval {a.interval:g} s: a healthy job "
+                       f"is never polled more often than one that may hang (give --interval {a.idle_interval:g} for "
+                       f"one rate)")
     json_path = json_target(a.json)
-    opts = AttachOptions(host, port, interval_s=a.interval, idle_s=max(a.interval, a.idle_interval), hang_s=a.hang_s,
+    idle = max(a.interval, IDLE_S if a.idle_interval is None else a.idle_interval)
+    opts = AttachOptions(host, port, interval_s=a.interval, idle_s=idle, hang_s=a.hang_s,
                          timeout_s=a.timeout, cap_mb=a.max_reply_mb)
     run = AttachRun(opts)
     try:

@@ -32,9 +32,17 @@ P9c fits one to seed 002's naive A100 runs: ~86 µs), taken out of alpha.
 instead of the fitted beta. World-size and bandwidth predictions are unchecked until a GPU
 run checks them.
 
+A pipeline's recording (torch.distributed.pipelining, GPipe or 1F1B) is predicted at other
+microbatch counts (--microbatches; the same global batch) and schedules (--schedule):
+GPipe and 1F1B as torch's code runs them, interleaved 1F1B and looped BFS with
+--virtual-stages stages a rank (each rank's recorded stage cut into that many of equal
+work). Each row: the step, each stage's bubble % (the share of the step it computes
+nothing), and the plan's bubble for that schedule, (p-1)/(V·m+p-1). docs/pipelines.md.
+
 examples:
   ddptui whatif demo/cpu-medium-2ranks.ddptui --bucket-cap 1,5,25,100
   ddptui whatif run.ddptui --world 2,4,8,16,32,64 --bus-gbps 50 --json whatif.json
+  ddptui whatif pipe4.ddptui --and pipe8.ddptui --schedule 1f1b,interleaved1f1b --virtual-stages 4
 """
 
 
@@ -61,7 +69,8 @@ def _list(name: str, conv):
 def parser() -> Parser:
     p = Parser(prog="ddptui whatif", epilog=EPILOG,
                 description="Predict DDP's step time, exposed communication and overlap under other "
-                            "bucket caps, world sizes or bus bandwidths from one recording.",
+                            "bucket caps, world sizes or bus bandwidths from one recording; a pipeline's "
+                            "step and bubble at other microbatch counts and schedules.",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE", help="a .ddptui recording (or a directory of rank<r>.ddptui)")
     p.add_argument("--bucket-cap", metavar="MB,...",
@@ -154,6 +163,8 @@ def pipeline_main(a, got) -> int:
                            f"{other.microbatches}")
     doc = pipewhatif.predict(meas, a.schedule or pipewhatif.DEFAULT, a.microbatches, other,
                              a.virtual_stages or pipewhatif.VIRTUAL)
+    if not doc["predictions"]:
+        raise CliError(f"{a.file}: nothing to predict: " + "; ".join(doc["not_predicted"][:4]))
     doc["recording"] = a.file
     if a.json == "-":
         json.dump(doc, sys.stdout, indent=2)

@@ -120,6 +120,7 @@ class AttachRun:
         self._silent = 0
         self._entries: dict[int, dict] = {}  # rank -> its entries read at the last poll (rank_dump's cache)
         self._empty_said = False
+        self._many_said = False
         self.busy_polls = 0  # polls in a row in which the job's collectives went on (it trains)
         self._client: StoreClient | None = None
         self._reprobe_at = 0.0
@@ -307,13 +308,13 @@ class AttachRun:
             self.store.set_meta(run_meta(self.world, backend, self.opts.target, []))
             self._open_recording(backend)
         self.store.revise_meta("flight_recorder", self.doc(verdict))
-        was = self.stream.per_drawn
         for f in self.stream.poll(dumps, verdict, now_ns, self.watch.current is not None):
             self.feed.frame(f)
         per = self.stream.per_drawn
-        if per > 1 and was == 1:  # (said once a stretch: when it starts)
-            self._say("info", f"the job makes more steps between two polls than are drawn apart: up to {per} "
-                              "of its steps to a drawn step (every collective is drawn)")
+        if per > 1 and not self._many_said:  # (said once: a fast job)
+            self._many_said = True
+            self._say("info", f"a fast job: it makes more steps between two polls than are drawn one by one, so up to "
+                              f"{per} of its steps are drawn as one (every collective is still drawn)")
         self.busy_polls = self.busy_polls + 1 if self.stream.last_settled else 0
         self.store.update()
 

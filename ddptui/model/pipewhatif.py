@@ -274,7 +274,9 @@ def valid(schedule: str, p: int, m: int, v: int = VIRTUAL, layers: list[int] | N
     if schedule == "interleaved1f1b":
         rounds = max(1, m // p)
         if m % rounds:
-            return f"interleaved 1F1B needs the microbatches ({m}) a multiple of its rounds ({rounds})"
+            near = sorted((k for k in range(max(1, m - 4), m + 5) if k % max(1, k // p) == 0), key=lambda k: (abs(k - m), k))
+            return (f"torch's interleaved 1F1B runs its microbatches in rounds of about {p} (the ranks): {m} // {p} = "
+                    f"{rounds} rounds, and {m} is not a multiple of {rounds} (try {' or '.join(map(str, sorted(near[:2])))})")
     if schedule in MULTI and v < 2:
         return f"{schedule} needs 2 or more stages a rank"
     return ""
@@ -439,7 +441,7 @@ def predict(meas: PipeMeasured, schedules=DEFAULT, microbatches=None, other: Pip
         return simulate(meas, s, m, sc)
     rows = [calibrated(one(s, m)) for s in schedules for m in counts
             if not valid(s, meas.stages, m, virtual, meas.layers)]
-    left = [f"{s} × {m}: {why}" for s in schedules for m in counts
+    left = [f"{s} at {m} microbatch{'es' if m != 1 else ''}: {why}" for s in schedules for m in counts
             for why in [valid(s, meas.stages, m, virtual, meas.layers)] if why]
     out_other = None
     if osched is not None:  # (the model at the other recording's count, beside it)
@@ -479,7 +481,7 @@ def text(doc: dict) -> list[str]:
            + " ms · backward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(me["bwd_ms"]))
            + f" ms · hop {me['hop_ms']:.2f} ms · between two actions {me['act_ms']:.2f} ms · outside the schedule "
            + f"{me['outside_ms']:.1f} ms",
-           f"  {'schedule':<9} {'microbatches':>12} {'step ms':>9} {'bubble % by stage':>22} {'plan %':>7}"]
+           ""]
     ot = doc.get("at_other")
     if ot is not None:
         sc = doc["scaling"]
@@ -488,17 +490,25 @@ def text(doc: dict) -> list[str]:
                    + " ms, backward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(sc["fixed_bwd_ms"]))
                    + f" ms; the model at {ot['microbatches']}: {ot['step_ms']:.1f} ms against {ot['measured_ms']:.1f} "
                    + f"measured" + (f" ({ot['error_pct']:+.0f} %)" if ot.get("error_pct") is not None else ""))
-    for r in doc["predictions"]:
+    names = [r["schedule"] + (f" ×{r['stages_a_rank']}" if r.get("stages_a_rank") else "") for r in doc["predictions"]]
+    w = max([len("schedule")] + [len(n) for n in names])
+    head = out.index("")
+    out[head] = f"  {'schedule':<{w}} {'microbatches':>12} {'step ms':>9} {'bubble % by stage':>22} {'plan %':>7}"
+    stages = doc["measured"]["stages"]
+    for name, r in zip(names, doc["predictions"]):
         bub = ", ".join(f"{x:.0f}" for x in r["bubble_pct"])
-        name = r["schedule"] + (f" ×{r['stages_a_rank']}" if r.get("stages_a_rank") else "")
-        out.append(f"  {name:<9} {r['microbatches']:>12} {r['step_ms']:>9.1f} {bub:>22} {r['plan_pct']:>7.0f}")
+        multi = r["schedule"] in MULTI and r["microbatches"] < stages  # (its plan holds from m = p up)
+        plan = f"{'-':>7}" if multi else f"{r['plan_pct']:>7.0f}"
+        out.append(f"  {name:<{w}} {r['microbatches']:>12} {r['step_ms']:>9.1f} {bub:>22} {plan}")
     if any(r.get("stages_a_rank") for r in doc["predictions"]):
         v = max(r.get("stages_a_rank") or 1 for r in doc["predictions"])
-        out.append(f"  (×{v}: {v} stages a rank, each rank's recorded stage cut into {v} of equal work; "
-                   "its bubble % by rank)")
+        out.append(f"  (×{v}: {v} stages a rank, each rank's recorded stage cut into {v} of equal work, its bubble % by "
+                   f"rank; each action's own cost, {doc['at_recorded']['calibration']['per_action_ms']:+.2f} ms, is paid "
+                   f"{v} times as often: with a large one more stages a rank can be slower despite a smaller bubble)")
     for line in doc.get("not_predicted") or []:
         out.append(f"  not predicted: {line}")
     out.append("  (the same global batch in every row; a hop costs the same at any size; a microbatch's work "
                + ("its fixed cost plus the rest in proportion to its size)" if doc["scaling"]["fitted"] else
-                  "in proportion to its size: --and another recording at another count fits its fixed cost)"))
+                  "scaled in proportion to its size: pass --and FILE, a recording at another microbatch count, to "
+                  "fit the part that does not shrink)"))
     return out
