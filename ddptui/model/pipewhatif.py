@@ -125,8 +125,8 @@ def measure(steps: list[dict], info: dict) -> PipeMeasured:
     schedule = str(info.get("schedule"))
     rank_stages = {int(r): v for r, v in (info.get("rank_stages") or {}).items()}
     if stages < 2 or m < 1 or any(len(v) != 1 for v in rank_stages.values()):
-        raise PipeWhatIfError(f"predicts a pipeline of one stage a rank (GPipe, 1F1B); this run's {schedule} holds "
-                              "several stages a rank")
+        raise PipeWhatIfError(f"predicts from a recording of one stage a rank (GPipe or 1F1B, from which it predicts "
+                              f"interleaved 1F1B and looped BFS too); this run's {schedule} holds several stages a rank")
     fwd: dict[int, list[float]] = {}
     bwd: dict[int, list[float]] = {}
     gaps: list[float] = []
