@@ -597,7 +597,7 @@ def test_the_typed_read_of_a_poll_is_the_tolerant_reads(job):
         cache: dict = {}
         for _ in range(2):
             got = frverdict.rank_dump_json(body, r, 5, cache=cache)
-            assert got == want and len(got.entries) > 10 and got.status, (r, got, want)
+            assert got == want and len(got.entries) >= 5 and got.status, (r, len(got.entries), got == want)
         odd = msgspec.json.decode(body)
         odd["entries"][0]["record_id"] = str(odd["entries"][0]["record_id"])  # (numbers as text)
         odd["entries"].append({"profiling_name": 7})  # (an entry of no shape: skipped, counted)
