@@ -369,12 +369,12 @@ def summarize(steps: list[StepWaits | None], layer_names: list[str],
     for s in steps:
         if s.last_arriver is not None:
             counts[s.last_arriver] = counts.get(s.last_arriver, 0) + 1
-    if counts and per_layer:
-        _arrival_culprit(out, steps, counts, layer_names)
-    elif counts:
+    if counts:
         rank = max(counts, key=lambda r: (counts[r], -r))
         out["last_arriver_rank"] = rank
         out["last_arriver_pct"] = round(100.0 * counts[rank] / len(steps), 1)
+        if per_layer:
+            _arrival_culprit(out, steps, rank, layer_names)
     if out["gathering"]:  # who arrived last, but no culprit yet
         out.update(culprit_layer=None, culprit="", culprit_rank=None, culprit_from=None)
     elif ev and ev["culprit"]:  # the per-layer evidence names the culprit when it can
@@ -442,10 +442,7 @@ def summarize_cached(steps: list[StepWaits | None], layer_names: list[str],
     return _SUMMARIES.get(key, sources, lambda: summarize(steps, layer_names, evidence_steps, per_layer))
 
 
-def _arrival_culprit(out: dict, steps: list[StepWaits], counts: dict[int, int], layer_names: list[str]) -> None:
-    rank = max(counts, key=lambda r: (counts[r], -r))
-    out["last_arriver_rank"] = rank
-    out["last_arriver_pct"] = round(100.0 * counts[rank] / len(steps), 1)
+def _arrival_culprit(out: dict, steps: list[StepWaits], rank: int, layer_names: list[str]) -> None:
     layers: dict[int, list[float]] = {}
     for s in steps:
         if s.culprit is not None and s.culprit[0] == rank:
