@@ -356,8 +356,16 @@ def simulate_multi(meas: PipeMeasured, schedule: str, m: int, v: int = VIRTUAL,
                 moved = True
         if not moved:  # (never: torch's schedules are deadlock-free)
             raise PipeWhatIfError(f"{schedule} with {m} microbatches cannot be ordered")
+    return _prediction(meas, schedule, m, v, now, busy)
+
+
+def _prediction(meas: PipeMeasured, schedule: str, m: int, v: int, now: list[float], busy: list[float]) -> PipePrediction:
+    """A simulated step: its last rank's end, each rank's bubble, the plan's (v stages a rank)."""
+    p = meas.stages
     span = max(now)
     return PipePrediction(schedule, m, span + meas.outside_ms,
+                          # (each stage's share of the whole step: in steady state a stage that ends
+                          # early waits as long at its next step's start, inside its own step())
                           [round(100.0 * (1 - b / span), 1) if span > 0 else 0.0 for b in busy],
                           round(100.0 * (p - 1) / (v * m + p - 1), 1), v, 2 * m)
 
@@ -403,12 +411,7 @@ def simulate(meas: PipeMeasured, schedule: str, m: int, scale: Scaling | None = 
                 moved = True
         if not moved:  # (never: torch's schedules are deadlock-free)
             raise PipeWhatIfError(f"{schedule} with {m} microbatches cannot be ordered")
-    span = max(now)
-    return PipePrediction(schedule, m, span + meas.outside_ms,
-                          # (each stage's share of the whole step: in steady state a stage that ends
-                          # early waits as long at its next step's start, inside its own step())
-                          [round(100.0 * (1 - b / span), 1) if span > 0 else 0.0 for b in busy],
-                          round(100.0 * (p - 1) / (m + p - 1), 1), 1, 2 * m)
+    return _prediction(meas, schedule, m, 1, now, busy)
 
 
 def predict(meas: PipeMeasured, schedules=DEFAULT, microbatches=None, other: PipeMeasured | None = None,
