@@ -879,9 +879,10 @@ def _group(name: str, desc: str, dumps: dict[int, RankDump], world: int) -> Grou
         never = [r for r in have if s not in seqs_of[r] and (
             s > tops[r] if tops[r] is not None else not dumps[r].wrapped)]
         unknown = sorted(set(ranks) - set(present) - set(never))
-        sigs = Counter(_signature(es) for es in present.values())
+        sig_of = {r: _signature(es) for r, es in present.items()}
+        sigs = Counter(sig_of.values())
         best = max(sigs.values())
-        ref_rank = min(r for r, es in present.items() if sigs[_signature(es)] == best)
+        ref_rank = min(r for r in present if sigs[sig_of[r]] == best)
         ref = present[ref_rank]
         d = Disagreement(s, ref[-1], sorted(present), never=never, unknown=unknown)
         for r, es in sorted(present.items()):
@@ -897,8 +898,7 @@ def _group(name: str, desc: str, dumps: dict[int, RankDump], world: int) -> Grou
                 d.other_dtypes[r] = b
             elif a.state != b.state:
                 d.other_state[r] = b
-        d.agree = sorted(r for r, es in present.items() if _signature(es) == _signature(ref)
-                         and r not in d.other_state)
+        d.agree = sorted(r for r in present if sig_of[r] == sig_of[ref_rank] and r not in d.other_state)
         if d.kinds:
             g.first = d
             break
