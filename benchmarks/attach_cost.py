@@ -66,6 +66,7 @@ def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float |
                            stdout=open(os.path.join(d, "job.log"), "w"), stderr=subprocess.STDOUT,
                            start_new_session=True, env=env)
     phases: list[tuple[str, int, int, float, float]] = []  # (on/off, start ns, end ns, job cpu s, attach cpu s)
+    atts: dict[str, subprocess.Popen] = {}
     try:
         deadline = time.monotonic() + 120
         while not os.path.exists(ready):
@@ -77,7 +78,6 @@ def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float |
         # one attach process a kind for the whole job, paused (SIGSTOP) outside its phases: no
         # start-up in any phase, so phases can be short and many (a 2-rank job on 2 cores
         # switches between speeds for seconds at a time, whatever runs beside it)
-        atts: dict[str, subprocess.Popen] = {}
         for kind in kinds[1:]:
             cmd = [sys.executable, "-m", "ddptui", "attach", f"127.0.0.1:{port}", "--headless", "--no-record"]
             if interval:
@@ -105,16 +105,20 @@ def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float |
             if att is not None:
                 att.send_signal(signal.SIGSTOP)
             phases.append((kind, t0, t1, c1 - c0, a1 - a0))
-        for att in atts.values():
-            att.send_signal(signal.SIGCONT)
-            att.send_signal(signal.SIGINT)
-            try:
-                att.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                att.kill()
-                att.wait()
-    finally:
-        stop_group(job)
+    finally:  # (however the run ends: no attach left paused, the job stopped)
+        try:
+            for att in atts.values():
+                if att.poll() is None:
+                    att.send_signal(signal.SIGCONT)
+                    att.send_signal(signal.SIGTERM)  # (not SIGINT: a shell's background job ignores it)
+            for att in atts.values():
+                try:
+                    att.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    att.kill()
+                    att.wait()
+        finally:
+            stop_group(job)
     steps = []
     with open(times) as f:
         for line in f:
@@ -143,6 +147,7 @@ def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float |
 
 
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the cleanup runs: no attach left paused)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one pair of 4 s phases, the host-bound job only")
     p.add_argument("--phase-s", type=float, default=None, help="seconds a phase (default 5)")

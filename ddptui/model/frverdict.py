@@ -316,7 +316,7 @@ def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: 
     kept: dict = {}
     for e in d.entries:
         sig = (e.record_id, e.state, e.retired, e.time_discovered_started_ns, e.time_discovered_completed_ns,
-               e.duration_ms, e.collective_seq_id, e.p2p_seq_id, e.profiling_name, e.time_created_ns)
+               e.duration_ms, e.collective_seq_id, e.p2p_seq_id, e.profiling_name, e.time_created_ns)  # (_CHANGING)
         hit = cache.get(sig[0]) if cache is not None else None
         got = hit[1] if hit is not None and hit[0] == sig else _jentry(rank, e)
         if got is None:

@@ -13,8 +13,9 @@ names only what lasts:
   group made no progress for as long (no rank issued or completed any of its collectives:
   each rank's last issued and last completed, as the verdict says them, unchanged across
   polls; since the newest moment its entries hold, and at most since the poll before the
-  one that saw it change, so that polls seconds apart add nothing to the time it takes): a job whose backend runs ahead of its
-  collectives (NCCL's queue) keeps issuing, and is not named.
+  one that saw it change, so that polls seconds apart add nothing to the time it takes): a
+  job whose backend runs ahead of its collectives (NCCL's queue) keeps issuing, and is not
+  named.
 
 Point-to-point ops the same way, as the verdict pairs them (`GroupVerdict.p2p`: a group's
 sends with their recvs per (src, dst)): a **hang** when a recv that no send answers (or a send

@@ -111,11 +111,6 @@ class PipePrediction:
     bubble_pct: list[float] = field(default_factory=list)  # by stage (by rank where several a rank)
     plan_pct: float = 0.0
     virtual: int = 1  # stages a rank
-    # the calibration's count: a rank's forward and backward of each microbatch (2m), however many
-    # stages a rank (measured: interleaved 1F1B × 8 within ±5 % of 1F1B × 8 on 2 CPU ranks, where
-    # charging the residual per chunk (2mV) predicted it 15 % slow: what it stands for does not grow
-    # with the chunks)
-    actions: int = 0
 
 
 def _q(vals: list[float], q: float) -> float:
@@ -367,7 +362,7 @@ def _prediction(meas: PipeMeasured, schedule: str, m: int, v: int, now: list[flo
                           # (each stage's share of the whole step: in steady state a stage that ends
                           # early waits as long at its next step's start, inside its own step())
                           [round(100.0 * (1 - b / span), 1) if span > 0 else 0.0 for b in busy],
-                          round(100.0 * (p - 1) / (v * m + p - 1), 1), v, 2 * m)
+                          round(100.0 * (p - 1) / (v * m + p - 1), 1), v)
 
 
 def simulate(meas: PipeMeasured, schedule: str, m: int, scale: Scaling | None = None) -> PipePrediction:
@@ -440,7 +435,10 @@ def predict(meas: PipeMeasured, schedules=DEFAULT, microbatches=None, other: Pip
         r0 = res0 - x * 2 * m0
 
     def calibrated(r: PipePrediction) -> PipePrediction:
-        r.step_ms += r0 + x * r.actions
+        # once a microbatch's forward and backward on a rank (2m), however many stages a rank:
+        # interleaved 1F1B × 8 ran within ±5 % of 1F1B × 8 on 2 CPU ranks, where charging it a
+        # chunk (2mV) predicted it 15 % slow: what it stands for does not grow with the chunks
+        r.step_ms += r0 + x * 2 * r.microbatches
         return r
 
     def one(s: str, m: int) -> PipePrediction:
@@ -488,20 +486,18 @@ def text(doc: dict) -> list[str]:
            "  a microbatch: forward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(me["fwd_ms"]))
            + " ms · backward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(me["bwd_ms"]))
            + f" ms · hop {me['hop_ms']:.2f} ms · between two actions {me['act_ms']:.2f} ms · outside the schedule "
-           + f"{me['outside_ms']:.1f} ms",
-           ""]
+           + f"{me['outside_ms']:.1f} ms"]
     ot = doc.get("at_other")
     if ot is not None:
         sc = doc["scaling"]
-        out.insert(2, f"  with the recording at {ot['microbatches']} microbatches: a microbatch's fixed cost "
+        out.append(f"  with the recording at {ot['microbatches']} microbatches: a microbatch's fixed cost "
                       "(whatever its size) forward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(sc["fixed_fwd_ms"]))
                    + " ms, backward " + ", ".join(f"s{s} {v:.2f}" for s, v in enumerate(sc["fixed_bwd_ms"]))
                    + f" ms; the model at {ot['microbatches']}: {ot['step_ms']:.1f} ms against {ot['measured_ms']:.1f} "
                    + f"measured" + (f" ({ot['error_pct']:+.0f} %)" if ot.get("error_pct") is not None else ""))
     names = [r["schedule"] + (f" ×{r['stages_a_rank']}" if r.get("stages_a_rank") else "") for r in doc["predictions"]]
     w = max([len("schedule")] + [len(n) for n in names])
-    head = out.index("")
-    out[head] = f"  {'schedule':<{w}} {'microbatches':>12} {'step ms':>9} {'bubble % by stage':>22} {'plan %':>7}"
+    out.append(f"  {'schedule':<{w}} {'microbatches':>12} {'step ms':>9} {'bubble % by stage':>22} {'plan %':>7}")
     stages = doc["measured"]["stages"]
     for name, r in zip(names, doc["predictions"]):
         bub = ", ".join(f"{x:.0f}" for x in r["bubble_pct"])
