@@ -52,8 +52,9 @@ imports `ddptui` (the app reads its seams from here too).
 - ``DDPTUI_GRAPH_CAPTURE`` (`graph_capture`): ``1``: every layer mark an op of a compiled
   graph runs (ranks.core.markop) finds its stream capturing a CUDA graph, as under
   `mode="reduce-overhead"` on a GPU, so that the marks are skipped and counted, not recorded
-  into the graph (read once when ranks.core.markop is imported). Used by
-  tests/test_compiled.py (`test_marks_inside_a_cuda_graph_capture_are_skipped_and_said`).
+  into the graph (read once when ranks.core.markop is imported); ``rank:N``: on rank N only.
+  Used by tests/test_compiled.py (`test_marks_inside_a_cuda_graph_capture_are_skipped_and_said`,
+  on rank 1 of a compiled DDP module's run whose rank 0 is timed).
 - ``DDPTUI_DDP_LAYOUT_HIDDEN`` (`ddp_layout_hidden`): ``1``: on the path of NCCL's own timing,
   a user's DDP reports no bucket layout (`ranks.scripts.user.Handle.fr_layout` reads none), as
   a torch whose DDP reports it in another form would, so that its buckets are handed to
@@ -142,5 +143,9 @@ def ddp_layout_hidden() -> bool:
 
 
 def graph_capture() -> bool:
-    """DDPTUI_GRAPH_CAPTURE=1: markop's marks see a capturing stream (a CUDA graph's)."""
-    return os.environ.get("DDPTUI_GRAPH_CAPTURE", "") == "1"
+    """DDPTUI_GRAPH_CAPTURE=1: markop's marks see a capturing stream (a CUDA graph's); ``rank:N``:
+    on rank N only (RANK), the others' marks run."""
+    v = os.environ.get("DDPTUI_GRAPH_CAPTURE", "")
+    if v.startswith("rank:"):
+        return v[5:] == os.environ.get("RANK")
+    return v == "1"

@@ -34,7 +34,9 @@ def cuda_available() -> bool:
 # fixtures that start real ranks, by scope: the tests sharing one run go to one pytest-xdist
 # worker (`--dist loadgroup`), so the run is made once
 SHARED_RUNS = {"run": "module", "kineto_runs": "module", "cli_run": "session", "lm_run": "module",
-               "mlp_run": "module", "auto_run": "session", "kineto_colls": "module"}
+               "mlp_run": "module", "auto_run": "session", "kineto_colls": "module",
+               "inductor_run": "module", "outside_run": "module",
+               "stall_run": "session"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -130,6 +132,34 @@ def cli_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def stall_run(tmp_path_factory):
+    """One real recorded `ddptui run --auto --headless` (2 CPU ranks) of a plain DDP script whose
+    rank 1 is 5 s late twice (tests/scripts/stall.py: into its backward at iteration 3, rank 0
+    then inside DDP's bucket AllReduce; into the script's own all_reduce at iteration 7), which
+    registers PyTorch's allreduce comm hook at iteration 7, on the path of NCCL's own timing
+    (gloo's Flight Recorder standing in, each bucket 0.3 ms): read by the tests of a hang named
+    (tests/test_collectives.py) and of buckets timed by the Flight Recorder
+    (tests/test_flightrec.py): {"rec", "json", "stdout", "stderr", "dir", "wall"}."""
+    import json
+    import time
+
+    from .helpers import ROOT, assert_no_leftovers, run_cli
+
+    d = tmp_path_factory.mktemp("stall-run")
+    rec, js = d / "stall.ddptui", d / "run.json"
+    t0 = time.monotonic()
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec), "--json", str(js),
+                "--", os.path.join(ROOT, "tests", "scripts", "stall.py"), "--iters", "10", "--bucket-at", "3",
+                "--at", "7", "--sleep", "5", "--hook-at", "7", timeout=240,
+                env={"DDPTUI_FR_STANDIN": "0.3", "TORCH_FR_BUFFER_SIZE": "512"})
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_no_leftovers()
+    return {"rec": rec, "json": json.loads(js.read_text()), "stdout": r.stdout, "stderr": r.stderr, "dir": d,
+            "wall": wall}
+
+
+@pytest.fixture(scope="session")
 def auto_run(tmp_path_factory):
     """One real recorded `ddptui run --headless --auto --output all` (2 CPU ranks) of a plain
     DDP script that knows nothing of ddptui (helpers.AUTO_RUN_SCRIPT), shared by the tests of
@@ -147,3 +177,28 @@ def auto_run(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     assert_no_leftovers()
     return {"rec": rec, "json": json.loads(js.read_text()), "stdout": r.stdout, "stderr": r.stderr}
+
+
+# DDPTUI_TEST_COST=FILE: a line of JSON a test appended to FILE (its id, its worker, wall
+# seconds, CPU seconds of the pytest process and of the processes it started and waited for:
+# fixtures' runs counted in the test that made them), to see where the suite's CPU goes
+# (`python -m tests.cost FILE`): on two cores the suite is CPU-bound, its wall time about half
+# its CPU time.
+_COST = os.environ.get("DDPTUI_TEST_COST")
+if _COST:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        import json
+        import resource
+        import time
+
+        def cpu():
+            s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime
+        t0, (s0, c0) = time.monotonic(), cpu()
+        yield
+        t1, (s1, c1) = time.monotonic(), cpu()
+        with open(_COST, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                                "start": time.time() - (t1 - t0), "wall": round(t1 - t0, 3),
+                                "self_cpu": round(s1 - s0, 3), "children_cpu": round(c1 - c0, 3)}) + "\n")

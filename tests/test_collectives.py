@@ -261,24 +261,20 @@ def test_the_json_and_chrome_export_name_every_collective(dlrm, tmp_path):
     assert "all_to_all" in json.dumps(doc)
 
 
-def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
-    """A plain DDP script under `ddptui run --auto --headless`: rank 1 sleeps 5 s between its
-    forward and its backward at iteration 3 (rank 0 waits inside DDP's bucket AllReduce), and
-    5 s before the script's own all_reduce at iteration 7 (rank 0 waits inside that). Within
-    5 s of each, the headless output says which collective rank 0 is inside (the bucket, its
-    layers and bytes; the op, sequence number and bytes) and that rank 1 never entered it;
-    the run goes on to its end, and the final report, its JSON and the recording's summary
-    list both stalled steps: how long, who waited for whom, in what."""
+def test_a_rank_that_never_arrives_is_named_with_the_collective(stall_run, tmp_path):
+    """A plain DDP script under `ddptui run --auto --headless` (conftest's `stall_run`): rank 1
+    sleeps 5 s between its forward and its backward at iteration 3 (rank 0 waits inside DDP's
+    bucket AllReduce), and 5 s before the script's own all_reduce at iteration 7 (rank 0 waits
+    inside that). Within 5 s of each, the headless output says which collective rank 0 is inside
+    (the bucket, its layers and bytes; the op, sequence number and bytes) and that rank 1 never
+    entered it; the run goes on to its end, and the final report, its JSON and the recording's
+    summary list both stalled steps: how long, who waited for whom, in what."""
     import re
-    import time
-    t0 = time.monotonic()
-    rec, js = tmp_path / "stall.ddptui", tmp_path / "run.json"
-    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", rec, "--json", js, "--",
-                os.path.join(SCRIPTS, "stall.py"), "--iters", "10", "--bucket-at", "3", "--at", "7",
-                "--sleep", "5", timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "never entered" in ln]
-    assert len(lines) == 2, r.stderr[-3000:]
+
+    stdout, stderr, rec = stall_run["stdout"], stall_run["stderr"], stall_run["rec"]
+    js = stall_run["dir"] / "run.json"
+    lines = [ln for ln in (stdout + stderr).splitlines() if "never entered" in ln]
+    assert len(lines) == 2, stderr[-3000:]
     # DDP's bucket: the model's last Linear ("2") and its first ("0") share bucket 0
     m = re.search(r"no progress for (\d+) s: rank 0 inside DDP bucket 0 AllReduce #\d+ \(44,072 B, "
                   r"layers 2, 0\) for \d+ s; rank 1 never entered it", lines[0])
@@ -286,12 +282,12 @@ def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
     m = re.search(r"no progress for (\d+) s: rank 0 inside all_reduce #(\d+) \(4 B\).*rank 1 never entered it",
                   lines[1])
     assert m and int(m.group(1)) <= 5, lines
-    assert "steps again after" in r.stderr
-    assert "Traceback" not in r.stderr
+    assert "steps again after" in stderr
+    assert "Traceback" not in stderr
     # each stall: every rank's Flight Recorder written beside the recording and read (PyTorch's
     # own record: DDP's bucket AllReduces, which C++ issues, counted in its sequence too)
-    fr = [ln for ln in r.stderr.splitlines() if "Flight Recorder (" in ln]
-    assert fr and all("rank 1 never issued it" in ln for ln in fr), r.stderr[-3000:]
+    fr = [ln for ln in stderr.splitlines() if "Flight Recorder (" in ln]
+    assert fr and all("rank 1 never issued it" in ln for ln in fr), stderr[-3000:]
     assert sorted(os.listdir(f"{rec}.fr")) == ["fr_rank0", "fr_rank1"]
     summ_fr = run_main("summary", f"{rec}.fr")
     assert summ_fr.returncode == 0 and "rank 1 never issued it" in summ_fr.stdout, summ_fr.stdout[-2000:]
@@ -299,7 +295,7 @@ def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
     want = [(3, "DDP bucket 0 AllReduce (layers 2, 0; 44,072 B)"), (7, "all_reduce (step; 4 B)")]
     summ = run_main("summary", rec, "--json", tmp_path / "summary.json")
     assert summ.returncode == 0, summ.stderr
-    for out, doc in ((r.stdout, js), (summ.stdout, tmp_path / "summary.json")):
+    for out, doc in ((stdout, js), (summ.stdout, tmp_path / "summary.json")):
         stalls = json.loads(doc.read_text())["strategies"][0]["stalls"]
         assert [(x["step"], x["collective"]) for x in stalls] == want, stalls
         for x in stalls:
@@ -309,7 +305,7 @@ def test_a_rank_that_never_arrives_is_named_with_the_collective(tmp_path):
         for k, what in want:
             assert re.search(rf"ddp step {k}: [567]\.\d s · rank 0 waited [4-7]\.\d s for rank 1 in "
                              + re.escape(what), out), out
-    assert time.monotonic() - t0 < 200
+    assert stall_run["wall"] < 200
 
 
 @FSDP

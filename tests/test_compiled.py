@@ -75,21 +75,23 @@ def alone_counts(tmp_path, script: str, *args: str) -> tuple[int, int]:
 
 
 # (script, args) of every alone run the tests compare with
-ALONE_RUNS = [("compiled.py", ("--backend", "aot_eager", "--iters", "8", "--traced-coll")),
+ALONE_RUNS = [("compiled.py", ("--backend", "aot_eager", "--iters", "8", "--traced-coll", "--blocks", "1")),
               ("compiled.py", ("--backend", "aot_eager", "--iters", "6", "--wrap", "outside")),
               ("fsdp2.py", ("--compile", "--backend", "aot_eager", "--iters", "6"))]
 
 
-def layers_timed(got, strategy: str, n_layers: int, apart=None) -> None:
+def layers_timed(got, strategy: str, n_layers: int, apart=None, ranks=None) -> None:
     """Every step after the first has a forward and a backward span of every layer, the
     backward's in reverse order, one after another (`apart`: the layers held to it, default
-    all)."""
+    all), on every rank (`ranks`: those held to it)."""
     batches = step_batches(got, strategy)
     assert len(batches) >= 4
     for k, by_rank in batches.items():
         if k == 0:
             continue
-        for b in by_rank.values():
+        for r, b in by_rank.items():
+            if ranks is not None and r not in ranks:
+                continue
             fwd = spans_of(b, SPAN_FWD)
             bwd = spans_of(b, SPAN_BWD)
             assert sorted(i for i, _, _ in fwd) == list(range(n_layers)), (k, fwd)
@@ -103,19 +105,31 @@ def layers_timed(got, strategy: str, n_layers: int, apart=None) -> None:
                     assert b0 >= a1 - 100, f"step {k}: backward spans overlap ({order})"
 
 
-def test_a_compiled_model_in_ddp_gets_no_graph_break_of_ddptuis(tmp_path):
-    """nanoGPT's way, DDP(torch.compile(model)), under ddptui on Inductor's real build (a
-    fresh cache: none of an earlier run's graphs; ddptui's marks in the generated code): as
-    many breaks and graphs as alone (before: 5 breaks at ddptui's hooks, 4 graphs; alone on
-    aot_eager, seconds to build: Dynamo's counts are not the backend's to add or take), every
-    layer timed, named without `_orig_mod.`. Its forward all_reduces a statistic with a
-    functional collective, which torch.compile traces into its graph: ddptui cannot time it
-    there, and the summary, its JSON and the recording's summary say so, which and how many a
-    step."""
-    args = ("--iters", "8", "--traced-coll")
-    base = alone_counts(tmp_path, "compiled.py", "--backend", "aot_eager", *args)
-    doc, got, out = run_script(tmp_path / "under", "compiled.py", "--backend", "inductor", *args,
-                               timeout=300, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+INDUCTOR_ARGS = ("--iters", "8", "--traced-coll", "--blocks", "1")
+
+
+@pytest.fixture(scope="module")
+def inductor_run(tmp_path_factory):
+    """nanoGPT's way, DDP(torch.compile(model)) with one block (Inductor builds a kernel of C++
+    for each fused op of each block: one block, a third fewer builds), under ddptui on
+    Inductor's real build (a fresh cache: none of an earlier run's graphs): (its JSON, the
+    recording, what it printed, its folder)."""
+    d = tmp_path_factory.mktemp("inductor")
+    doc, got, out = run_script(d / "under", "compiled.py", "--backend", "inductor", *INDUCTOR_ARGS,
+                               timeout=300, env={"TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")})
+    return doc, got, out, d
+
+
+def test_a_compiled_model_in_ddp_gets_no_graph_break_of_ddptuis(inductor_run, tmp_path):
+    """nanoGPT's way, DDP(torch.compile(model)), under ddptui on Inductor's real build (ddptui's
+    marks in the generated code): as many breaks and graphs as alone (before: 5 breaks at
+    ddptui's hooks, 4 graphs; alone on aot_eager, seconds to build: Dynamo's counts are not the
+    backend's to add or take), every layer timed, named without `_orig_mod.`. Its
+    forward all_reduces a statistic with a functional collective, which torch.compile traces
+    into its graph: ddptui cannot time it there, and the summary, its JSON and the recording's
+    summary say so, which and how many a step."""
+    doc, got, out, d = inductor_run
+    base = alone_counts(tmp_path, "compiled.py", "--backend", "aot_eager", *INDUCTOR_ARGS)
     under = counts(out)
     assert under[:2] == base == (0, 1), (base, under)
     names = got.store.meta.layers
@@ -128,28 +142,59 @@ def test_a_compiled_model_in_ddp_gets_no_graph_break_of_ddptuis(tmp_path):
     line = "ddp: collectives inside compiled graphs, a step: all_reduce ×1: torch.compile traced them"
     assert line in out
     from .helpers import run_main
-    summ = run_main("summary", str(tmp_path / "under" / "run.ddptui"))
+    summ = run_main("summary", str(d / "under" / "run.ddptui"))
     assert summ.returncode == 0 and line in summ.stdout, summ.stdout[-2000:]
 
 
-def test_a_compiled_ddp_module_breaks_only_where_ddp_itself_does(tmp_path):
+OUTSIDE_ARGS = ("--backend", "aot_eager", "--iters", "6", "--wrap", "outside")
+
+
+@pytest.fixture(scope="module")
+def outside_run(tmp_path_factory):
+    """torch.compile(DDP(model)) on aot_eager under ddptui, rank 1's marks seeing a CUDA graph's
+    capture (the DDPTUI_GRAPH_CAPTURE seam on that rank only; rank 0's run): (its JSON, the
+    recording, what it printed)."""
+    d = tmp_path_factory.mktemp("outside")
+    return run_script(d / "under", "compiled.py", *OUTSIDE_ARGS, env={"DDPTUI_GRAPH_CAPTURE": "rank:1"})
+
+
+def test_a_compiled_ddp_module_breaks_only_where_ddp_itself_does(outside_run, tmp_path):
     """torch.compile(DDP(model)): DDP's own forward breaks the graph (its reducer, its
     `_inside_ddp_forward`); under ddptui as many breaks and graphs as alone (before: 8 more, at
     `time.monotonic_ns` in ddptui's hooks; then 1 more break and 2 more graphs: any hook on
     the DDP module changes what Dynamo does there, so ddptui's move to the compiled wrapper),
-    none of them ddptui's, and its buckets are still timed."""
-    args = ("--backend", "aot_eager", "--iters", "6", "--wrap", "outside")
-    base = alone_counts(tmp_path, "compiled.py", *args)
-    doc, got, out = run_script(tmp_path / "under", "compiled.py", *args)
+    none of them ddptui's, and its buckets are still timed (every layer on rank 0: rank 1's
+    stream stands for a CUDA graph's capture, below)."""
+    base = alone_counts(tmp_path, "compiled.py", *OUTSIDE_ARGS)
+    doc, got, out = outside_run
     under = counts(out)
     assert under[:2] == base, (base, under)
     assert under[0] >= 1, "DDP compiled whole breaks its own graph"
     ddps = ("Reducer", "Logger", "DistributedDataParallel")
     assert all(any(w in why for w in ddps) for why in under[2]), under[2]
     assert not any("monotonic" in why or "ranks/" in why for why in under[2]), under[2]
-    layers_timed(got, "ddp", len(got.store.meta.layers))
+    layers_timed(got, "ddp", len(got.store.meta.layers), ranks=(0,))
     (ddp,) = [s for s in doc["strategies"] if s["strategy"] == "ddp"]
     assert ddp["steps"] == 6
+    assert ddp["bucket_timing"]["untimed"] == 0, ddp["bucket_timing"]
+
+
+def test_marks_inside_a_cuda_graph_capture_are_skipped_and_said(outside_run):
+    """Under CUDA graphs a compiled graph is captured once and replayed with no Python: a mark
+    that runs while its stream is capturing would be recorded into the graph and never run
+    again. Each such mark is skipped and counted, and the summary and its JSON say how many, of
+    the rank whose stream captured (the seam DDPTUI_GRAPH_CAPTURE stands for a capturing stream
+    on a CPU: rank 1 of a compiled DDP module's run, whose rank 0 is timed), and that rank has no
+    layer span drawn as if timed."""
+    doc, got, out = outside_run
+    (ddp,) = [s for s in doc["strategies"] if s["strategy"] == "ddp"]
+    skipped = ddp["cuda_graph_marks"]["skipped"]
+    n_layers = len(got.store.meta.layers)
+    assert set(skipped) == {"1"} and skipped["1"] >= 6 * n_layers * 2, (skipped, n_layers)
+    assert "layer marks skipped inside a CUDA graph's capture" in out
+    for k, by_rank in step_batches(got, "ddp").items():
+        b = by_rank.get(1)
+        assert b is None or not (spans_of(b, SPAN_FWD) or spans_of(b, SPAN_BWD)), k
 
 
 def test_compiled_blocks_under_fsdp2_get_no_graph_break_of_ddptuis(tmp_path):
@@ -166,25 +211,6 @@ def test_compiled_blocks_under_fsdp2_get_no_graph_break_of_ddptuis(tmp_path):
     layers_timed(got, "fsdp", len(names), apart={i for i, n in enumerate(names) if n.startswith("layers.")})
 
 
-def test_marks_inside_a_cuda_graph_capture_are_skipped_and_said(tmp_path):
-    """Under CUDA graphs a compiled graph is captured once and replayed with no Python: a mark
-    that runs while its stream is capturing would be recorded into the graph and never run
-    again. Each such mark is skipped and counted, and the summary and its JSON say how many
-    (the seam DDPTUI_GRAPH_CAPTURE stands for a capturing stream on a CPU)."""
-    import json
-
-    from .helpers import run_cli
-    js = tmp_path / "run.json"
-    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--no-record", "--json", str(js),
-                "--", os.path.join(ROOT, "tests", "scripts", "compiled.py"), "--backend", "aot_eager",
-                "--iters", "4", timeout=240, env={"DDPTUI_GRAPH_CAPTURE": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    (ddp,) = json.loads(js.read_text())["strategies"]
-    skipped = ddp["cuda_graph_marks"]["skipped"]
-    assert set(skipped) == {"0", "1"} and all(n >= 4 * 7 * 2 for n in skipped.values()), skipped
-    assert "layer marks skipped inside a CUDA graph's capture" in r.stdout
-
-
 if __name__ == "__main__":  # python -m tests.test_compiled: the alone counts of this torch, written
     import json
     import tempfile
@@ -192,6 +218,10 @@ if __name__ == "__main__":  # python -m tests.test_compiled: the alone counts of
     if os.path.exists(ALONE):
         with open(ALONE) as f:
             table = json.load(f)
+    # (this torch's entries of an earlier script or arguments dropped; other torches' kept)
+    keys = {alone_key(script, *args) for script, args in ALONE_RUNS}
+    here = next(iter(keys)).split(" · ")[:2]
+    table = {k: v for k, v in table.items() if k in keys or k.split(" · ")[:2] != here}
     for script, args in ALONE_RUNS:
         with tempfile.TemporaryDirectory() as d:
             from pathlib import Path

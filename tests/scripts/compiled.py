@@ -11,6 +11,7 @@ counted: `GRAPH_BREAKS n` and `GRAPHS n` (frames compiled). Nothing of ddptui (r
     --traced-coll   the model's forward all_reduces a statistic of its activations with a
                     functional collective (torch.distributed._functional_collectives), which
                     torch.compile traces into its graph
+    --blocks N      the tiny GPT's blocks (default 4)
     --model M       tiny (default): the GPT above; gpt2 or bert: a Hugging Face transformers
                     model built from a small config (2 layers, width 64: no download), called
                     as the HF Trainer calls it (keyword arguments, the loss from its output)
@@ -60,6 +61,7 @@ p.add_argument("--wrap", choices=("inside", "outside", "none"), default="inside"
 p.add_argument("--backend", default="inductor")
 p.add_argument("--traced-coll", action="store_true")
 p.add_argument("--model", choices=("tiny", "gpt2", "bert"), default="tiny")
+p.add_argument("--blocks", type=int, default=4)
 a = p.parse_args()
 TRACED_COLL = a.traced_coll
 dist.init_process_group("gloo")
@@ -81,7 +83,7 @@ def hf_model(kind):
     return m
 
 
-model = TinyGPT() if a.model == "tiny" else hf_model(a.model)
+model = TinyGPT(n=a.blocks) if a.model == "tiny" else hf_model(a.model)
 if a.wrap == "inside":
     model = DDP(torch.compile(model, backend=a.backend))
 elif a.wrap == "outside":
