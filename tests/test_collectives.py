@@ -55,11 +55,17 @@ def dlrm(tmp_path_factory):
                             ("--bucket-cap-mb", "0.05", "--batch", str(DLRM_BATCH)), iters=DLRM_ITERS)
 
 
+# torchtitan's way: each block compiled (aot_eager), then sharded; rank 1 stops 4 s between its
+# forward and its backward at iteration 5 (a stalled step). FSDP2's eager blocks: the run of
+# prefetching, bf16 parameters and accumulation (`fsdp_prefetch_mixed`)
+FSDP_ARGS = ("--compile", "--backend", "aot_eager", "--iters", str(ITERS), "--blocks", str(BLOCKS),
+             "--stall-at", "5", "--sleep", "4")
+
+
 @pytest.fixture(scope="module")
 def fsdp(tmp_path_factory):
-    # (rank 1 stops 4 s between its forward and its backward at iteration 5: a stalled step)
-    return _run(tmp_path_factory.mktemp("fsdp"), "fsdp2.py", "--iters", str(ITERS), "--blocks", str(BLOCKS),
-                "--stall-at", "5", "--sleep", "4")
+    """fsdp2.py (FSDP_ARGS) under `ddptui run --auto`: (its JSON, the recording, stdout)."""
+    return _run(tmp_path_factory.mktemp("fsdp"), "fsdp2.py", *FSDP_ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -425,3 +431,18 @@ print("ok")
     env = cli_env({"PORT": str(port)})
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+@FSDP
+def test_compiled_blocks_under_fsdp2_get_no_graph_break_of_ddptuis(fsdp, tmp_path):
+    """torchtitan's way (the `fsdp` run): each block compiled, then sharded: the same counts
+    alone and under ddptui, and every block's forward and backward timed."""
+    from .test_compiled import alone_counts, counts, layers_timed
+    doc, got, out = fsdp
+    base = alone_counts(tmp_path, "fsdp2.py", *FSDP_ARGS)
+    assert counts(out)[:2] == base, (base, counts(out))
+    names = got.store.meta.layers
+    assert "layers.0" in names and not any("_orig_mod" in n for n in names), names
+    # (the compiled blocks one after another; the eager norm and output layer, two hooks on one
+    # gradient, were seen 0.4 ms apart on loaded cores)
+    layers_timed(got, "fsdp", len(names), apart={i for i, n in enumerate(names) if n.startswith("layers.")})
