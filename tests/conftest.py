@@ -33,8 +33,8 @@ def cuda_available() -> bool:
 
 # fixtures that start real ranks, by scope: the tests sharing one run go to one pytest-xdist
 # worker (`--dist loadgroup`), so the run is made once
-SHARED_RUNS = {"run": "module", "kineto_runs": "module", "cli_run": "session", "lm_run": "module",
-               "mlp_run": "module", "auto_run": "session", "kineto_colls": "module",
+SHARED_RUNS = {"run": "module", "kineto_traces": "session", "cli_run": "session", "lm_run": "module",
+               "mlp_run": "module", "auto_run": "session",
                "inductor_run": "module", "outside_run": "module",
                "stall_run": "session"}
 
@@ -129,6 +129,27 @@ def cli_run(tmp_path_factory):
     assert_no_leftovers(5)
     return {"dir": d, "rec": rec, "json": json.loads(js.read_text()), "stdout": res.stdout,
             "stderr": res.stderr, "tmp_left": sorted(os.listdir(tmp))}
+
+
+@pytest.fixture(scope="session")
+def kineto_traces(tmp_path_factory):
+    """One real 2-rank CPU run (gloo, torchrun) profiled four times by torch.profiler, as users
+    record theirs (tests/kineto_record_colls.py): a script's own collectives ("explicit"), FSDP2
+    ("fsdp"), DDP with module records and stacks ("ddp") and without ("plain"), each a folder of
+    a JSON a rank; read by tests/test_kineto_colls.py and tests/test_kineto_import.py."""
+    import subprocess
+    import sys
+
+    from .helpers import ROOT
+    d = tmp_path_factory.mktemp("kineto")
+    out = {k: str(d / k) for k in ("explicit", "fsdp", "ddp", "plain")}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        os.path.join(ROOT, "tests", "kineto_record_colls.py"), out["explicit"],
+                        "--fsdp-out", out["fsdp"], "--ddp-out", out["ddp"], "--ddp-plain-out", out["plain"]],
+                       capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,9 @@ all_gather_into_tensor and a reduce_scatter_tensor; after the optimizer a broadc
 barrier. Every collective is synchronous (issue order is the order gloo runs them).
 --fsdp: a small FSDP2 transformer (fully_shard per block, then the root), AdamW.
 --fsdp-out DIR: the default into OUT_DIR, then the FSDP2 transformer into DIR (one run, both).
+--ddp-out DIR [--ddp-plain-out DIR]: then tests/kineto_record.py's DDP run into DIR (and without
+module records into the other), in the same run (conftest's kineto_traces: one launch for both
+test modules).
 """
 import argparse
 
@@ -120,6 +123,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--fsdp", action="store_true")
     ap.add_argument("--fsdp-out", default=None)
+    ap.add_argument("--ddp-out", default=None)
+    ap.add_argument("--ddp-plain-out", default=None)
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -127,6 +132,10 @@ def main() -> None:
     if a.fsdp_out:
         dist.barrier()
         profiled(a.fsdp_out, make_step(True, rank, world), a.steps, rank)
+    if a.ddp_out:
+        import kineto_record  # (beside this script)
+        dist.barrier()
+        kineto_record.record(a.ddp_out, plain_out=a.ddp_plain_out)
     dist.destroy_process_group()
 
 

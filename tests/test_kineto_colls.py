@@ -6,15 +6,12 @@ and FSDP2 (fully_shard per block, then the root)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from ddptui.recording.rankset import open_reader
 from ranks import frames, wire
-from tests.helpers import ROOT, run_main
+from tests.helpers import run_main
 
 pytestmark = pytest.mark.slow
 
@@ -23,20 +20,10 @@ BLOCK = 2 * D + (D * 2 * D + 2 * D) + (2 * D * D + D)  # LayerNorm, Linear(D, 2D
 ROOT_UNIT = 128 * D + D * 128  # the root's own parameters: embedding and output
 
 
-def _record(out: str, *extra: str) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        os.path.join(ROOT, "tests", "kineto_record_colls.py"), out, *extra],
-                       capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return out
-
-
 @pytest.fixture(scope="module")
-def kineto_colls(tmp_path_factory):
-    """One run, two traces: (the explicit collectives' folder, FSDP2's)."""
-    d = tmp_path_factory.mktemp("kcoll")
-    return _record(str(d / "t"), "--fsdp-out", str(d / "f")), str(d / "f")
+def kineto_colls(kineto_traces):
+    """One run (conftest's kineto_traces), two traces: (the explicit collectives' folder, FSDP2's)."""
+    return kineto_traces["explicit"], kineto_traces["fsdp"]
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -24,22 +23,11 @@ BLOCK, HEAD = 256 * 256 + 256, 256 * 10 + 10
 LAYERS = ["Sequential_1", "Sequential_2", "Sequential_3", "Sequential_4", "Linear_4"]
 
 
-def _record(out: str, *extra: str) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        os.path.join(ROOT, "tests", "kineto_record.py"), out, *extra],
-                       capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return out
-
-
 @pytest.fixture(scope="module")
-def kineto_runs(tmp_path_factory):
-    """One real run, profiled twice: with module records (as users record theirs), then
-    without them: (its folder of traces, the plain folder)."""
-    d = tmp_path_factory.mktemp("kineto")
-    plain = str(d / "plain")
-    return _record(str(d / "mods"), "--plain-out", plain), plain
+def kineto_runs(kineto_traces):
+    """One real run (conftest's kineto_traces), profiled twice: with module records (as users
+    record theirs), then without them: (its folder of traces, the plain folder)."""
+    return kineto_traces["ddp"], kineto_traces["plain"]
 
 
 @pytest.fixture
