@@ -87,6 +87,12 @@ FAULTS = [
           ("ddptui/model/pipewhatif.py",), "        st = (v - 1 - ((step - warm) // per_round) % v) * p + r",
           "        st = (((step - warm) // per_round) % v) * p + r", ("tests/test_pipelining.py",),
           "plan_where or torchs_own"),
+    Fault("capture", "a layer mark inside a CUDA graph's capture run, not skipped (recorded into the graph)",
+          ("ranks/core/markop.py",), "    if _capturing(x):", "    if False:", ("tests/test_compiled.py",),
+          "cuda_graph"),
+    Fault("sigterm", "a headless run's SIGTERM not taken as Ctrl-C (the ranks, the report, the recording left)",
+          ("ddptui/cli/main.py",), "            signal.signal(signal.SIGTERM, sigterm_to_interrupt)\n",
+          "", ("tests/test_faults.py",), "stalled or interrupt"),
 ]
 
 
