@@ -227,6 +227,9 @@ class Checker:
             return  # HTA's extra is not installed here: the rest of the page still runs
         if args[0] == "-m":
             assert importlib.util.find_spec(args[1]) is not None, f"{what}: no module {args[1]}"
+            files = [a for a in args[2:] if not a.startswith("-") and not a.isdigit()]
+            if files and not os.path.exists(os.path.join(self.cwd, files[0])) and self.written_above(files[0], cmd):
+                return  # (it reads what a command above, checked but not run, would write)
         elif args[0] != "-c":
             assert os.path.isfile(os.path.join(ROOT, args[0])), f"{what}: no {args[0]}"
             args = [os.path.join(ROOT, args[0])] + args[1:]
