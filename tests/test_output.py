@@ -132,6 +132,21 @@ async def test_o_shows_the_output_over_the_timelines():
         assert not isinstance(app.screen, OutputScreen)
 
 
+def test_the_output_screen_drawn_before_its_body_is_there_waits():
+    """The app's tick draws the output screen at its rate, which can come before the screen has
+    composed its body (or while it is being dismissed) on a loaded machine: nothing is drawn
+    then, and nothing raises (before: NoMatches took the whole attach screen down)."""
+    from ddptui.ui.widgets.output import OutputScreen
+
+    src = SyntheticSource(steps=2, world=2, model="small")
+    src.store.ingest(frames.Output(rank=0, lines=["iter 0"], ts=1.0))
+    screen = OutputScreen(src.store)  # (not mounted: no body)
+    screen.refresh_from(src.store)
+    assert list(screen.kept)[-1][-1] == "iter 0" and screen._drawn is None
+    from ddptui.ui.widgets.screens import StartupScreen
+    StartupScreen().show([])  # (the start-up screen, drawn by the same tick: the same)
+
+
 @pytest.mark.slow
 def test_run_headless_passes_the_scripts_output_through_and_records_it(auto_run):
     """A real `ddptui run --headless --output all` (conftest.auto_run: a script printing a line

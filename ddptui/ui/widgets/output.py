@@ -74,7 +74,10 @@ class OutputScreen(ModalScreen):
         if store.output_seq != self.seq:
             self.seq, new, _lost, self.dropped = store.output_since(self.seq)
             self.kept.extend(new)
-        body = self.query_one("#output-body", PartsView)
+        found = self.query("#output-body")
+        if not found:  # (not composed yet, or being dismissed: the app's tick comes at its rate)
+            return
+        body = found.first(PartsView)
         w, h = body.size.width, body.size.height
         key = (self.seq, self.rank, w, h, self.dropped)
         if key == self._drawn:

@@ -122,7 +122,9 @@ class StartupScreen(Screen):
             [[(" ddptui ", theme.style("#000000", theme.TEXT, bold=True)), (" start-up", theme.style(theme.TEXT, bold=True))]])
 
     def show(self, lines: list[Parts]) -> None:
-        self.query_one("#startup-body", PartsView).show(lines)
+        found = self.query("#startup-body")
+        if found:  # (not composed yet, or being dismissed: the app's tick comes at its rate)
+            found.first(PartsView).show(lines)
 
 
 HELP = """\
