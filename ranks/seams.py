@@ -147,5 +147,5 @@ def graph_capture() -> bool:
     on rank N only (RANK), the others' marks run."""
     v = os.environ.get("DDPTUI_GRAPH_CAPTURE", "")
     if v.startswith("rank:"):
-        return v[5:] == os.environ.get("RANK")
+        return v[5:].strip().isdigit() and int(v[5:]) == int(os.environ.get("RANK") or -1)
     return v == "1"

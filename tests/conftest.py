@@ -35,8 +35,7 @@ def cuda_available() -> bool:
 # worker (`--dist loadgroup`), so the run is made once
 SHARED_RUNS = {"run": "module", "kineto_traces": "session", "cli_run": "session", "lm_run": "module",
                "mlp_run": "module", "auto_run": "session",
-               "inductor_run": "module", "outside_run": "module",
-               "stall_run": "session"}
+               "inductor_run": "module", "outside_run": "module"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -150,34 +149,6 @@ def kineto_traces(tmp_path_factory):
                        cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
     return out
-
-
-@pytest.fixture(scope="session")
-def stall_run(tmp_path_factory):
-    """One real recorded `ddptui run --auto --headless` (2 CPU ranks) of a plain DDP script whose
-    rank 1 is 5 s late twice (tests/scripts/stall.py: into its backward at iteration 3, rank 0
-    then inside DDP's bucket AllReduce; into the script's own all_reduce at iteration 7), which
-    registers PyTorch's allreduce comm hook at iteration 7, on the path of NCCL's own timing
-    (gloo's Flight Recorder standing in, each bucket 0.3 ms): read by the tests of a hang named
-    (tests/test_collectives.py) and of buckets timed by the Flight Recorder
-    (tests/test_flightrec.py): {"rec", "json", "stdout", "stderr", "dir", "wall"}."""
-    import json
-    import time
-
-    from .helpers import ROOT, assert_no_leftovers, run_cli
-
-    d = tmp_path_factory.mktemp("stall-run")
-    rec, js = d / "stall.ddptui", d / "run.json"
-    t0 = time.monotonic()
-    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec), "--json", str(js),
-                "--", os.path.join(ROOT, "tests", "scripts", "stall.py"), "--iters", "10", "--bucket-at", "3",
-                "--at", "7", "--sleep", "5", "--hook-at", "7", timeout=240,
-                env={"DDPTUI_FR_STANDIN": "0.3", "TORCH_FR_BUFFER_SIZE": "512"})
-    wall = time.monotonic() - t0
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert_no_leftovers()
-    return {"rec": rec, "json": json.loads(js.read_text()), "stdout": r.stdout, "stderr": r.stderr, "dir": d,
-            "wall": wall}
 
 
 @pytest.fixture(scope="session")

@@ -327,27 +327,33 @@ def test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap(tmp_path, m
                                                                       "1": "flight-recorder"}, "untimed": 0}
 
 
-def test_a_users_ddp_script_has_its_buckets_timed_by_nccl_itself_and_a_hang_named(stall_run):
-    """`ddptui run --auto` on a plain DDP script (gloo's Flight Recorder standing in for NCCL's;
-    conftest's `stall_run`): no comm hook of ddptui's, each bucket timed by the Flight Recorder
-    (the stand-in's 0.3 ms) although the script all_reduces a metric on the same group every
-    iteration (each bucket's sequence number read when DDP hands it over: no guess at the last
-    n); the metric's own all_reduce still timed by the collective tap; a rank 5 s late into its
-    backward named within 5 s, rank 0 inside DDP's bucket (the process group's own last
-    completed sequence number drops the buckets it finished); and a comm hook the script
-    registers late (at iteration 7, the step rank 1 is late into the metric's all_reduce) puts
-    ddptui's comm hook back around it, the steps going on."""
+def test_a_users_ddp_script_has_its_buckets_timed_by_nccl_itself_and_a_hang_named(tmp_path):
+    """`ddptui run --auto` on a plain DDP script (gloo's Flight Recorder standing in for NCCL's):
+    no comm hook of ddptui's, each bucket timed by the Flight Recorder (the stand-in's 0.3 ms)
+    although the script all_reduces a metric on the same group every iteration (each bucket's
+    sequence number read when DDP hands it over: no guess at the last n); the metric's own
+    all_reduce still timed by the collective tap; a rank 5 s late into its backward named
+    within 5 s, rank 0 inside DDP's bucket (the process group's own last completed sequence
+    number drops the buckets it finished); and a comm hook the script registers late (at
+    iteration 7) puts ddptui's comm hook back around it, the steps going on."""
     import re
 
-    from .helpers import spans_of, step_batches
+    from .helpers import ROOT, run_cli, spans_of, step_batches
     from ddptui.recording.loader import load
-    out = stall_run["stdout"] + stall_run["stderr"]
+    rec, js = tmp_path / "fr.ddptui", tmp_path / "fr.json"
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec), "--json", str(js),
+                "--", os.path.join(ROOT, "tests", "scripts", "stall.py"), "--iters", "10", "--bucket-at", "3",
+                "--sleep", "5", "--at", "100", "--hook-at", "7", timeout=240,
+                env={"DDPTUI_FR_STANDIN": "0.3", "TORCH_FR_BUFFER_SIZE": "512"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
     m = re.search(r"no progress for (\d+) s: rank 0 inside DDP bucket 0 AllReduce #\d+ \(44,072 B, layers 2, 0\)"
                   r".*rank 1 never entered it", out)
     assert m and int(m.group(1)) <= 5, out[-3000:]
-    (ddp,) = stall_run["json"]["strategies"]
+    doc = json.loads(js.read_text())
+    (ddp,) = doc["strategies"]
     assert ddp["bucket_timing"]["by"] == "flight-recorder" and ddp["bucket_timing"]["untimed"] == 0, ddp
-    batches = step_batches(load(str(stall_run["rec"])))
+    batches = step_batches(load(str(rec)))
     assert sorted(batches) == list(range(10))
     for k in range(2, 7):  # (after DDP's rebuild, before the late hook)
         for b in batches[k].values():

@@ -24,7 +24,7 @@ from ranks import seams
 
 _TABLE: list = []  # code -> (forward mark, backward mark): callables of the tensor passing
 captured = [0]  # marks skipped: their op ran while its stream was capturing a CUDA graph
-_CAPTURE_STANDIN = seams.graph_capture()  # (the test seam: every stream capturing)
+_CAPTURE_STANDIN = seams.graph_capture()  # (the test seam: every stream capturing, this rank's)
 
 
 def register(fwd, bwd) -> int:
