@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ranks import frames as fr
-from ranks.core import instrument, recorder
+from ranks.core import instrument, recorder, sampling
 from ranks import wire
 from ranks.core.instrument import CpuClock, Recorder, every_for
 from ranks.builtin.strategies import attach_layer_hooks
@@ -83,6 +83,27 @@ def test_the_period_follows_what_a_marked_step_is_seen_to_cost(monkeypatch, extr
         rec.end()
         seen.append(rec.layer_every("ddp"))
     assert rec.layer_every("ddp") == every and max(seen[65:]) == every, sorted(set(seen))
+
+
+def test_a_slow_first_step_registers_no_hook_for_every_step(monkeypatch):
+    """The first step (PyTorch's first autograd call: 26 ms against ~3 for 40 tiny layers here)
+    is a warm-up: not in the steps' time, and the hooks registered once (called by PyTorch on
+    every step after, even removed) wait for a few timed steps. A slow start then short steps:
+    never switched on; long steps throughout: switched on after SETTLE of them."""
+    for first_ms, rest_ms, on in ((30, 1.4, False), (30, 30, True)):
+        t = [0]
+        monkeypatch.setattr(recorder, "now_ns", lambda: t[0])
+        rec = Recorder(CpuClock(), 40)
+        seen: list[bool] = []
+        rec.switches["ddp"] = seen.append
+        rec._mark_ns = 300.0
+        for k in range(12):
+            rec.begin("ddp", k)
+            t[0] += int((first_ms if k == 0 else rest_ms) * 1e6)
+            rec.end()
+        assert (True in seen) == on, (first_ms, rest_ms, seen)
+        if on:  # (at the step after the warm-up and SETTLE timed ones)
+            assert seen.index(True) == sampling.SETTLE + 1 and all(seen[sampling.SETTLE + 1:]), seen
 
 
 @pytest.mark.serial  # the period follows a ~1 ms step's time: neighbours' ranks stretch it

@@ -558,14 +558,18 @@ def test_optimizer_step_with_a_closure_times_only_the_update(pg):
     h.close()
     got = load(str(pg / "run"))
     assert got.store.complete_steps("ddp") == list(range(6))
+    lengths = []
     for k in range(6):
         b = got.store.raw["ddp"][k][0]
         span = {wire.KIND_NAMES[kd]: (b.t0[i], b.t1[i]) for i, kd in enumerate(b.kind)
                 if wire.KIND_NAMES[kd] in ("optimizer", "step")}
         bwd_end = max(b.t1[i] for i, kd in enumerate(b.kind) if wire.KIND_NAMES[kd] == "backward")
         o0, o1 = span["optimizer"]
-        assert o0 >= bwd_end + 15_000 and o1 - o0 < 15_000, (k, o0, o1, bwd_end)
-        assert o1 <= span["step"][1]
+        assert o0 >= bwd_end + 15_000 and o1 <= span["step"][1], (k, o0, o1, bwd_end)
+        lengths.append(o1 - o0)
+    # the update alone (~50 µs), not the closure's 20 ms sleep: the median (the first step pays
+    # PyTorch's one-off imports, 121 ms once on a loaded CI host)
+    assert sorted(lengths)[len(lengths) // 2] < 15_000, lengths
 
 
 @pytest.mark.slow  # (a real DDP)

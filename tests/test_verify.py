@@ -29,6 +29,9 @@ def _rows(path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its figures are the host's scheduling: alone (CI's suite, three workers on two
+# cores, failed it twice running: the optimizer's start after gloo's completions early by a median
+# 177 µs, 54-59 % within 250 µs; alone 82-100 %)
 def test_verify_passes_on_two_cpu_ranks(tmp_path):
     out = tmp_path / "v.json"
     # 11 profiled steps: a span or two held up by the scheduler of a busy 2-core host (an

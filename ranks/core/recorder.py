@@ -16,7 +16,7 @@ from collections import deque
 from ranks.clock import now_ns
 from ranks.core.clocks import _NULL
 from ranks.core.resolve import YIELD_EVERY, comm_starts, letting_go
-from ranks.core.sampling import LAYER_HOOK_NS, POLL_BATCH, SPARE, every_for
+from ranks.core.sampling import LAYER_HOOK_NS, POLL_BATCH, SETTLE, SPARE, every_for
 from ranks.wire import BWD, COMM, FWD, OPT, PASS, PASS_BWD, PASS_FWD, STEP, WAIT
 
 _get_ident = threading.get_ident
@@ -150,6 +150,11 @@ class Recorder:
         self.every = every
         self._every: dict[str, int] = {}  # strategy -> the period in force
         self._step_ns: dict[str, float] = {}  # strategy -> its steps' host time (moving average)
+        # strategy -> its steps ended so far, the first one (a warm-up: PyTorch's first autograd
+        # call and allocations, 26 ms against 3 here for 40 tiny layers) not in the average; the
+        # hooks registered once wait for SETTLE timed steps (a slow start does not leave hooks
+        # PyTorch calls on every step after: LayerMarks)
+        self._ended: dict[str, int] = {}
         # strategy -> its steps' own time on the device (CUDA: from their resolved start and end,
         # written by the sender thread; moving average): a GPU-bound step's length
         self._dev_ns: dict[str, float] = {}
@@ -208,7 +213,7 @@ class Recorder:
                 self._every[strategy] = every
                 # the hooks registered once while every step is marked and the steps are
                 # timed (until then, and while sampled, a marked step registers its own)
-                switch(every == 1 and (self.every == 1 or strategy in self._step_ns))
+                switch(every == 1 and (self.every == 1 or self._ended.get(strategy, 0) > SETTLE))
             layers = step % every == 0
         spare = self._spare
         if layers or not spare:
@@ -417,8 +422,10 @@ class Recorder:
             if c.layers and self._every.get(c.strategy, 1) > 1:  # (a marked step among others)
                 self._marked_ns.setdefault(c.strategy, deque(maxlen=5)).append(dt)
             else:
-                old = self._step_ns.get(c.strategy)
-                self._step_ns[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
+                n = self._ended[c.strategy] = self._ended.get(c.strategy, 0) + 1
+                if n > 1:  # (the first: a warm-up)
+                    old = self._step_ns.get(c.strategy)
+                    self._step_ns[c.strategy] = dt if old is None else old + 0.25 * (dt - old)
             if self._mark_ns is None:
                 self._mark_ns = self._time_marks()
         if not c.layers:

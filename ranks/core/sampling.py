@@ -22,6 +22,10 @@ LAYER_SHARE = 0.01
 # poll per step was a tenth of such a step's cost to the training thread (the app is a few ms
 # later to see them)
 POLL_BATCH = 4
+# the hooks registered once for a strategy whose every step is marked (LayerMarks) wait for this
+# many timed steps after its first (a warm-up, not timed): a slow start alone does not leave
+# hooks PyTorch calls on every step after (Recorder.begin)
+SETTLE = 3
 SPARE = 8  # such steps' records kept for reuse once resolved (Recorder._spare)
 # the layer marks' part of it: all of it. What a step marks every step besides (its start and
 # end, the passes', the collectives': a dozen marks at xlarge) is not sampled away, and with
