@@ -538,7 +538,8 @@ def _job_bodies(t0: int, at_s: float, per_s: int, buffer: int, hang_at_s: float 
                    time_created_ns=t0 + (j + 1) * 1_000_000_000 // per_s) for j in range(max(0, top - buffer), top)]
         out[r] = debugserver.Reply(True, msgspec.json.encode({"version": "2.10", "pg_config": {}, "entries": es,
                                    "pg_status": {"0": {"last_enqueued_collective": str(top), "last_started_collective": "-1",
-                                                       "last_completed_collective": str(done)}}}))
+                                                       "last_completed_collective": str(done)}}},
+                                   order="sorted"))  # (keys sorted, as torch writes them)
     return out
 
 
@@ -561,18 +562,28 @@ def _polled(hang_at_s: float | None, until_s: float, per_s: int = 20, buffer: in
 
 def test_a_healthy_job_is_polled_less_often_and_a_hang_still_named_within_3_s():
     """A poll makes every rank dump its whole buffer (what attaching costs the job), so a job
-    seen progressing is polled every IDLE_S, never so slowly that a buffer wraps past what was
-    not read; the first polls, a collective standing stuck and a hang named are polled at
-    --interval (or at the moment a stuck one would be named): a hang is named as soon as with
-    one poll a second, wherever it falls between two polls."""
-    from ddptui.live.attach import EMPTY_POLLS, IDLE_S
+    seen progressing is polled every IDLE_S, reading each rank's newest TAIL entries once its
+    whole buffer was read; the first polls, a collective standing stuck and a hang named are
+    polled at --interval (or at the moment a stuck one would be named), reading whole buffers:
+    a hang is named as soon as with one poll a second, wherever it falls between two polls. A
+    job faster than TAIL a poll is polled no faster (before: at half its buffer's fill time),
+    drawn on a sample, said."""
+    from ddptui.live.attach import EMPTY_POLLS, IDLE_S, TAIL
     run, polls, named = _polled(None, 30.0)
     gaps = [round(b - a, 3) for a, b in zip(polls, polls[1:])]
     assert gaps[:EMPTY_POLLS - 1] == [1.0] * (EMPTY_POLLS - 1) and set(gaps[EMPTY_POLLS:]) == {IDLE_S}, gaps
     assert run.stream.steps > 0 and run.watch.current is None
-    # a buffer of 200 filled at 100 entries a second: polled every second (half its 2 s), not 2.5
-    run, polls, _ = _polled(None, 20.0, per_s=100, buffer=200, interval_s=0.5)
-    assert {round(b - a, 3) for a, b in zip(polls[4:], polls[5:])} == {1.0}, polls
+    assert run.tail_reads == 0 and run.unread == 0  # (a buffer of 200, under TAIL: read whole)
+    # a buffer of 1,000 filled at 400 entries a second: still polled every IDLE_S, each rank's
+    # newest TAIL read of the ~1,000 it made between two polls, the rest counted and said
+    run, polls, _ = _polled(None, 20.0, per_s=400, buffer=1000, interval_s=0.5)
+    assert {round(b - a, 3) for a, b in zip(polls[4:], polls[5:])} == {IDLE_S}, polls
+    assert run.entries_seen == 2 * TAIL and run.tail_reads == 2 * (len(polls) - 1), (run.entries_seen, run.tail_reads)
+    assert run.unread >= 2 * (len(polls) - 5) * (1000 - TAIL), run.unread
+    said = []
+    while not run.lines.empty():
+        said.append(run.lines.get()[1])
+    assert sum("a sample of its steps" in x for x in said) == 1, said
     # a hang anywhere between two idle polls: named within 3 s of its start (before: up to 1 s
     # of polling and then 2 s of no progress counted from the poll that first saw it)
     _, healthy, _ = _polled(None, 12.0)
@@ -584,6 +595,14 @@ def test_a_healthy_job_is_polled_less_often_and_a_hang_still_named_within_3_s():
         first_issued = (int(began * 20) + 1) / 20  # (rank 0's all_reduce that rank 1 never issues)
         assert at - first_issued <= 3.0, (k, began, polls[-4:])
         assert run.watch.current.never == [1] and run.next_gap() == 1.0
+    # the same in a job read by its tails (400 collectives a second): named as soon, by a poll of
+    # whole buffers, never behind where a tail read began
+    for k in (0, 3):
+        began = last + k * IDLE_S / 5
+        run, polls, at = _polled(began, began + 10, per_s=400, buffer=1000)
+        assert at is not None and run.tail_reads > 0 and run.tail() is None, (began, polls)
+        first_issued = (int(began * 400) + 1) / 400
+        assert at - first_issued <= 3.0 and run.watch.current.never == [1], (k, began, polls[-4:])
 
 
 def test_the_typed_read_of_a_poll_is_the_tolerant_reads(job):
@@ -604,6 +623,16 @@ def test_the_typed_read_of_a_poll_is_the_tolerant_reads(job):
         want = frverdict.rank_dump(msgspec.json.decode(msgspec.json.encode(odd)), r, 5)
         got = frverdict.rank_dump_json(msgspec.json.encode(odd), r, 5, cache=cache)
         assert got == want and got.skipped == 1, (got.skipped, want.skipped)
+        # the newest entries only, cut from the JSON undecoded: the whole read's last ones
+        n = len(want.entries) // 2
+        whole = frverdict.rank_dump_json(body, r, 5)
+        tail = frverdict.rank_dump_json(body, r, 5, tail=n)
+        assert tail.entries == whole.entries[-n:] and tail.cut == whole.entries[-n].record_id, r
+        assert tail.status == whole.status and tail.group_ranks == whole.group_ranks
+        assert frverdict.rank_dump_json(body, r, 5, tail=len(whole.entries) + 1).cut is None  # (no more: whole)
+        unsorted = msgspec.json.encode({"entries": [dict(reversed(list(e.items())))
+                                                    for e in msgspec.json.decode(body)["entries"]]})
+        assert frverdict.rank_dump_json(unsorted, r, 5, tail=n).cut is None  # (not cut where it cannot tell)
     with pytest.raises(msgspec.DecodeError):
         frverdict.rank_dump_json(b"<html>", 0)
     with pytest.raises(frverdict.DumpFormatError):

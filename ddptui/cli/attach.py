@@ -25,7 +25,7 @@ import time
 
 from .common import CliError, JSON_METAVAR, Parser, json_target, record_path, require_terminal, sigterm_to_interrupt
 from .options import add_numeric
-from ddptui.live.attach import IDLE_S, AttachError, AttachOptions, AttachRun
+from ddptui.live.attach import IDLE_S, TAIL, AttachError, AttachOptions, AttachRun
 from ddptui.live.storeclient import parse_target
 from ddptui.model import frwatch
 
@@ -139,12 +139,15 @@ def headless(a, run: AttachRun, json_path: str | None, out=None, err=None) -> in
         err.write(f"ddptui: {text}\n")
         err.flush()
 
-    def drain() -> None:
+    def drain(wait: float = 0.0) -> None:
+        """Print what the run said; `wait`: up to so long for a first line (the loop's pace:
+        woken by a line, not by a timer 20 times a second)."""
         while True:
             try:
-                level, text = run.lines.get_nowait()
+                level, text = run.lines.get(timeout=wait) if wait else run.lines.get_nowait()
             except Exception:  # noqa: BLE001 (queue.Empty)
                 return
+            wait = 0.0
             if level in ("result", "stack"):
                 out.write(("    " if level == "stack" else "") + text + "\n")
                 out.flush()
@@ -163,7 +166,7 @@ def headless(a, run: AttachRun, json_path: str | None, out=None, err=None) -> in
         drain()
         say("Ctrl-C stops (the job goes on)")
         while not run.poll():
-            drain()
+            drain(0.25)
             now = time.monotonic()
             if profile and puller is None and run.training():
                 puller = threading.Thread(target=run.pull_profile, args=(profile,), name="ddptui-profile", daemon=True)
@@ -173,7 +176,6 @@ def headless(a, run: AttachRun, json_path: str | None, out=None, err=None) -> in
                 say(_progress(run))
             if end is not None and now >= end:
                 break
-            time.sleep(0.05)
     except KeyboardInterrupt:
         say("interrupted: detaching (the job goes on)")
     finally:
@@ -203,7 +205,10 @@ def _progress(run: AttachRun) -> str:
     drawn = f"{st.steps} step(s) drawn" if st is not None else "nothing drawn yet"
     if st is not None and st.per_drawn > 1:  # (more of the job's steps a poll than are drawn apart)
         drawn += f" (up to {st.per_drawn} of the job's steps to one: it made many since the last poll)"
+    if run.unread:
+        drawn += f" (a sample: {run.unread} of the job's collectives between polls not read)"
     down = f" · {len(run.down)} rank(s) not answering" if run.down else ""
+    tail = f" (each rank's newest {TAIL})" if run.tail() is not None and run.tail_reads else ""
     return (f"{run.polls} poll(s) of {len(run.servers)} rank(s) ({run.last_poll_s * 1e3:.0f} ms the last, "
             f"the next {run.gap_s:.1f} s after it) · "
-            f"{run.entries_seen} entries in the buffers · {drawn}{down} · {what}")
+            f"{run.entries_seen} entries read{tail} · {drawn}{down} · {what}")

@@ -56,13 +56,20 @@ TRAINING_POLLS = 2  # polls in a row with new collectives: the job trains (a pro
 PENDING_MAX = 1000  # frames kept for the recording until it opens
 EMPTY_POLLS = 3  # polls that found every buffer empty before that is said
 # Polls apart while the job runs healthy (`idle_s`): a poll makes every rank dump its whole
-# buffer (a 2,000-entry one: ~1 MB of JSON a rank, 10-70 ms of its host's CPU) and costs the
-# attach process as much to read, so a job seen progressing is polled less often; the next
-# poll comes after `interval_s` (or when a collective stuck for SUSPECT_S would become a hang)
-# while one is, while a hang is named, a rank is silent, and at the start; and never later
-# than half the time the busiest rank's buffer takes to fill (nothing it holds goes unread).
+# buffer (a 2,000-entry one: ~1 MB of JSON a rank) and costs the attach process more to read
+# (~30 ms a rank to decode a whole buffer here, and as much again to judge and draw it), so a
+# job seen progressing is polled less often; the next poll comes after `interval_s` (or when a
+# collective stuck for SUSPECT_S would become a hang) while one is, while a hang is named, a
+# rank is silent, and at the start.
 IDLE_S = 2.5
 SUSPECT_S = 0.25
+# Once a rank's whole buffer has been read (the first poll: the job's recent history), a
+# healthy poll reads only its newest TAIL entries, the others not even decoded (frverdict.
+# rank_dump_json's tail; what the attach costs the cores it shares with the job: a host-bound
+# job's poll 70 -> ~15 ms of CPU); a whole buffer again while a collective stands stuck or a
+# hang is named (never behind what a tail read left: `_floor`). A job making more than TAIL
+# collectives a rank between two polls is drawn on a sample of them, said (`unread`).
+TAIL = 256
 NAMED_KEPT = 100  # hangs (and their ends) kept for the report
 
 
@@ -113,8 +120,11 @@ class AttachRun:
         self.entries_seen = 0
         self.last_poll_s = 0.0  # how long the last poll took
         self.gap_s = opts.interval_s  # the last gap between polls (next_gap)
-        self.fill_s: float | None = None  # seconds the busiest wrapped buffer takes to fill, as last seen
-        self._last_rid: dict[int, tuple[float, int]] = {}  # rank -> (when, its newest record_id)
+        self._last_rid: dict[int, int] = {}  # rank -> its newest record_id read
+        self._floor: dict[int, int] = {}  # rank -> the record_id a tail read began at (none read below it again)
+        self.unread = 0  # collectives the ranks made between polls that no tail reached (a sample drawn)
+        self.tail_reads = 0  # ranks' buffers read by their tail only
+        self._sample_said = False
         self.down: dict[int, str] = {}  # rank -> why it did not answer (said once)
         self.profiles: list[str] = []  # traces directories written
         self._silent = 0
@@ -232,10 +242,13 @@ class AttachRun:
         pending = self.watch.pending_s
         if pending >= SUSPECT_S:  # (at the latest when it would be named)
             return max(0.2, min(fast, self.watch.hang_s - pending + 0.05))
-        gap = o.idle_s
-        if self.fill_s is not None:
-            gap = min(gap, self.fill_s / 2)
-        return max(fast, gap)
+        return max(fast, o.idle_s)
+
+    def tail(self) -> int | None:
+        """How many of a rank's newest entries the next poll reads (None: the whole buffer)."""
+        if self.polls == 0 or self.watch.current is not None or self.watch.pending_s >= SUSPECT_S:
+            return None
+        return TAIL
 
     def _fetch(self, handler: str, ranks, params=None, timeout=None, cap=None, deadline=None) -> dict:
         """rank -> Reply of one handler, every rank at once."""
@@ -264,11 +277,12 @@ class AttachRun:
         named, the frames; `now_ns`: when they came (the wall clock), `now_s`: a monotonic
         clock. (The polling thread's; a test hands it replies of its own.)"""
         dumps: dict[int, frverdict.RankDump] = {}
+        tail = self.tail()
         for r, reply in sorted(replies.items()):
             why = reply.error
             if reply.ok:  # (decoded straight into typed entries: frverdict.rank_dump_json)
                 try:
-                    dumps[r] = frverdict.rank_dump_json(reply.body, r, now_ns, cache=self._entries.setdefault(r, {}))
+                    dumps[r] = self._read(r, reply.body, now_ns, tail)
                 except msgspec.DecodeError:
                     why = debugserver.json_of(reply)[1]  # (not JSON: the phrase says what it is)
                 except frverdict.DumpFormatError as e:
@@ -279,7 +293,6 @@ class AttachRun:
         self._silent = 0 if dumps else self._silent + 1
         if not dumps:
             return
-        self._fill(dumps, now_s)
         self.polls += 1
         self.entries_seen = sum(len(d.entries) for d in dumps.values())
         if self.polls == EMPTY_POLLS and not self.entries_seen and not self._empty_said:
@@ -310,6 +323,11 @@ class AttachRun:
         self.store.revise_meta("flight_recorder", self.doc(verdict))
         for f in self.stream.poll(dumps, verdict, now_ns, self.watch.current is not None):
             self.feed.frame(f)
+        if self.unread and not self._sample_said:  # (said once: a job faster than TAIL a poll)
+            self._sample_said = True
+            self._say("info", f"a fast job: between two polls a rank makes more collectives than the {TAIL} newest "
+                              f"a poll reads (what attaching costs the job kept small), so the steps drawn are a "
+                              f"sample of its steps; a hang is named as ever (a whole buffer is read then)")
         per = self.stream.per_drawn
         if per > 1 and not self._many_said:  # (said once: a fast job)
             self._many_said = True
@@ -318,21 +336,22 @@ class AttachRun:
         self.busy_polls = self.busy_polls + 1 if self.stream.last_settled else 0
         self.store.update()
 
-    def _fill(self, dumps: dict[int, frverdict.RankDump], now_s: float) -> None:
-        """How fast the buffers fill (`fill_s`): each rank's new record_ids a second since the
-        last poll, against its buffer's size where it has wrapped (its entries' count)."""
-        fill = []
-        for r, d in dumps.items():
-            if not d.entries:
-                continue
-            rid = d.entries[-1].record_id
+    def _read(self, r: int, body: bytes, now_ns: int, tail: int | None) -> frverdict.RankDump:
+        """One rank's reply read (`tail`: its newest entries only, TAIL), nothing below what a
+        tail read began at; what no read reached since the last counted (`unread`)."""
+        d = frverdict.rank_dump_json(body, r, now_ns, cache=self._entries.setdefault(r, {}), tail=tail)
+        floor = self._floor.get(r)
+        if d.cut is not None:
+            self.tail_reads += 1
+            self._floor[r] = max(d.cut, floor or 0)
+        elif floor is not None and d.entries and d.entries[0].record_id < floor:
+            d.entries = [e for e in d.entries if e.record_id >= floor]
+        if d.entries:
             last = self._last_rid.get(r)
-            self._last_rid[r] = (now_s, rid)
-            if last is None or now_s <= last[0] or rid <= last[1] or not d.wrapped:
-                continue
-            rate = (rid - last[1]) / (now_s - last[0])
-            fill.append(len(d.entries) / rate)
-        self.fill_s = min(fill) if fill else None
+            if last is not None and d.entries[0].record_id > last + 1 and d.cut is not None:
+                self.unread += d.entries[0].record_id - last - 1
+            self._last_rid[r] = max(d.entries[-1].record_id, last if last is not None else -1)
+        return d
 
     def _reprobe(self) -> None:
         try:

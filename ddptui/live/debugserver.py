@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 
 import msgspec
 
-CHUNK = 1 << 16
+CHUNK = 1 << 20  # (a 2,000-entry buffer's reply is ~1 MB: read in one or two calls, not sixteen)
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,7 @@ class RankDump:
     status: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # group -> (enqueued, started, completed)
     skipped: int = 0  # entries of no readable shape
     dumped_ns: int | None = None  # when the dump was written (its file's time), if known
+    cut: int | None = None  # only its entries from this record_id on were read (rank_dump_json's tail)
 
     @property
     def wrapped(self) -> bool:
@@ -299,14 +300,50 @@ def _jentry(rank: int, e: _JEntry) -> FrEntry | None:
                    coll_seq=e.collective_seq_id if p2p else None)
 
 
-def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: dict | None = None) -> RankDump:
+# where an entry of the JSON form starts: its keys come sorted (torch writes them so), and
+# collective_seq_id is the first of them in torch 2.11-2.15 (`_tail_body`)
+_ENTRY_START = b'{"collective_seq_id":'
+_ENTRIES_KEY = b'"entries":['
+
+
+def _tail_body(body: bytes, n: int) -> bytes | None:
+    """The dump's JSON with only its last `n` entries (the newest: torch writes them in
+    record_id order), cut without decoding the others; None where it has no more than `n` or
+    its entries do not start as `_ENTRY_START` says (the caller then reads the whole)."""
+    arr = body.find(_ENTRIES_KEY)
+    if arr < 0 or n <= 0:
+        return None
+    arr += len(_ENTRIES_KEY)
+    pos = len(body)
+    for _ in range(n):
+        pos = body.rfind(_ENTRY_START, arr, pos)
+        if pos < 0:
+            return None
+    if pos == arr or body[pos - 1:pos] != b",":  # (no more than n, or not between two entries)
+        return None
+    return body[:arr] + body[pos:]
+
+
+def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: dict | None = None,
+                   tail: int | None = None) -> RankDump:
     """`rank_dump` of a dump's JSON form (the debug server's ``fr_trace_json``), decoded straight
     into typed entries: an entry read at the last poll with the same state is not read again,
     a new one without a dict or a conversion a field (a poll's most work, `ddptui attach`).
-    JSON of another shape (older versions' numbers as text) takes `rank_dump`'s tolerant path;
-    msgspec.DecodeError where it is not JSON at all."""
+    `tail`: only the newest `tail` entries are read, the others not even decoded (`RankDump.cut`
+    says from which record_id; `ddptui attach` once it has read a whole buffer), where the JSON
+    can be cut so (else the whole). JSON of another shape (older versions' numbers as text)
+    takes `rank_dump`'s tolerant path; msgspec.DecodeError where it is not JSON at all."""
+    cut = _tail_body(body, tail) if tail else None
+    if cut is not None:
+        try:
+            d = _JSON_DUMP.decode(cut)
+            if len(d.entries) != tail:
+                raise ValueError("cut elsewhere than between entries")
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            cut = None
     try:
-        d = _JSON_DUMP.decode(body)
+        if cut is None:
+            d = _JSON_DUMP.decode(body)
     except msgspec.ValidationError:
         raw = msgspec.json.decode(body)
         if isinstance(raw, dict) and "entries" not in raw:
@@ -330,6 +367,8 @@ def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: 
     if d.entries and not out.entries:
         raise DumpFormatError(f"none of its {len(d.entries)} entries has a Flight Recorder entry's shape")
     out.entries.sort(key=lambda x: x.record_id)
+    if cut is not None and d.entries:
+        out.cut = min(e.record_id for e in d.entries)
     _groups(out, d.pg_config, d.pg_status)
     return out
 
