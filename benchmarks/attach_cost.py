@@ -2,7 +2,7 @@
 """What `ddptui attach` costs the job it watches: the job's step time with and without ddptui
 attached, in turns, in one run.
 
-    python benchmarks/attach_cost.py [--quick] [--phase-s S] [--pairs N] [--interval S] [--vs-fixed]
+    python benchmarks/attach_cost.py [--quick] [--phase-s S] [--pairs N] [--interval S] [--vs-fixed] [--vs-code DIR]
 
 Two jobs, one after the other (benchmarks/_attach_job.py: plain DDP on gloo, 2 ranks under
 torchrun, PyTorch's debug server started as a user starts it, steps back to back): a host-bound
@@ -14,7 +14,9 @@ phases of S seconds (default 5) alternate detached (paused) and attached (runnin
 between speeds for seconds at a time whatever runs beside it, so many short phases. With
 --vs-fixed, a second attach polling at --interval throughout (`--idle-interval` the same, as
 attach did before it polled a healthy job less often) takes a third phase in each round (the
-policy before and after, in the same run). A phase starts as its attach resumes, whose first
+policy before and after, in the same run). With --vs-code DIR, the attach of another checkout
+(DIR: e.g. `git worktree add --detach DIR REV`; its ddptui first on PYTHONPATH) takes a phase
+in each round too: old and new code beside each other in the same rounds. A phase starts as its attach resumes, whose first
 poll is then due: a phase holds one poll more than its length at the attach's pace would
 (its cost counted high). Figures per job: the median over rounds of (median step time attached
 / detached), the job's ranks' CPU time a second attached and detached (what serving the debug
@@ -54,7 +56,7 @@ def _tree_cpu(p: psutil.Process) -> float:
 
 
 def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float | None, tmp: str,
-            vs_fixed: bool = False) -> dict:
+            vs_fixed: bool = False, vs_code: str | None = None) -> dict:
     d = tempfile.mkdtemp(prefix=f"{name}-", dir=tmp)
     ready, times = os.path.join(d, "ready"), os.path.join(d, "times.txt")
     port = free_port()
@@ -74,7 +76,7 @@ def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float |
                 raise RuntimeError(f"{name}: the job did not start: " + open(os.path.join(d, "job.log")).read()[-2000:])
             time.sleep(0.2)
         jp = psutil.Process(job.pid)
-        kinds = ["off", "on"] + (["fixed"] if vs_fixed else [])
+        kinds = ["off", "on"] + (["fixed"] if vs_fixed else []) + (["vs"] if vs_code else [])
         # one attach process a kind for the whole job, paused (SIGSTOP) outside its phases: no
         # start-up in any phase, so phases can be short and many (a 2-rank job on 2 cores
         # switches between speeds for seconds at a time, whatever runs beside it)
@@ -84,8 +86,11 @@ def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float |
                 cmd += ["--interval", str(interval)]
             if kind == "fixed":  # (every poll at --interval, at the job's priority: as before)
                 cmd += ["--idle-interval", str(interval or 1.0), "--nice", "0"]
+            aenv = env_for_ranks(1)
+            if kind == "vs":  # (the other checkout's ddptui, found first)
+                aenv["PYTHONPATH"] = os.pathsep.join(x for x in (os.path.abspath(vs_code), aenv.get("PYTHONPATH")) if x)
             atts[kind] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=d,
-                                          env=env_for_ranks(1))
+                                          env=aenv)
         time.sleep(8.0)  # (each attached, its first polls made)
         for att in atts.values():
             att.send_signal(signal.SIGSTOP)
@@ -143,6 +148,9 @@ def one_job(name: str, width: int, phase_s: float, pairs: int, interval: float |
             "fixed_ratio": statistics.median(ratios["fixed"]) if "fixed" in ratios else None,
             "job_cpu_on": cpu["on"], "job_cpu_off": cpu["off"], "attach_cpu": att["on"],
             "job_cpu_fixed": cpu.get("fixed"), "attach_cpu_fixed": att.get("fixed"),
+            "vs_ratios": ratios.get("vs", []),
+            "vs_ratio": statistics.median(ratios["vs"]) if "vs" in ratios else None,
+            "job_cpu_vs": cpu.get("vs"), "attach_cpu_vs": att.get("vs"),
             "step_off": statistics.median(m[1] for m in med if m[0] == "off")}
 
 
@@ -156,12 +164,17 @@ def main(argv=None) -> int:
     p.add_argument("--vs-fixed", action="store_true",
                    help="a third kind of phase in each round: attached polling at --interval throughout "
                         "(--idle-interval the same), as attach did before it polled a healthy job less often")
+    p.add_argument("--vs-code", metavar="DIR",
+                   help="another checkout whose attach takes a phase in each round too (its ddptui first on "
+                        "PYTHONPATH; make one with `git worktree add --detach DIR REV`)")
     a = p.parse_args(argv)
+    if a.vs_code and not os.path.isfile(os.path.join(a.vs_code, "ddptui", "__init__.py")):
+        p.error(f"--vs-code {a.vs_code}: no ddptui checkout there")
     phase_s = a.phase_s or (3.0 if a.quick else 5.0)
     pairs = a.pairs or (1 if a.quick else 8)
     jobs = [("host-bound", 256)] if a.quick else [("host-bound", 256), ("100ms", 2048)]
     with tempfile.TemporaryDirectory(prefix="ddptui-attach-cost-") as tmp:
-        results = [one_job(n, w, phase_s, pairs, a.interval, tmp, a.vs_fixed) for n, w in jobs]
+        results = [one_job(n, w, phase_s, pairs, a.interval, tmp, a.vs_fixed, a.vs_code) for n, w in jobs]
     for r in results:
         print(f"{r['name']} job: detached step median {r['step_off']:.2f} ms; per pair attached/detached "
               + " ".join(f"{x:.3f}" for x in r["ratios"]) + f"; median {r['ratio']:.3f}")
@@ -173,6 +186,10 @@ def main(argv=None) -> int:
             print(f"  polling at --interval throughout, in the same rounds: attached/detached "
                   + " ".join(f"{x:.3f}" for x in r["fixed_ratios"]) + f"; median {r['fixed_ratio']:.3f}; the job's "
                   f"ranks' CPU {r['job_cpu_fixed'] * 100:.0f} %, the attach process {r['attach_cpu_fixed'] * 100:.1f} %")
+        if r["vs_ratio"] is not None:
+            print(f"  {a.vs_code}'s attach, in the same rounds: attached/detached "
+                  + " ".join(f"{x:.3f}" for x in r["vs_ratios"]) + f"; median {r['vs_ratio']:.3f}; the job's "
+                  f"ranks' CPU {r['job_cpu_vs'] * 100:.0f} %, the attach process {r['attach_cpu_vs'] * 100:.1f} %")
         for kind, ms, n, cpu, acpu in r["phases"]:
             print(f"    {kind:>5}: {n} steps, median {ms:.2f} ms, job CPU {cpu * 100:.0f} %, attach {acpu * 100:.1f} %")
     host = results[0]

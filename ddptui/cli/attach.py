@@ -51,9 +51,10 @@ def parser() -> Parser:
                      "is named or a rank does not answer (default 1)")
     add_numeric(p, "--idle-interval", default=None, metavar="S",
                 help=f"seconds between polls while the job runs healthy: each poll makes every rank dump its "
-                     f"Flight Recorder, so fewer cost the job less; never so long that a buffer wraps past what "
-                     f"was not read (default {IDLE_S:g}, or --interval where that is longer; the same as "
-                     f"--interval: one rate; never less than --interval)")
+                     f"Flight Recorder, so fewer cost the job less; such a poll reads each rank's newest {TAIL} "
+                     f"entries (a job making more between two polls is drawn on a sample, said) (default "
+                     f"{IDLE_S:g}, or --interval where that is longer; the same as --interval: one rate; never "
+                     f"less than --interval)")
     add_numeric(p, "--nice", default=NICE, metavar="N",
                 help=f"run at this much lower CPU priority (default {NICE}; 0: as started): where the job keeps "
                      f"the host's cores busy, the attach takes what they leave, not a share of the job's")
