@@ -649,3 +649,136 @@ def test_an_idle_interval_below_the_interval_is_one_line():
     assert got.stderr.splitlines() == ["ddptui: error: --idle-interval 0.5 s is less than --interval 2 s: a healthy "
                                        "job is never polled more often than one that may hang (give --interval 0.5 "
                                        "for one rate)"], got.stderr
+
+
+# -- reading the tails: what must not be lost ------------------------------------------------------
+def _side_bodies(t0: int, at_s: float, side_at_s: float, block_after_s: float, per_s: int = 400,
+                 buffer: int = 2000) -> dict:
+    """A gloo job making `per_s` all_reduces a second on default_pg (a `buffer`-entry buffer);
+    at `side_at_s` rank 0 issues an all_reduce on a side group that rank 1 never issues, and
+    both go on with default_pg until `block_after_s` later, when rank 1 stands inside one that
+    rank 0 never issues (rank 0 now waiting on the side one): the root is the side group's."""
+    def entry(rid, pg, seq, retired, t_ns):
+        return {"record_id": rid, "pg_id": pg, "process_group": [str(pg), "default_pg" if pg == 0 else "side"],
+                "thread_name": "python", "thread_id": "1", "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
+                "profiling_name": "gloo:all_reduce", "time_created_ns": t_ns, "input_sizes": [[7]],
+                "input_dtypes": ["Float"], "output_sizes": [[7]], "output_dtypes": ["Float"], "state": "scheduled",
+                "time_discovered_started_ns": None, "time_discovered_completed_ns": None, "retired": retired,
+                "timeout_ms": 600000, "is_p2p": False}
+    out = {}
+    side_n, block = int(side_at_s * per_s), int((side_at_s + block_after_s) * per_s)
+    for r in (0, 1):
+        n = int(at_s * per_s)
+        if at_s >= side_at_s:
+            n = min(n, block + (1 if r == 1 else 0))
+        es, rid, side = [], 0, False
+        for j in range(n):
+            if r == 0 and at_s >= side_at_s and j == side_n:
+                es.append(entry(rid, 1, 1, False, t0 + int(side_at_s * 1e9)))
+                rid, side = rid + 1, True
+            es.append(entry(rid, 0, j + 1, not (r == 1 and j == block), t0 + (j + 1) * 1_000_000_000 // per_s))
+            rid += 1
+        done = min(n, block) if at_s >= side_at_s else n
+        status = {"0": {"last_enqueued_collective": n, "last_started_collective": -1, "last_completed_collective": done},
+                  "1": {"last_enqueued_collective": 1 if side else -1, "last_started_collective": -1,
+                        "last_completed_collective": -1}}
+        out[r] = debugserver.Reply(True, msgspec.json.encode({"version": "2.10", "pg_config": {}, "entries": es[-buffer:],
+                                                               "pg_status": status}, order="sorted"))
+    return out
+
+
+@pytest.mark.parametrize("block_after_s", [100.0, 0.75])
+def test_a_collective_in_flight_behind_the_tail_is_still_the_hang_named(block_after_s):
+    """A rank stuck in a side group's all_reduce while default_pg goes on at 400 a second: the
+    stuck one is buried under more than TAIL newer entries by the next poll, yet its group's
+    pg_status says one is in flight that the tail does not hold, so that rank's whole buffer
+    is read: named as the side group's within 2.5 s wherever it falls between two polls (with
+    tail reads alone: not named, or default_pg's later one named in its place)."""
+    for side_at in (5.0, 5.6, 6.1, 6.9):
+        run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
+        run.world = 2
+        t0 = time.time_ns() - 60_000_000_000
+        at, named = 0.3, None
+        while at < side_at + 12 and named is None:
+            run.take(_side_bodies(t0, at, side_at, block_after_s), t0 + int(at * 1e9), at)
+            if run.watch.current is not None:
+                named = (at, run.watch.current.group, run.watch.current.name)
+            at += run.next_gap()
+        assert run.tail_reads > 0 and named is not None, side_at
+        assert named[1].startswith("side") and named[2] == "all_reduce #1" and named[0] - side_at <= 2.5, named
+
+
+def test_a_tail_without_a_groups_entries_gives_it_no_status_to_misread():
+    """NCCL's pg_status counts a point-to-point op by its own number, read through the group's
+    entries: a tail holding none of the group's (a rank busy in another group since) leaves the
+    group's status unknown, never its p2p number taken for its last collective (which would
+    say the rank never issued collectives it did); a group that says nothing was ever issued
+    in it keeps that."""
+    from ddptui.model import frverdict
+
+    def e(rid, pg, seq, op, p2p_seq=0):
+        return {"record_id": rid, "pg_id": pg, "process_group": [str(pg), "default_pg" if pg == 0 else "undefined"],
+                "collective_seq_id": seq, "p2p_seq_id": p2p_seq, "op_id": seq + p2p_seq, "profiling_name": "nccl:" + op,
+                "time_created_ns": 10**18 + rid, "input_sizes": [[7]], "input_dtypes": ["Float"], "output_sizes": [[7]],
+                "output_dtypes": ["Float"], "state": "completed", "retired": True, "timeout_ms": 600000,
+                "is_p2p": p2p_seq > 0, "time_discovered_started_ns": 10**18 + rid,
+                "time_discovered_completed_ns": 10**18 + rid}
+
+    def dump(r, later):
+        es = [e(s - 1, 1, s, "all_reduce") for s in range(1, 6)]
+        es.append(e(5, 1, 5, "send 1->0" if r == 1 else "recv 0<-1", p2p_seq=1))
+        es += [e(6 + j, 2 + r, j + 1, "all_reduce") for j in range(later)]
+        status = {"1": {"last_enqueued_collective": 1, "last_started_collective": 1, "last_completed_collective": 1},
+                  "4": {"last_enqueued_collective": -1, "last_started_collective": -1, "last_completed_collective": -1}}
+        cfg = {"1": {"name": "1", "desc": "undefined", "ranks": "[0, 1]"}, "2": {"name": "2", "desc": "undefined", "ranks": "[0]"},
+               "3": {"name": "3", "desc": "undefined", "ranks": "[1]"}}
+        return msgspec.json.encode({"version": "2.10", "pg_config": cfg, "entries": es, "pg_status": status}, order="sorted")
+    for tail in (None, 256):
+        got = {0: frverdict.rank_dump_json(dump(0, 100), 0, tail=tail), 1: frverdict.rank_dump_json(dump(1, 400), 1, tail=tail)}
+        assert got[1].cut == (None if tail is None else 406 - 256), got[1].cut
+        assert "1" not in got[1].status if tail else got[1].status["1"] == (1, 1, 1)
+        assert got[1].status["4"] == (-1, -1, -1)
+        assert frverdict.verdict(got, 2).headline().startswith("no hang"), (tail, frverdict.verdict(got, 2).headline())
+
+
+def test_a_rank_back_after_missed_polls_draws_nothing_twice_and_counts_nothing_unread():
+    """A rank that did not answer for a few polls, read whole when it answers again (a hang
+    pending): its entries from where its last tail began come back into view, but what was
+    drawn is not drawn again; the collectives it made while not answering are not counted as
+    a sample's (they were not between two polls it answered)."""
+    from ddptui.recording import frstream
+    drawn_twice, ever = [], set()
+    real_step = frstream.FrStream._step
+
+    def step(self, keys, *a, **k):  # (a key drawn as settled before, drawn again: `ever` is what was)
+        drawn_twice.extend(key for key in keys if key in ever and key not in self.drawn)
+        return real_step(self, keys, *a, **k)
+    for down, hang_at in (((6.0, 9.5), 8.5), ((5.0, 9.0), 7.9), ((4.0, 7.0), 6.5)):
+        drawn_twice.clear()
+        ever.clear()
+        run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
+        run.world = 2
+        t0 = time.time_ns() - 60_000_000_000
+        at = 0.3
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(frstream.FrStream, "_step", step)
+            while at < 16:
+                bodies = _job_bodies(t0, at, 400, 1000, hang_at)
+                if down[0] <= at < down[1]:
+                    bodies[1] = debugserver.Reply(False, b"", "no answer within 3 s")
+                run.take(bodies, t0 + int(at * 1e9), at)
+                if run.stream is not None:
+                    ever.update(run.stream.drawn)
+                at += run.next_gap()
+        assert run.watch.current is not None and drawn_twice == [], (down, drawn_twice[:3])
+    # 20 a second, rank 1 silent for 25 s: nothing unread (every poll it answered read all since)
+    run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
+    run.world = 2
+    t0, at = time.time_ns() - 60_000_000_000, 0.3
+    while at < 60:
+        bodies = _job_bodies(t0, at, 20, 2000, None)
+        if 10 <= at < 35:
+            bodies[1] = debugserver.Reply(False, b"", "no answer within 3 s")
+        run.take(bodies, t0 + int(at * 1e9), at)
+        at += run.next_gap()
+    assert run.unread == 0 and run.tail_reads > 0, (run.unread, run.tail_reads)

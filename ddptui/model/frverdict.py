@@ -324,6 +324,22 @@ def _tail_body(body: bytes, n: int) -> bytes | None:
     return body[:arr] + body[pos:]
 
 
+def _open_behind(d: "_JDump") -> bool:
+    """A group whose pg_status says a collective is in flight (enqueued past completed) where
+    the tail holds none of its entries not ended: that one is older than the tail (a rank
+    stuck in a side group's collective while another group goes on), so the whole is read."""
+    if not isinstance(d.pg_status, dict):
+        return False
+    open_pgs = {str(e.pg_id) for e in d.entries if e.pg_id is not None and not e.retired and e.state != "completed"}
+    for key, st in d.pg_status.items():
+        if not isinstance(st, dict) or str(key) in open_pgs:
+            continue
+        enq, done = _int(st.get("last_enqueued_collective"), -1), _int(st.get("last_completed_collective"), -1)
+        if enq is not None and done is not None and enq > done:
+            return True
+    return False
+
+
 def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: dict | None = None,
                    tail: int | None = None) -> RankDump:
     """`rank_dump` of a dump's JSON form (the debug server's ``fr_trace_json``), decoded straight
@@ -339,6 +355,8 @@ def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: 
             d = _JSON_DUMP.decode(cut)
             if len(d.entries) != tail:
                 raise ValueError("cut elsewhere than between entries")
+            if _open_behind(d):
+                raise ValueError("a collective in flight older than the tail")
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
             cut = None
     try:
@@ -369,8 +387,21 @@ def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: 
     out.entries.sort(key=lambda x: x.record_id)
     if cut is not None and d.entries:
         out.cut = min(e.record_id for e in d.entries)
-    _groups(out, d.pg_config, d.pg_status)
+    _groups(out, d.pg_config, d.pg_status, partial=cut is not None)
     return out
+
+
+def newest_record_id(body: bytes) -> int | None:
+    """The last entry's record_id in a dump's JSON form, read without decoding it (torch writes
+    its entries in record_id order); None where it cannot be read so."""
+    pos = body.rfind(b'"record_id":')
+    if pos < 0:
+        return None
+    pos += len(b'"record_id":')
+    end = pos
+    while end < len(body) and end - pos < 20 and body[end:end + 1].isdigit():
+        end += 1
+    return int(body[pos:end]) if end > pos else None
 
 
 def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None = None) -> RankDump:
@@ -409,8 +440,12 @@ def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None =
     return out
 
 
-def _groups(out: RankDump, cfg, st) -> None:
-    """A dump's pg_config and pg_status read into `out` (its entries read already)."""
+def _groups(out: RankDump, cfg, st, partial: bool = False) -> None:
+    """A dump's pg_config and pg_status read into `out` (its entries read already). `partial`:
+    only the buffer's newest entries were read, and a group none of them holds gets no status
+    but where it says nothing was ever issued in it (its numbers, NCCL's point-to-point ones
+    among them, are read through the group's entries: without them, unknown rather than
+    misread)."""
     if isinstance(cfg, dict):
         for key, c in cfg.items():
             if not isinstance(c, dict):
@@ -430,6 +465,9 @@ def _groups(out: RankDump, cfg, st) -> None:
             k = _int(key)
             name = names.get(k, str(key))
             mine = [e for e in out.entries if e.group == name]
+            if partial and not mine and any(_int(s.get(f), -1) >= 0 for f in (
+                    "last_enqueued_collective", "last_started_collective", "last_completed_collective")):
+                continue  # (nothing issued in it at all, -1: as it is)
             out.status[name] = tuple(_status_seq(mine, _int(s.get(f), -1), gloo, f.endswith("completed"))  # type: ignore[assignment]
                                      for f in ("last_enqueued_collective", "last_started_collective",
                                                "last_completed_collective"))

@@ -55,6 +55,10 @@ class FrStream:
         self.group_index: dict[str, int] = {}
         self.tables: dict[int, dict[tuple, int]] = {r: {} for r in range(world)}
         self.drawn: set[tuple] = set()  # keys (group, p2p, seq) drawn, while a buffer holds them
+        # (group, p2p) -> the highest seq drawn and no longer held by any buffer read: a settled
+        # key at or below it is not drawn again when a rank's older entries come back into view
+        # (a rank answering again after missed polls, its buffer read whole: ddptui attach)
+        self.gone: dict[tuple, int] = {}
         self.step = 0  # the next step's number
         self.open: list = []  # settled keys in the hang's step (sent again each poll); [None]: open, none yet
         self.steps = 0  # steps finished (sent as ordinary steps)
@@ -103,12 +107,20 @@ class FrStream:
                 t = e.created_ns or 0
                 if key not in first or t < first[key]:
                     first[key] = t
-        self.drawn &= first.keys()  # (bounded: only what some buffer still holds)
+        held = first.keys()
+        for key in self.drawn - held:  # (bounded: only what some buffer still holds)
+            k = key[:2]
+            if key[2] > self.gone.get(k, -1):
+                self.gone[k] = key[2]
+        self.drawn &= held
+        gone = self.gone
         settled, pending = [], []
         for key in sorted(first, key=lambda k: (first[k], k)):
             if key in self.drawn:
                 continue
             if self._settled(key, dumps, by_key, groups, flying):
+                if key[2] <= gone.get(key[:2], -1):
+                    continue  # (drawn before: its entries back into view)
                 settled.append(key)
             else:
                 pending.append(key)
