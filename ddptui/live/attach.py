@@ -66,10 +66,10 @@ SUSPECT_S = 0.25
 # Once a rank's whole buffer has been read (its first answer: the job's recent history), a
 # healthy poll reads only its newest TAIL entries, the others not even decoded (frverdict.
 # rank_dump_json's tail; what the attach costs the cores it shares with the job: a host-bound
-# job's poll 52 -> ~20 ms of CPU), and always back to the oldest entry that had not ended at
-# its last read (a collective in flight is never cut away, however many came after it); a
-# whole buffer again while a collective stands stuck or a hang is named (never behind what a
-# tail read began at, `_floor`: all ended there). A job making more than TAIL collectives a
+# job's poll 52 -> ~20 ms of CPU); the whole buffer where its pg_status says a collective is in
+# flight that the tail does not reach back to (never cut away, however many came after it),
+# while a collective stands stuck and while a hang is named (never behind what a tail read
+# began at, `_floor`: all ended there). A job making more than TAIL collectives a
 # rank between two polls is drawn on a sample of them, said (`unread`).
 TAIL = 256
 NAMED_KEPT = 100  # hangs (and their ends) kept for the report
@@ -124,7 +124,6 @@ class AttachRun:
         self.gap_s = opts.interval_s  # the last gap between polls (next_gap)
         self._last_rid: dict[int, int] = {}  # rank -> its newest record_id read
         self._floor: dict[int, int] = {}  # rank -> the record_id a tail read began at (none read below it again)
-        self._open_from: dict[int, int] = {}  # rank -> its oldest entry not ended at its last read
         self._answered: set[int] = set()  # the ranks whose buffers the last poll read
         self.unread = 0  # collectives the ranks made between polls that no tail reached (a sample drawn)
         self.tail_reads = 0  # ranks' buffers read by their tail only
@@ -342,15 +341,12 @@ class AttachRun:
         self.store.update()
 
     def _read(self, r: int, body: bytes, now_ns: int, tail: int | None) -> frverdict.RankDump:
-        """One rank's reply read (`tail`: its newest entries only, at least TAIL and back to its
-        oldest not ended at its last read; the whole at its first answer), nothing below what a
-        tail read began at; what no read reached between two polls it answered (`unread`)."""
+        """One rank's reply read (`tail`: its newest entries only, or the whole where one in
+        flight is older: frverdict.rank_dump_json; the whole at its first answer), nothing below
+        what a tail read began at; what no read reached between two polls it answered (`unread`)."""
         last = self._last_rid.get(r)
         if last is None:
             tail = None
-        elif tail is not None and r in self._open_from:
-            newest = frverdict.newest_record_id(body)
-            tail = None if newest is None else max(tail, newest - self._open_from[r] + 1)
         d = frverdict.rank_dump_json(body, r, now_ns, cache=self._entries.setdefault(r, {}), tail=tail)
         floor = self._floor.get(r)
         if d.cut is not None:
@@ -358,11 +354,6 @@ class AttachRun:
             self._floor[r] = max(d.cut, floor or 0)
         elif floor is not None and d.entries and d.entries[0].record_id < floor:
             d.entries = [e for e in d.entries if e.record_id >= floor]
-        self._open_from.pop(r, None)
-        for e in d.entries:
-            if not d.done(e):
-                self._open_from[r] = e.record_id
-                break
         if d.entries:
             if last is not None and d.cut is not None and r in self._answered and d.entries[0].record_id > last + 1:
                 self.unread += d.entries[0].record_id - last - 1

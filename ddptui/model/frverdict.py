@@ -326,16 +326,29 @@ def _tail_body(body: bytes, n: int) -> bytes | None:
 
 def _open_behind(d: "_JDump") -> bool:
     """A group whose pg_status says a collective is in flight (enqueued past completed) where
-    the tail holds none of its entries not ended: that one is older than the tail (a rank
-    stuck in a side group's collective while another group goes on), so the whole is read."""
+    the tail does not reach back to the oldest in flight (the number after the last completed:
+    gloo counts its ops there, NCCL its collectives; a group none of the tail's entries holds):
+    that one is older than the tail (a rank stuck in a side group's collective while another
+    group goes on), so the whole is read."""
     if not isinstance(d.pg_status, dict):
         return False
-    open_pgs = {str(e.pg_id) for e in d.entries if e.pg_id is not None and not e.retired and e.state != "completed"}
+    lowest: dict[str, int] = {}  # pg_id -> the lowest number of its entries in the tail
+    for e in d.entries:
+        if e.pg_id is None:
+            continue
+        num = e.op_id if e.profiling_name.startswith("gloo:") else (None if e.is_p2p else e.collective_seq_id)
+        if num is not None:
+            k = str(e.pg_id)
+            if k not in lowest or num < lowest[k]:
+                lowest[k] = num
     for key, st in d.pg_status.items():
-        if not isinstance(st, dict) or str(key) in open_pgs:
+        if not isinstance(st, dict):
             continue
         enq, done = _int(st.get("last_enqueued_collective"), -1), _int(st.get("last_completed_collective"), -1)
-        if enq is not None and done is not None and enq > done:
+        if enq is None or done is None or enq <= done:
+            continue
+        lo = lowest.get(str(key))
+        if lo is None or lo > done + 1:
             return True
     return False
 
@@ -389,19 +402,6 @@ def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: 
         out.cut = min(e.record_id for e in d.entries)
     _groups(out, d.pg_config, d.pg_status, partial=cut is not None)
     return out
-
-
-def newest_record_id(body: bytes) -> int | None:
-    """The last entry's record_id in a dump's JSON form, read without decoding it (torch writes
-    its entries in record_id order); None where it cannot be read so."""
-    pos = body.rfind(b'"record_id":')
-    if pos < 0:
-        return None
-    pos += len(b'"record_id":')
-    end = pos
-    while end < len(body) and end - pos < 20 and body[end:end + 1].isdigit():
-        end += 1
-    return int(body[pos:end]) if end > pos else None
 
 
 def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None = None) -> RankDump:
