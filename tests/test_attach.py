@@ -653,11 +653,12 @@ def test_an_idle_interval_below_the_interval_is_one_line():
 
 # -- reading the tails: what must not be lost ------------------------------------------------------
 def _side_bodies(t0: int, at_s: float, side_at_s: float, block_after_s: float, per_s: int = 400,
-                 buffer: int = 2000) -> dict:
+                 buffer: int = 2000, prior: int = 0) -> dict:
     """A gloo job making `per_s` all_reduces a second on default_pg (a `buffer`-entry buffer);
-    at `side_at_s` rank 0 issues an all_reduce on a side group that rank 1 never issues, and
-    both go on with default_pg until `block_after_s` later, when rank 1 stands inside one that
-    rank 0 never issues (rank 0 now waiting on the side one): the root is the side group's."""
+    both ranks ran `prior` all_reduces on a side group early on; at `side_at_s` rank 0 issues
+    one more there that rank 1 never issues, and both go on with default_pg until
+    `block_after_s` later, when rank 1 stands inside one that rank 0 never issues (rank 0 now
+    waiting on the side one): the root is the side group's."""
     def entry(rid, pg, seq, retired, t_ns):
         return {"record_id": rid, "pg_id": pg, "process_group": [str(pg), "default_pg" if pg == 0 else "side"],
                 "thread_name": "python", "thread_id": "1", "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
@@ -671,41 +672,50 @@ def _side_bodies(t0: int, at_s: float, side_at_s: float, block_after_s: float, p
         n = int(at_s * per_s)
         if at_s >= side_at_s:
             n = min(n, block + (1 if r == 1 else 0))
-        es, rid, side = [], 0, False
+        es, rid, side = [], 0, 0
         for j in range(n):
+            if j == 10 and prior:  # (both: the side group's first ones, ended)
+                for k in range(prior):
+                    es.append(entry(rid, 1, k + 1, True, t0 + int(10 / per_s * 1e9)))
+                    rid += 1
+                side = prior
             if r == 0 and at_s >= side_at_s and j == side_n:
-                es.append(entry(rid, 1, 1, False, t0 + int(side_at_s * 1e9)))
-                rid, side = rid + 1, True
+                es.append(entry(rid, 1, prior + 1, False, t0 + int(side_at_s * 1e9)))
+                rid, side = rid + 1, prior + 1
             es.append(entry(rid, 0, j + 1, not (r == 1 and j == block), t0 + (j + 1) * 1_000_000_000 // per_s))
             rid += 1
         done = min(n, block) if at_s >= side_at_s else n
         status = {"0": {"last_enqueued_collective": n, "last_started_collective": -1, "last_completed_collective": done},
-                  "1": {"last_enqueued_collective": 1 if side else -1, "last_started_collective": -1,
-                        "last_completed_collective": -1}}
+                  "1": {"last_enqueued_collective": side if side else -1, "last_started_collective": -1,
+                        "last_completed_collective": prior if side else -1}}
         out[r] = debugserver.Reply(True, msgspec.json.encode({"version": "2.10", "pg_config": {}, "entries": es[-buffer:],
                                                                "pg_status": status}, order="sorted"))
     return out
 
 
-@pytest.mark.parametrize("block_after_s", [100.0, 0.75])
-def test_a_collective_in_flight_behind_the_tail_is_still_the_hang_named(block_after_s):
+@pytest.mark.parametrize("block_after_s, prior", [(100.0, 0), (0.75, 0), (100.0, 3), (0.75, 3)])
+def test_a_collective_in_flight_behind_the_tail_is_still_the_hang_named(block_after_s, prior):
     """A rank stuck in a side group's all_reduce while default_pg goes on at 400 a second: the
     stuck one is buried under more than TAIL newer entries by the next poll, yet its group's
     pg_status says one is in flight that the tail does not hold, so that rank's whole buffer
-    is read: named as the side group's within 2.5 s wherever it falls between two polls (with
-    tail reads alone: not named, or default_pg's later one named in its place)."""
+    is read; the other rank, read by its tail (none of its side entries there), reads the
+    group's pg_status through the side entries it read before (`prior`: the group used
+    before, its numbers not -1): named as the side group's within 2.5 s wherever it falls
+    between two polls (with tail reads alone: not named, late, or default_pg's later one named
+    in its place)."""
     for side_at in (5.0, 5.6, 6.1, 6.9):
         run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
         run.world = 2
         t0 = time.time_ns() - 60_000_000_000
         at, named = 0.3, None
         while at < side_at + 12 and named is None:
-            run.take(_side_bodies(t0, at, side_at, block_after_s), t0 + int(at * 1e9), at)
+            run.take(_side_bodies(t0, at, side_at, block_after_s, prior=prior), t0 + int(at * 1e9), at)
             if run.watch.current is not None:
                 named = (at, run.watch.current.group, run.watch.current.name)
             at += run.next_gap()
         assert run.tail_reads > 0 and named is not None, side_at
-        assert named[1].startswith("side") and named[2] == "all_reduce #1" and named[0] - side_at <= 2.5, named
+        assert named[1].startswith("side") and named[2] == f"all_reduce #{prior + 1}" and named[0] - side_at <= 2.5, \
+            (side_at, named)
 
 
 def test_a_tail_without_a_groups_entries_gives_it_no_status_to_misread():
@@ -782,3 +792,74 @@ def test_a_rank_back_after_missed_polls_draws_nothing_twice_and_counts_nothing_u
         run.take(bodies, t0 + int(at * 1e9), at)
         at += run.next_gap()
     assert run.unread == 0 and run.tail_reads > 0, (run.unread, run.tail_reads)
+
+
+def test_a_group_made_again_under_its_name_is_drawn_and_nccl_p2p_groups_keep_their_tails():
+    """A job that destroys its process group and makes it again ("0" again, its collectives
+    numbered from 1, the buffer going on): every collective after it is drawn (what was drawn
+    and left the buffers holds back only collectives older than it was). An NCCL pipeline's
+    group of sends and receives only, its newest in flight: read by its tail (its entries'
+    state says the tail holds what is in flight; its numbers count point-to-point ops)."""
+    from ddptui.model import frverdict
+    from ddptui.recording import frstream
+    per, buf, again = 20, 200, 30.0
+
+    def bodies(t0, at):
+        n, out = int(at * per), {}
+        for r in (0, 1):
+            es = []
+            for j in range(max(0, n - buf), n):
+                seq = j + 1 if j < again * per else j + 1 - int(again * per)
+                es.append({"collective_seq_id": seq, "input_dtypes": ["Float"], "input_sizes": [[7]], "is_p2p": False,
+                           "op_id": seq, "output_dtypes": ["Float"], "output_sizes": [[7]], "p2p_seq_id": 0,
+                           "pg_id": 0 if j < again * per else 1, "process_group": ["0", "default_pg"],
+                           "profiling_name": "gloo:all_reduce", "record_id": j, "retired": True, "state": "scheduled",
+                           "thread_id": "1", "thread_name": "python", "time_created_ns": t0 + (j + 1) * 10**9 // per,
+                           "time_discovered_completed_ns": 0, "time_discovered_started_ns": 0, "timeout_ms": 600000})
+            last = es[-1]["collective_seq_id"]
+            st = {str(es[-1]["pg_id"]): {"last_enqueued_collective": str(last), "last_started_collective": "-1",
+                                         "last_completed_collective": str(last)}}
+            out[r] = debugserver.Reply(True, msgspec.json.encode({"version": "2.10", "pg_config": {}, "entries": es,
+                                                                   "pg_status": st}, order="sorted"))
+        return out
+    got = []
+    real = frstream.FrStream._step
+
+    def step(self, keys, *a, **k):
+        got.extend(keys)
+        return real(self, keys, *a, **k)
+    run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
+    run.world = 2
+    t0, at = time.time_ns() - 600 * 10**9, 0.3
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(frstream.FrStream, "_step", step)
+        while at < 80:
+            run.take(bodies(t0, at), t0 + int(at * 1e9), at)
+            at += run.next_gap()
+    seqs = [k[2] for k in got]
+    i = next(i for i in range(1, len(seqs)) if seqs[i] < seqs[i - 1])  # (the group made again)
+    assert seqs[i] == 1 and len(seqs) - i >= (80 - again) * per - 2 * per, (seqs[i:i + 3], len(seqs) - i)
+
+    def e(rid, pg, coll, p2p, name, state):
+        return {"collective_seq_id": coll, "input_dtypes": ["Float"], "input_sizes": [[7]], "is_p2p": p2p > 0,
+                "op_id": rid + 1, "output_dtypes": ["Float"], "output_sizes": [[7]], "p2p_seq_id": p2p, "pg_id": pg,
+                "process_group": [str(pg), "undefined"], "profiling_name": "nccl:" + name, "record_id": rid,
+                "retired": state == "completed", "state": state, "thread_id": "1", "thread_name": "python",
+                "time_created_ns": 10**18 + rid, "time_discovered_completed_ns": 0, "time_discovered_started_ns": 0,
+                "timeout_ms": 600000}
+    es, rid, p, c = [], 0, 0, 0
+    for _ in range(200):
+        for _ in range(4):
+            for name in ("send 0->1", "recv 0<-1"):
+                p += 1
+                es.append(e(rid, 1, 0, p, name, "completed"))
+                rid += 1
+        c += 1
+        es.append(e(rid, 2, c, 0, "all_reduce", "completed"))
+        rid += 1
+    es[-2]["state"], es[-2]["retired"] = "started", False
+    st = {"1": {"last_enqueued_collective": str(p), "last_started_collective": str(p), "last_completed_collective": str(p - 1)},
+          "2": {"last_enqueued_collective": str(c), "last_started_collective": str(c), "last_completed_collective": str(c)}}
+    body = msgspec.json.encode({"version": "2.10", "pg_config": {}, "entries": es, "pg_status": st}, order="sorted")
+    d = frverdict.rank_dump_json(body, 0, tail=256)
+    assert d.cut is not None and len(d.entries) == 256, (d.cut, len(d.entries))

@@ -125,6 +125,9 @@ class AttachRun:
         self._last_rid: dict[int, int] = {}  # rank -> its newest record_id read
         self._floor: dict[int, int] = {}  # rank -> the record_id a tail read began at (none read below it again)
         self._answered: set[int] = set()  # the ranks whose buffers the last poll read
+        # rank -> pg_id -> {p2p: its last entry read}: a tail without a group's entries reads
+        # the group's pg_status through them (frverdict._groups)
+        self._known: dict[int, dict[int, dict[bool, frverdict.FrEntry]]] = {}
         self.unread = 0  # collectives the ranks made between polls that no tail reached (a sample drawn)
         self.tail_reads = 0  # ranks' buffers read by their tail only
         self._sample_said = False
@@ -347,7 +350,12 @@ class AttachRun:
         last = self._last_rid.get(r)
         if last is None:
             tail = None
-        d = frverdict.rank_dump_json(body, r, now_ns, cache=self._entries.setdefault(r, {}), tail=tail)
+        known = self._known.setdefault(r, {})
+        d = frverdict.rank_dump_json(body, r, now_ns, cache=self._entries.setdefault(r, {}), tail=tail,
+                                     known={pid: list(es.values()) for pid, es in known.items()})
+        for e in d.entries:  # (each group's last collective and last point-to-point op read)
+            if e.pg_id is not None:
+                known.setdefault(e.pg_id, {})[e.p2p] = e
         floor = self._floor.get(r)
         if d.cut is not None:
             self.tail_reads += 1

@@ -326,42 +326,54 @@ def _tail_body(body: bytes, n: int) -> bytes | None:
 
 def _open_behind(d: "_JDump") -> bool:
     """A group whose pg_status says a collective is in flight (enqueued past completed) where
-    the tail does not reach back to the oldest in flight (the number after the last completed:
-    gloo counts its ops there, NCCL its collectives; a group none of the tail's entries holds):
-    that one is older than the tail (a rank stuck in a side group's collective while another
-    group goes on), so the whole is read."""
+    the tail may not reach back to it: that one is older than the tail (a rank stuck in a
+    side group's collective while another group goes on), so the whole is read. gloo counts
+    its ops there: the tail must hold the number after the last completed; NCCL's entries
+    carry their state: the tail must hold one of the group's not completed (its numbers mix
+    point-to-point and collective counts). A group the tail does not hold at all: the whole."""
     if not isinstance(d.pg_status, dict):
         return False
-    lowest: dict[str, int] = {}  # pg_id -> the lowest number of its entries in the tail
+    lowest: dict[str, int] = {}  # gloo: pg_id -> the lowest op_id of its entries in the tail
+    held: set[str] = set()  # pg_ids the tail holds
+    flying: set[str] = set()  # pg_ids with an entry in the tail not completed (NCCL)
     for e in d.entries:
         if e.pg_id is None:
             continue
-        num = e.op_id if e.profiling_name.startswith("gloo:") else (None if e.is_p2p else e.collective_seq_id)
-        if num is not None:
-            k = str(e.pg_id)
-            if k not in lowest or num < lowest[k]:
-                lowest[k] = num
+        k = str(e.pg_id)
+        held.add(k)
+        if e.profiling_name.startswith("gloo:"):
+            if e.op_id is not None and (k not in lowest or e.op_id < lowest[k]):
+                lowest[k] = e.op_id
+        elif e.state != "completed":
+            flying.add(k)
     for key, st in d.pg_status.items():
         if not isinstance(st, dict):
             continue
         enq, done = _int(st.get("last_enqueued_collective"), -1), _int(st.get("last_completed_collective"), -1)
         if enq is None or done is None or enq <= done:
             continue
-        lo = lowest.get(str(key))
-        if lo is None or lo > done + 1:
+        k = str(key)
+        if k not in held:
+            return True
+        if k in lowest:
+            if lowest[k] > done + 1:
+                return True
+        elif k not in flying:
             return True
     return False
 
 
 def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: dict | None = None,
-                   tail: int | None = None) -> RankDump:
+                   tail: int | None = None, known: dict | None = None) -> RankDump:
     """`rank_dump` of a dump's JSON form (the debug server's ``fr_trace_json``), decoded straight
     into typed entries: an entry read at the last poll with the same state is not read again,
     a new one without a dict or a conversion a field (a poll's most work, `ddptui attach`).
     `tail`: only the newest `tail` entries are read, the others not even decoded (`RankDump.cut`
     says from which record_id; `ddptui attach` once it has read a whole buffer), where the JSON
     can be cut so (else the whole). JSON of another shape (older versions' numbers as text)
-    takes `rank_dump`'s tolerant path; msgspec.DecodeError where it is not JSON at all."""
+    takes `rank_dump`'s tolerant path; msgspec.DecodeError where it is not JSON at all.
+    `known`: pg_id -> the rank's last entries of that group read before (a tail that holds
+    none of a group's still reads its pg_status through them)."""
     cut = _tail_body(body, tail) if tail else None
     if cut is not None:
         try:
@@ -400,7 +412,7 @@ def rank_dump_json(body: bytes, rank: int, dumped_ns: int | None = None, cache: 
     out.entries.sort(key=lambda x: x.record_id)
     if cut is not None and d.entries:
         out.cut = min(e.record_id for e in d.entries)
-    _groups(out, d.pg_config, d.pg_status, partial=cut is not None)
+    _groups(out, d.pg_config, d.pg_status, partial=cut is not None, known=known)
     return out
 
 
@@ -440,12 +452,13 @@ def rank_dump(raw, rank: int, dumped_ns: int | None = None, cache: dict | None =
     return out
 
 
-def _groups(out: RankDump, cfg, st, partial: bool = False) -> None:
+def _groups(out: RankDump, cfg, st, partial: bool = False, known: dict | None = None) -> None:
     """A dump's pg_config and pg_status read into `out` (its entries read already). `partial`:
-    only the buffer's newest entries were read, and a group none of them holds gets no status
-    but where it says nothing was ever issued in it (its numbers, NCCL's point-to-point ones
-    among them, are read through the group's entries: without them, unknown rather than
-    misread)."""
+    only the buffer's newest entries were read; a group none of them holds has its status read
+    through its entries read before (`known`: pg_id -> entries), else gets none but where it
+    says nothing was ever issued in it (its numbers, NCCL's point-to-point ones among them,
+    are read through the group's entries: without them, unknown rather than misread)."""
+    known = known if partial and known else {}
     if isinstance(cfg, dict):
         for key, c in cfg.items():
             if not isinstance(c, dict):
@@ -457,6 +470,9 @@ def _groups(out: RankDump, cfg, st, partial: bool = False) -> None:
             if name and c.get("desc"):
                 out.group_desc[name] = str(c["desc"])
     names = {e.pg_id: e.group for e in out.entries if e.pg_id is not None}
+    for pid, es in known.items():
+        if es:
+            names.setdefault(pid, es[0].group)
     if isinstance(st, dict):
         gloo = out.backend in NO_STATE_BACKENDS
         for key, s in st.items():
@@ -464,7 +480,7 @@ def _groups(out: RankDump, cfg, st, partial: bool = False) -> None:
                 continue
             k = _int(key)
             name = names.get(k, str(key))
-            mine = [e for e in out.entries if e.group == name]
+            mine = [e for e in out.entries if e.group == name] or list(known.get(k, ()))
             if partial and not mine and any(_int(s.get(f), -1) >= 0 for f in (
                     "last_enqueued_collective", "last_started_collective", "last_completed_collective")):
                 continue  # (nothing issued in it at all, -1: as it is)

@@ -55,10 +55,14 @@ class FrStream:
         self.group_index: dict[str, int] = {}
         self.tables: dict[int, dict[tuple, int]] = {r: {} for r in range(world)}
         self.drawn: set[tuple] = set()  # keys (group, p2p, seq) drawn, while a buffer holds them
-        # (group, p2p) -> the highest seq drawn and no longer held by any buffer read: a settled
-        # key at or below it is not drawn again when a rank's older entries come back into view
-        # (a rank answering again after missed polls, its buffer read whole: ddptui attach)
-        self.gone: dict[tuple, int] = {}
+        # group -> (the highest seq, the latest creation) of its collectives drawn and no longer
+        # held by any buffer read: a settled collective at or below both is not drawn again
+        # when a rank's older entries come back into view (a rank answering again after missed
+        # polls, its buffer read whole: ddptui attach). Collectives only (point-to-point
+        # numbers are each rank's own); a group made again under its name, its numbers from 1,
+        # is newer than both. `drawn_at`: a drawn key's first creation.
+        self.gone: dict[str, tuple[int, int]] = {}
+        self.drawn_at: dict[tuple, int] = {}
         self.step = 0  # the next step's number
         self.open: list = []  # settled keys in the hang's step (sent again each poll); [None]: open, none yet
         self.steps = 0  # steps finished (sent as ordinary steps)
@@ -108,18 +112,20 @@ class FrStream:
                 if key not in first or t < first[key]:
                     first[key] = t
         held = first.keys()
+        drawn_at, gone = self.drawn_at, self.gone
         for key in self.drawn - held:  # (bounded: only what some buffer still holds)
-            k = key[:2]
-            if key[2] > self.gone.get(k, -1):
-                self.gone[k] = key[2]
+            t = drawn_at.pop(key, 0)
+            if not key[1]:
+                seq0, t0 = gone.get(key[0], (-1, 0))
+                gone[key[0]] = (max(seq0, key[2]), max(t0, t))
         self.drawn &= held
-        gone = self.gone
         settled, pending = [], []
         for key in sorted(first, key=lambda k: (first[k], k)):
             if key in self.drawn:
                 continue
             if self._settled(key, dumps, by_key, groups, flying):
-                if key[2] <= gone.get(key[:2], -1):
+                g = gone.get(key[0]) if not key[1] else None
+                if g is not None and key[2] <= g[0] and first[key] <= g[1]:
                     continue  # (drawn before: its entries back into view)
                 settled.append(key)
             else:
@@ -131,6 +137,7 @@ class FrStream:
                 chunk, carry = carry[:STEP_COLLS], carry[STEP_COLLS:]
                 out += self._step(chunk, dumps, by_key, groups, flying, failed, now_ns)
                 self.drawn.update(chunk)
+                drawn_at.update((k, first[k]) for k in chunk)
                 self.step += 1
                 self.steps += 1
         self.open = []
@@ -156,6 +163,7 @@ class FrStream:
         for chunk in chunks:
             out += self._step(chunk, dumps, by_key, groups, flying, failed, now_ns)
             self.drawn.update(chunk)
+            drawn_at.update((k, first[k]) for k in chunk)
             self.step += 1
             self.steps += 1
         if hung and (carry or pending):
