@@ -93,6 +93,12 @@ FAULTS = [
     Fault("sigterm", "a headless run's SIGTERM not taken as Ctrl-C (the ranks, the report, the recording left)",
           ("ddptui/cli/main.py",), "            signal.signal(signal.SIGTERM, sigterm_to_interrupt)\n",
           "", ("tests/test_faults.py",), "stalled or interrupt"),
+    Fault("tail", "attach's tail read cuts away a collective in flight older than it (the hang missed)",
+          ("ddptui/model/frverdict.py",), "            if _open_behind(d):", "            if False:",
+          ("tests/test_attach.py",), "behind_the_tail"),
+    Fault("regone", "attach's 'drawn before' holds back a group made again under its name (no time bound)",
+          ("ddptui/recording/frstream.py",), "key[2] <= g[0] and first[key] <= g[1]", "key[2] <= g[0]",
+          ("tests/test_attach.py",), "made_again"),
 ]
 
 
