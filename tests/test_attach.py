@@ -863,3 +863,27 @@ def test_a_group_made_again_under_its_name_is_drawn_and_nccl_p2p_groups_keep_the
     body = msgspec.json.encode({"version": "2.10", "pg_config": {}, "entries": es, "pg_status": st}, order="sorted")
     d = frverdict.rank_dump_json(body, 0, tail=256)
     assert d.cut is not None and len(d.entries) == 256, (d.cut, len(d.entries))
+
+
+def test_whole_reads_after_tails_draw_nothing_behind_what_the_tails_drew():
+    """A fast job read by its tails (400 a second: a sample), then a hang: the whole buffers
+    read while it is pending and named hold the collectives between the tails, never read;
+    they are not drawn then, out of order (`_floor`: nothing below where a tail began)."""
+    from ddptui.recording import frstream
+    keys: list = []
+    real = frstream.FrStream._step
+
+    def step(self, ks, *a, **k):
+        keys.extend(ks)
+        return real(self, ks, *a, **k)
+    run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
+    run.world = 2
+    t0, at = time.time_ns() - 60_000_000_000, 0.3
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(frstream.FrStream, "_step", step)
+        while at < 14:
+            run.take(_job_bodies(t0, at, 400, 1000, 9.0), t0 + int(at * 1e9), at)
+            at += run.next_gap()
+    seqs = [k[2] for k in keys]
+    assert run.watch.current is not None and run.unread > 0 and run.tail_reads > 0
+    assert all(b >= a for a, b in zip(seqs, seqs[1:])), [(a, b) for a, b in zip(seqs, seqs[1:]) if b < a][:3]

@@ -339,7 +339,7 @@ class AttachRun:
         if per > 1 and not self._many_said:  # (said once: a fast job)
             self._many_said = True
             self._say("info", f"a fast job: it makes more steps between two polls than are drawn one by one, so up to "
-                              f"{per} of its steps are drawn as one (every collective is still drawn)")
+                              f"{per} of its steps are drawn as one (every collective read is still drawn)")
         self.busy_polls = self.busy_polls + 1 if self.stream.last_settled else 0
         self.store.update()
 
