@@ -149,8 +149,8 @@ def run_cli(*args, timeout=120, env=None, input=None, cwd=ROOT,
                           preexec_fn=_address_space(max_memory) if max_memory else None)
 
 
-def run_script(tmp, script: str, *args: str, timeout: int = 240, env=None):
-    """A script of tests/scripts/ under `ddptui run --auto --headless` on 2 CPU ranks,
+def run_script(tmp, script: str, *args: str, timeout: int = 240, env=None, nproc: int = 2):
+    """A script of tests/scripts/ under `ddptui run --auto --headless` on `nproc` CPU ranks (2),
     recorded: (its JSON, the recording loaded, what it printed on stdout); env: more of the
     environment (run_cli's)."""
     import json
@@ -158,7 +158,7 @@ def run_script(tmp, script: str, *args: str, timeout: int = 240, env=None):
     from ddptui.recording.loader import load
     tmp.mkdir(parents=True, exist_ok=True)
     rec, js = tmp / "run.ddptui", tmp / "run.json"
-    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec),
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", str(nproc), "--record", str(rec),
                 "--json", str(js), "--", os.path.join(ROOT, "tests", "scripts", script), *args, timeout=timeout,
                 env=env)
     assert r.returncode == 0, r.stderr[-3000:]

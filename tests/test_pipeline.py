@@ -17,14 +17,18 @@ N_PARAMS = len(spec.param_table(MODEL))  # 8 tensors
 N_LAYERS = len(spec.layer_names(MODEL))
 
 
+STRATEGIES = ("naive", "interleaved", "ddp", "single", "gpipe", "1f1b")
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One real run of all four strategies; small buckets so DDP has several."""
-    weights = tmp_path_factory.mktemp("w") / "weights"
-    r = run_live(steps=4, model=MODEL, strategies=("naive", "interleaved", "ddp", "single"),
-                 batch=256, bucket_cap_mb=1.0, extra=["--save-weights", str(weights)])
+    """One real recorded run of every built-in strategy, the pipelines with 4 microbatches;
+    small buckets so DDP has several."""
+    d = tmp_path_factory.mktemp("w")
+    r = run_live(steps=4, model=MODEL, strategies=STRATEGIES, batch=256, bucket_cap_mb=1.0,
+                 record=str(d / "run.ddptui"), extra=["--save-weights", str(d / "weights"), "--microbatches", "4"])
     assert r.state == "finished", r.message
-    r.weights_prefix = str(weights)
+    r.weights_prefix, r.rec = str(d / "weights"), str(d / "run.ddptui")
     return r
 
 
@@ -45,7 +49,54 @@ def test_every_strategy_reported_every_step(run):
         assert set(st.raw[s][3]) == {0, 1}
     assert st.complete_steps("single") == [0, 1, 2, 3]
     assert set(st.raw["single"][0]) == {0}  # single runs on one device only
+    for s in ("gpipe", "1f1b"):
+        assert st.complete_steps(s) == [0, 1, 2, 3] and set(st.raw[s][3]) == {0, 1}
     assert_no_leftovers(5)
+
+
+@pytest.mark.slow
+def test_the_built_in_pipelines_take_turns_with_the_other_strategies(run, tmp_path):
+    """For talks: gpipe and 1f1b with 4 microbatches on 2 CPU ranks, taking turns step by step
+    with the other strategies: the built-in model's blocks as one stage a rank, each pipeline
+    step its 4 microbatches' forwards and backwards on the rank's own stage (1F1B's order), the
+    sends and receives by direction, the bubble beside the plan (20 %), the global batch's
+    samples a step, in the recording's summary and its JSON; a pipeline the run cannot make
+    says so in one line."""
+    import json
+
+    from ddptui.recording.loader import load
+
+    from .helpers import step_batches
+    from .test_pipelining import microbatches
+    js = tmp_path / "summary.json"
+    r = run_main("summary", run.rec, "--json", str(js))
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(js.read_text())
+    rows = {row["strategy"]: row for row in doc["strategies"]}
+    assert sorted(rows) == sorted(STRATEGIES), sorted(rows)
+    for name in ("gpipe", "1f1b"):
+        row = rows[name]
+        assert row["steps"] == 4 and row["samples_per_s"] > 0 and row["compute_ms"] > 0, row
+        pp = row["pipeline"]
+        assert pp["schedule"] == name and pp["stages"] == 2 and pp["plan_pct"] == {"0": 20.0, "1": 20.0}, pp
+        assert {r_: v["stages"] for r_, v in pp["ranks"].items()} == {"0": [0], "1": [1]}, pp
+        assert all(v["microbatches"] == 4 for v in pp["ranks"].values()), pp
+        assert f"pipeline {name}: 2 stages × 4 microbatches · bubble r0 " in r.stdout, r.stdout[-3000:]
+        ops = {(c["op"], c["phase"]) for c in row["collectives"]}
+        assert {("send", "forward"), ("recv", "forward"), ("send", "backward"), ("recv", "backward")} <= ops, ops
+    got = load(run.rec)
+    for k, ranks in step_batches(got, "1f1b").items():
+        for r_, b in ranks.items():
+            ms = microbatches(b)
+            assert [f"{p}{mb}" for _, mb, p, _, _ in ms] == (
+                ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"] if r_ == 0 else
+                ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]), (k, r_, ms)
+            assert {s for s, *_ in ms} == {r_}, (k, r_)
+    bad = run_main("--headless", "--gpus", "2", "--strategies", "1f1b", "--microbatches", "1")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "ddptui: error: 1f1b needs --microbatches at least the stages' count (2); got 1"], bad.stderr
+    bad = run_main("verify", "--gpus", "2", "--strategies", "naive,gpipe", "--steps", "3")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not the pipelines (gpipe)" in bad.stderr
 
 
 @pytest.mark.slow
@@ -159,12 +210,20 @@ def test_all_strategies_reach_the_same_weights(run):
     assert len(files) == 2
     w0 = torch.load(files[0])
     w1 = torch.load(files[1])
-    assert set(w0) == {"naive", "interleaved", "ddp", "single"}
+    assert set(w0) == set(STRATEGIES)
     ref = w0["single"]
     for s in ("naive", "interleaved", "ddp"):
         for name, t in ref.items():
             assert torch.allclose(w0[s][name], t, rtol=1e-4, atol=1e-5), (s, name)
             assert torch.allclose(w1[s][name], w0[s][name], rtol=1e-5, atol=1e-6), (s, name)
+    # the pipelines: each rank trains its own stage's part of the model (it holds the whole),
+    # as single trained it (the microbatches' gradients summed to the global batch's): every
+    # parameter as single's on a rank, each rank some that the other's untrained copy is not
+    for s in ("gpipe", "1f1b"):
+        same = {name: [r for r, w in enumerate((w0, w1)) if torch.allclose(w[s][name], t, rtol=1e-4, atol=1e-5)]
+                for name, t in ref.items()}
+        assert all(rs for rs in same.values()), (s, same)
+        assert {rs[0] for rs in same.values() if len(rs) == 1} == {0, 1}, (s, same)
     # and training moved them at all
     from ranks.builtin.models import build_model
     init = build_model(MODEL, seed=42).state_dict()

@@ -398,46 +398,7 @@ def test_a_stage_lane_draws_each_microbatch_numbered_as_pipeline_diagrams_do(one
     assert "7" in "".join(s.text for s in segs), segs
 
 
-def test_the_built_in_workers_run_gpipe_and_1f1b_beside_naive_and_ddp(tmp_path):
-    """For talks: `ddptui --strategies naive,ddp,gpipe,1f1b --microbatches 4` on 2 CPU ranks,
-    the strategies taking turns step by step: the built-in model's blocks as one stage a rank,
-    each pipeline step its 4 microbatches' forwards and backwards on the rank's own stage, the
-    sends and receives by direction, the bubble beside the plan (20 %), the global batch's
-    samples a step; a pipeline the run cannot make says so in one line."""
-    from tests.helpers import run_cli
-    js = tmp_path / "run.json"
-    rec = tmp_path / "run.ddptui"
-    r = run_cli("--headless", "--gpus", "2", "--model", "small", "--strategies", "naive,ddp,gpipe,1f1b",
-                "--microbatches", "4", "--steps", "6", "--batch-size", "256", "--json", str(js), "--record", str(rec),
-                timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    doc = json.loads(js.read_text())
-    rows = {row["strategy"]: row for row in doc["strategies"]}
-    assert sorted(rows) == ["1f1b", "ddp", "gpipe", "naive"], sorted(rows)
-    for name in ("gpipe", "1f1b"):
-        row = rows[name]
-        assert row["steps"] == 6 and row["samples_per_s"] > 0 and row["compute_ms"] > 0, row
-        pp = row["pipeline"]
-        assert pp["schedule"] == name and pp["stages"] == 2 and pp["plan_pct"] == {"0": 20.0, "1": 20.0}, pp
-        assert {r_: v["stages"] for r_, v in pp["ranks"].items()} == {"0": [0], "1": [1]}, pp
-        assert all(v["microbatches"] == 4 for v in pp["ranks"].values()), pp
-        assert f"pipeline {name}: 2 stages × 4 microbatches · bubble r0 " in r.stdout, r.stdout[-3000:]
-        ops = {(c["op"], c["phase"]) for c in row["collectives"]}
-        assert {("send", "forward"), ("recv", "forward"), ("send", "backward"), ("recv", "backward")} <= ops, ops
-    from ddptui.recording.loader import load
-    got = load(str(rec))
-    for k, ranks in step_batches(got, "1f1b").items():
-        for r_, b in ranks.items():
-            ms = microbatches(b)
-            assert [f"{p}{mb}" for _, mb, p, _, _ in ms] == (
-                ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"] if r_ == 0 else
-                ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]), (k, r_, ms)
-            assert {s for s, *_ in ms} == {r_}, (k, r_)
-    bad = run_main("--headless", "--gpus", "2", "--strategies", "1f1b", "--microbatches", "1")
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "ddptui: error: 1f1b needs --microbatches at least the stages' count (2); got 1"], bad.stderr
-    bad = run_main("verify", "--gpus", "2", "--strategies", "naive,gpipe", "--steps", "3")
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not the pipelines (gpipe)" in bad.stderr
+# (the built-in workers' gpipe and 1f1b: test_pipeline.py's run of every built-in strategy)
 
 
 @pytest.mark.asyncio
