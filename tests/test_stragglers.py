@@ -106,17 +106,18 @@ def test_slow_rank_option_parsing():
 @pytest.mark.slow
 @pytest.mark.serial  # arrival order and per-layer times: a neighbour test's ranks would blur them
 def test_slow_rank_is_found_on_two_real_ranks(tmp_path):
-    """2 CPU ranks, medium, rank 1's fc2 backward 80 ms longer: naive and DDP name rank 1 and
+    """2 CPU ranks, small, rank 1's fc2 backward 80 ms longer: naive and DDP name rank 1 and
     fc2; rank 0 waits ~80 ms a step, rank 1 hardly at all. The JSON carries the figures.
     (80 ms, not 40: two CPU ranks on two cores take turns being late by 10-90 ms, and the
-    trace's per-step check below read 12 of 22 steps with 40 in a fresh clone's CI.)"""
+    trace's per-step check below read 12 of 22 steps with 40 in a fresh clone's CI. small, not
+    medium: the same layers' evidence at a fifth of the compute, this test running alone.)"""
     import json
 
     from .helpers import run_cli
 
     out, rec, trace = tmp_path / "s.json", tmp_path / "s.ddptui", tmp_path / "t.json"
     # (21 steps: no culprit is named before a full window of 20 steps with collectives, step 0 not one)
-    r = run_cli("--headless", "--gpus", "2", "--model", "medium", "--strategies", "naive,ddp",
+    r = run_cli("--headless", "--gpus", "2", "--model", "small", "--strategies", "naive,ddp",
                 "--steps", "21", "--batch-size", "256", "--slow-rank", "1:80:fc2", "--record", str(rec),
                 "--json", str(out), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
