@@ -43,22 +43,49 @@ def pytest_collection_modifyitems(config, items):
     # the modules that start real runs first, each module's tests kept together (its shared
     # run is made once): pytest-xdist hands tests out in this order, so the last ones to go
     # are short, and no worker is left with a long run while the others have finished
-    slow = {item.module.__name__ for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.module.__name__ not in slow)
     for item in items:
         shared = sorted(set(SHARED_RUNS).intersection(getattr(item, "fixturenames", ())))
         if shared:
             # a module's shared runs in one group (a test reading two of them, others one each:
-            # one worker makes each once), a session's by its name
+            # one worker makes each once), a session's by its name; a test reading a real run
+            # is slow, whoever made the run (`bin/test --fast` leaves it out)
             name = shared[0]
             group = f"session:{name}" if SHARED_RUNS[name] == "session" else f"{item.module.__name__}:runs"
             item.add_marker(pytest.mark.xdist_group(group))
+            item.add_marker(pytest.mark.slow)
+    slow = {item.module.__name__ for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.module.__name__ not in slow)
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# `bin/test --fast` (DDPTUI_TEST_FAST=1) runs the tests that start no real run, in about a
+# minute: one that starts real ranks without being marked slow fails there, saying so, so
+# that the quick tier stays quick (measured by the CPU of the processes it waited for: a
+# torchrun launch costs 5-8 CPU-s here, a CLI verb in a process of its own well under one)
+FAST_CHILD_CPU_S = 3.0
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_real_run(request):
+    if not os.environ.get("DDPTUI_TEST_FAST") or "slow" in request.keywords:
+        yield
+        return
+    import resource
+
+    def children() -> float:
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return c.ru_utime + c.ru_stime
+    c0 = children()
+    yield
+    used = children() - c0
+    assert used < FAST_CHILD_CPU_S, (
+        f"{request.node.nodeid} used {used:.1f} CPU-s in processes it started: it starts real ranks, "
+        f"so mark it slow (bin/test --fast leaves slow tests out)")
 
 
 @pytest.fixture(autouse=True)

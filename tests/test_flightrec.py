@@ -260,6 +260,7 @@ def test_the_launcher_turns_nccl_timing_on_for_gpu_runs_and_keeps_the_users_choi
     assert mine == {"TORCH_NCCL_ENABLE_TIMING": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
 
 
+@pytest.mark.slow
 def test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap(tmp_path, monkeypatch):
     """Real torchrun ranks, DDP with no comm hook: every bucket's AllReduce timed from the
     Flight Recorder (gloo's, standing in for NCCL's: each lasts the stand-in's 0.3 ms), placed
@@ -327,6 +328,7 @@ def test_buckets_stay_timed_after_ddp_is_wrapped_again_for_a_new_cap(tmp_path, m
                                                                       "1": "flight-recorder"}, "untimed": 0}
 
 
+@pytest.mark.slow
 def test_a_users_ddp_script_has_its_buckets_timed_by_nccl_itself_and_a_hang_named(tmp_path):
     """`ddptui run --auto` on a plain DDP script (gloo's Flight Recorder standing in for NCCL's):
     no comm hook of ddptui's, each bucket timed by the Flight Recorder (the stand-in's 0.3 ms)
@@ -367,6 +369,7 @@ def test_a_users_ddp_script_has_its_buckets_timed_by_nccl_itself_and_a_hang_name
     assert not all(abs((c[0][2] - c[0][1]) - 300) <= 1 for c in late), late
 
 
+@pytest.mark.slow
 def test_accumulation_and_a_ddp_that_never_rebuilds_have_their_buckets_timed_by_nccl_itself(tmp_path):
     """`ddptui run --auto` on gradient accumulation (nanoGPT's `require_backward_grad_sync` flag
     and `no_sync()` in turn) over a DDP with find_unused_parameters and a layer used in some
@@ -395,6 +398,7 @@ def test_accumulation_and_a_ddp_that_never_rebuilds_have_their_buckets_timed_by_
             assert comm[1][1] >= comm[0][2], "a bucket overlaps the one before it on the stream"
 
 
+@pytest.mark.slow
 def test_a_ddp_whose_layout_cannot_be_read_goes_to_the_comm_hook_and_says_so(tmp_path):
     """NCCL's own timing needs DDP's bucket layout; a DDP that reports none (the seam
     DDPTUI_DDP_LAYOUT_HIDDEN: as a torch reporting it in another form would) has its buckets

@@ -700,6 +700,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # (a real rank's process: torch and DDP started)
 def test_auto_steps_aside_for_a_scripts_own_instrument_call(tmp_path):
     """`ddptui run --auto` on a script that calls ddptui.instrument itself: the script's call
     returns the handle --auto made (its batch taken), one line says --auto is not needed, no
