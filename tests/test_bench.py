@@ -111,8 +111,8 @@ def test_bench_bad_input_one_line_exit_2(args, needle):
 # test's, e.g. test_cli_verbs' cli_run; P1's worker runs the built-in DDP strategy and Recorder
 # that test_pipeline's run checks, and its launch, ~11 CPU-s, tells only that the benchmark
 # still starts, which `benchmarks/run_all.py --quick` and the GPU pass tell too; run_all's
-# table is checked on the other part) and those that do not. P6, P9 and P11 start many ranks or record real runs: `benchmarks/run_all.py` runs them all
-# (benchmarks/README.md)
+# table is checked on the other part) and those that do not. P6, P9 and P11 start many ranks
+# or record real runs: `benchmarks/run_all.py` runs them all (benchmarks/README.md)
 QUICK = {
     "torchrun": ("P1", (r"^P1 overhead median_ratio",)),
     "P5": ("P5", (r"^P5 startup first_step_s",)),
