@@ -64,15 +64,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 # `bin/test --fast` (DDPTUI_TEST_FAST=1) runs the tests that start no real run, in about a
-# minute: one that starts real ranks without being marked slow fails there, saying so, so
-# that the quick tier stays quick (measured by the CPU of the processes it waited for: a
-# torchrun launch costs 5-8 CPU-s here, a CLI verb in a process of its own well under one)
+# minute: one that starts real ranks itself (or in a function-scoped fixture) without being
+# marked slow fails there, saying so, so that the quick tier stays quick (measured by the CPU
+# of the processes it waited for: a torchrun launch costs 5-8 CPU-s here, a CLI verb in a
+# process of its own well under one). A module or session fixture's run is made before this
+# reading: such fixtures go in SHARED_RUNS, which marks their tests slow.
 FAST_CHILD_CPU_S = 3.0
 
 
 @pytest.fixture(autouse=True)
 def _fast_tier_starts_no_real_run(request):
-    if not os.environ.get("DDPTUI_TEST_FAST") or "slow" in request.keywords:
+    if not os.environ.get("DDPTUI_TEST_FAST") or request.node.get_closest_marker("slow"):
         yield
         return
     import resource

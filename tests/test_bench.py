@@ -107,11 +107,10 @@ def test_bench_bad_input_one_line_exit_2(args, needle):
 
 
 # the quick figures that run in minutes here, in parts that can run side by side: the ones that
-# start torchrun (P1 and P5, both heavy: P5's `ddptui --headless` start-up is every headless
-# test's, e.g. test_cli_verbs' cli_run; P1's worker runs the built-in DDP strategy and Recorder
-# that test_pipeline's run checks, and its launch, ~11 CPU-s, tells only that the benchmark
-# still starts, which `benchmarks/run_all.py --quick` and the GPU pass tell too; run_all's
-# table is checked on the other part) and those that do not. P6, P9 and P11 start many ranks
+# start torchrun (P1; P5, heavy: its `ddptui --headless` start-up is every headless test's, e.g.
+# test_cli_verbs' cli_run, and run_all's table is checked on the other parts) and those that do
+# not. (P1 stays: nothing else runs its worker, ranks/builtin/bench_overhead.py, which the GPU
+# pass's P1 steps need.) P6, P9 and P11 start many ranks
 # or record real runs: `benchmarks/run_all.py` runs them all (benchmarks/README.md)
 QUICK = {
     "torchrun": ("P1", (r"^P1 overhead median_ratio",)),
@@ -124,7 +123,7 @@ QUICK = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("half", [pytest.param(h, marks=pytest.mark.heavy) if h in ("P5", "torchrun") else h
+@pytest.mark.parametrize("half", [pytest.param(h, marks=pytest.mark.heavy) if h == "P5" else h
                                   for h in sorted(QUICK)])
 def test_benchmarks_quick_print_their_figures(half):
     only, patterns = QUICK[half]

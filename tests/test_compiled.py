@@ -113,8 +113,9 @@ def inductor_run(tmp_path_factory):
     """nanoGPT's way, DDP(torch.compile(model)) with one block (Inductor builds a kernel of C++
     for each fused op of each block: one block, a third fewer builds), under ddptui on
     Inductor's real build (a fresh cache: none of an earlier run's graphs), on one rank: each
-    rank builds the same code, and a second rank cost 10-12 CPU-s more here for nothing the
-    test reads (the compiled models on two ranks: the aot_eager runs below, and verify's):
+    rank builds the same code, and a second rank cost 10-12 CPU-s more here (compiled models
+    on two ranks: torch.compile(DDP) and FSDP2's compiled blocks below, verify's DDP of
+    compiled blocks; the ranks' traced collectives merged: tests/test_store.py):
     (its JSON, the recording, what it printed, its folder)."""
     d = tmp_path_factory.mktemp("inductor")
     doc, got, out = run_script(d / "under", "compiled.py", "--backend", "inductor", *INDUCTOR_ARGS,

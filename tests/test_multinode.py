@@ -370,15 +370,16 @@ def _two_nodes(tmp_path, token_file, skew, steps=3, extra=(), asym=0):
     return node0, join, rec, js
 
 
-# a clock 5 s behind (the first frame's correction), and one 250 ms ahead over a path 2 ms
-# longer one way than the other (the refinement from collectives over 30 steps)
-# (the refinement's precision is a timing figure: a neighbour test's ranks blur it, so that
-# case runs alone). The clock behind is heavy: the same two real nodes and every check of
-# this test run in CI on the clock ahead, whose first frame corrects it the same way (a
-# clock behind, the estimate's sign: test_clock_estimate_keeps_the_lowest_delay_and_fits_drift)
+# a clock 5 s behind (the first frame's correction alone: 3 steps, no refinement), and one
+# 250 ms behind over a path 2 ms longer one way than the other (the exchanges' offset, then
+# the refinement from collectives over 30 steps). The refinement's precision is a timing
+# figure: a neighbour test's ranks blur it, so that case runs alone. The 5 s case is heavy:
+# CI's case takes a clock behind through the same join, wire, recording and summary, and
+# checks the exchanges' own offset from both sides; their precision on a symmetric path is
+# test_a_good_join_gets_settings_and_a_clock_estimate's, on a real socket
 @pytest.mark.parametrize("skew,asym,steps", [
     pytest.param(-5_000_000_000, 0, 3, id="-5s", marks=pytest.mark.heavy),
-    pytest.param(250_000_000, 2_000_000, 30, id="+250ms-asymmetric-path", marks=pytest.mark.serial)])
+    pytest.param(-250_000_000, 2_000_000, 30, id="-250ms-asymmetric-path", marks=pytest.mark.serial)])
 @pytest.mark.slow
 def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     """With an asymmetric path (pings 2 ms slower on the way out) the exchanges alone are
@@ -403,7 +404,8 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     assert abs(est - skew) <= 100_000, (est, skew, unc)  # within 100 µs
     assert abs(est - skew) <= unc + 20_000, (est, skew, unc)
     if asym:
-        assert offs[1]["ntp_offset_ns"] - skew > asym // 4, offs[1]  # the exchanges alone are off
+        # the exchanges alone are off by about half the path's difference (1 ms), no more
+        assert asym // 4 < offs[1]["ntp_offset_ns"] - skew < asym, offs[1]
         assert offs[1]["steps"] >= MIN_STEPS and unc < offs[1]["ntp_uncertainty_ns"] // 4, offs[1]
         assert "clock refined from" in err
     # figures per host: JSON rows and a line per host on stdout

@@ -217,7 +217,7 @@ def test_all_strategies_reach_the_same_weights(run):
             assert torch.allclose(w0[s][name], t, rtol=1e-4, atol=1e-5), (s, name)
             assert torch.allclose(w1[s][name], w0[s][name], rtol=1e-5, atol=1e-6), (s, name)
     # the pipelines: each rank trains its own stage's part of the model (it holds the whole),
-    # as single trained it (the microbatches' gradients summed to the global batch's): every
+    # as single trained it (the microbatches' gradients averaged to the global batch's): every
     # parameter as single's on a rank, each rank some that the other's untrained copy is not
     for s in ("gpipe", "1f1b"):
         same = {name: [r for r, w in enumerate((w0, w1)) if torch.allclose(w[s][name], t, rtol=1e-4, atol=1e-5)]

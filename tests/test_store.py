@@ -538,3 +538,18 @@ def test_readers_outside_the_store_use_its_queries_not_its_fields():
                     if REACH.search(line):
                         found.append(f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}")
     assert found == []
+
+
+def test_collectives_traced_into_a_compiled_graph_are_counted_per_rank():
+    """Each rank counts the functional collectives torch.compile traced into its graph (run
+    untimed) as events: rank 0's count and bytes a step, and every rank that ran them, are
+    what the summary says (the Inductor test's real run is one rank's: the ranks' merge here)."""
+    st = Store()
+    st.set_meta(synthetic_meta(strategies=("ddp",)))
+    assert st.traced_collectives() is None
+    for k in range(8):
+        for r in (0, 1):
+            st.ingest(frames.Event(rank=r, step=k, what="traced all_reduce", value=k + 1))
+            st.ingest(frames.Event(rank=r, step=k, what="traced_b all_reduce", value=4 * (k + 1)))
+    assert st.traced_collectives() == {"all_reduce": {"per_step": 1.0, "bytes_per_step": 4, "ranks": [0, 1]}}
+    assert sum("traced into a compiled graph" in line for _, _, line in st.log_lines()) == 1
