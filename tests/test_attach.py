@@ -522,6 +522,27 @@ def test_every_step_the_buffers_hold_is_drawn_each_a_step_of_the_job():
 
 
 # -- how often it polls ----------------------------------------------------------------------------
+def _drawn_keys(bodies, t0: int, until_s: float) -> tuple:
+    """An attach of 2 ranks polled at its own pace from 0.3 s to `until_s`, `bodies(at)` its
+    replies: (the AttachRun, every collective's key in the order it was drawn)."""
+    from ddptui.recording import frstream
+    keys: list = []
+    real = frstream.FrStream._step
+
+    def step(self, ks, *a, **k):
+        keys.extend(ks)
+        return real(self, ks, *a, **k)
+    run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
+    run.world = 2
+    at = 0.3
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(frstream.FrStream, "_step", step)
+        while at < until_s:
+            run.take(bodies(at), t0 + int(at * 1e9), at)
+            at += run.next_gap()
+    return run, keys
+
+
 def _job_bodies(t0: int, at_s: float, per_s: int, buffer: int, hang_at_s: float | None = None) -> dict:
     """Each rank's fr_trace_json at `at_s` s into a gloo job making `per_s` all_reduces a second
     (a buffer of `buffer` entries); from `hang_at_s` rank 1 issues no more and rank 0 stands
@@ -801,7 +822,6 @@ def test_a_group_made_again_under_its_name_is_drawn_and_nccl_p2p_groups_keep_the
     group of sends and receives only, its newest in flight: read by its tail (its entries'
     state says the tail holds what is in flight; its numbers count point-to-point ops)."""
     from ddptui.model import frverdict
-    from ddptui.recording import frstream
     per, buf, again = 20, 200, 30.0
 
     def bodies(t0, at):
@@ -822,20 +842,8 @@ def test_a_group_made_again_under_its_name_is_drawn_and_nccl_p2p_groups_keep_the
             out[r] = debugserver.Reply(True, msgspec.json.encode({"version": "2.10", "pg_config": {}, "entries": es,
                                                                    "pg_status": st}, order="sorted"))
         return out
-    got = []
-    real = frstream.FrStream._step
-
-    def step(self, keys, *a, **k):
-        got.extend(keys)
-        return real(self, keys, *a, **k)
-    run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
-    run.world = 2
-    t0, at = time.time_ns() - 600 * 10**9, 0.3
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(frstream.FrStream, "_step", step)
-        while at < 80:
-            run.take(bodies(t0, at), t0 + int(at * 1e9), at)
-            at += run.next_gap()
+    t0 = time.time_ns() - 600 * 10**9
+    _, got = _drawn_keys(lambda at: bodies(t0, at), t0, 80)
     seqs = [k[2] for k in got]
     i = next(i for i in range(1, len(seqs)) if seqs[i] < seqs[i - 1])  # (the group made again)
     assert seqs[i] == 1 and len(seqs) - i >= (80 - again) * per - 2 * per, (seqs[i:i + 3], len(seqs) - i)
@@ -869,21 +877,8 @@ def test_whole_reads_after_tails_draw_nothing_behind_what_the_tails_drew():
     """A fast job read by its tails (400 a second: a sample), then a hang: the whole buffers
     read while it is pending and named hold the collectives between the tails, never read;
     they are not drawn then, out of order (`_floor`: nothing below where a tail began)."""
-    from ddptui.recording import frstream
-    keys: list = []
-    real = frstream.FrStream._step
-
-    def step(self, ks, *a, **k):
-        keys.extend(ks)
-        return real(self, ks, *a, **k)
-    run = AttachRun(AttachOptions("127.0.0.1", 1, interval_s=1.0))
-    run.world = 2
-    t0, at = time.time_ns() - 60_000_000_000, 0.3
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(frstream.FrStream, "_step", step)
-        while at < 14:
-            run.take(_job_bodies(t0, at, 400, 1000, 9.0), t0 + int(at * 1e9), at)
-            at += run.next_gap()
+    t0 = time.time_ns() - 60_000_000_000
+    run, keys = _drawn_keys(lambda at: _job_bodies(t0, at, 400, 1000, 9.0), t0, 14)
     seqs = [k[2] for k in keys]
     assert run.watch.current is not None and run.unread > 0 and run.tail_reads > 0
     assert all(b >= a for a, b in zip(seqs, seqs[1:])), [(a, b) for a, b in zip(seqs, seqs[1:]) if b < a][:3]
