@@ -34,8 +34,11 @@ def cuda_available() -> bool:
 # fixtures that start real ranks, by scope: the tests sharing one run go to one pytest-xdist
 # worker (`--dist loadgroup`), so the run is made once
 SHARED_RUNS = {"run": "module", "kineto_traces": "session", "cli_run": "session", "lm_run": "module",
-               "mlp_run": "module", "auto_run": "session",
+               "mlp_run": "module", "user_lm_run": "session",
                "inductor_run": "module", "outside_run": "module"}
+# runs whose tests must share one worker although they read different fixtures (a test reading
+# two of them, others one each): one group, whatever the fixture
+SHARED_GROUPS = {"user_lm_run": "user-scripts", "lm_run": "user-scripts", "mlp_run": "user-scripts"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -50,7 +53,8 @@ def pytest_collection_modifyitems(config, items):
             # one worker makes each once), a session's by its name; a test reading a real run
             # is slow, whoever made the run (`bin/test --fast` leaves it out)
             name = shared[0]
-            group = f"session:{name}" if SHARED_RUNS[name] == "session" else f"{item.module.__name__}:runs"
+            group = (f"shared:{SHARED_GROUPS[name]}" if name in SHARED_GROUPS
+                     else f"session:{name}" if SHARED_RUNS[name] == "session" else f"{item.module.__name__}:runs")
             item.add_marker(pytest.mark.xdist_group(group))
             item.add_marker(pytest.mark.slow)
     slow = {item.module.__name__ for item in items if "slow" in item.keywords}
@@ -181,23 +185,20 @@ def kineto_traces(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def auto_run(tmp_path_factory):
-    """One real recorded `ddptui run --headless --auto --output all` (2 CPU ranks) of a plain
-    DDP script that knows nothing of ddptui (helpers.AUTO_RUN_SCRIPT), shared by the tests of
-    --auto's instrumentation and of the script's output passed through: {"rec", "json",
-    "stdout", "stderr"}. Its processes are gone when it returns."""
-    import json
+def user_lm_run(tmp_path_factory):
+    """One real recorded `ddptui run --headless --auto --output all` (2 CPU ranks) of
+    tests/scripts/tied.py, a plain DDP script that knows nothing of ddptui: a tiny language model
+    with tied weights, rank 0 alone evaluating before every third iteration, each rank printing
+    its loss every iteration and a line on stderr at its end; its steps sound (helpers.
+    sound_script_run). Shared by the tests of such scripts (tests/test_user_scripts.py), of
+    --auto's instrumentation and of the script's output passed through: a helpers.ScriptRun
+    (JSON, recording loaded, stdout; .stderr, .rec). Its processes are gone when it returns."""
+    from .helpers import assert_no_leftovers, sound_script_run
 
-    from .helpers import AUTO_RUN_SCRIPT, assert_no_leftovers, run_cli
-
-    d = tmp_path_factory.mktemp("auto-run")
-    script, rec, js = d / "plain_ddp.py", d / "run.ddptui", d / "run.json"
-    script.write_text(AUTO_RUN_SCRIPT)
-    r = run_cli("run", "--headless", "--auto", "--nproc-per-node", "2", "--output", "all",
-                "--record", str(rec), "--json", str(js), "--", str(script), timeout=180)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run = sound_script_run(tmp_path_factory.mktemp("lm"), "tied.py", ("--every", "3", "--how", "both"),
+                           cli=("--output", "all"))
     assert_no_leftovers()
-    return {"rec": rec, "json": json.loads(js.read_text()), "stdout": r.stdout, "stderr": r.stderr}
+    return run
 
 
 # DDPTUI_TEST_COST=FILE: a line of JSON a test appended to FILE (its id, its worker, wall

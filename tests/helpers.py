@@ -69,28 +69,6 @@ def assert_no_leftovers(timeout: float = 10.0) -> None:
 
 CLI_RUN_STEPS = 5  # the steps of the shared real headless run (conftest.cli_run)
 
-# the plain DDP script of the shared `ddptui run --auto` (conftest.auto_run): it knows nothing
-# of ddptui, and prints a line a step on stdout and one at its end on stderr
-AUTO_RUN_ITERS = 6
-AUTO_RUN_SCRIPT = f"""\
-import sys, torch, torch.distributed as dist, torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = DDP(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for i in range({AUTO_RUN_ITERS}):
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 10, (32,)))
-    loss.backward()
-    opt.step()
-    print(f"iter {{i}}: loss {{loss.item():.4f}} on rank {{rank}}")
-print(f"rank {{rank}} says goodbye", file=sys.stderr)
-dist.destroy_process_group()
-"""
-
-
 def run_live(steps=4, model="small", strategies=("naive", "ddp"), ranks=2, batch=256,
              bucket_cap_mb=None, record=None, extra=(), timeout=120.0, **kw):
     """Run real torchrun ranks to completion in-process; returns the LiveRun."""
@@ -149,20 +127,30 @@ def run_cli(*args, timeout=120, env=None, input=None, cwd=ROOT,
                           preexec_fn=_address_space(max_memory) if max_memory else None)
 
 
-def run_script(tmp, script: str, *args: str, timeout: int = 240, env=None, nproc: int = 2):
+class ScriptRun(tuple):
+    """run_script's (JSON, recording loaded, stdout), its stderr as `.stderr` and its
+    recording's path as `.rec`."""
+    stderr: str
+    rec: str
+
+
+def run_script(tmp, script: str, *args: str, timeout: int = 240, env=None, nproc: int = 2,
+               cli: tuple = ()) -> ScriptRun:
     """A script of tests/scripts/ under `ddptui run --auto --headless` on `nproc` CPU ranks (2),
-    recorded: (its JSON, the recording loaded, what it printed on stdout); env: more of the
-    environment (run_cli's)."""
+    recorded: (its JSON, the recording loaded, what it printed on stdout), a ScriptRun; env:
+    more of the environment (run_cli's); cli: more of `ddptui run`'s options."""
     import json
 
     from ddptui.recording.loader import load
     tmp.mkdir(parents=True, exist_ok=True)
     rec, js = tmp / "run.ddptui", tmp / "run.json"
     r = run_cli("run", "--auto", "--headless", "--nproc-per-node", str(nproc), "--record", str(rec),
-                "--json", str(js), "--", os.path.join(ROOT, "tests", "scripts", script), *args, timeout=timeout,
-                env=env)
+                "--json", str(js), *cli, "--", os.path.join(ROOT, "tests", "scripts", script), *args,
+                timeout=timeout, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(js.read_text()), load(str(rec)), r.stdout
+    got = ScriptRun((json.loads(js.read_text()), load(str(rec)), r.stdout))
+    got.stderr, got.rec = r.stderr, str(rec)
+    return got
 
 
 def examples(n: int) -> int:
@@ -186,19 +174,20 @@ def spans_of(b, kind: int) -> list[tuple[int, int, int]]:
     return [(b.idx[i], b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == kind]
 
 
-def sound_script_run(tmp, script: str, args: tuple = (), iters: int = SCRIPT_ITERS, tries: int = 3, env=None):
+def sound_script_run(tmp, script: str, args: tuple = (), iters: int = SCRIPT_ITERS, tries: int = 3, env=None,
+                     cli: tuple = ()) -> ScriptRun:
     """A script of tests/scripts/ under `ddptui run --auto` whose steps are its optimizer
     iterations on every rank, where no rank's median wait is over half the median step and
     no culprit is named: (its JSON, the recording loaded, its stdout). The timing is
     judged again on another run when a run fails it (other work on the two shared cores can
     make one rank late for a whole run: measured, with no evaluation at all, one rank last
     in 74 % of the steps; a step matched with the wrong step fails every run); the step
-    counts are checked on every run. env: more of the environment (run_cli's)."""
-    run = run_script(tmp / "0", script, "--iters", str(iters), *args, env=env)
+    counts are checked on every run. env, cli: run_script's."""
+    run = run_script(tmp / "0", script, "--iters", str(iters), *args, env=env, cli=cli)
     _steps_are_iterations(run, iters)
     why = [_timing_problem(run, iters)]
     while why[-1] and len(why) < tries:
-        run = run_script(tmp / str(len(why)), script, "--iters", str(iters), *args, env=env)
+        run = run_script(tmp / str(len(why)), script, "--iters", str(iters), *args, env=env, cli=cli)
         _steps_are_iterations(run, iters)
         why.append(_timing_problem(run, iters))
     assert not why[-1], "; ".join(f"run {i + 1}: {w}" for i, w in enumerate(why))

@@ -14,7 +14,7 @@ from ddptui.recording.loader import load
 from ddptui.recording.synthetic import SyntheticSource
 from ranks import frames
 
-from .helpers import AUTO_RUN_ITERS, synthetic_frames, synthetic_meta, write_recording
+from .helpers import synthetic_frames, synthetic_meta, write_recording
 
 
 def _files(root, rank: int) -> tuple[str, str]:
@@ -148,18 +148,20 @@ def test_the_output_screen_drawn_before_its_body_is_there_waits():
 
 
 @pytest.mark.slow
-def test_run_headless_passes_the_scripts_output_through_and_records_it(auto_run):
-    """A real `ddptui run --headless --output all` (conftest.auto_run: a script printing a line
-    an iteration on stdout, one on stderr at its end): every rank's prints on stdout, its
-    stderr on stderr, `[rankN]:` first, as torchrun shows them; the recording has every line."""
-    out, err = auto_run["stdout"], auto_run["stderr"]
+def test_run_headless_passes_the_scripts_output_through_and_records_it(user_lm_run):
+    """A real `ddptui run --headless --output all` (conftest.user_lm_run: tests/scripts/tied.py,
+    printing a line an iteration on stdout, one on stderr at its end): every rank's prints on
+    stdout, its stderr on stderr, `[rankN]:` first, as torchrun shows them; the recording has
+    every line."""
+    from .helpers import SCRIPT_ITERS
+    out, err = user_lm_run[2], user_lm_run.stderr
     for rank in (0, 1):
         mine = [ln for ln in out.splitlines() if ln.startswith(f"[rank{rank}]:iter ")]
-        assert [ln.split(":")[1] for ln in mine] == [f"iter {i}" for i in range(AUTO_RUN_ITERS)], out
+        assert [ln.split(":")[1] for ln in mine] == [f"iter {i}" for i in range(SCRIPT_ITERS)], out
         assert f"[rank{rank}]:rank {rank} says goodbye" in err.splitlines()
-    assert auto_run["json"]["strategies"][0]["steps"] >= 3  # (the figures as before)
-    seq, lines, _, dropped = load(str(auto_run["rec"])).store.output_since(0)
+    assert user_lm_run[0]["strategies"][0]["steps"] == SCRIPT_ITERS  # (the figures as before)
+    seq, lines, _, dropped = load(user_lm_run.rec).store.output_since(0)
     recorded = {(x[1], x[2], x[3]) for x in lines}
     assert {(1, "err", "rank 1 says goodbye"), (0, "err", "rank 0 says goodbye")} <= recorded
-    assert sum(1 for x in recorded if x[1] == "out" and x[2].startswith("iter ")) == 2 * AUTO_RUN_ITERS
+    assert sum(1 for x in recorded if x[1] == "out" and x[2].startswith("iter ")) == 2 * SCRIPT_ITERS
     assert dropped == 0

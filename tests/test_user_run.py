@@ -341,19 +341,23 @@ def test_run_bad_command_lines(args, says):
 
 
 @pytest.mark.slow
-def test_run_auto_instruments_a_script_that_knows_nothing_of_ddptui(auto_run):
-    """--auto: a plain DDP script, no code change (helpers.AUTO_RUN_SCRIPT: 6 iterations of a
-    Sequential): its DDP is timed, layers and buckets named; its global batch is read from
-    the inputs (32 a rank, summed over the 2 ranks), so samples/s is that over the step."""
-    doc = auto_run["json"]
-    assert doc["layers"] == ["0", "1", "2"]
-    assert doc["batch"] == 64 and doc["batch_from"] == "inputs"
+def test_run_auto_instruments_a_script_that_knows_nothing_of_ddptui(user_lm_run):
+    """--auto: a plain DDP script, no code change (conftest.user_lm_run: tests/scripts/tied.py, a
+    tiny language model, rank 0 alone evaluating on 2 sequences every third iteration): its DDP
+    is timed, layers and buckets named (the tied weight once, as the embedding's); its global
+    batch is read from the training inputs (8 sequences a rank, summed over the 2 ranks; not
+    the evaluation's), so samples/s is that over the step."""
+    from .helpers import SCRIPT_ITERS
+    doc = user_lm_run[0]
+    assert doc["layers"] == ["wte", "h.0", "h.1", "h.2", "ln_f", "lm_head"]
+    assert doc["batch"] == 16 and doc["batch_from"] == "inputs"
     s = doc["strategies"][0]
-    assert s["steps"] >= 5 and s["allreduce_calls_per_step"] >= 1
-    assert s["samples_per_s"] == pytest.approx(64 / (s["step_ms_median"] / 1e3), rel=1e-6)
+    assert s["steps"] == SCRIPT_ITERS and s["allreduce_calls_per_step"] >= 1
+    assert s["samples_per_s"] == pytest.approx(16 / (s["step_ms_median"] / 1e3), rel=1e-6)
     names = sorted(p for b in s["buckets"] for p in b["params"])
-    assert names == ["0.bias", "0.weight", "2.bias", "2.weight"]
-    assert "global batch 64" in auto_run["stdout"]
+    assert names == sorted(["wte.weight", "ln_f.weight", "ln_f.bias"] + [
+        f"h.{i}.{m}.{w}" for i in range(3) for m in ("fc", "proj") for w in ("weight", "bias")])
+    assert "global batch 16" in user_lm_run[2]
 
 
 def test_auto_layers_open_wrappers_to_blocks():

@@ -36,9 +36,10 @@ def _layer(doc, name: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def lm_run(tmp_path_factory):
-    """tied.py, rank 0 evaluating before every third iteration: (the JSON, the recording)."""
-    return _sound(tmp_path_factory.mktemp("lm"), "tied.py", ("--every", "3", "--how", "both"))
+def lm_run(user_lm_run):
+    """tied.py, rank 0 evaluating before every third iteration (conftest.user_lm_run, shared with
+    the tests of --auto and of the output passed through): (the JSON, the recording)."""
+    return tuple(user_lm_run[:2])
 
 
 # gloo's Flight Recorder standing in for NCCL's (each collective 0.3 ms: ranks.seams.fr_standin),

@@ -1,7 +1,8 @@
 """(tests) A tiny language model whose output layer shares the token embedding's weight (GPT-2's
 weight tying: lm_head.weight is wte.weight), and whose rank 0 alone evaluates every few
 iterations, the usual way: model.eval(), a forward through the DDP module, model.train().
-Plain DDP, nothing of ddptui (run it under `ddptui run --auto`).
+Each rank prints its loss every iteration, and a line on stderr at its end. Plain DDP, nothing
+of ddptui (run it under `ddptui run --auto`).
 
     --iters N   optimizer steps (default 24)
     --every K   rank 0 evaluates before iterations 0, K, 2K... (default 0: never)
@@ -9,6 +10,7 @@ Plain DDP, nothing of ddptui (run it under `ddptui run --auto`).
                 same module called again before any backward); both (default): in turn
 """
 import argparse
+import sys
 
 import torch
 import torch.distributed as dist
@@ -66,6 +68,9 @@ for it in range(a.iters):
         model.train()
     opt.zero_grad()
     logits = model(idx[:, :-1])
-    F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1)).backward()
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1))
+    loss.backward()
     opt.step()
+    print(f"iter {it}: loss {loss.item():.4f} on rank {rank}")  # (as training scripts print theirs)
+print(f"rank {rank} says goodbye", file=sys.stderr)
 dist.destroy_process_group()
