@@ -84,10 +84,10 @@ FAULTS = [
           ("ranks/builtin/strategies.py",), '    name = "1f1b"\n    schedule = "Schedule1F1B"',
           '    name = "1f1b"\n    schedule = "ScheduleGPipe"', ("tests/test_pipeline.py", "tests/test_pipelining.py"),
           "pipelines_take_turns or built_in_workers"),
-    Fault("eval", "a user's script: rank 0's evaluation forward taken as training (real ranks, --auto)",
-          ("ranks/scripts/user.py",),
-          "        if not (torch.is_grad_enabled() if grad is None else grad):  # an evaluation: no step",
-          "        if False:  # an evaluation: no step", ("tests/test_user_scripts.py",), "rank0_only"),
+    Fault("eval", "a user's script: rank 0's evaluation before a step not drawn (real ranks, --auto)",
+          ("ranks/scripts/user.py",), "            else:  # in the next step's frame, before its start\n"
+          "                self.others.append(span)", "            else:  # in the next step's frame, before its start\n"
+          "                pass", ("tests/test_user_scripts.py",), "rank0_only"),
     Fault("fr-acc", "NCCL's timing under accumulation: every backward's buckets awaited (real ranks, --auto)",
           ("ranks/scripts/user.py",), "sync = self.frb.armed = bool(self.ddp.require_backward_grad_sync)",
           "sync = self.frb.armed = True", ("tests/test_user_scripts.py", "tests/test_flightrec.py"), "never_rebuilds"),
