@@ -24,11 +24,60 @@ MB_ROWS = 16  # samples a microbatch (the script's)
 
 
 @pytest.fixture(scope="module")
-def one_f1b(tmp_path_factory):
-    """1F1B, 2 stages, stage 1's blocks running twice (the slow stage)."""
+def one_f1b_hung(tmp_path_factory):
+    """1F1B, 2 stages, stage 1's blocks running twice (the slow stage), recorded: ITERS
+    iterations, then stage 0's forward of the third microbatch of the next one never ends (a
+    hung stage, its neighbour waiting in a send); Ctrl-C once the run has named the hang (or
+    after 120 s). The steps before it are the 1F1B tests' (the first not drawn: ITERS - 1),
+    the hang the hung-stage test's (one launch for both): {"doc", "got", "out", "rec", "lines",
+    "rc", "hang"} (the JSON, the recording loaded, stdout, its path, the stderr lines, the exit
+    status, the line naming the hang or None)."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from ddptui.recording.loader import load
+    from tests.helpers import ROOT, assert_no_leftovers, start_cli
     d = tmp_path_factory.mktemp("1f1b")
-    return run_script(d, "pipeline.py", "--schedule", "1f1b", "--microbatches", str(M), "--iters", str(ITERS),
-                      "--slow-stage", "1") + (d / "run.ddptui",)
+    rec, js = d / "run.ddptui", d / "run.json"
+    p = start_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec), "--json", str(js),
+                  "--", os.path.join(ROOT, "tests", "scripts", "pipeline.py"), "--schedule", "1f1b",
+                  "--microbatches", str(M), "--iters", str(ITERS + 1), "--slow-stage", "1",
+                  "--hang-stage", "0", "--hang-at", str(ITERS),
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    out: list[str] = []
+    readers = [threading.Thread(target=lambda: lines.extend(ln.rstrip("\n") for ln in p.stderr), daemon=True),
+               threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        deadline, hang = time.monotonic() + 120, None
+        while time.monotonic() < deadline and hang is None and p.poll() is None:
+            hang = next((ln for ln in list(lines) if "no progress for" in ln), None)
+            time.sleep(0.05)
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            rc = p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait(10)
+    for t in readers:
+        t.join(5)
+    assert_no_leftovers()
+    assert hang is not None and rc == 130, "\n".join(lines[-30:])
+    return {"doc": json.loads(js.read_text()), "got": load(str(rec)), "out": "".join(out), "rec": rec,
+            "lines": lines, "rc": rc, "hang": hang}
+
+
+@pytest.fixture(scope="module")
+def one_f1b(one_f1b_hung):
+    """The 1F1B run's steps before its hang: (the JSON, the recording loaded, stdout, its path)."""
+    r = one_f1b_hung
+    return r["doc"], r["got"], r["out"], r["rec"]
 
 
 @pytest.fixture(scope="module")
@@ -342,45 +391,20 @@ def test_pp_by_dp_on_a_mesh_each_stage_ddp_replicated(tmp_path):
     assert all(n.startswith(f"s{int(r_) // 2}.") for r_, names in own.items() for n in names), own
 
 
-def test_a_hung_stage_is_named_within_5_s_with_the_microbatch_its_neighbour_waits_on(tmp_path):
-    """Stage 0's forward of a microbatch never ends (a hung stage: asleep in its compute):
-    within 5 s of the last step the run says which rank stands waiting in which send or
-    receive, of which microbatch, to or from whom, and that stage 0's rank is inside no
-    collective (its sends, long taken, are not what it waits on); Ctrl-C then ends it, every
-    rank stopped."""
-    import os
-    import signal
-    import subprocess
-    import threading
-    import time
-
-    from tests.helpers import ROOT, start_cli
-    p = start_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--no-record", "--",
-                  os.path.join(ROOT, "tests", "scripts", "pipeline.py"), "--hang-stage", "0", "--hang-at", "3",
-                  "--iters", "12", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(ln.rstrip("\n") for ln in p.stderr), daemon=True)
-    reader.start()
-    try:
-        deadline, line = time.monotonic() + 120, None
-        while time.monotonic() < deadline and line is None and p.poll() is None:
-            line = next((ln for ln in list(lines) if "no progress for" in ln), None)
-            time.sleep(0.05)
-        assert line is not None, "\n".join(lines)
-        assert "rank 1 inside send" in line and "gradients to rank 0 (stage 1)" in line, line
-        assert "of microbatch " in line, line
-        assert "rank 0 never entered it (inside no collective" in line, line
-        assert "no progress for 3 s" in line or "no progress for 4 s" in line or "no progress for 5 s" in line, line
-    finally:
-        p.send_signal(signal.SIGINT)
-        try:
-            p.wait(60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
-    reader.join(5)
+def test_a_hung_stage_is_named_within_5_s_with_the_microbatch_its_neighbour_waits_on(one_f1b_hung):
+    """Stage 0's forward of a microbatch never ends (a hung stage: asleep in its compute, after
+    the 1F1B run's steps): within 5 s of the last step the run says which rank stands waiting in
+    which send or receive, of which microbatch, to or from whom, and that stage 0's rank is
+    inside no collective (its sends, long taken, are not what it waits on); Ctrl-C then ends
+    it, every rank stopped, the steps before it kept (the 1F1B tests above read them)."""
+    line, lines = one_f1b_hung["hang"], one_f1b_hung["lines"]
+    assert "rank 1 inside send" in line and "gradients to rank 0 (stage 1)" in line, line
+    assert "of microbatch " in line, line
+    assert "rank 0 never entered it (inside no collective" in line, line
+    assert "no progress for 3 s" in line or "no progress for 4 s" in line or "no progress for 5 s" in line, line
     assert "Traceback" not in "\n".join(lines), "\n".join(lines)
     assert any("every rank has exited" in ln for ln in lines), "\n".join(lines[-20:])
+    assert one_f1b_hung["doc"]["state"] == "stopped", one_f1b_hung["doc"]["state"]
 
 
 def test_a_stage_lane_draws_each_microbatch_numbered_as_pipeline_diagrams_do(one_f1b):
