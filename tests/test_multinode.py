@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from ddptui.model import stragglers
@@ -21,7 +20,7 @@ from ddptui.live.netlisten import NetError, NetListener, client_handshake, mac, 
 from ddptui.model.store import Store
 from ranks import frames, wire
 
-from .helpers import ROOT, pythonpath, store_of, synthetic_frames, synthetic_meta, assert_no_leftovers, worker_procs
+from .helpers import ROOT, pythonpath, store_of, synthetic_frames, synthetic_meta, assert_no_leftovers
 
 from tests.conftest import TOKEN
 
@@ -448,30 +447,5 @@ def test_two_nodes_one_corrected_axis(tmp_path, token_file, skew, asym, steps):
     assert_no_leftovers(10)
 
 
-@pytest.mark.slow
-def test_join_exits_when_node0_goes_away(tmp_path, token_file):
-    node0, join, _, _ = _two_nodes(tmp_path, token_file, 250_000_000, steps=0)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait for both ranks to train
-            if len([p for p in worker_procs() if "ranks.builtin.worker" in " ".join(p.cmdline())]) >= 2:
-                break
-            time.sleep(0.2)
-        time.sleep(2)
-        kids = psutil.Process(node0.pid).children(recursive=True)
-        node0.kill()  # node 0 dies without a word; its own torchrun goes with it (killed here)
-        for k in kids:
-            try:
-                k.kill()
-            except psutil.Error:
-                pass
-        t0 = time.monotonic()
-        join.wait(timeout=10)
-        assert time.monotonic() - t0 < 10
-        _, jerr = join.communicate()
-        assert "node 0 went away" in jerr or "control connection failed" in jerr, jerr[-2000:]
-    finally:
-        for p in (node0, join):
-            if p.poll() is None:
-                p.kill()
-    assert_no_leftovers(10)
+# a join whose node 0 dies without a word exits by itself: tests/test_doors.py's real two-node
+# run under a flood ends so (one launch of two nodes for both)
