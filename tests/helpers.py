@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 import types
 
 import psutil
@@ -187,6 +188,9 @@ def sound_script_run(tmp, script: str, args: tuple = (), iters: int = SCRIPT_ITE
     _steps_are_iterations(run, iters)
     why = [_timing_problem(run, iters)]
     while why[-1] and len(why) < tries:
+        # (said in the suite's warnings summary: a run made again costs ~9 CPU-s, and how often
+        # the machine's load makes one is worth seeing)
+        warnings.warn(f"{script}: run {len(why)} judged again: {why[-1]}", stacklevel=2)
         run = run_script(tmp / str(len(why)), script, "--iters", str(iters), *args, env=env, cli=cli)
         _steps_are_iterations(run, iters)
         why.append(_timing_problem(run, iters))
