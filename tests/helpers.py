@@ -178,7 +178,7 @@ def spans_of(b, kind: int) -> list[tuple[int, int, int]]:
 def sound_script_run(tmp, script: str, args: tuple = (), iters: int = SCRIPT_ITERS, tries: int = 3, env=None,
                      cli: tuple = ()) -> ScriptRun:
     """A script of tests/scripts/ under `ddptui run --auto` whose steps are its optimizer
-    iterations on every rank, where no rank's median wait is over half the median step and
+    iterations on every rank, where no rank's median wait is over 3/4 of the median step and
     no culprit is named: (its JSON, the recording loaded, its stdout). The timing is
     judged again on another run when a run fails it (other work on the two shared cores can
     make one rank late for a whole run: measured, with no evaluation at all, one rank last
@@ -211,16 +211,17 @@ def _steps_are_iterations(run, iters: int) -> None:
 def _timing_problem(run, iters: int) -> str | None:
     doc = run[0]
     row = doc["strategies"][0]
-    half = row["step_ms_median"] / 2
+    bound = 0.75 * row["step_ms_median"]
     # a step matched with another step of the other rank makes that rank wait about a whole
-    # step in nearly every step: its median wait is over half a step. Two ranks on two cores
+    # step in nearly every step: its median wait is near a whole step. Two ranks on two cores
     # shared with other work hold each other up by 20-40 ms now and then (measured), both
     # ways: the longest wait of a step over half the step, in half the steps, was seen under
     # a loaded suite without any mismatch (and made the run be judged again), so each rank's
-    # median wait is what is judged
+    # median wait is what is judged, against three quarters of a step (half a step made the
+    # DLRM run be judged again in the suite: rank 0's median wait 25.1 ms of a 47.8 ms step)
     med = row["stragglers"]["wait_ms_median"]
-    if any(w > half for w in med.values()):
-        return f"a rank's median wait over {half:.1f} ms: {med}"
+    if any(w > bound for w in med.values()):
+        return f"a rank's median wait over {bound:.1f} ms (3/4 of the median step): {med}"
     st = row["stragglers"]
     if st.get("culprit") or st.get("culprit_rank") is not None:
         return f"a culprit named: {st.get('culprit')} (last in {st.get('last_arriver_pct')} % of steps)"

@@ -48,7 +48,7 @@ def _spans(b, kind: int):
 @pytest.fixture(scope="module")
 def dlrm(tmp_path_factory):
     """a2a_ddp.py with small buckets (several a module), a sound run (helpers.sound_script_run:
-    its steps the iterations on both ranks, no wait over half a step, no culprit)."""
+    its steps the iterations on both ranks, no median wait over 3/4 of a step, no culprit)."""
     # (batch 2048: a ~50 ms step; with 512 (15 ms) two ranks on two shared cores often waited
     # over half a step for each other's turn on a core, and the run was judged again)
     return sound_script_run(tmp_path_factory.mktemp("dlrm"), "a2a_ddp.py",

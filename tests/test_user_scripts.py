@@ -7,7 +7,7 @@ DDP module (tied.py); gradient accumulation by `require_backward_grad_sync` and 
 (DLRM's bottom and top MLPs) with all_to_all between them (a2a_ddp.py: tests/test_collectives.py,
 which shares its run with the collectives' tests). A step is
 one gradient synchronisation, numbered the same on every rank (ranks.scripts.user.RankSession): the
-step count is the optimizer iterations on every rank, no rank waits half a step typically, no
+step count is the optimizer iterations on every rank, no rank waits 3/4 of a step typically, no
 culprit is named, every DDP module's buckets are drawn under its name, and every layer that
 runs in a step has its backward span there. The two tests of a script that does two things
 read one run of it (a module fixture: each run costs ~15 s, most of it starting torch).
