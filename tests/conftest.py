@@ -52,8 +52,9 @@ def pytest_collection_modifyitems(config, items):
             # a module's shared runs in one group (a test reading two of them, others one each:
             # one worker makes each once), a session's by its name; a test reading a real run
             # is slow, whoever made the run (`bin/test --fast` leaves it out)
+            together = next((SHARED_GROUPS[n] for n in shared if n in SHARED_GROUPS), None)
             name = shared[0]
-            group = (f"shared:{SHARED_GROUPS[name]}" if name in SHARED_GROUPS
+            group = (f"shared:{together}" if together is not None
                      else f"session:{name}" if SHARED_RUNS[name] == "session" else f"{item.module.__name__}:runs")
             item.add_marker(pytest.mark.xdist_group(group))
             item.add_marker(pytest.mark.slow)

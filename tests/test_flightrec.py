@@ -369,8 +369,33 @@ def test_a_users_ddp_script_has_its_buckets_timed_by_nccl_itself_and_a_hang_name
     assert not all(abs((c[0][2] - c[0][1]) - 300) <= 1 for c in late), late
 
 
-# gradient accumulation over a DDP that never rebuilds its buckets, timed by the Flight
-# Recorder: tests/test_user_scripts.py (its accumulation run, made under gloo's Flight Recorder)
+@pytest.mark.slow
+def test_accumulation_and_a_ddp_that_never_rebuilds_have_their_buckets_timed_by_nccl_itself(tmp_path):
+    """`ddptui run --auto` on gradient accumulation (nanoGPT's `require_backward_grad_sync` flag
+    and `no_sync()` in turn) over a DDP with find_unused_parameters and a layer used in some
+    steps only (tests/scripts/accumulate.py), gloo's Flight Recorder standing in for NCCL's:
+    such a DDP never rebuilds its buckets, and its first layout (two buckets here) is read as
+    DDP made it; each optimizer step has exactly its two buckets, each the stand-in's 0.3 ms,
+    one after the other: the accumulating backwards issue none and mark none (before: no
+    bucket at all, the summary saying nothing was missing)."""
+    from .helpers import ROOT, run_cli, spans_of, step_batches
+    from ddptui.recording.loader import load
+    rec, js = tmp_path / "acc.ddptui", tmp_path / "acc.json"
+    r = run_cli("run", "--auto", "--headless", "--nproc-per-node", "2", "--record", str(rec), "--json", str(js),
+                "--", os.path.join(ROOT, "tests", "scripts", "accumulate.py"), "--iters", "6", "--micro", "2",
+                "--how", "both", timeout=240, env={"DDPTUI_FR_STANDIN": "0.3", "TORCH_FR_BUFFER_SIZE": "512"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(js.read_text())
+    (ddp,) = doc["strategies"]
+    assert ddp["bucket_timing"]["by"] == "flight-recorder" and ddp["bucket_timing"]["untimed"] == 0, ddp
+    batches = step_batches(load(str(rec)))
+    assert sorted(batches) == list(range(6))
+    for k in range(1, 6):  # (the first step: before any layout is read, untimed as DDP's first)
+        for b in batches[k].values():
+            comm = spans_of(b, 2)
+            assert [i for i, _, _ in comm] == [0, 1], (k, comm)
+            assert all(abs((t1 - t0) - 300) <= 1 for _, t0, t1 in comm), (k, comm)  # (µs, as stored)
+            assert comm[1][1] >= comm[0][2], "a bucket overlaps the one before it on the stream"
 
 
 @pytest.mark.slow

@@ -9,8 +9,9 @@ which shares its run with the collectives' tests). A step is
 one gradient synchronisation, numbered the same on every rank (ranks.scripts.user.RankSession): the
 step count is the optimizer iterations on every rank, no rank waits 3/4 of a step typically, no
 culprit is named, every DDP module's buckets are drawn under its name, and every layer that
-runs in a step has its backward span there. The two tests of a script that does two things
-read one run of it (a module fixture: each run costs ~15 s, most of it starting torch).
+runs in a step has its backward span there. The tests of a script read one run of it (each
+costs ~15 s, most of it starting torch): accumulate.py's a module fixture, tied.py's the
+session's (conftest.user_lm_run: also the run of the tests of --auto and of the output).
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ FWD, BWD, COMM, STEP, OTHER = SPAN_FWD, SPAN_BWD, SPAN_COMM, SPAN_STEP, SPAN_OTH
 _steps, _spans = step_batches, spans_of
 
 
-def _sound(tmp_path, script: str, args: tuple, env=None):
+def _sound(tmp_path, script: str, args: tuple):
     """(the JSON, the recording) of a sound run of the script (helpers.sound_script_run)."""
-    return sound_script_run(tmp_path, script, args, env=env)[:2]
+    return sound_script_run(tmp_path, script, args)[:2]
 
 
 def _layer(doc, name: str) -> int:
@@ -42,20 +43,12 @@ def lm_run(user_lm_run):
     return tuple(user_lm_run[:2])
 
 
-# gloo's Flight Recorder standing in for NCCL's (each collective 0.3 ms: ranks.seams.fr_standin),
-# as a GPU run's DDP buckets are timed: the accumulation run is also the Flight Recorder's
-# (test_accumulation_and_a_ddp_that_never_rebuilds_..., below). ddptui's comm hook under
-# accumulation, the CPU's path: tests/test_user_run.py's plain torchrun run (train_cnn.py
-# --accumulate 2, a step a synchronisation) and the FSDP2 accumulation of test_collectives.py
-FR_STANDIN = {"DDPTUI_FR_STANDIN": "0.3", "TORCH_FR_BUFFER_SIZE": "512"}
-
-
 @pytest.fixture(scope="module")
 def mlp_run(tmp_path_factory):
-    """accumulate.py, 3 micro-steps per optimizer step, gloo's Flight Recorder standing in for
-    NCCL's (FR_STANDIN): (the JSON, the recording)."""
-    return _sound(tmp_path_factory.mktemp("mlp"), "accumulate.py", ("--micro", "3", "--how", "both"),
-                  env=FR_STANDIN)
+    """accumulate.py, 3 micro-steps per optimizer step, on the CPU's path (ddptui's comm hook;
+    NCCL's own timing of the same accumulation: tests/test_flightrec.py): (the JSON, the
+    recording)."""
+    return _sound(tmp_path_factory.mktemp("mlp"), "accumulate.py", ("--micro", "3", "--how", "both"))
 
 
 def test_rank0_only_evaluation_takes_no_step(lm_run):
@@ -93,30 +86,7 @@ def test_accumulation_is_one_step_per_optimizer_step(mlp_run):
             assert len(fwd0) == len(bwd0) == 3, (k, r, fwd0, bwd0)
             assert fwd0[0][1] <= bwd0[0][0] <= bwd0[0][1] <= fwd0[1][0]  # micro-step 1, then 2
             comm = _spans(b, COMM)
-            if k == 0:  # (DDP's first step: untimed on NCCL's path, whose layout it is still making)
-                continue
             assert comm and min(t0 for _, t0, _ in comm) >= fwd0[2][0]  # synchronised by the last
-
-
-def test_accumulation_and_a_ddp_that_never_rebuilds_have_their_buckets_timed_by_nccl_itself(mlp_run):
-    """Gradient accumulation (nanoGPT's `require_backward_grad_sync` flag and `no_sync()` in turn)
-    over a DDP with find_unused_parameters and a layer used in some steps only, gloo's Flight
-    Recorder standing in for NCCL's (the path of ranks/core/flightrec.py, tests/test_flightrec.py):
-    such a DDP never rebuilds its buckets, and its first layout (two buckets here) is read as DDP
-    made it; each optimizer step has exactly its two buckets, each the stand-in's 0.3 ms, one
-    after the other: the accumulating backwards issue none and mark none (before: no bucket at
-    all, the summary saying nothing was missing)."""
-    doc, got = mlp_run
-    (ddp,) = doc["strategies"]
-    assert ddp["bucket_timing"]["by"] == "flight-recorder" and ddp["bucket_timing"]["untimed"] == 0, ddp
-    batches = _steps(got)
-    assert sorted(batches) == list(range(ITERS))
-    for k in range(1, ITERS):  # (the first step: before any layout is read, untimed as DDP's first)
-        for b in batches[k].values():
-            comm = _spans(b, COMM)
-            assert [i for i, _, _ in comm] == [0, 1], (k, comm)
-            assert all(abs((t1 - t0) - 300) <= 1 for _, t0, t1 in comm), (k, comm)  # (µs, as stored)
-            assert comm[1][1] >= comm[0][2], "a bucket overlaps the one before it on the stream"
 
 
 def test_tied_embedding_backward_goes_to_the_embedding(lm_run):
