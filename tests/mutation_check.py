@@ -101,7 +101,7 @@ FAULTS = [
           ("ddptui/cli/join.py",), 'if not data:\n                    return self._end("node 0 went away")',
           'if not data:\n                    continue', ("tests/test_doors.py", "tests/test_multinode.py"),
           "node0_goes_away"),
-    Fault("shift", "a shifted DDP step: a user's script's steps numbered one on on rank 1 (real ranks, --auto)",
+    Fault("shift", "a shifted DDP step: rank 1's steps of a user's script numbered one on (real ranks, --auto)",
           ("ranks/scripts/user.py",), "        self.rec.begin(self.strategy, self.k)",
           "        self.rec.begin(self.strategy, self.k + (self.rank == 1))", ("tests/test_user_scripts.py",),
           "rank0_only"),
