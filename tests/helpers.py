@@ -175,7 +175,7 @@ def spans_of(b, kind: int) -> list[tuple[int, int, int]]:
     return [(b.idx[i], b.t0[i], b.t1[i]) for i in range(len(b.kind)) if b.kind[i] == kind]
 
 
-def sound_script_run(tmp, script: str, args: tuple = (), iters: int = SCRIPT_ITERS, tries: int = 3, env=None,
+def sound_script_run(tmp, script: str, args: tuple = (), iters: int = SCRIPT_ITERS, tries: int = 3,
                      cli: tuple = ()) -> ScriptRun:
     """A script of tests/scripts/ under `ddptui run --auto` whose steps are its optimizer
     iterations on every rank, where no rank's median wait is over 3/4 of the median step and
@@ -183,15 +183,15 @@ def sound_script_run(tmp, script: str, args: tuple = (), iters: int = SCRIPT_ITE
     judged again on another run when a run fails it (other work on the two shared cores can
     make one rank late for a whole run: measured, with no evaluation at all, one rank last
     in 74 % of the steps; a step matched with the wrong step fails every run); the step
-    counts are checked on every run. env, cli: run_script's."""
-    run = run_script(tmp / "0", script, "--iters", str(iters), *args, env=env, cli=cli)
+    counts are checked on every run. cli: run_script's."""
+    run = run_script(tmp / "0", script, "--iters", str(iters), *args, cli=cli)
     _steps_are_iterations(run, iters)
     why = [_timing_problem(run, iters)]
     while why[-1] and len(why) < tries:
         # (said in the suite's warnings summary: a run made again costs ~9 CPU-s, and how often
         # the machine's load makes one is worth seeing)
         warnings.warn(f"{script}: run {len(why)} judged again: {why[-1]}", stacklevel=2)
-        run = run_script(tmp / str(len(why)), script, "--iters", str(iters), *args, env=env, cli=cli)
+        run = run_script(tmp / str(len(why)), script, "--iters", str(iters), *args, cli=cli)
         _steps_are_iterations(run, iters)
         why.append(_timing_problem(run, iters))
     assert not why[-1], "; ".join(f"run {i + 1}: {w}" for i, w in enumerate(why))

@@ -327,7 +327,7 @@ def test_a_real_join_gets_in_under_a_flood_and_exits_when_node0_goes_away(tmp_pa
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(node0.stderr), daemon=True)
     reader.start()
-    join, kids = None, []
+    join = None
     try:
         assert wait_for(lambda: _reachable(addr), 30)
         with _Flood(addr, n=40, life=1.0):
@@ -343,13 +343,7 @@ def test_a_real_join_gets_in_under_a_flood_and_exits_when_node0_goes_away(tmp_pa
             # both nodes' ranks train: node 0's progress counts steps, which need both
             assert wait_for(lambda: any(re.search(r"steps: naive [1-9]", ln) for ln in list(err)), 90), "".join(err)
             assert "node 1 (" in "".join(err) and "joined" in "".join(err), "".join(err)
-        kids = psutil.Process(node0.pid).children(recursive=True)
-        node0.kill()  # node 0 dies without a word; its own torchrun goes with it (killed here)
-        for k in kids:
-            try:
-                k.kill()
-            except psutil.Error:
-                pass
+        _kill_tree(node0)  # node 0 dies without a word; its own torchrun goes with it (killed here)
         try:
             join.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -358,15 +352,24 @@ def test_a_real_join_gets_in_under_a_flood_and_exits_when_node0_goes_away(tmp_pa
         jerr = join.communicate()[1]
         assert "node 0 went away" in jerr or "control connection failed" in jerr, jerr[-2000:]
     finally:
-        if node0.poll() is None:
-            kids = psutil.Process(node0.pid).children(recursive=True)
-        for p in [node0, join, *kids]:
-            try:
-                if p is not None:
-                    p.kill()
-            except (psutil.Error, OSError):
-                pass
+        for p in (node0, join):
+            if p is not None and p.poll() is None:
+                _kill_tree(p)
     assert_no_leftovers(10)
+
+
+def _kill_tree(p: subprocess.Popen) -> None:
+    """SIGKILL a process and every process under it (what it started goes with it)."""
+    try:
+        kids = psutil.Process(p.pid).children(recursive=True)
+    except psutil.Error:
+        kids = []
+    p.kill()
+    for k in kids:
+        try:
+            k.kill()
+        except psutil.Error:
+            pass
 
 
 def _reachable(addr) -> bool:

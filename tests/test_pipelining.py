@@ -30,8 +30,8 @@ def one_f1b_hung(tmp_path_factory):
     hung stage, its neighbour waiting in a send); Ctrl-C once the run has named the hang (or
     after 120 s). The steps before it are the 1F1B tests' (the first not drawn: ITERS - 1),
     the hang the hung-stage test's (one launch for both): {"doc", "got", "out", "rec", "lines",
-    "rc", "hang"} (the JSON, the recording loaded, stdout, its path, the stderr lines, the exit
-    status, the line naming the hang or None)."""
+    "hang"} (the JSON, the recording loaded, stdout, its path, the stderr lines, the line naming
+    the hang)."""
     import os
     import signal
     import subprocess
@@ -72,7 +72,7 @@ def one_f1b_hung(tmp_path_factory):
     assert hang is not None, "no line named the hung stage (rank 1 inside a send):\n" + "\n".join(lines[-30:])
     assert rc == 130, f"exit {rc} after Ctrl-C, not 130:\n" + "\n".join(lines[-30:])
     return {"doc": json.loads(js.read_text()), "got": load(str(rec)), "out": "".join(out), "rec": rec,
-            "lines": lines, "rc": rc, "hang": hang}
+            "lines": lines, "hang": hang}
 
 
 @pytest.fixture(scope="module")
